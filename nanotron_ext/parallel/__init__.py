@@ -1,0 +1,1 @@
+"""Parallel primitives: process groups, byte-accounted communication, pipeline links."""

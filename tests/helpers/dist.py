@@ -1,0 +1,76 @@
+"""Run a test body on several gloo/CPU processes on this machine.
+
+`run_distributed(fn, world_size, *args)` spawns `world_size` processes, each with the usual
+torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), calls
+`fn(*args)` in each and returns the per-rank return values (picklable). If any rank raises, the
+others are terminated and the failing rank's traceback is re-raised here, so nothing hangs.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import socket
+import time
+import traceback
+from typing import Any, Callable, List
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, queue: "mp.Queue") -> None:
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), CUDA_DEVICE_MAX_CONNECTIONS="1",
+        OMP_NUM_THREADS="1",
+    )
+    import torch
+
+    torch.set_num_threads(1)
+    try:
+        result = fn(*args)
+        queue.put((rank, "ok", result))
+    except BaseException:  # noqa: BLE001 - report everything to the parent
+        queue.put((rank, "error", traceback.format_exc()))
+        raise SystemExit(1)
+    finally:
+        import torch.distributed as torch_dist
+
+        if torch_dist.is_initialized():
+            torch_dist.destroy_process_group()
+
+
+def run_distributed(fn: Callable, world_size: int, *args: Any, timeout_s: float = 240.0) -> List[Any]:
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue)) for r in range(world_size)]
+    for p in procs:
+        p.start()
+    results: dict = {}
+    deadline = time.time() + timeout_s
+    try:
+        while len(results) < world_size:
+            if time.time() > deadline:
+                raise TimeoutError(f"distributed test did not finish in {timeout_s}s ({len(results)}/{world_size} ranks done)")
+            try:
+                rank, status, payload = queue.get(timeout=0.5)
+            except Exception:  # queue.Empty
+                dead = [p for p in procs if p.exitcode not in (None, 0)]
+                if dead and queue.empty():
+                    time.sleep(0.5)
+                    if queue.empty():
+                        raise RuntimeError(f"rank process exited with code {dead[0].exitcode} without reporting")
+                continue
+            if status == "error":
+                raise RuntimeError(f"rank {rank} failed:\n{payload}")
+            results[rank] = payload
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.terminate()
+    return [results[r] for r in range(world_size)]
