@@ -53,6 +53,8 @@ class CommLedger:
 
     # -- recording --------------------------------------------------------------------------
     def record(self, op: str, nbytes: int, group: Optional[dist.ProcessGroup], peer: Optional[int] = None) -> None:
+        if group is not None and group.size() == 1:
+            return  # a one-rank group crosses no process boundary
         if self._tags:
             op = f"{op}:{self._tags[-1]}"
         count = self.counts.setdefault((self.group_name(group), op), CommCount())

@@ -1,0 +1,28 @@
+"""The identity codec: the hidden state crosses the boundary unchanged."""
+from __future__ import annotations
+
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from nanotron_ext.codecs.base import BoundaryCodec, BoundaryDecoder, BoundaryEncoder, register_codec
+
+
+class IdentityEncoder(BoundaryEncoder):
+    def forward(self, residual: torch.Tensor, branch: torch.Tensor, input_ids: Optional[torch.Tensor]) -> Dict[str, torch.Tensor]:
+        return {"hidden_states": residual + branch}
+
+
+class IdentityDecoder(BoundaryDecoder):
+    def forward(self, wire: Dict[str, torch.Tensor], input_ids: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+        hidden = wire["hidden_states"]
+        return hidden, hidden
+
+
+@register_codec("identity")
+class IdentityCodec(BoundaryCodec):
+    def encoder(self, boundary: int) -> BoundaryEncoder:
+        return IdentityEncoder()
+
+    def decoder(self, boundary: int) -> BoundaryDecoder:
+        return IdentityDecoder()

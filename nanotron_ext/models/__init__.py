@@ -1,0 +1,1 @@
+"""Models built from nanotron's parallel primitives."""

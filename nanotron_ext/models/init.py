@@ -1,0 +1,69 @@
+"""Layout-independent weight init and shard slicing.
+
+Every parameter is drawn in full from a generator seeded by (seed, parameter name), then each
+rank keeps its slice (nanotron's ShardedInfo says which). Names do not depend on the parallel
+layout, so a TP=2 x PP=2 model starts from exactly the weights of the single-process model:
+parity tests and "change the layout, keep the run" both rely on this.
+"""
+from __future__ import annotations
+
+import math
+import zlib
+from typing import Dict
+
+import torch
+from nanotron.parallel.parameters import NanotronParameter
+from torch import nn
+
+# parameters whose output feeds the residual stream: std scaled by 1/sqrt(2 * num_layers) (GPT-2)
+RESIDUAL_OUTPUT_NAMES = ("o_proj", "down_proj")
+
+
+def full_shape(param: torch.Tensor) -> torch.Size:
+    if isinstance(param, NanotronParameter) and param.is_sharded:
+        return torch.Size(param.get_sharded_info().unsharded_shape)
+    return param.shape
+
+
+def local_shard(full: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """This rank's part of `full` (a tensor of the parameter's unsharded shape)."""
+    if not (isinstance(param, NanotronParameter) and param.is_sharded):
+        return full
+    out = torch.empty(param.shape, dtype=full.dtype, device=full.device)
+    for pair in param.get_sharded_info().local_global_slices_pairs:
+        out[pair.local_slices] = full[pair.global_slices]
+    return out
+
+
+def _generator(seed: int, name: str) -> torch.Generator:
+    return torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % (2**62))
+
+
+def init_std(name: str, std: float, num_layers: int) -> float:
+    if any(f".{n}." in f".{name}" for n in RESIDUAL_OUTPUT_NAMES):
+        return std / math.sqrt(2 * num_layers)
+    return std
+
+
+def full_init_tensor(name: str, shape: torch.Size, seed: int, std: float, num_layers: int) -> torch.Tensor:
+    """The unsharded initial value of parameter `name` (fp32): norms 1, other vectors 0, matrices normal."""
+    if len(shape) == 1:
+        return torch.ones(shape) if "norm" in name else torch.zeros(shape)
+    return torch.empty(shape).normal_(0.0, init_std(name, std, num_layers), generator=_generator(seed, name))
+
+
+@torch.no_grad()
+def init_weights_(model: nn.Module, seed: int, std: float, num_layers: int) -> None:
+    """Initialise every parameter of `model` in place, independent of TP/PP layout."""
+    for name, param in model.named_parameters():
+        full = full_init_tensor(name, full_shape(param), seed, std, num_layers)
+        param.copy_(local_shard(full, param).to(param.dtype))
+
+
+@torch.no_grad()
+def load_full_state_dict_(model: nn.Module, full: Dict[str, torch.Tensor]) -> None:
+    """Load unsharded tensors (e.g. a single-process model's state_dict) into a sharded model."""
+    for name, param in model.named_parameters():
+        if name not in full:
+            raise KeyError(f"parameter {name} missing from the full state dict")
+        param.copy_(local_shard(full[name], param).to(param.dtype))

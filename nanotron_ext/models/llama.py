@@ -1,0 +1,167 @@
+"""A Llama-family model (RoPE, RMSNorm, SwiGLU, GQA, optional qk-norm, tied or untied embeddings)
+laid out as nanotron PipelineBlocks, with a pluggable TP strategy and pipeline-boundary codec.
+
+Blocks and their stage: token_embedding (first stage) -> decoder.0 .. decoder.L-1 (split over
+stages) -> lm_head and loss (last stage). Data enters as nanotron does it: `input_ids` exists on
+the first stage and `label_ids` on the last; other ranks get TensorPointers.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Union
+
+import torch
+from nanotron import distributed as dist
+from nanotron.parallel import ParallelContext
+from nanotron.parallel.pipeline_parallel.block import PipelineBlock
+from nanotron.parallel.pipeline_parallel.p2p import P2P
+from nanotron.parallel.pipeline_parallel.tensor_pointer import TensorPointer
+from nanotron.parallel.tensor_parallel.functional import sharded_cross_entropy
+from torch import nn
+
+from nanotron_ext.codecs import BoundaryCodec, get_codec
+from nanotron_ext.codecs.base import BoundaryDecoder, BoundaryEncoder
+from nanotron_ext.config.schema import ModelConfig
+from nanotron_ext.models.tp_strategy import get_tp_strategy, tie_head_to_embedding
+
+Maybe = Union[torch.Tensor, TensorPointer]
+
+
+def split_layers(num_layers: int, pp: int, layers_per_stage: Optional[List[int]] = None) -> List[int]:
+    """Stage index of each decoder layer; as even as possible, earlier stages take the remainder."""
+    counts = layers_per_stage or [num_layers // pp + (1 if s < num_layers % pp else 0) for s in range(pp)]
+    return [stage for stage, n in enumerate(counts) for _ in range(n)]
+
+
+class DecoderLayer(nn.Module):
+    """x_attn = residual + attn(hidden); out = x_attn + mlp(x_attn), with optional boundary codecs."""
+
+    def __init__(
+        self,
+        attn: nn.Module,
+        mlp: nn.Module,
+        encoder: Optional[BoundaryEncoder] = None,
+        decoder: Optional[BoundaryDecoder] = None,
+        carry_ids: bool = False,
+    ) -> None:
+        super().__init__()
+        self.attn, self.mlp = attn, mlp
+        self.boundary_encoder, self.boundary_decoder = encoder, decoder
+        self.carry_ids = carry_ids
+
+    def forward(self, **inputs: torch.Tensor) -> Dict[str, torch.Tensor]:
+        ids = inputs.pop("input_ids", None)
+        if self.boundary_decoder is not None:
+            residual, hidden = self.boundary_decoder(inputs, ids)
+        else:
+            residual = hidden = inputs["hidden_states"]
+        x_attn = residual + self.attn(hidden)
+        branch = self.mlp(x_attn)
+        if self.boundary_encoder is not None:
+            out = dict(self.boundary_encoder(residual=x_attn, branch=branch, input_ids=ids))
+        else:
+            out = {"hidden_states": x_attn + branch}
+        if self.carry_ids:
+            out["input_ids"] = ids
+        return out
+
+
+class TokenEmbedding(nn.Module):
+    def __init__(self, embedding: nn.Module, carry_ids: bool) -> None:
+        super().__init__()
+        self.embedding, self.carry_ids = embedding, carry_ids
+
+    def forward(self, input_ids: torch.Tensor) -> Dict[str, torch.Tensor]:
+        out = {"hidden_states": self.embedding(input_ids)}
+        if self.carry_ids:
+            out["input_ids"] = input_ids
+        return out
+
+
+class ShardedLoss(nn.Module):
+    """Mean token cross-entropy over vocab-sharded logits (nanotron's sharded CE, fp32)."""
+
+    def __init__(self, tp_pg: dist.ProcessGroup) -> None:
+        super().__init__()
+        self.tp_pg = tp_pg
+
+    def forward(self, sharded_logits: torch.Tensor, label_ids: torch.Tensor) -> Dict[str, torch.Tensor]:
+        loss = sharded_cross_entropy(sharded_logits, label_ids.contiguous(), group=self.tp_pg, dtype=torch.float)
+        return {"loss": loss.mean()}
+
+
+class LlamaForTraining(nn.Module):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        parallel_context: ParallelContext,
+        p2p: P2P,
+        layers_per_stage: Optional[List[int]] = None,
+    ) -> None:
+        super().__init__()
+        self.cfg = cfg
+        tp_pg, pp = parallel_context.tp_pg, parallel_context.pp_pg.size()
+        self.strategy = get_tp_strategy(cfg, tp_pg)
+        self.codec: BoundaryCodec = get_codec(cfg, tp_pg)
+        self.stage_of_layer = split_layers(cfg.num_layers, pp, layers_per_stage)
+        carry = self.codec.needs_token_ids and pp > 1
+        hidden_keys = {"hidden_states"} | ({"input_ids"} if carry else set())
+        wire_keys = set(self.codec.wire_keys) | ({"input_ids"} if carry else set())
+
+        self.token_embedding = PipelineBlock(
+            p2p=p2p,
+            module_builder=lambda: TokenEmbedding(self.strategy.embedding(), carry),
+            module_kwargs={},
+            module_input_keys={"input_ids"},
+            module_output_keys=hidden_keys,
+        )
+        self.decoder = nn.ModuleList()
+        for i, stage in enumerate(self.stage_of_layer):
+            starts = i > 0 and self.stage_of_layer[i - 1] != stage
+            ends = i < cfg.num_layers - 1 and self.stage_of_layer[i + 1] != stage
+            self.decoder.append(
+                PipelineBlock(
+                    p2p=p2p,
+                    module_builder=self._build_layer,
+                    module_kwargs={"layer_idx": i, "stage": stage, "starts": starts, "ends": ends, "carry": carry},
+                    module_input_keys=wire_keys if starts else hidden_keys,
+                    module_output_keys=wire_keys if ends else hidden_keys,
+                )
+            )
+        self.lm_head = PipelineBlock(
+            p2p=p2p,
+            module_builder=self.strategy.head,
+            module_kwargs={},
+            module_input_keys={"hidden_states"},
+            module_output_keys={"sharded_logits"},
+        )
+        self.loss = PipelineBlock(
+            p2p=p2p,
+            module_builder=ShardedLoss,
+            module_kwargs={"tp_pg": tp_pg},
+            module_input_keys={"sharded_logits", "label_ids"},
+            module_output_keys={"loss"},
+        )
+        last = pp - 1
+        self.token_embedding.build_and_set_rank(0)
+        for block, stage in zip(self.decoder, self.stage_of_layer):
+            block.build_and_set_rank(stage)
+        self.lm_head.build_and_set_rank(last)
+        self.loss.build_and_set_rank(last)
+        if cfg.tie_embeddings:  # pp == 1 (validated), so both live on this rank
+            tie_head_to_embedding(self.lm_head.pp_block, self.token_embedding.pp_block.embedding)
+
+    def _build_layer(self, layer_idx: int, stage: int, starts: bool, ends: bool, carry: bool) -> DecoderLayer:
+        return DecoderLayer(
+            attn=self.strategy.attention(layer_idx),
+            mlp=self.strategy.mlp(layer_idx),
+            encoder=self.codec.encoder(stage) if ends else None,
+            decoder=self.codec.decoder(stage - 1) if starts else None,
+            carry_ids=carry,
+        )
+
+    def forward(self, input_ids: Maybe, label_ids: Maybe) -> Dict[str, Maybe]:
+        state = self.token_embedding(input_ids=input_ids)
+        for layer in self.decoder:
+            state = layer(**state)
+        logits = self.lm_head(hidden_states=state["hidden_states"])["sharded_logits"]
+        return self.loss(sharded_logits=logits, label_ids=label_ids)

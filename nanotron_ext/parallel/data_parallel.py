@@ -1,0 +1,42 @@
+"""Gradient averaging across data-parallel replicas, bucketed into flat buffers.
+
+Written out rather than wrapping the model in DDP: nanotron's PipelineBlocks and engines drive
+backward themselves, and an explicit all-reduce after the last micro-batch is simpler to
+reason about, to count (group "dp") and to replace (SparseLoCo's outer sync does).
+"""
+from __future__ import annotations
+
+from typing import Iterable, List
+
+import torch
+from nanotron import distributed as dist
+
+
+def allreduce_gradients_(params: Iterable[torch.nn.Parameter], dp_pg: dist.ProcessGroup, bucket_mb: float = 25.0) -> None:
+    """Average `.grad` of `params` over `dp_pg` in place (gloo has no AVG: sum, then divide)."""
+    if dp_pg.size() == 1:
+        return
+    grads = [p.grad for p in params if p.grad is not None]
+    limit = int(bucket_mb * 2**20)
+    bucket: List[torch.Tensor] = []
+    size = 0
+    for g in grads:
+        bucket.append(g)
+        size += g.numel() * g.element_size()
+        if size >= limit:
+            _reduce_bucket(bucket, dp_pg)
+            bucket, size = [], 0
+    if bucket:
+        _reduce_bucket(bucket, dp_pg)
+
+
+def _reduce_bucket(grads: List[torch.Tensor], dp_pg: dist.ProcessGroup) -> None:
+    by_dtype: dict = {}
+    for g in grads:
+        by_dtype.setdefault(g.dtype, []).append(g)
+    for same in by_dtype.values():
+        flat = torch._utils._flatten_dense_tensors(same)
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=dp_pg)
+        flat.div_(dp_pg.size())
+        for g, reduced in zip(same, torch._utils._unflatten_dense_tensors(flat, same)):
+            g.copy_(reduced)
