@@ -1,0 +1,1 @@
+"""Training: the trainer loop and its checkpoints."""

@@ -1,0 +1,509 @@
+"""Atomic, sharded, resumable checkpoints.
+
+A trainer needs two calls:
+
+    save_checkpoint(root, step, ctx, model=..., optimizer=..., scheduler=..., extra=..., keep_last=k)
+    path = latest_checkpoint(root)
+    extra = load_checkpoint(path, ctx, model=..., optimizer=..., scheduler=...) if path else None
+
+On-disk layout (every rank writes its own file, named by its (pp, dp, tp) coordinates):
+
+    root/step_<N>/meta.json            step, dp/tp/pp, files with sizes and sha256, versions
+    root/step_<N>/pp0_dp1_tp0.pt       one rank: model shard, optimizer, scheduler, RNG, extra
+
+Atomicity: a checkpoint is written into `root/step_<N>.tmp-<token>/` and only renamed to
+`step_<N>/` by rank 0 after every rank's file is complete and `meta.json` is written. A folder
+counts as a checkpoint only if its name is exactly `step_<N>` and its meta.json lists files that
+exist with the recorded sizes, so a crash at any point leaves at most a `.tmp-`/`.old-` folder,
+which the next save removes.
+
+All ranks must see the same `root` (one node, or a shared filesystem). Resharding a checkpoint to a
+different dp/tp/pp layout is out of scope: loading checks the layout and refuses a different one.
+
+Every rank writes a full file, DP replicas included (dp copies of each model shard on disk). This
+is deliberate: replicas are not guaranteed identical in this project (SparseLoCo/DiLoCo-style
+methods keep per-replica weights and error-feedback state; ZeRO-style optimizers shard state over
+DP), each rank restores exactly the bytes it had, which makes resume bit-exact without any
+"who owns what" bookkeeping or broadcast at load time. Disk cost is acceptable at our scale.
+
+Files are read with `torch.load(weights_only=True)`: every state we write is tensors, numbers,
+strings, bytes, None, lists, tuples and dicts. RNG states are converted to such types (numpy's key
+array becomes a list of ints), so no pickled code is ever executed on load. `extra` must follow the
+same rule; save checks it up front and names the offending key.
+
+The handful of control messages (temp-folder name, per-rank results) go through
+`torch.distributed` directly on `world_pg`, not `nanotron.distributed`, so they do not show up
+in the communication ledger that measures training traffic.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import re
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Protocol, Tuple, Union
+
+import numpy as np
+import torch
+import torch.distributed as torch_dist
+from torch import nn
+
+from nanotron_ext import __version__
+
+__all__ = [
+    "CheckpointError",
+    "Stateful",
+    "save_checkpoint",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "list_checkpoints",
+    "read_meta",
+]
+
+logger = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+META_NAME = "meta.json"
+_COMPLETE_RE = re.compile(r"^step_(\d+)$")
+# Leftovers of interrupted saves (.tmp-) and of replaced/pruned checkpoints being deleted (.old-).
+_STALE_RE = re.compile(r"^step_\d+\.(tmp|old)-[0-9a-f]+$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be written or loaded; the message says which rank/file and why."""
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> Dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> Any: ...
+
+
+PathLike = Union[str, os.PathLike]
+
+
+# --------------------------------------------------------------------------------------------
+# Small helpers
+# --------------------------------------------------------------------------------------------
+def _layout(parallel_context: Any) -> Dict[str, int]:
+    return {
+        "dp": int(parallel_context.data_parallel_size),
+        "tp": int(parallel_context.tensor_parallel_size),
+        "pp": int(parallel_context.pipeline_parallel_size),
+    }
+
+
+def _fmt_layout(layout: Dict[str, int]) -> str:
+    return f"dp={layout['dp']} tp={layout['tp']} pp={layout['pp']}"
+
+
+def _coords(parallel_context: Any) -> Dict[str, int]:
+    pp, dp, tp = parallel_context.get_3d_ranks(torch_dist.get_rank())
+    return {"pp": int(pp), "dp": int(dp), "tp": int(tp)}
+
+
+def _shard_name(coords: Dict[str, int]) -> str:
+    return f"pp{coords['pp']}_dp{coords['dp']}_tp{coords['tp']}.pt"
+
+
+def _broadcast(obj: Any, group: Any) -> Any:
+    box = [obj]
+    torch_dist.broadcast_object_list(box, src=torch_dist.get_global_rank(group, 0), group=group)
+    return box[0]
+
+
+def _all_gather(obj: Any, group: Any) -> List[Any]:
+    out: List[Any] = [None] * torch_dist.get_world_size(group)
+    torch_dist.all_gather_object(out, obj, group=group)
+    return out
+
+
+def _raise_if_any(errors: List[Optional[str]], what: str, cause: Optional[BaseException] = None) -> None:
+    """Raise the same error on every rank when any rank failed, so none is left waiting in a collective."""
+    failed = [(r, e) for r, e in enumerate(errors) if e is not None]
+    if failed:
+        detail = "; ".join(f"rank {r}: {e}" for r, e in failed)
+        raise CheckpointError(f"{what} failed on {len(failed)} rank(s): {detail}") from cause
+
+
+def _fsync_dir(path: Path) -> None:
+    # Makes renames inside `path` durable; some filesystems refuse directory fsync, which is harmless.
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _remove_dir(path: Path) -> None:
+    """Rename out of the `step_<N>` namespace first, then delete: a crash mid-delete never leaves a
+    half-deleted folder under a complete-looking name."""
+    if _COMPLETE_RE.match(path.name):
+        doomed = path.with_name(f"{path.name}.old-{uuid.uuid4().hex[:12]}")
+        os.replace(path, doomed)
+        path = doomed
+    shutil.rmtree(path)
+
+
+def _remove_stale(root: Path) -> None:
+    for child in root.iterdir():
+        if child.is_dir() and _STALE_RE.match(child.name):
+            try:
+                shutil.rmtree(child)
+            except OSError as e:  # a leftover we cannot delete must not stop training
+                logger.warning("could not remove stale checkpoint folder %s: %s", child, e)
+
+
+_ALLOWED_LEAVES = (int, float, bool, complex, str, bytes, type(None), torch.Size, torch.dtype, torch.device)
+
+
+def _check_loadable(obj: Any, path: str) -> None:
+    """Reject what `torch.load(weights_only=True)` would refuse, at save time and naming the key,
+    instead of producing a checkpoint that cannot be loaded."""
+    if type(obj) in (torch.Tensor, nn.Parameter) or isinstance(obj, _ALLOWED_LEAVES):
+        if isinstance(obj, (np.generic,)):  # np.float64 subclasses float but is not loadable
+            raise TypeError(f"checkpoint value {path} is a numpy {type(obj).__name__}; use .item()")
+        return
+    if isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            _check_loadable(v, f"{path}[{i}]")
+        return
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if not isinstance(k, (str, int, float, bool, type(None), tuple)):
+                raise TypeError(f"checkpoint key {path}[{k!r}] has type {type(k).__name__}; use str/int keys")
+            _check_loadable(v, f"{path}[{k!r}]")
+        return
+    hint = " (use torch.from_numpy(...) or .tolist())" if isinstance(obj, np.ndarray) else ""
+    raise TypeError(
+        f"checkpoint value {path} has type {type(obj).__module__}.{type(obj).__qualname__}, which "
+        f"torch.load(weights_only=True) cannot read back; store tensors, numbers, strings, lists or dicts{hint}"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# RNG states, as weights_only-loadable values
+# --------------------------------------------------------------------------------------------
+def _get_rng_state() -> Dict[str, Any]:
+    np_state = np.random.get_state(legacy=False)
+    state: Dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": {
+            "bit_generator": np_state["bit_generator"],
+            "key": [int(x) for x in np_state["state"]["key"]],
+            "pos": int(np_state["state"]["pos"]),
+            "has_gauss": int(np_state["has_gauss"]),
+            "gauss": float(np_state["gauss"]),
+        },
+        "python": random.getstate(),  # (version, tuple of ints, gauss_next): plain values
+        "cuda": None,
+    }
+    # Only when CUDA is in use: querying it otherwise would initialise a CUDA context for nothing.
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()  # this process's current device
+    return state
+
+
+def _set_rng_state(state: Dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    n = state["numpy"]
+    np.random.set_state({
+        "bit_generator": n["bit_generator"],
+        "state": {"key": np.asarray(n["key"], dtype=np.uint32), "pos": n["pos"]},
+        "has_gauss": n["has_gauss"],
+        "gauss": n["gauss"],
+    })
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+# --------------------------------------------------------------------------------------------
+# Discovery
+# --------------------------------------------------------------------------------------------
+def read_meta(path: PathLike) -> Dict[str, Any]:
+    """The parsed meta.json of a checkpoint folder (step, layout, files, versions)."""
+    with open(Path(path) / META_NAME) as f:
+        return json.load(f)
+
+
+def _complete_problem(path: Path) -> Optional[str]:
+    """Why `path` is not a complete checkpoint, or None if it is. Cheap: stats, no hashing."""
+    m = _COMPLETE_RE.match(path.name)
+    if m is None or not path.is_dir():
+        return "not a step_<N> folder"
+    try:
+        meta = read_meta(path)
+    except (OSError, ValueError) as e:
+        return f"unreadable {META_NAME}: {e}"
+    try:
+        if int(meta["step"]) != int(m.group(1)):
+            return f"{META_NAME} says step {meta['step']}"
+        for entry in meta["files"]:
+            size = (path / entry["name"]).stat().st_size
+            if size != entry["bytes"]:
+                return f"{entry['name']} has {size} bytes, {META_NAME} says {entry['bytes']}"
+    except (KeyError, TypeError, ValueError) as e:
+        return f"malformed {META_NAME}: {e!r}"
+    except OSError as e:
+        return f"missing file: {e}"
+    return None
+
+
+def list_checkpoints(root: PathLike) -> List[Tuple[int, Path]]:
+    """Complete checkpoints under `root` as (step, path), oldest step first; others are skipped with a warning."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        m = _COMPLETE_RE.match(child.name)
+        if m is None or not child.is_dir():
+            continue
+        problem = _complete_problem(child)
+        if problem is None:
+            found.append((int(m.group(1)), child))
+        else:
+            logger.warning("skipping incomplete checkpoint %s: %s", child, problem)
+    return sorted(found)
+
+
+def latest_checkpoint(root: PathLike) -> Optional[Path]:
+    """The complete checkpoint with the highest step under `root`, or None."""
+    found = list_checkpoints(root)
+    return found[-1][1] if found else None
+
+
+# --------------------------------------------------------------------------------------------
+# Save
+# --------------------------------------------------------------------------------------------
+def _write_shard(tmp_dir: Path, payload: Dict[str, Any], name: str) -> Dict[str, Any]:
+    part = tmp_dir / f"{name}.part"
+    with open(part, "wb") as f:
+        torch.save(payload, f)
+        f.flush()
+        os.fsync(f.fileno())
+    final = tmp_dir / name
+    os.replace(part, final)
+    # Hashing re-reads the file (from page cache, normally) rather than buffering the whole
+    # serialised shard in memory twice.
+    return {"name": name, "bytes": final.stat().st_size, "sha256": _sha256(final)}
+
+
+def _finalize(root: Path, tmp_dir: Path, final: Path, meta: Dict[str, Any], keep_last: Optional[int]) -> None:
+    """Rank 0: meta.json, the atomic rename, pruning."""
+    meta_part = tmp_dir / f"{META_NAME}.part"
+    with open(meta_part, "w") as f:
+        json.dump(meta, f, indent=2, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(meta_part, tmp_dir / META_NAME)
+    _fsync_dir(tmp_dir)
+
+    # Re-saving an existing step (e.g. the final save after resuming at the end): move the old one
+    # out of the step_<N> namespace first; rename cannot replace a non-empty directory.
+    displaced = None
+    if final.exists():
+        displaced = final.with_name(f"{final.name}.old-{uuid.uuid4().hex[:12]}")
+        os.replace(final, displaced)
+    try:
+        os.replace(tmp_dir, final)  # the commit point
+    except BaseException:
+        if displaced is not None:  # put the previous checkpoint of this step back
+            os.replace(displaced, final)
+        raise
+    _fsync_dir(root)
+
+    try:
+        if displaced is not None:
+            shutil.rmtree(displaced)
+        if keep_last is not None:
+            complete = list_checkpoints(root)
+            keep = {p for _, p in complete[-keep_last:]} | {final}  # never the one just written
+            for _, p in complete:
+                if p not in keep:
+                    _remove_dir(p)
+        _remove_stale(root)
+    except OSError as e:  # the new checkpoint is complete; failing to prune must not stop training
+        logger.warning("checkpoint %s is complete but pruning %s failed: %s", final, root, e)
+
+
+def save_checkpoint(
+    root: PathLike,
+    step: int,
+    parallel_context: Any,
+    *,
+    model: nn.Module,
+    optimizer: Optional[Stateful] = None,
+    scheduler: Optional[Stateful] = None,
+    extra: Optional[Dict[str, Any]] = None,
+    keep_last: Optional[int] = None,
+) -> Path:
+    """Write `root/step_<step>/` atomically; collective: every rank of the world must call it.
+
+    Each rank saves its model shard, optimizer and scheduler state, its torch/numpy/python (and
+    CUDA) RNG states and `extra` (data-loader state, counters: tensors, numbers, strings, lists,
+    dicts). With `keep_last`, older complete checkpoints beyond the newest `keep_last` are deleted
+    afterwards (never the one just written), as are leftovers of interrupted saves. Returns the
+    checkpoint folder on every rank; raises CheckpointError on every rank if any rank failed.
+    """
+    if keep_last is not None and keep_last < 1:
+        raise ValueError(f"keep_last must be >= 1 or None, got {keep_last}")
+    root = Path(root)
+    group = parallel_context.world_pg
+    rank = torch_dist.get_rank(group)
+    final = root / f"step_{int(step)}"
+
+    # 1. Rank 0 creates the temp folder and tells everyone its name (which also orders every
+    #    write after the mkdir). Leftovers of earlier crashes go first, so a full disk gets room.
+    msg: Optional[Tuple[Optional[str], Optional[str]]] = None
+    if rank == 0:
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            _remove_stale(root)
+            tmp_dir = root / f"step_{int(step)}.tmp-{uuid.uuid4().hex[:12]}"
+            tmp_dir.mkdir()
+            msg = (str(tmp_dir), None)
+        except OSError as e:
+            msg = (None, f"{type(e).__name__}: {e}")
+    tmp_name, error = _broadcast(msg, group)
+    _raise_if_any([error], f"creating a checkpoint folder under {root}")
+    tmp_dir = Path(tmp_name)
+
+    # 2. Every rank writes its own file.
+    layout = _layout(parallel_context)
+    coords = _coords(parallel_context)
+    record: Optional[Dict[str, Any]] = None
+    local_error: Optional[BaseException] = None
+    try:
+        payload = {
+            "format": FORMAT_VERSION,
+            "step": int(step),
+            "rank": torch_dist.get_rank(),
+            "coords": coords,
+            "layout": layout,
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict() if optimizer is not None else None,
+            "scheduler": scheduler.state_dict() if scheduler is not None else None,
+            "rng": _get_rng_state(),
+            "extra": dict(extra) if extra is not None else {},
+        }
+        _check_loadable(payload, "checkpoint")
+        record = {**_write_shard(tmp_dir, payload, _shard_name(coords)), "rank": payload["rank"], **coords}
+    except Exception as e:  # reported to all ranks below, so no rank waits for a file that never comes
+        local_error = e
+    local_msg = None if local_error is None else f"{type(local_error).__name__}: {local_error}"
+    results = _all_gather((record, local_msg), group)
+    if any(err is not None for _, err in results) and rank == 0:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+    _raise_if_any([err for _, err in results], f"writing checkpoint step {step}", local_error)
+
+    # 3. Rank 0 commits; everybody waits for the verdict, so on return the checkpoint is complete.
+    verdict: Optional[str] = None
+    if rank == 0:
+        meta = {
+            "format": FORMAT_VERSION,
+            "step": int(step),
+            "layout": layout,
+            "world_size": torch_dist.get_world_size(group),
+            "files": sorted((rec for rec, _ in results), key=lambda r: r["rank"]),
+            "nanotron_ext_version": __version__,
+            "torch_version": torch.__version__,
+            "created_unix": time.time(),
+        }
+        try:
+            _finalize(root, tmp_dir, final, meta, keep_last)
+        except Exception as e:
+            verdict = f"{type(e).__name__}: {e}"
+            local_error = e
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+    verdict = _broadcast(verdict, group)
+    _raise_if_any([verdict], f"committing checkpoint {final}", local_error)
+    return final
+
+
+# --------------------------------------------------------------------------------------------
+# Load
+# --------------------------------------------------------------------------------------------
+def load_checkpoint(
+    path: PathLike,
+    parallel_context: Any,
+    *,
+    model: nn.Module,
+    optimizer: Optional[Stateful] = None,
+    scheduler: Optional[Stateful] = None,
+    verify: bool = True,
+) -> Dict[str, Any]:
+    """Restore this rank's state from checkpoint folder `path`; collective. Returns its `extra`.
+
+    The checkpoint's dp/tp/pp must equal the current layout (resharding is not supported). With
+    `verify`, the file's sha256 is checked against meta.json. Model, optimizer and scheduler are
+    loaded in place; RNG states are restored last, so nothing in between consumes randomness.
+    Raises CheckpointError on every rank if any rank failed.
+    """
+    path = Path(path)
+    meta = read_meta(path)
+    saved, current = meta["layout"], _layout(parallel_context)
+    if {k: int(saved[k]) for k in ("dp", "tp", "pp")} != current:
+        raise CheckpointError(
+            f"checkpoint {path} was saved with layout {_fmt_layout(saved)} but this run uses "
+            f"{_fmt_layout(current)}; resharding a checkpoint to another layout is not supported: "
+            f"resume with {_fmt_layout(saved)}, or start without this checkpoint"
+        )
+
+    coords = _coords(parallel_context)
+    name = _shard_name(coords)
+    payload: Optional[Dict[str, Any]] = None
+    local_error: Optional[BaseException] = None
+    try:
+        entry = next((e for e in meta["files"] if e["name"] == name), None)
+        if entry is None:
+            raise CheckpointError(f"{META_NAME} lists no file {name} for coordinates {coords}")
+        file = path / name
+        size = file.stat().st_size
+        if size != entry["bytes"]:
+            raise CheckpointError(f"{file} has {size} bytes, {META_NAME} says {entry['bytes']}")
+        if verify and _sha256(file) != entry["sha256"]:
+            raise CheckpointError(f"{file} does not match the sha256 in {META_NAME} (corrupted?)")
+        # map_location=cpu: load_state_dict copies into the live tensors' devices, so loading to
+        # CPU avoids a second full copy on the accelerator.
+        payload = torch.load(file, map_location="cpu", weights_only=True)
+        if payload["coords"] != coords:
+            raise CheckpointError(f"{file} holds coordinates {payload['coords']}, expected {coords}")
+        model.load_state_dict(payload["model"])
+        if optimizer is not None:
+            if payload["optimizer"] is None:
+                raise CheckpointError(f"{file} has no optimizer state")
+            optimizer.load_state_dict(payload["optimizer"])
+        if scheduler is not None:
+            if payload["scheduler"] is None:
+                raise CheckpointError(f"{file} has no scheduler state")
+            scheduler.load_state_dict(payload["scheduler"])
+    except Exception as e:
+        local_error = e
+    errors = _all_gather(None if local_error is None else f"{type(local_error).__name__}: {local_error}",
+                         parallel_context.world_pg)
+    _raise_if_any(errors, f"loading checkpoint {path}", local_error)
+    assert payload is not None
+    _set_rng_state(payload["rng"])
+    return payload["extra"]
