@@ -1,0 +1,108 @@
+"""Per-step metrics: one JSON line per record (rank 0), optional TensorBoard, a tqdm progress bar."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+from tqdm import tqdm
+
+from nanotron_ext.config.schema import LoggingConfig
+
+
+class MetricsLogger:
+    """Writes `<run_dir>/metrics.jsonl`; every call is a no-op on ranks other than the main one."""
+
+    def __init__(self, run_dir: Path, cfg: LoggingConfig, total_steps: int, start_step: int, is_main: bool) -> None:
+        self.is_main = is_main
+        self.path = run_dir / "metrics.jsonl"
+        self._file = None
+        self._tb = None
+        self._bar = None
+        if not is_main:
+            return
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("a", buffering=1)  # line-buffered: a crash loses at most one line
+        if cfg.tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as e:
+                raise RuntimeError("logging.tensorboard is true but tensorboard is not installed: "
+                                   "pip install -e '.[tensorboard]'") from e
+            self._tb = SummaryWriter(str(run_dir / "tensorboard"))
+        if cfg.progress_bar:
+            self._bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
+
+    def log(self, record: Dict[str, Any]) -> None:
+        if not self.is_main:
+            return
+        self._file.write(json.dumps(record) + "\n")
+        if self._tb is not None:
+            for key, value in _flatten(record).items():
+                if isinstance(value, (int, float)) and key != "step":
+                    self._tb.add_scalar(key, value, record["step"])
+
+    def progress(self, steps: int, **shown: Any) -> None:
+        if self._bar is not None:
+            self._bar.update(steps)
+            self._bar.set_postfix({k: _short(v) for k, v in shown.items() if v is not None}, refresh=False)
+
+    def write(self, text: str) -> None:
+        """Print without breaking the progress bar."""
+        if self.is_main:
+            (self._bar.write if self._bar is not None else print)(text)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        if self._tb is not None:
+            self._tb.close()
+        if self._file is not None:
+            self._file.close()
+
+
+def _flatten(record: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    for key, value in record.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}/"))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _short(value: Any) -> Any:
+    if isinstance(value, float):
+        return f"{value:.3g}" if math.isfinite(value) else str(value)
+    return value
+
+
+def read_metrics(path: Path) -> list:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def plot_losses(metrics_path: Path, out_png: Path, title: Optional[str] = None) -> Path:
+    """Training and validation loss against step, as a PNG beside the metrics."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = read_metrics(metrics_path)
+    train = [(r["step"], r["loss"]) for r in records if "loss" in r]
+    val = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    if train:
+        ax.plot(*zip(*train), label="train", lw=1)
+    if val:
+        ax.plot(*zip(*val), "o-", label="validation", lw=1.5)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (nats/token)")
+    ax.set_title(title or metrics_path.parent.name)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=120)
+    plt.close(fig)
+    return out_png

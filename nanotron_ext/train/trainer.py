@@ -1,0 +1,195 @@
+"""The training job: config -> process groups -> model, optimiser, data -> steps, validation,
+checkpoints, metrics. `python -m nanotron_ext.train --config-file X.yaml` runs it under torchrun."""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import torch
+from nanotron import distributed as dist
+
+from nanotron_ext.config.loader import save_config
+from nanotron_ext.config.schema import Config
+from nanotron_ext.data.loader import build_train_loader, build_validation_loader
+from nanotron_ext.metrics.comm import total_sent_bytes
+from nanotron_ext.metrics.flops import device_peak_tflops, flops_per_token, mfu
+from nanotron_ext.metrics.logger import MetricsLogger, plot_losses
+from nanotron_ext.metrics.memory import peak_memory_bytes
+from nanotron_ext.metrics.nvtx import enable_nvtx, nvtx_range
+from nanotron_ext.models.build import build_model
+from nanotron_ext.optim.build import build_optimizer
+from nanotron_ext.optim.clip import clip_grad_norm_
+from nanotron_ext.optim.lr_schedule import build_scheduler
+from nanotron_ext.parallel.comm import get_ledger
+from nanotron_ext.parallel.context import build_parallel_context
+from nanotron_ext.parallel.link import link_emulator_from_config
+from nanotron_ext.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from nanotron_ext.train.pipeline_step import evaluate, forward_backward, make_engine
+
+
+class Trainer:
+    def __init__(self, cfg: Config, config_file: Optional[str] = None) -> None:
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        cfg.validate(world_size=world_size)  # bad layouts fail here, before any process group exists
+        self.cfg, self.config_file = cfg, config_file
+        p = cfg.parallelism
+        backend = None if cfg.general.backend == "auto" else cfg.general.backend
+        self.ctx = build_parallel_context(p.dp, p.tp, p.pp, backend=backend, timeout_s=cfg.general.collective_timeout_s)
+        self.is_main = dist.get_rank(self.ctx.world_pg) == 0
+        self.run_dir = Path(cfg.general.output_dir) / cfg.general.run
+        if self.is_main:
+            save_config(cfg, self.run_dir / "config.yaml")
+        torch.manual_seed(cfg.general.seed)
+        enable_nvtx(cfg.logging.nvtx)
+
+        self.model = build_model(cfg, self.ctx, link=link_emulator_from_config(p.link))
+        self.optimizer = build_optimizer(self.model, cfg.optimizer, self.ctx.tp_pg)
+        self.scheduler = build_scheduler(self.optimizer, cfg.optimizer, cfg.tokens.train_steps)
+        self.engine = make_engine(p.pp_engine)
+        dp_rank = dist.get_rank(self.ctx.dp_pg)
+        self.train_loader = build_train_loader(cfg, dp_rank=dp_rank, dp_size=p.dp, config_file=config_file)
+        self.val_loader = build_validation_loader(cfg, dp_rank=dp_rank, dp_size=p.dp, config_file=config_file)
+        self.ledger = get_ledger()
+
+        self.step = 0
+        ckpt = latest_checkpoint(cfg.checkpoints.dir) if cfg.checkpoints.resume == "auto" else None
+        if ckpt is not None:
+            extra = load_checkpoint(ckpt, self.ctx, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
+            self.step = int(extra["step"])
+            self.train_loader.load_state_dict(extra["loader"])
+            if self.is_main:
+                print(f"resumed from {ckpt} at step {self.step}")
+
+        self.flops_token = flops_per_token(cfg.model, self.matmul_params(), cfg.tokens.sequence_length)
+        self.peak_tflops = device_peak_tflops(cfg.logging.peak_tflops)
+        self.tokens_per_step = p.dp * cfg.tokens.batch_accumulation_per_replica * cfg.tokens.micro_batch_size * cfg.tokens.sequence_length
+
+    def matmul_params(self) -> int:
+        """Matmul weights of the whole model (all stages, unsharded), embedding lookups excluded."""
+        from nanotron_ext.models.init import full_shape
+
+        local = sum(full_shape(p).numel() for n, p in self.model.named_parameters() if p.ndim == 2 and "token_embedding" not in n)
+        total = torch.tensor([local], dtype=torch.float64)
+        if self.ctx.pp_pg.size() > 1:  # stages hold different layers; TP ranks already see full shapes
+            dist.all_reduce(total, group=self.ctx.pp_pg)
+        return int(total.item())
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.cfg.model.dtype == "bf16":
+            return torch.autocast(device_type=self.ctx.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def train_step(self) -> Dict[str, float]:
+        cfg = self.cfg
+        micro = [next(self.train_loader) for _ in range(cfg.tokens.batch_accumulation_per_replica)]
+        with nvtx_range("forward_backward"), self._autocast():
+            loss = forward_backward(self.model, self.engine, micro, self.ctx)
+        with nvtx_range("clip_grad"):
+            grad_norm = clip_grad_norm_(self.model.parameters(), cfg.optimizer.clip_grad, self.ctx.tp_pg, self.ctx.pp_pg)
+        lr = self.optimizer.param_groups[0]["lr"]
+        with nvtx_range("optimizer_step"):
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        return {"loss": loss.item(), "grad_norm": float(grad_norm), "lr": lr}
+
+    def validate(self) -> Dict[str, float]:
+        batches = list(self.val_loader)[: self.cfg.tokens.val_steps]
+        losses = []
+        n = self.cfg.tokens.batch_accumulation_per_replica
+        for i in range(0, len(batches), n):
+            with nvtx_range("validation"), self._autocast():
+                losses.append(evaluate(self.model, self.engine, batches[i:i + n], self.ctx).item())
+        val = sum(losses) / len(losses)
+        return {"val_loss": val, "val_ppl": math.exp(min(val, 50.0))}
+
+    def save(self) -> Path:
+        return save_checkpoint(
+            self.cfg.checkpoints.dir, self.step, self.ctx, model=self.model, optimizer=self.optimizer,
+            scheduler=self.scheduler, extra={"step": self.step, "loader": self.train_loader.state_dict()},
+            keep_last=self.cfg.checkpoints.keep_last,
+        )
+
+    def train(self) -> Dict[str, object]:
+        cfg = self.cfg
+        total = cfg.tokens.train_steps
+        log = MetricsLogger(self.run_dir, cfg.logging, total, self.step, self.is_main)
+        history: List[Dict[str, object]] = []
+        val: Dict[str, float] = {}
+        n_devices = self.ctx.world_pg.size()
+        try:
+            while self.step < total:
+                self.ledger.reset()
+                t0 = time.perf_counter()
+                out = self.train_step()
+                elapsed = time.perf_counter() - t0
+                comm = total_sent_bytes(self.ledger, self.ctx.world_pg)  # this step's bytes, all ranks
+                self.step += 1
+                tps = self.tokens_per_step / elapsed
+                record = {
+                    "step": self.step, **out, "tokens_per_s": tps, "step_time_s": elapsed,
+                    "peak_memory_bytes": peak_memory_bytes(), "comm_bytes": comm,
+                }
+                step_mfu = mfu(tps / n_devices, self.flops_token, self.peak_tflops)
+                if step_mfu is not None:
+                    record["mfu"] = step_mfu
+                interval = cfg.tokens.val_check_interval
+                if (interval and self.step % interval == 0) or self.step == total:
+                    val = self.validate()
+                    record.update(val)
+                    log.write(f"step {self.step}: train loss {out['loss']:.4f}, validation loss {val['val_loss']:.4f} "
+                              f"(ppl {val['val_ppl']:.1f})")
+                if self.step % cfg.logging.log_interval == 0 or "val_loss" in record:
+                    log.log(record)
+                history.append(record)
+                log.progress(1, loss=out["loss"], tok_s=tps, lr=out["lr"])
+                every = cfg.checkpoints.interval
+                if (every and self.step % every == 0) or self.step == total:
+                    self.save()
+        finally:
+            log.close()
+        summary = self._summary(history, val)
+        if self.is_main:
+            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+            if log.path.exists():
+                plot_losses(log.path, self.run_dir / "loss.png", title=cfg.general.run)
+            print(format_summary(summary, self.run_dir))
+        return summary
+
+    def _summary(self, history: List[Dict[str, object]], val: Dict[str, float]) -> Dict[str, object]:
+        timed = history[1:] or history  # the first step pays one-off start-up costs
+        comm: Dict[str, float] = {}
+        for r in timed:
+            for g, b in r["comm_bytes"].items():
+                comm[g] = comm.get(g, 0) + b / len(timed)
+        return {
+            "steps": self.step,
+            "final_train_loss": history[-1]["loss"] if history else None,
+            "final_val_loss": val.get("val_loss"), "final_val_ppl": val.get("val_ppl"),
+            "tokens_per_s": sum(r["tokens_per_s"] for r in timed) / len(timed) if timed else None,
+            "comm_bytes_per_step": comm,
+            "layout": {"dp": self.cfg.parallelism.dp, "tp": self.cfg.parallelism.tp, "pp": self.cfg.parallelism.pp},
+        }
+
+
+def format_summary(summary: Dict[str, object], run_dir: Path) -> str:
+    def mib(b: float) -> str:
+        return f"{b / 2**20:.3f} MiB"
+
+    lines = ["", f"== summary: {run_dir} ==", f"steps                 {summary['steps']}"]
+    if summary["final_train_loss"] is not None:
+        lines.append(f"final train loss      {summary['final_train_loss']:.4f}")
+    if summary["final_val_loss"] is not None:
+        lines.append(f"final validation loss {summary['final_val_loss']:.4f} (ppl {summary['final_val_ppl']:.1f})")
+    if summary["tokens_per_s"] is not None:
+        lines.append(f"tokens/s              {summary['tokens_per_s']:.0f}")
+    lines.append("bytes sent per step (all ranks):")
+    for g, b in sorted(summary["comm_bytes_per_step"].items()):
+        lines.append(f"  {g:<6} {mib(b)}")
+    lines.append(f"metrics: {run_dir / 'metrics.jsonl'}  plot: {run_dir / 'loss.png'}")
+    return "\n".join(lines)
