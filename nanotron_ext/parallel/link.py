@@ -12,8 +12,12 @@ shared and comparable across processes.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
-from typing import Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, Optional, Tuple
+
+if TYPE_CHECKING:  # the schema is only needed for the annotation
+    from nanotron_ext.config.schema import LinkConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,10 +28,16 @@ class LinkSpec:
     latency_ms: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.bandwidth_mbps < 0 or self.latency_ms < 0:
-            raise ValueError(f"link bandwidth_mbps and latency_ms must be >= 0, got {self}")
+        # `not (x >= 0)` also rejects NaN, which would otherwise make every arrival time NaN and
+        # silently switch the delay off (NaN > 0 is False in wait_until); inf latency never arrives
+        # and inf bandwidth is spelled 0.
+        for name in ("bandwidth_mbps", "latency_ms"):
+            value = getattr(self, name)
+            if not (value >= 0 and math.isfinite(value)):
+                raise ValueError(f"link {name} must be finite and >= 0 (bandwidth 0 = unlimited), got {self}")
 
     def transmit_s(self, nbytes: int) -> float:
+        """Seconds `nbytes` occupy the link (serialisation time, latency excluded)."""
         return 0.0 if self.bandwidth_mbps == 0 else nbytes * 8 / (self.bandwidth_mbps * 1e6)
 
 
@@ -54,6 +64,29 @@ class LinkEmulator:
 
     @staticmethod
     def wait_until(arrival: float) -> None:
+        """Sleep until wall-clock time `arrival` (no-op if it has passed)."""
         delay = arrival - time.time()
         if delay > 0:
             time.sleep(delay)
+
+
+def link_emulator_from_config(cfg: LinkConfig) -> Optional[LinkEmulator]:
+    """The emulator for `parallelism.link`, or None when it is disabled.
+
+    A per-stage-pair entry ("0-1": {...}) covers both directions unless the reverse pair ("1-0")
+    is given too (then each covers its own direction, as in LinkEmulator.spec); keys an entry
+    leaves out take the section's default, so {"0-1": {"latency_ms": 5}} keeps the default bandwidth.
+    """
+    if not cfg.enabled:
+        return None
+    default = LinkSpec(bandwidth_mbps=float(cfg.bandwidth_mbps), latency_ms=float(cfg.latency_ms))
+    per_pair: Dict[Tuple[int, int], LinkSpec] = {}
+    for key, override in cfg.per_stage_pair.items():
+        a, b = (int(part) for part in key.split("-"))
+        if a == b:
+            raise ValueError(f"parallelism.link.per_stage_pair.{key}: a stage has no link to itself")
+        try:
+            per_pair[(a, b)] = dataclasses.replace(default, **{k: float(v) for k, v in override.items()})
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"parallelism.link.per_stage_pair.{key}: {e}") from e
+    return LinkEmulator(default, per_pair)

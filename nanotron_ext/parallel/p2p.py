@@ -23,8 +23,10 @@ class AccountedP2P(P2P):
         self.link = link
         self.ledger = get_ledger()
 
-    def _direction(self, peer: int) -> str:
-        return "fwd" if peer > dist.get_rank(self.pg) else "bwd"
+    def _direction(self, peer: int, sending: bool) -> str:
+        # activations flow to later stages: a send to a later stage or a recv from an earlier one is "fwd"
+        peer_is_later = peer > dist.get_rank(self.pg)
+        return "fwd" if peer_is_later == sending else "bwd"
 
     def _send_meta(self, tensor: torch.Tensor, to_rank: int, tag: int) -> None:
         with self.ledger.tag("meta"):
@@ -41,15 +43,17 @@ class AccountedP2P(P2P):
         if self.link is not None:
             me = dist.get_rank(self.pg)
             arrival = self.link.schedule_send(me, to_rank, sum(t.numel() * t.element_size() for t in tensors))
+            # on the P2P's device: an NCCL group cannot send a CPU tensor
+            clock = torch.tensor([arrival], dtype=torch.float64, device=self.device)
             with self.ledger.tag("link-clock"):
-                futures.append(self._isend_raw(torch.tensor([arrival], dtype=torch.float64), to_rank, tag))
-        with self.ledger.tag(self._direction(to_rank)):
+                futures.append(self._isend_raw(clock, to_rank, tag))
+        with self.ledger.tag(self._direction(to_rank, sending=True)):
             return futures + super().isend_tensors(tensors, to_rank=to_rank, tag=tag)
 
     def recv_tensors(self, num_tensors: int, from_rank: int, tag: int = 0) -> List[torch.Tensor]:
         arrival = None
         if self.link is not None:
-            clock = torch.empty(1, dtype=torch.float64)
+            clock = torch.empty(1, dtype=torch.float64, device=self.device)
             with self.ledger.tag("link-clock"):
                 dist.recv(clock, src=dist.get_global_rank(self.pg, from_rank), group=self.pg, tag=tag)
             arrival = float(clock.item())
@@ -61,7 +65,7 @@ class AccountedP2P(P2P):
         return buffers
 
     def irecv_tensors(self, num_tensors: int, from_rank: int, tag: int = 0) -> Tuple[List[torch.Tensor], List[dist.Work]]:
-        with self.ledger.tag(self._direction(from_rank)):
+        with self.ledger.tag(self._direction(from_rank, sending=False)):
             return super().irecv_tensors(num_tensors, from_rank=from_rank, tag=tag)
 
     def _isend_raw(self, tensor: torch.Tensor, to_rank: int, tag: int) -> dist.Work:
