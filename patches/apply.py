@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """Apply the nanotron_ext patch series to the installed nanotron, idempotently.
 
-Usage: python patches/apply.py [--check]
+Usage: python patches/apply.py [--check] [--target DIR]
+
+--target DIR patches the `nanotron` package inside DIR instead of the installed one (tests use
+this on temporary copies).
 
 Each patch in `series` is applied with `patch -p1` inside the directory that holds the installed
 `nanotron` package. A patch that already reverses cleanly is skipped, so running this twice is a
@@ -11,11 +14,13 @@ Written by hand because no packaging tool patches an installed wheel in place.
 """
 from __future__ import annotations
 
+import argparse
 import hashlib
 import importlib.util
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
 PATCH_DIR = Path(__file__).resolve().parent
 STAMP_NAME = "NANOTRON_EXT_PATCHES"
@@ -42,8 +47,10 @@ def _patch(root: Path, patch: Path, *flags: str) -> bool:
     return subprocess.run(cmd, capture_output=True).returncode == 0
 
 
-def apply(check_only: bool = False) -> int:
-    root = nanotron_root()
+def apply(check_only: bool = False, target: Optional[Path] = None) -> int:
+    root = nanotron_root() if target is None else target.resolve()
+    if not (root / "nanotron").is_dir():
+        sys.exit(f"no nanotron package in {root}")
     missing = []
     for patch in series():
         if _patch(root, patch, "-R", "--dry-run"):
@@ -65,4 +72,8 @@ def apply(check_only: bool = False) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(apply(check_only="--check" in sys.argv[1:]))
+    parser = argparse.ArgumentParser(description="Apply the nanotron_ext patch series to nanotron==0.4.")
+    parser.add_argument("--check", action="store_true", help="only report; exit 1 if a patch is not applied")
+    parser.add_argument("--target", type=Path, help="directory holding the `nanotron` package (default: the installed one)")
+    args = parser.parse_args()
+    sys.exit(apply(check_only=args.check, target=args.target))
