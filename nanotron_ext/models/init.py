@@ -17,6 +17,8 @@ from torch import nn
 
 # parameters whose output feeds the residual stream: std scaled by 1/sqrt(2 * num_layers) (GPT-2)
 RESIDUAL_OUTPUT_NAMES = ("o_proj", "down_proj")
+# factors of a low-rank linear y = up(down(x)): down [r, in], up [out, r] (models/lowrank.py)
+LOW_RANK_FACTORS = {".down.weight": 0, ".up.weight": 1}  # suffix -> dim holding r
 
 
 def full_shape(param: torch.Tensor) -> torch.Size:
@@ -45,11 +47,26 @@ def init_std(name: str, std: float, num_layers: int) -> float:
     return std
 
 
+def factor_std(product_std: float, rank: int) -> float:
+    """Std of each factor of a low-rank linear so that up @ down has the full-rank init's std.
+
+    Entries of up @ down are sums of r products of independent N(0, s^2) entries: variance r s^4.
+    Equal stds for both factors (neither is privileged); the residual-output scaling is part of
+    `product_std`. CoLA's silu between the factors and LaX's added latent change the effective
+    scale by O(1) factors, as in those papers' own inits.
+    """
+    return math.sqrt(product_std / math.sqrt(rank))
+
+
 def full_init_tensor(name: str, shape: torch.Size, seed: int, std: float, num_layers: int) -> torch.Tensor:
     """The unsharded initial value of parameter `name` (fp32): norms 1, other vectors 0, matrices normal."""
     if len(shape) == 1:
         return torch.ones(shape) if "norm" in name else torch.zeros(shape)
-    return torch.empty(shape).normal_(0.0, init_std(name, std, num_layers), generator=_generator(seed, name))
+    sigma = init_std(name, std, num_layers)
+    for suffix, rank_dim in LOW_RANK_FACTORS.items():
+        if name.endswith(suffix):
+            sigma = factor_std(sigma, shape[rank_dim])
+    return torch.empty(shape).normal_(0.0, sigma, generator=_generator(seed, name))
 
 
 @torch.no_grad()

@@ -12,6 +12,7 @@ is sharded (BOOST's bottleneck-aware TP). Strategies register under `model.boost
 """
 from __future__ import annotations
 
+import logging
 from typing import Callable, Dict, Type
 
 import torch
@@ -147,7 +148,15 @@ class MegatronStrategy(TPStrategy):
 
 
 def get_tp_strategy(cfg: ModelConfig, tp_pg: dist.ProcessGroup) -> TPStrategy:
+    from nanotron_ext.models import boost_strategies  # noqa: F401  (registers "vanilla" and "btp"; imports this module)
+
     name = cfg.boost.tp_strategy
+    if name == "megatron" and cfg.low_rank.kind != "none":
+        # Megatron's column/row pairs applied to each factorised linear is exactly vanilla low-rank TP
+        logging.getLogger(__name__).warning(
+            "model.boost.tp_strategy='megatron' with model.low_rank.kind=%r: using 'vanilla' (Megatron TP per "
+            "factorised linear)", cfg.low_rank.kind)
+        name = "vanilla"
     if name not in TP_STRATEGIES:
         raise ValueError(f"model.boost.tp_strategy={name!r} is not available; registered: {sorted(TP_STRATEGIES)}")
     return TP_STRATEGIES[name](cfg, tp_pg)
