@@ -63,7 +63,24 @@ def _parity_worker(dp: int, tp: int, pp: int, engine: str, model_overrides: dict
     }
 
 
-def _check_parity(results: list, dp: int, pp: int) -> None:
+def _tp_all_reduce_bytes(r: dict, pp: int, qk_norm: bool) -> int:
+    """Closed form of one rank's TP all-reduce payload for a Megatron step (fp32, per micro-batch):
+    embedding output b*s*d (stage 0), per layer 2*b*s*d forward (o, down) + 2*b*s*d backward (the
+    fused qkv and gate_up input gradients), head input gradient b*s*d and the sharded cross-entropy's
+    three b*s statistics (last stage), qk-norm weight gradients 2*head_dim per layer."""
+    b, s, d = MB, SEQ, MODEL["hidden_size"]
+    layers = sum(1 for n in r["names"] if n.endswith("attn.o_proj.weight"))
+    per_micro = layers * 4 * b * s * d
+    if qk_norm:
+        per_micro += layers * 2 * (d // MODEL["num_heads"])
+    if r["pp_rank"] == 0:
+        per_micro += b * s * d
+    if r["pp_rank"] == pp - 1:
+        per_micro += b * s * d + 3 * b * s
+    return N_MICRO * per_micro * 4
+
+
+def _check_parity(results: list, dp: int, pp: int, tp: int = 1, qk_norm: bool = False) -> None:
     for r in results:
         assert abs(r["loss"] - r["ref_loss"]) / abs(r["ref_loss"]) <= 1e-5, r
         assert r["worst_grad_rel"] <= 1e-5, (r["worst_name"], r["worst_grad_rel"])
@@ -77,6 +94,8 @@ def _check_parity(results: list, dp: int, pp: int) -> None:
         sends_bwd = pp_comm.get("send:bwd", {}).get("bytes", 0)
         assert sends_fwd == (boundary if r["pp_rank"] < pp - 1 else 0), r["comm"]
         assert sends_bwd == (boundary if r["pp_rank"] > 0 else 0), r["comm"]
+        tp_bytes = r["comm"].get("tp", {}).get("all_reduce", {}).get("bytes", 0)
+        assert tp_bytes == (_tp_all_reduce_bytes(r, pp, qk_norm) if tp > 1 else 0), r["comm"]
 
 
 @pytest.mark.slow
@@ -86,17 +105,17 @@ def _check_parity(results: list, dp: int, pp: int) -> None:
 )
 def test_parity_with_single_process_reference(dp: int, tp: int, pp: int, engine: str) -> None:
     results = run_distributed(_parity_worker, dp * tp * pp, dp, tp, pp, engine, {})
-    _check_parity(results, dp, pp)
+    _check_parity(results, dp, pp, tp)
 
 
 @pytest.mark.slow
 def test_parity_dp2_tp2_pp2_qk_norm_tied() -> None:
     # tied embeddings need pp=1, so the 8-rank run checks qk-norm; tying is checked at tp=2 below
     results = run_distributed(_parity_worker, 8, 2, 2, 2, "1f1b", {"qk_norm": True})
-    _check_parity(results, 2, 2)
+    _check_parity(results, 2, 2, 2, qk_norm=True)
 
 
 @pytest.mark.slow
 def test_parity_tied_embeddings_tp2() -> None:
     results = run_distributed(_parity_worker, 2, 1, 2, 1, "1f1b", {"tie_embeddings": True})
-    _check_parity(results, 1, 1)
+    _check_parity(results, 1, 1, 2)

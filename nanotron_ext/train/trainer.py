@@ -3,6 +3,7 @@ checkpoints, metrics. `python -m nanotron_ext.train --config-file X.yaml` runs i
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -99,7 +100,7 @@ class Trainer:
         return {"loss": loss.item(), "grad_norm": float(grad_norm), "lr": lr}
 
     def validate(self) -> Dict[str, float]:
-        batches = list(self.val_loader)[: self.cfg.tokens.val_steps]
+        batches = list(itertools.islice(self.val_loader, self.cfg.tokens.val_steps))
         losses = []
         n = self.cfg.tokens.batch_accumulation_per_replica
         for i in range(0, len(batches), n):
@@ -115,15 +116,17 @@ class Trainer:
             keep_last=self.cfg.checkpoints.keep_last,
         )
 
-    def train(self) -> Dict[str, object]:
+    def train(self, stop_after: Optional[int] = None) -> Dict[str, object]:
+        """Train to tokens.train_steps; `stop_after` ends early at that step (an interruption, for tests)."""
         cfg = self.cfg
         total = cfg.tokens.train_steps
+        end = min(total, stop_after) if stop_after is not None else total
         log = MetricsLogger(self.run_dir, cfg.logging, total, self.step, self.is_main)
         history: List[Dict[str, object]] = []
         val: Dict[str, float] = {}
         n_devices = self.ctx.world_pg.size()
         try:
-            while self.step < total:
+            while self.step < end:
                 self.ledger.reset()
                 t0 = time.perf_counter()
                 out = self.train_step()

@@ -7,6 +7,7 @@ others are terminated and the failing rank's traceback is re-raised here, so not
 """
 from __future__ import annotations
 
+import io
 import multiprocessing as mp
 import os
 import socket
@@ -32,7 +33,11 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, qu
     torch.set_num_threads(1)
     try:
         result = fn(*args)
-        queue.put((rank, "ok", result))
+        # torch tensors put on a multiprocessing queue travel as shared-memory handles that die with
+        # this process; send plain bytes instead
+        buffer = io.BytesIO()
+        torch.save(result, buffer)
+        queue.put((rank, "ok", buffer.getvalue()))
     except BaseException:  # noqa: BLE001 - report everything to the parent
         queue.put((rank, "error", traceback.format_exc()))
         raise SystemExit(1)
@@ -67,10 +72,16 @@ def run_distributed(fn: Callable, world_size: int, *args: Any, timeout_s: float 
                 continue
             if status == "error":
                 raise RuntimeError(f"rank {rank} failed:\n{payload}")
-            results[rank] = payload
+            results[rank] = _load(payload)
     finally:
         for p in procs:
             p.join(timeout=10)
             if p.is_alive():
                 p.terminate()
     return [results[r] for r in range(world_size)]
+
+
+def _load(payload: bytes) -> Any:
+    import torch
+
+    return torch.load(io.BytesIO(payload), weights_only=False)

@@ -1,0 +1,111 @@
+"""The training job as users run it: exact resume across a restart with TP x PP (and DP) > 1,
+bad layouts rejected before any process group exists, and a dead rank ending the job."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import SMALL_VOCAB
+from tests.helpers.dist import run_distributed
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = REPO / "examples" / "config_tiny_llama.yaml"
+
+
+def _small_overrides(corpus: Path, out: Path, dp: int, tp: int, pp: int, steps: int) -> list:
+    return [
+        f"data.prepared_dir={corpus}", f"tokenizer.path={corpus / 'tokenizer.json'}", f"tokenizer.vocab_size={SMALL_VOCAB}",
+        f"model.vocab_size={SMALL_VOCAB}", "model.hidden_size=32", "model.ffn_size=64", "model.num_layers=4",
+        "model.tie_embeddings=false", f"parallelism.dp={dp}", f"parallelism.tp={tp}", f"parallelism.pp={pp}",
+        "tokens.sequence_length=16", "tokens.micro_batch_size=2", "tokens.batch_accumulation_per_replica=2",
+        f"tokens.train_steps={steps}", "tokens.val_check_interval=2", "tokens.val_steps=2", "optimizer.warmup_steps=2",
+        f"general.output_dir={out}", f"checkpoints.dir={out / 'ckpt'}", "logging.progress_bar=false",
+    ]
+
+
+def _train_worker(overrides: list, stop_after, interval: int) -> dict:
+    from nanotron_ext.config.loader import load_config
+    from nanotron_ext.train.trainer import Trainer
+
+    cfg = load_config(TINY, overrides + [f"checkpoints.interval={interval}"])
+    trainer = Trainer(cfg)
+    trainer.train(stop_after=stop_after)
+    return {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+
+
+def _losses(run_dir: Path) -> dict:
+    from nanotron_ext.metrics.logger import read_metrics
+
+    return {r["step"]: (r["loss"], r.get("val_loss")) for r in read_metrics(run_dir / "metrics.jsonl")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dp,tp,pp", [(1, 2, 2), (2, 1, 2)])
+def test_resume_equals_uninterrupted(small_corpus: Path, tmp_path: Path, dp: int, tp: int, pp: int) -> None:
+    n = 3
+    world = dp * tp * pp
+    straight = run_distributed(_train_worker, world, _small_overrides(small_corpus, tmp_path / "a", dp, tp, pp, 2 * n), None, 0)
+    resumed_ovr = _small_overrides(small_corpus, tmp_path / "b", dp, tp, pp, 2 * n)
+    run_distributed(_train_worker, world, resumed_ovr, n, n)  # interrupted after the step-n checkpoint
+    resumed = run_distributed(_train_worker, world, resumed_ovr, None, n)  # fresh processes, resume from step n
+    a, b = _losses(tmp_path / "a" / "tiny_llama"), _losses(tmp_path / "b" / "tiny_llama")
+    assert sorted(a) == sorted(b) == list(range(1, 2 * n + 1))
+    for step in range(n + 1, 2 * n + 1):
+        assert a[step] == b[step], (step, a[step], b[step])
+    for rank, (wa, wb) in enumerate(zip(straight, resumed)):
+        for name in wa:
+            assert torch.equal(wa[name], wb[name]), (rank, name)
+
+
+def _run_train_cli(overrides: list, world_size: int) -> subprocess.CompletedProcess:
+    env = {**os.environ, "WORLD_SIZE": str(world_size), "RANK": "0", "LOCAL_RANK": "0",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}  # port 1: any process-group init would fail loudly
+    args = [sys.executable, "-m", "nanotron_ext.train", "--config-file", str(TINY)] + [a for o in overrides for a in ("--set", o)]
+    return subprocess.run(args, env=env, capture_output=True, text=True, timeout=120, cwd=REPO)
+
+
+@pytest.mark.parametrize(
+    "overrides,world,expected",
+    [
+        (["parallelism.dp=2"], 3, "world size 3 != parallelism.dp * tp * pp = 2 * 1 * 1 = 2"),
+        (["parallelism.dp=1", "parallelism.tp=3"], 3, "model.hidden_size=128 is not divisible by parallelism.tp=3"),
+        (["parallelism.dp=1", "parallelism.pp=8", "model.tie_embeddings=false"], 8, "model.num_layers=4 is fewer than pipeline stages parallelism.pp=8"),
+        (["parallelism.dp=1", "parallelism.tp=8", "model.num_heads=4"], 8, "is not divisible by parallelism.tp=8"),
+    ],
+)
+def test_bad_layout_fails_before_process_groups(overrides: list, world: int, expected: str) -> None:
+    proc = _run_train_cli(overrides, world)
+    assert proc.returncode == 2, proc.stderr
+    assert expected in proc.stderr, proc.stderr
+    assert "init_process_group" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_dead_rank_ends_the_job_quickly(small_corpus: Path, tmp_path: Path) -> None:
+    overrides = _small_overrides(small_corpus, tmp_path, 2, 1, 1, 100000)
+    cmd = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc_per_node=2", "-m", "nanotron_ext.train",
+           "--config-file", str(TINY)] + [a for o in overrides for a in ("--set", o)]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    metrics = tmp_path / "tiny_llama" / "metrics.jsonl"
+    try:
+        deadline = time.time() + 120
+        while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+            assert time.time() < deadline and proc.poll() is None, "training did not start"
+            time.sleep(0.5)
+        workers = subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        assert len(workers) == 2, workers
+        os.kill(int(workers[1]), signal.SIGKILL)
+        killed_at = time.time()
+        rc = proc.wait(timeout=90)
+        assert rc != 0
+        assert time.time() - killed_at < 60
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
