@@ -1,0 +1,62 @@
+"""Tokens/s of the tiny default config on this machine, for several parallel layouts.
+
+    python benchmarks/tiny_tokens_per_s.py [--steps 30] [--layouts dp2,tp2,pp2] [--out result.json]
+
+Each layout runs `torchrun --nproc_per_node 2 -m nanotron_ext.train` on examples/config_tiny_llama.yaml
+(data must be prepared: `make train-tiny` or `python -m nanotron_ext.data prepare --config-file ...`)
+and reads the run's summary.json (tokens/s averaged over steps after the first). Prints one table.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Dict, List
+
+REPO = Path(__file__).resolve().parent.parent
+LAYOUTS = {"dp2": (2, 1, 1), "tp2": (1, 2, 1), "pp2": (1, 1, 2)}
+
+
+def run_layout(name: str, steps: int, config: Path, work: Path) -> Dict[str, object]:
+    dp, tp, pp = LAYOUTS[name]
+    sets = [f"parallelism.dp={dp}", f"parallelism.tp={tp}", f"parallelism.pp={pp}", f"tokens.train_steps={steps}",
+            "tokens.val_check_interval=0", "tokens.val_steps=1", "checkpoints.resume=never", "logging.progress_bar=false",
+            f"general.output_dir={work}", f"general.run={name}", f"checkpoints.dir={work / name / 'ckpt'}"]
+    if pp > 1:
+        sets.append("model.tie_embeddings=false")  # tying needs both ends on one stage
+    cmd = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc_per_node", str(dp * tp * pp),
+           "-m", "nanotron_ext.train", "--config-file", str(config)] + [a for s in sets for a in ("--set", s)]
+    subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+    summary = json.loads((work / name / "summary.json").read_text())
+    return {"layout": name, "dp": dp, "tp": tp, "pp": pp, **summary}
+
+
+def main(argv: List[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--layouts", default="dp2,tp2,pp2")
+    parser.add_argument("--config-file", type=Path, default=REPO / "examples" / "config_tiny_llama.yaml")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.layouts.split(","):
+            rows.append(run_layout(name, args.steps, args.config_file, Path(tmp)))
+    print(f"tiny config, {args.steps} steps, {platform.processor() or platform.machine()}, "
+          f"{datetime.date.today().isoformat()}")
+    print(f"{'layout':<8}{'tokens/s':>10}{'final loss':>12}  bytes sent per step (all ranks)")
+    for r in rows:
+        comm = ", ".join(f"{g} {b / 2**20:.2f} MiB" for g, b in sorted(r["comm_bytes_per_step"].items()))
+        print(f"{r['layout']:<8}{r['tokens_per_s']:>10.0f}{r['final_train_loss']:>12.4f}  {comm}")
+    if args.out:
+        args.out.write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
