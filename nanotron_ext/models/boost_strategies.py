@@ -55,7 +55,7 @@ from nanotron_ext.parallel.btp import (
     reduce_scatter_features,
     split_features,
 )
-from nanotron_ext.parallel.online_rmsnorm import ShardedRMSNorm, fold_statistic, unfold_statistic
+from nanotron_ext.parallel.online_rmsnorm import ShardedRMSNorm, fold_statistic, rescale_local, unfold_statistic
 
 Tensors = Dict[str, torch.Tensor]
 
@@ -91,7 +91,7 @@ def distinct_input_gemm(
     """`m.local(pre(x))` for each (module, input) pair; grouped: the inputs are stacked, `pre` runs
     once on the stack (one collective marker instead of one per input) and each set of equal weight
     shapes is one torch.bmm."""
-    if not grouped or len(mods) == 1:
+    if not grouped or len(mods) <= 1:
         return [m.local(pre(x)) for m, x in zip(mods, xs)]
     stacked = pre(torch.stack(list(xs)))  # [k, *lead, in]
     lead = stacked.shape[1:-1]
@@ -321,11 +321,11 @@ class _BTPSublayer(_Sublayer):
         for i, group in enumerate(groups):
             buf = torch.cat([parts[n] for n in group], dim=-1) if len(group) > 1 else parts[group[0]]
             if rms_local is not None:
-                buf = fold_statistic(buf, rms_local, s_local) if i == 0 else buf * rms_local.to(buf.dtype)
+                buf = fold_statistic(buf, rms_local, s_local) if i == 0 else rescale_local(buf, rms_local)
             buffers.append(buf)
         full = {n: parts[n] for n in names if not self.specs[n].factorised}
         if rms_local is not None:
-            full = {n: p * rms_local.to(p.dtype) for n, p in full.items()}
+            full = {n: rescale_local(p, rms_local) for n, p in full.items()}
         widths = [[self.specs[n].rank for n in g] for g in groups]
         return _BTPPending(buffers, widths, groups, full)
 
@@ -341,6 +341,11 @@ class _BTPSublayer(_Sublayer):
         for buf, widths, names in zip(reduced, p.widths, p.names):
             latents.update(zip(names, buf.split(widths, dim=-1)))
         full: Tensors = {}
+        if rms_global is not None and p.full:
+            # each rank divides only its own output features by rms_global, so the gradient of the
+            # replicated statistic from these consumers is partial: sum it (f: identity forward,
+            # all-reduce backward). Needed only when a full-rank linear follows an online norm.
+            rms_global = differentiable_identity(rms_global, self.tp_pg)
         for n, part in p.full.items():
             y = reduce_scatter_features(part, self.tp_pg)
             full[n] = y if rms_global is None else (y.float() / rms_global).to(y.dtype)

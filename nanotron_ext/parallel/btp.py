@@ -136,7 +136,7 @@ def all_reduce_flat(tensors: Sequence[torch.Tensor], group: dist.ProcessGroup) -
     Forward all-reduce, backward identity (nanotron's row-parallel g): the results must feed
     replicated computation. The single-tensor case reduces in place, so pass freshly made tensors.
     """
-    if group.size() == 1:
+    if group.size() == 1 or not tensors:
         return list(tensors)
     if len(tensors) == 1:
         return [differentiable_all_reduce_sum(tensors[0].contiguous(), group=group)]

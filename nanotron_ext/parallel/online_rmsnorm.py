@@ -64,9 +64,14 @@ class ShardedRMSNorm(nn.Module):
         return (x.float() / rms_local * self.weight.float()).to(x.dtype), rms_local, s_local
 
 
+def rescale_local(partial: torch.Tensor, rms_local: torch.Tensor) -> torch.Tensor:
+    """H_i * rms_local (Alg. 1 line 5), multiplied in fp32 and rounded once to the partial's dtype."""
+    return (partial.float() * rms_local).to(partial.dtype)
+
+
 def fold_statistic(partial: torch.Tensor, rms_local: torch.Tensor, s_local: torch.Tensor) -> torch.Tensor:
     """The buffer Alg. 1 all-reduces (lines 5-6): [H_i * rms_local, S_local] along the last dim."""
-    return torch.cat([partial * rms_local.to(partial.dtype), s_local.to(partial.dtype)], dim=-1)
+    return torch.cat([rescale_local(partial, rms_local), s_local.to(partial.dtype)], dim=-1)
 
 
 def unfold_statistic(reduced: torch.Tensor, dim: int, eps: float) -> Tuple[torch.Tensor, torch.Tensor]:
