@@ -11,10 +11,15 @@ layer asks its decoder for the two inputs of its attention sub-layer:
 
 The identity codec sends residual + branch and returns it twice. ResBM sends
 trunc_h(x_attn) + E(branch) and rebuilds (pad_d(b), D(b)); subspace/MAPL codecs project
-residual + branch onto k coordinates and need the token ids on both sides. A codec that sets
-`needs_token_ids` makes every decoder layer carry `input_ids`, so the ids cross each boundary
-(and are counted) next to the wire tensors. Each boundary gets its own encoder and decoder
-modules; they live on the sending and receiving stage and own any parameters they have.
+residual + branch onto k coordinates and need the token ids on both sides.
+
+Exactly one tensor crosses a boundary per micro-batch: nanotron's pipeline engines run one
+communication at a time and deadlock in 1F1B's steady state when a stage sends two (the sender
+blocks sending the second while the receiver blocks sending the previous gradient). A codec that
+sets `needs_token_ids` therefore gets the ids packed into trailing slots of its wire tensor
+(`pack_ids` / `unpack_ids`): int32 bit-cast to the wire dtype, no gradient, counted as sent.
+Each boundary gets its own encoder and decoder modules, living on the sending and receiving
+stage with any parameters they own.
 """
 from __future__ import annotations
 
@@ -38,19 +43,20 @@ def register_codec(name: str) -> Callable[[Type["BoundaryCodec"]], Type["Boundar
 
 
 class BoundaryEncoder(nn.Module):
-    def forward(self, residual: torch.Tensor, branch: torch.Tensor, input_ids: Optional[torch.Tensor]) -> Dict[str, torch.Tensor]:
+    def forward(self, residual: torch.Tensor, branch: torch.Tensor, input_ids: Optional[torch.Tensor]) -> torch.Tensor:
+        """The wire tensor [b, s, width] for the next stage."""
         raise NotImplementedError
 
 
 class BoundaryDecoder(nn.Module):
-    def forward(self, wire: Dict[str, torch.Tensor], input_ids: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, wire: torch.Tensor, input_ids: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(residual, hidden): what the receiving layer adds its attention to, and what it normalises."""
         raise NotImplementedError
 
 
 class BoundaryCodec:
     needs_token_ids: bool = False
-    wire_keys: Tuple[str, ...] = ("hidden_states",)
-    """Names of the tensors the encoder emits; they are what crosses the link."""
+    """The encoder and decoder need the token ids (they then cross each boundary inside the wire)."""
 
     def __init__(self, cfg: ModelConfig, tp_pg: dist.ProcessGroup) -> None:
         self.cfg = cfg
@@ -68,3 +74,24 @@ def get_codec(cfg: ModelConfig, tp_pg: dist.ProcessGroup) -> BoundaryCodec:
     if name not in CODECS:
         raise ValueError(f"model.codec.kind={name!r} is not available; registered: {sorted(CODECS)}")
     return CODECS[name](cfg, tp_pg)
+
+
+def _id_slots(dtype: torch.dtype) -> int:
+    """Wire columns one int32 id occupies when bit-cast to `dtype`."""
+    size = torch.empty((), dtype=dtype).element_size()
+    if 4 % size:
+        raise ValueError(f"cannot pack int32 token ids into a {dtype} wire")
+    return 4 // size
+
+
+def pack_ids(wire: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """Append `input_ids` [b, s] to `wire` [b, s, w] as bit-cast int32 columns (bit-exact, no gradient)."""
+    ids = input_ids.to(torch.int32).unsqueeze(-1).contiguous().view(wire.dtype)
+    return torch.cat([wire, ids], dim=-1)
+
+
+def unpack_ids(packed: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of `pack_ids`: (wire, input_ids as int64)."""
+    slots = _id_slots(packed.dtype)
+    ids = packed[..., -slots:].detach().contiguous().view(torch.int32).squeeze(-1).long()
+    return packed[..., :-slots], ids

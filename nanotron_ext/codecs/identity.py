@@ -1,7 +1,7 @@
 """The identity codec: the hidden state crosses the boundary unchanged."""
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 
@@ -9,14 +9,13 @@ from nanotron_ext.codecs.base import BoundaryCodec, BoundaryDecoder, BoundaryEnc
 
 
 class IdentityEncoder(BoundaryEncoder):
-    def forward(self, residual: torch.Tensor, branch: torch.Tensor, input_ids: Optional[torch.Tensor]) -> Dict[str, torch.Tensor]:
-        return {"hidden_states": residual + branch}
+    def forward(self, residual: torch.Tensor, branch: torch.Tensor, input_ids: Optional[torch.Tensor]) -> torch.Tensor:
+        return residual + branch
 
 
 class IdentityDecoder(BoundaryDecoder):
-    def forward(self, wire: Dict[str, torch.Tensor], input_ids: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
-        hidden = wire["hidden_states"]
-        return hidden, hidden
+    def forward(self, wire: torch.Tensor, input_ids: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+        return wire, wire
 
 
 @register_codec("identity")

@@ -19,7 +19,7 @@ from nanotron.parallel.tensor_parallel.functional import sharded_cross_entropy
 from torch import nn
 
 from nanotron_ext.codecs import BoundaryCodec, get_codec
-from nanotron_ext.codecs.base import BoundaryDecoder, BoundaryEncoder
+from nanotron_ext.codecs.base import BoundaryDecoder, BoundaryEncoder, pack_ids, unpack_ids
 from nanotron_ext.config.schema import ModelConfig
 from nanotron_ext.models.tp_strategy import get_tp_strategy, tie_head_to_embedding
 
@@ -49,17 +49,20 @@ class DecoderLayer(nn.Module):
         self.carry_ids = carry_ids
 
     def forward(self, **inputs: torch.Tensor) -> Dict[str, torch.Tensor]:
-        ids = inputs.pop("input_ids", None)
+        ids = inputs.get("input_ids")
         if self.boundary_decoder is not None:
-            residual, hidden = self.boundary_decoder(inputs, ids)
+            wire = inputs["wire"]
+            if self.carry_ids:
+                wire, ids = unpack_ids(wire)
+            residual, hidden = self.boundary_decoder(wire, ids)
         else:
             residual = hidden = inputs["hidden_states"]
         x_attn = residual + self.attn(hidden)
         branch = self.mlp(x_attn)
         if self.boundary_encoder is not None:
-            out = dict(self.boundary_encoder(residual=x_attn, branch=branch, input_ids=ids))
-        else:
-            out = {"hidden_states": x_attn + branch}
+            wire = self.boundary_encoder(residual=x_attn, branch=branch, input_ids=ids)
+            return {"wire": pack_ids(wire, ids) if self.carry_ids else wire}
+        out = {"hidden_states": x_attn + branch}
         if self.carry_ids:
             out["input_ids"] = ids
         return out
@@ -105,7 +108,7 @@ class LlamaForTraining(nn.Module):
         self.stage_of_layer = split_layers(cfg.num_layers, pp, layers_per_stage)
         carry = self.codec.needs_token_ids and pp > 1
         hidden_keys = {"hidden_states"} | ({"input_ids"} if carry else set())
-        wire_keys = set(self.codec.wire_keys) | ({"input_ids"} if carry else set())
+        wire_keys = {"wire"}  # one tensor per boundary (see nanotron_ext/codecs/base.py)
 
         self.token_embedding = PipelineBlock(
             p2p=p2p,
