@@ -98,7 +98,8 @@ def _parity(ctx, kind: str, strategy: str, boost: dict, model: dict, n_micro: in
     return {
         "case": f"{kind}/{strategy} tp={tp} pp={pp} {boost} {model}", "loss": loss.item(), "ref_loss": ref_loss.item(),
         "worst": worst, "worst_name": worst_name, "names": names, "ref_names": sorted(ref), "comm": comm,
-        "pp_rank": dist.get_rank(ctx.pp_pg), "d_local": cfg.model.hidden_size // tp,
+        "pp_rank": dist.get_rank(ctx.pp_pg),
+        "d_local": cfg.model.hidden_size // tp if net.strategy.residual_sharded else cfg.model.hidden_size,
     }
 
 
@@ -225,6 +226,7 @@ def _norm_kernel(ctx) -> dict:
 
 
 def _tp2_worker() -> dict:
+    from nanotron_ext.models.tp_strategy import get_tp_strategy
     from nanotron_ext.parallel.context import build_parallel_context
 
     warnings = _capture_warnings()
@@ -247,7 +249,10 @@ def _tp2_worker() -> dict:
         f"{s}/{'grouped' if gr else 'ungrouped'}": _gemm_count(ctx, s, {"group_linears": gr})
         for s in ("vanilla", "btp") for gr in (True, False)
     }
-    return {"parity": parity, "blocks": blocks, "gemms": gemms, "norm": _norm_kernel(ctx), "warnings": warnings}
+    megatron_low_rank = _config(2, 1, "svd", "megatron", {}, {}).model
+    mapped = type(get_tp_strategy(megatron_low_rank, ctx.tp_pg)).__name__
+    return {"parity": parity, "blocks": blocks, "gemms": gemms, "norm": _norm_kernel(ctx), "warnings": warnings,
+            "megatron_low_rank": mapped}
 
 
 def _tp4_worker() -> dict:
@@ -258,7 +263,9 @@ def _tp4_worker() -> dict:
     parity = [_parity(ctx, *case) for case in _parity_cases(4)]
     norm = _norm_kernel(ctx)
     ctx22 = build_parallel_context(dp=1, tp=2, pp=2, backend="gloo")
-    e2e = _parity(ctx22, "lax", "btp", BTP_OPTIONS[0], {"num_layers": 4}, n_micro=4)
+    boost = dict(group_linears=True, rmsnorm="online", lowrank_checkpointing=True)  # the full BOOST recipe
+    e2e = [_parity(ctx22, "lax", "btp", boost, {"num_layers": 4}, n_micro=4),
+           _parity(ctx22, "cola", "vanilla", VANILLA_OPTIONS[1], {"num_layers": 4}, n_micro=4)]
     return {"parity": parity, "norm": norm, "e2e": e2e, "warnings": warnings}
 
 
@@ -302,18 +309,24 @@ def test_fallbacks_warn_with_reason(tp2: list, tp4: list) -> None:
     assert any("rank 6 is not divisible by tp=4" in w for w in tp4[0]["warnings"]), tp4[0]["warnings"]
     assert any("online RMSNorm: no low-rank all-reduce follows the norm before q/k/v" in w for w in tp2[0]["warnings"])
     assert any("grouped-query attention" in w for w in tp2[0]["warnings"])
+    # a low-rank model asked to use full-rank Megatron TP gets vanilla (Megatron per factorised linear)
+    assert tp2[0]["megatron_low_rank"] == "VanillaStrategy"
+    assert any("tp_strategy='megatron' with model.low_rank.kind='svd'" in w for w in tp2[0]["warnings"])
 
 
 @pytest.mark.slow
-def test_btp_tp2_pp2_end_to_end(tp4: list) -> None:
-    e2e = [r["e2e"] for r in tp4]
-    _check_parity([[r] for r in e2e])
-    # the pipeline boundary carries this TP rank's [b, s, d/tp] shard, fp32, per micro-batch and pass
-    boundary = 4 * MB * SEQ * e2e[0]["d_local"] * 4
-    for r in e2e:
-        pp_comm = r["comm"].get("pp", {})
-        assert pp_comm.get("send:fwd", {}).get("bytes", 0) == (boundary if r["pp_rank"] == 0 else 0), r["comm"]
-        assert pp_comm.get("send:bwd", {}).get("bytes", 0) == (boundary if r["pp_rank"] == 1 else 0), r["comm"]
+def test_tp2_pp2_end_to_end(tp4: list) -> None:
+    """btp (LaX, grouped, online norm, checkpointing) and vanilla through 1F1B with 4 micro-batches."""
+    for i in range(2):
+        e2e = [r["e2e"][i] for r in tp4]
+        _check_parity([[r] for r in e2e])
+        # the pipeline boundary carries this TP rank's residual ([b, s, d/tp] under btp), fp32, per micro-batch
+        boundary = 4 * MB * SEQ * e2e[0]["d_local"] * 4
+        for r in e2e:
+            pp_comm = r["comm"].get("pp", {})
+            assert pp_comm.get("send:fwd", {}).get("bytes", 0) == (boundary if r["pp_rank"] == 0 else 0), r["comm"]
+            assert pp_comm.get("send:bwd", {}).get("bytes", 0) == (boundary if r["pp_rank"] == 1 else 0), r["comm"]
+    assert tp4[0]["e2e"][0]["d_local"] == MODEL["hidden_size"] // 2
 
 
 def _ops(snapshot: dict) -> set:

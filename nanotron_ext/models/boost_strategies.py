@@ -20,6 +20,10 @@ model.boost.lowrank_checkpointing the collective-free part of every chunk runs u
 torch.utils.checkpoint (non-reentrant), so only the chunk boundaries are kept and the re-forward
 issues no collective. Under btp those boundaries are the r-wide latents (plus the d/tp residual
 shard at each sub-layer input); under vanilla they are the replicated d-wide chunk outputs.
+
+Parameters stay one pair of factors per linear (names independent of strategy and grouping, so
+one checkpoint serves every layout); a grouped GEMM concatenates or stacks this rank's weight
+slices on each call, a weight-sized copy next to an activation-sized GEMM.
 """
 from __future__ import annotations
 
@@ -186,7 +190,13 @@ class _VanillaPending(NamedTuple):
 class _VanillaSublayer(_Sublayer):
     """Replicated input -> replicated output; each factorised linear is its own Megatron chunk."""
 
-    def __init__(self, cfg: ModelConfig, tp_pg: dist.ProcessGroup, relay_in=None, relay_out=None) -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        tp_pg: dist.ProcessGroup,
+        relay_in: Optional[LatentRelay] = None,
+        relay_out: Optional[LatentRelay] = None,
+    ) -> None:
         tp, r = tp_pg.size(), cfg.rank
         self.shard_rank = r % tp == 0
         if cfg.low_rank.kind != "none" and not self.shard_rank:
@@ -262,7 +272,13 @@ class _VanillaSublayer(_Sublayer):
 class VanillaAttention(_VanillaSublayer):
     FIRST, LAST = ("q", "k", "v"), "o"
 
-    def __init__(self, cfg: ModelConfig, tp_pg: dist.ProcessGroup, relay_in=None, relay_out=None) -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        tp_pg: dist.ProcessGroup,
+        relay_in: Optional[LatentRelay] = None,
+        relay_out: Optional[LatentRelay] = None,
+    ) -> None:
         super().__init__(cfg, tp_pg, relay_in, relay_out)
         _init_attention(self, cfg, heads_divisor=1, qk_norm_group=None)  # every rank computes all heads
 
@@ -290,7 +306,13 @@ class _BTPPending(NamedTuple):
 class _BTPSublayer(_Sublayer):
     """Feature-sharded input -> feature-sharded output; collectives only on r-wide latents."""
 
-    def __init__(self, cfg: ModelConfig, tp_pg: dist.ProcessGroup, relay_in=None, relay_out=None) -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        tp_pg: dist.ProcessGroup,
+        relay_in: Optional[LatentRelay] = None,
+        relay_out: Optional[LatentRelay] = None,
+    ) -> None:
         tp = tp_pg.size()
         for key, width in (("hidden_size", cfg.hidden_size), ("num_heads", cfg.num_heads),
                            ("num_kv_heads", cfg.num_kv_heads), ("ffn_size", cfg.ffn_size)):
@@ -388,7 +410,13 @@ class _BTPSublayer(_Sublayer):
 class BTPAttention(_BTPSublayer):
     FIRST, LAST = ("q", "k", "v"), "o"
 
-    def __init__(self, cfg: ModelConfig, tp_pg: dist.ProcessGroup, relay_in=None, relay_out=None) -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        tp_pg: dist.ProcessGroup,
+        relay_in: Optional[LatentRelay] = None,
+        relay_out: Optional[LatentRelay] = None,
+    ) -> None:
         super().__init__(cfg, tp_pg, relay_in, relay_out)
         # one qk-norm weight serves every head and each rank holds different heads (as in Megatron)
         _init_attention(self, cfg, heads_divisor=tp_pg.size(), qk_norm_group=tp_pg)
