@@ -175,7 +175,7 @@ class Trainer:
             "final_train_loss": history[-1]["loss"] if history else None,
             "final_val_loss": val.get("val_loss"), "final_val_ppl": val.get("val_ppl"),
             "tokens_per_s": sum(r["tokens_per_s"] for r in timed) / len(timed) if timed else None,
-            "comm_bytes_per_step": comm,
+            "comm_bytes_per_step": {g: round(b) for g, b in comm.items()},
             "layout": {"dp": self.cfg.parallelism.dp, "tp": self.cfg.parallelism.tp, "pp": self.cfg.parallelism.pp},
         }
 
