@@ -336,18 +336,23 @@ class _BTPSublayer(_Sublayer):
         """Row-parallel GEMMs of the linears reading the sharded `x` (one GEMM when grouped), folded
         into the buffers their all-reduces will carry (Online RMSNorm: x is locally normalised, so
         partials are scaled by rms_local and S_local rides in the first buffer)."""
-        parts = dict(zip(names, shared_input_gemm([self._first_gemm(n) for n in names], x, self.grouped)))
         fact = self._factorised(names)
-        groups = [fact] if self.grouped and fact else [[n] for n in fact]
-        buffers = []
-        for i, group in enumerate(groups):
-            buf = torch.cat([parts[n] for n in group], dim=-1) if len(group) > 1 else parts[group[0]]
-            if rms_local is not None:
-                buf = fold_statistic(buf, rms_local, s_local) if i == 0 else rescale_local(buf, rms_local)
-            buffers.append(buf)
-        full = {n: parts[n] for n in names if not self.specs[n].factorised}
+        full_names = [n for n in names if not self.specs[n].factorised]
+        mods = [self._first_gemm(n) for n in fact + full_names]
+        if self.grouped and len(mods) > 1:
+            # down factors first: their slice of the one GEMM's output is already the all-reduce buffer
+            y = F.linear(x, torch.cat([m.weight for m in mods]))
+            k = len(fact) * (self.specs[fact[0]].rank if fact else 0)
+            groups, fact_parts = ([fact], [y[..., :k]]) if fact else ([], [])
+            full_parts = y[..., k:].split([m.weight.shape[0] for m in mods[len(fact):]], dim=-1)
+        else:
+            parts = [m.local(x) for m in mods]
+            groups, fact_parts, full_parts = [[n] for n in fact], parts[:len(fact)], parts[len(fact):]
+        buffers = list(fact_parts)
         if rms_local is not None:
-            full = {n: rescale_local(p, rms_local) for n, p in full.items()}
+            buffers = [fold_statistic(buffers[0], rms_local, s_local)] + [rescale_local(b, rms_local) for b in buffers[1:]]
+            full_parts = [rescale_local(p, rms_local) for p in full_parts]
+        full = dict(zip(full_names, full_parts))
         widths = [[self.specs[n].rank for n in g] for g in groups]
         return _BTPPending(buffers, widths, groups, full)
 
