@@ -201,6 +201,26 @@ def test_link_clock_is_sent_and_received_on_the_p2p_device(monkeypatch: pytest.M
     assert devices == [("send", "meta"), ("send", "meta"), ("recv", "meta")]
 
 
+def test_ideal_link_sends_no_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A link with unlimited bandwidth and no latency adds no message: only the data is sent."""
+    import nanotron.distributed as ndist
+    from nanotron.parallel.pipeline_parallel.p2p import P2P
+
+    from nanotron_ext.parallel.p2p import AccountedP2P
+
+    sent = []
+    monkeypatch.setattr(ndist, "get_rank", lambda group=None: 0)
+    monkeypatch.setattr(ndist, "get_global_rank", lambda group, group_rank: group_rank)
+    monkeypatch.setattr(ndist, "isend", lambda tensor, **_: sent.append(tensor.dtype))
+    monkeypatch.setattr(P2P, "_send_meta", lambda self, tensor, to_rank, tag: None)
+    ideal = LinkEmulator(LinkSpec(), per_pair={(0, 2): LinkSpec(8.0, 0.0)})
+    p2p = AccountedP2P(pg=None, device=torch.device("cpu"), link=ideal)
+    p2p.isend_tensors([torch.zeros(4)], to_rank=1)
+    assert sent == [torch.float32]  # data only
+    p2p.isend_tensors([torch.zeros(4)], to_rank=2)
+    assert sent == [torch.float32, torch.float64, torch.float32]  # the shaped pair still gets its clock
+
+
 def test_data_direction_labels(monkeypatch: pytest.MonkeyPatch) -> None:
     """Activations (to a later stage) are fwd on both ends; gradients (to an earlier stage) bwd."""
     import nanotron.distributed as ndist

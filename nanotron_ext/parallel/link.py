@@ -36,6 +36,11 @@ class LinkSpec:
             if not (value >= 0 and math.isfinite(value)):
                 raise ValueError(f"link {name} must be finite and >= 0 (bandwidth 0 = unlimited), got {self}")
 
+    @property
+    def is_ideal(self) -> bool:
+        """Unlimited bandwidth and no latency: nothing to emulate."""
+        return self.bandwidth_mbps == 0 and self.latency_ms == 0
+
     def transmit_s(self, nbytes: int) -> float:
         """Seconds `nbytes` occupy the link (serialisation time, latency excluded)."""
         return 0.0 if self.bandwidth_mbps == 0 else nbytes * 8 / (self.bandwidth_mbps * 1e6)
@@ -52,6 +57,10 @@ class LinkEmulator:
     def spec(self, src: int, dst: int) -> LinkSpec:
         """The link src -> dst; a pair given as (a, b) covers both directions."""
         return self.per_pair.get((src, dst)) or self.per_pair.get((dst, src)) or self.default
+
+    def delays(self, src: int, dst: int) -> bool:
+        """Whether messages src -> dst are delayed at all (both ends agree: same config)."""
+        return not self.spec(src, dst).is_ideal
 
     def schedule_send(self, src: int, dst: int, nbytes: int, now: Optional[float] = None) -> float:
         """Reserve the link for `nbytes` sent now; returns the wall-clock arrival time."""

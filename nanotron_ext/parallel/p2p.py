@@ -40,8 +40,8 @@ class AccountedP2P(P2P):
         # nanotron sends a non-contiguous tensor's whole storage; send exactly the tensor instead
         tensors = [t.contiguous() for t in tensors]
         futures = []
-        if self.link is not None:
-            me = dist.get_rank(self.pg)
+        me = dist.get_rank(self.pg)
+        if self.link is not None and self.link.delays(me, to_rank):
             arrival = self.link.schedule_send(me, to_rank, sum(t.numel() * t.element_size() for t in tensors))
             # on the P2P's device: an NCCL group cannot send a CPU tensor
             clock = torch.tensor([arrival], dtype=torch.float64, device=self.device)
@@ -52,7 +52,7 @@ class AccountedP2P(P2P):
 
     def recv_tensors(self, num_tensors: int, from_rank: int, tag: int = 0) -> List[torch.Tensor]:
         arrival = None
-        if self.link is not None:
+        if self.link is not None and self.link.delays(from_rank, dist.get_rank(self.pg)):
             clock = torch.empty(1, dtype=torch.float64, device=self.device)
             with self.ledger.tag("link-clock"):
                 dist.recv(clock, src=dist.get_global_rank(self.pg, from_rank), group=self.pg, tag=tag)
