@@ -466,37 +466,58 @@ def train_iteration(t: Trainee, ctx: Any, batches: List[Dict[str, Any]]) -> None
 
 @dataclasses.dataclass
 class Timings:
-    """Per-iteration measurements: wall seconds and process CPU seconds (each max over ranks), and
-    this rank's TP bytes/calls per iteration when a ledger was given."""
+    """Per-iteration measurements: wall seconds and process CPU seconds (each max over ranks),
+    seconds inside collectives (mean over ranks, only when profiled) and this rank's TP
+    bytes/calls per iteration (only with a ledger)."""
 
     wall: List[float]
     cpu: List[float]
     comm: List[Dict[str, int]]
+    comm_s: List[float] = dataclasses.field(default_factory=list)
 
     def extend(self, other: "Timings") -> None:
         self.wall += other.wall
         self.cpu += other.cpu
         self.comm += other.comm
+        self.comm_s += other.comm_s
 
 
-def timed(fn: Callable[[], Any], device: Any, iters: int, ledger: Any = None) -> Timings:
+def timed(fn: Callable[[], Any], device: Any, iters: int, ledger: Any = None, profile: bool = False) -> Timings:
     """Run `fn` `iters` times between barriers. Wall time covers the slowest rank; CPU time
     (time.process_time of the call) is what this process computed, which other tenants' load on
-    a shared machine barely changes (waiting in a collective sleeps)."""
-    wall, cpu, comm = [], [], []
+    a shared machine barely changes (waiting in a collective sleeps). With `profile`, each
+    iteration runs under torch.profiler (started and stopped outside the timed window) and the
+    time spent in collectives during that same iteration is recorded."""
+    wall, cpu, comm, comm_s = [], [], [], []
     for _ in range(iters):
-        sync_all(device)
-        if ledger is not None:
-            ledger.reset()
-        t0, c0 = time.perf_counter(), time.process_time()
-        fn()
-        c1 = time.process_time()
-        if ledger is not None:  # read before the closing barrier (which is not a TP collective anyway)
-            comm.append({"bytes": ledger.bytes(group="tp"), "calls": ledger.calls(group="tp")})
-        sync_all(device)
-        wall.append(time.perf_counter() - t0)
-        cpu.append(c1 - c0)
-    return Timings(max_over_ranks(wall), max_over_ranks(cpu), comm)
+        with (profiler_for(device) if profile else contextlib.nullcontext()) as prof:
+            sync_all(device)
+            if ledger is not None:
+                ledger.reset()
+            t0, c0 = time.perf_counter(), time.process_time()
+            fn()
+            c1 = time.process_time()
+            if ledger is not None:  # read before the closing barrier (which is not a TP collective anyway)
+                comm.append({"bytes": ledger.bytes(group="tp"), "calls": ledger.calls(group="tp")})
+            sync_all(device)
+            wall.append(time.perf_counter() - t0)
+            cpu.append(c1 - c0)
+        if profile:
+            comm_s.append(comm_seconds(prof))
+    return Timings(max_over_ranks(wall), max_over_ranks(cpu), comm, mean_over_ranks(comm_s) if profile else [])
+
+
+def mean_over_ranks(values: Sequence[float]) -> List[float]:
+    import torch
+    import torch.distributed as td
+
+    t = torch.tensor(list(values), dtype=torch.float64)
+    if td.is_initialized() and td.get_world_size() > 1:
+        if td.get_backend() == "nccl":
+            t = t.cuda()
+        td.all_reduce(t)
+        t /= td.get_world_size()
+    return [float(v) for v in t.cpu().tolist()]
 
 
 def first_local_block(model: Any) -> Any:
@@ -752,17 +773,6 @@ def worker_configs(args: Any) -> Tuple[List[str], List[Any], Any]:
     for cfg in cfgs:
         adapt_layout(cfg, ctx.world_pg.size())
     return list(args.names or args.configs), cfgs, ctx
-
-
-def fwd_bwd_seconds_split(fn: Callable[[], Any], device: Any, iters: int) -> Tuple[List[float], float]:
-    """(per-iteration wall seconds, mean collective seconds per iteration from a profiled extra run
-    of `iters` iterations). Profiling is kept out of the timed iterations (it slows them)."""
-    t = timed(fn, device, iters)
-    with profiler_for(device) as prof:
-        for _ in range(iters):
-            fn()
-        sync_all(device)
-    return t.wall, comm_seconds(prof) / iters
 
 
 def activation_bytes(model: Any, forward: Callable[[], Any], device: Any) -> Tuple[Any, Dict[str, int]]:

@@ -1,0 +1,174 @@
+"""BOOST Table 5: low-rank activation checkpointing, memory saved vs extra time (vanilla vs BTP).
+
+    python benchmarks/boost_table5_checkpointing.py [options] [-- torchrun options]   (default TP=2 on CPU)
+
+One torchrun job builds the low-rank model four times: {vanilla, btp} x model.boost.lowrank_checkpointing
+{off, on}. For each micro-batch size (--batches, paper: 4 and 8) it measures, per TP rank:
+
+    act off / on   bytes the allocator holds after one micro-batch forward (torch.profiler
+                   profile_memory) - the activations kept for backward; "saved" (saved-tensor hooks
+                   plus checkpoint inputs) is written to the JSON beside it
+    dMem           act(off) - act(on)
+    time off / on  forward+backward of the whole model for one micro-batch (perf_counter between
+                   barriers, the four models' iterations interleaved, warm-up dropped)
+    +Time          time(on) - time(off), with its standard error
+    +CPU           the same in process CPU time (max over ranks): the recompute's cost, which the
+                   load other tenants put on a shared machine barely changes
+    Eff            dMem / +Time (MiB per ms; higher is better), as the paper's Eff_ckpt
+    +TP calls      TP collectives of one forward+backward with checkpointing minus without: the
+                   collectives a re-forward adds (0 means the recompute is collective-free)
+
+Paper (LLaMA-7B, TP=4, GPU): vanilla 113.7 MB/ms and BOOST 193.5 MB/ms at bz=4.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import boost_common as bc  # noqa: E402
+
+STRATEGIES = ("vanilla", "btp")
+
+
+def variant_name(strategy: str, ckpt: bool) -> str:
+    return f"{strategy}/ckpt-{'on' if ckpt else 'off'}"
+
+
+def measure_worker(args: argparse.Namespace) -> Dict[str, Any]:
+    from nanotron_ext.parallel.comm import get_ledger
+    from nanotron_ext.train.pipeline_step import forward_backward
+
+    names, cfgs, ctx = bc.worker_configs(args)
+    if ctx.pp_pg.size() != 1:
+        raise ValueError("boost_table5_checkpointing measures one stage holding the whole model: use pp = 1")
+    trainees = {n: bc.build_trainee(c, ctx, with_optimizer=False) for n, c in zip(names, cfgs)}
+    ledger = get_ledger()
+    rows = []
+    for mb in [int(b) for b in args.batches.split(",")]:
+        batches = {n: bc.random_micro_batches(t.cfg, 1, micro_batch=mb) for n, t in trainees.items()}
+
+        def step(n: str) -> None:
+            t = trainees[n]
+            with bc.autocast_for(t.cfg, ctx.device):
+                forward_backward(t.model, t.engine, batches[n], ctx)
+            t.model.zero_grad(set_to_none=True)
+
+        per: Dict[str, Dict[str, Any]] = {n: {"wall": [], "cpu": [], "calls": []} for n in names}
+        for _ in range(args.iters):
+            for n in names:  # interleaved: a load change on a shared machine hits all four alike
+                timing = bc.timed(lambda: step(n), ctx.device, 1, ledger=ledger)
+                per[n]["wall"] += timing.wall
+                per[n]["cpu"] += timing.cpu
+                per[n]["calls"] += [c["calls"] for c in timing.comm]
+        for n in names:
+            t = trainees[n]
+            mbatch = batches[n][0]
+            ids, labels = mbatch["input_ids"].to(ctx.device), mbatch["label_ids"].to(ctx.device)
+            with bc.autocast_for(t.cfg, ctx.device):
+                loss, act = bc.activation_bytes(t.model, lambda: t.model(input_ids=ids, label_ids=labels)["loss"],
+                                                ctx.device)
+            loss.backward()
+            t.model.zero_grad(set_to_none=True)
+            act_all = bc.gather_to_main(act)
+            rows.append({
+                "variant": n, "micro_batch": mb, "times": per[n]["wall"], "cpu_times": per[n]["cpu"],
+                "tp_calls": statistics.fmean(per[n]["calls"][args.warmup:]),
+                "act_alloc": act_all[0]["allocator"], "act_saved": act_all[0]["saved"],
+                "act_alloc_max_over_ranks": max(a["allocator"] for a in act_all),
+            })
+    return {"rows": rows, "meta": bc.common_worker_meta(cfgs[0], ctx)}
+
+
+def compare(rows: Sequence[Dict[str, Any]], warmup: int) -> List[Dict[str, Any]]:
+    """Per (strategy, micro-batch): dMem, +Time (with s.e.), Eff and extra TP calls from the raw rows."""
+    by = {(r["variant"], r["micro_batch"]): r for r in rows}
+    out = []
+    for (variant, mb), off in by.items():
+        strategy, mode = variant.split("/")
+        if mode != "ckpt-off" or (variant_name(strategy, True), mb) not in by:
+            continue
+        on = by[(variant_name(strategy, True), mb)]
+        s_off, s_on = bc.summarize(off["times"], warmup), bc.summarize(on["times"], warmup)
+        d_mem = off["act_alloc"] - on["act_alloc"]
+        d_time = s_on.mean - s_off.mean
+        d_time_err = math.sqrt(s_on.sem ** 2 + s_off.sem ** 2)
+        c_off, c_on = bc.summarize(off["cpu_times"], warmup), bc.summarize(on["cpu_times"], warmup)
+        d_cpu, d_cpu_err = c_on.mean - c_off.mean, math.sqrt(c_on.sem ** 2 + c_off.sem ** 2)
+        eff = (d_mem / 2**20) / (d_time * 1e3) if d_time > 0 else None
+        eff_cpu = (d_mem / 2**20) / (d_cpu * 1e3) if d_cpu > 0 else None
+        out.append({
+            "strategy": strategy, "micro_batch": mb,
+            "act_off_bytes": off["act_alloc"], "act_on_bytes": on["act_alloc"], "d_mem_bytes": d_mem,
+            "act_saved_off_bytes": off["act_saved"], "act_saved_on_bytes": on["act_saved"],
+            "time_off_s": s_off.mean, "time_on_s": s_on.mean, "d_time_s": d_time, "d_time_err_s": d_time_err,
+            "eff_mib_per_ms": eff, "cpu_off_s": c_off.mean, "cpu_on_s": c_on.mean, "d_cpu_s": d_cpu,
+            "d_cpu_err_s": d_cpu_err, "eff_cpu_mib_per_ms": eff_cpu, "extra_tp_calls": on["tp_calls"] - off["tp_calls"],
+            "tp_calls_off": off["tp_calls"], "tp_calls_on": on["tp_calls"],
+        })
+    return sorted(out, key=lambda r: (r["micro_batch"], STRATEGIES.index(r["strategy"]) if r["strategy"] in STRATEGIES else 9))
+
+
+def render(rows: Sequence[Dict[str, Any]]) -> str:
+    headers = ["strategy", "bz", "act off MiB", "act on MiB", "dMem MiB", "time off ms", "time on ms",
+               "+Time ms", "Eff MiB/ms", "+CPU ms", "Eff(CPU) MiB/ms", "TP calls off", "+TP calls"]
+    body = []
+    for r in rows:
+        eff = "-" if r["eff_mib_per_ms"] is None else f"{r['eff_mib_per_ms']:.1f}"
+        eff_cpu = "-" if r["eff_cpu_mib_per_ms"] is None else f"{r['eff_cpu_mib_per_ms']:.1f}"
+        body.append([r["strategy"], r["micro_batch"], bc.fmt_bytes(r["act_off_bytes"], "MiB"),
+                     bc.fmt_bytes(r["act_on_bytes"], "MiB"), bc.fmt_bytes(r["d_mem_bytes"], "MiB"),
+                     f"{r['time_off_s'] * 1e3:,.1f}", f"{r['time_on_s'] * 1e3:,.1f}",
+                     f"{r['d_time_s'] * 1e3:,.1f} +- {r['d_time_err_s'] * 1e3:,.1f}", eff,
+                     f"{r['d_cpu_s'] * 1e3:,.1f} +- {r['d_cpu_err_s'] * 1e3:,.1f}", eff_cpu,
+                     f"{r['tp_calls_off']:g}", f"{r['extra_tp_calls']:+g}"])
+    return bc.format_table(headers, body)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    own, torchrun_args = bc.split_argv(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    bc.add_model_args(p)
+    bc.add_run_args(p, iters=10, warmup=2)
+    p.add_argument("--batches", default="4,8", help="micro-batch sizes (default 4,8 as in the paper)")
+    args = p.parse_args(own)
+    if args.worker:
+        bc.write_worker_result(args.result_file, measure_worker(args))
+        return 0
+    if args.iters <= args.warmup:
+        raise SystemExit(f"--iters ({args.iters}) must exceed --warmup ({args.warmup})")
+    strategies = bc.require_strategies(STRATEGIES)
+    if not strategies:
+        print("no low-rank TP strategy registered: nothing to measure")
+        return 0
+    shared = bc.shape_overrides(args) + list(args.overrides)
+    kind = bc.base_low_rank_kind(args.config_file, shared, args.low_rank_kind)
+    cfgs = {variant_name(s, ck): bc.resolve_config(args.config_file, shared + bc.strategy_overrides(s, kind) +
+                                                    [f"model.boost.lowrank_checkpointing={str(ck).lower()}"])
+            for s in strategies for ck in (False, True)}
+    result = bc.run_job(__file__, cfgs, ["--batches", args.batches, "--iters", str(args.iters),
+                                         "--warmup", str(args.warmup)], torchrun_args, args.log_dir, args.timeout,
+                        args.verbose)
+    rows = compare(result["rows"], args.warmup)
+    meta, c = result["meta"], next(iter(cfgs.values()))
+    print(f"BOOST Table 5 (low-rank activation checkpointing) on {meta['machine']}, tp={meta['tp']}, {meta['date']}")
+    print(f"model: d={c.model.hidden_size} d_ff={c.model.ffn_size} layers={c.model.num_layers} r={c.model.rank} "
+          f"low-rank={kind}; seq {c.tokens.sequence_length}; {args.iters} fwd+bwd per variant, first {args.warmup} "
+          f"dropped; TP rank 0 memory; 1-min load avg {meta.get('loadavg_1m')}")
+    print(render(rows))
+    for s in STRATEGIES:
+        if s not in strategies:
+            print(f"{s}: not available (tp_strategy not registered)")
+    print("Eff is '-' when checkpointing did not measurably add time (+Time <= 0); +-: standard error.")
+    if args.out:
+        print(f"wrote {bc.write_rows(args.out, rows, {**meta, 'raw': result['rows'], 'low_rank_kind': kind})}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
