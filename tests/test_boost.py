@@ -71,7 +71,7 @@ def _parity(ctx, kind: str, strategy: str, boost: dict, model: dict, n_micro: in
     import nanotron.distributed as dist
 
     from nanotron_ext.models.build import build_model
-    from nanotron_ext.models.init import local_shard
+    from tests.helpers.compare import worst_grad_error
     from nanotron_ext.parallel.comm import get_ledger
     from nanotron_ext.train.pipeline_step import forward_backward, make_engine
     from tests.reference_lowrank import reference_loss, reference_params
@@ -88,13 +88,7 @@ def _parity(ctx, kind: str, strategy: str, boost: dict, model: dict, n_micro: in
     ref = reference_params(cfg.model, cfg.general.seed)
     ref_loss = reference_loss(cfg.model, ref, rows[:, :-1], rows[:, 1:])
     ref_loss.backward()
-    worst, worst_name, names = 0.0, None, []
-    for name, param in net.named_parameters():
-        names.append(name)
-        expected = local_shard(ref[name].grad, param)
-        rel = ((param.grad.double() - expected).norm() / expected.norm()).item()
-        if rel > worst:
-            worst, worst_name = rel, name
+    worst, worst_name, names = worst_grad_error(net, ref)
     return {
         "case": f"{kind}/{strategy} tp={tp} pp={pp} {boost} {model}", "loss": loss.item(), "ref_loss": ref_loss.item(),
         "worst": worst, "worst_name": worst_name, "names": names, "ref_names": sorted(ref), "comm": comm,

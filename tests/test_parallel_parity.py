@@ -23,7 +23,7 @@ def _parity_worker(dp: int, tp: int, pp: int, engine: str, model_overrides: dict
 
     from nanotron_ext.config.schema import Config, ModelConfig, ParallelismConfig, TokenizerConfig, TokensConfig
     from nanotron_ext.models.build import build_model
-    from nanotron_ext.models.init import local_shard
+    from tests.helpers.compare import worst_grad_error
     from nanotron_ext.parallel.comm import get_ledger
     from nanotron_ext.parallel.context import build_parallel_context
     from nanotron_ext.train.pipeline_step import forward_backward, make_engine
@@ -50,13 +50,7 @@ def _parity_worker(dp: int, tp: int, pp: int, engine: str, model_overrides: dict
     ref = reference_params(cfg.model, cfg.general.seed)
     ref_loss = reference_loss(cfg.model, ref, rows[:, :-1], rows[:, 1:])
     ref_loss.backward()
-    worst, worst_name, names = 0.0, None, []
-    for name, param in model.named_parameters():
-        names.append(name)
-        expected = local_shard(ref[name].grad, param)
-        rel = ((param.grad.double() - expected).norm() / expected.norm()).item()
-        if rel > worst:
-            worst, worst_name = rel, name
+    worst, worst_name, names = worst_grad_error(model, ref)
     return {
         "loss": loss.item(), "ref_loss": ref_loss.item(), "worst_grad_rel": worst, "worst_name": worst_name,
         "names": names, "comm": comm, "pp_rank": dist.get_rank(ctx.pp_pg), "ref_names": sorted(ref),

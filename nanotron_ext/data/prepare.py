@@ -32,11 +32,8 @@ _SPLIT_STREAM = 1  # SeedSequence tag: the document split draws from its own str
 
 
 def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _write_json_atomic(path: Path, obj: dict) -> None:
