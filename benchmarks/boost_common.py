@@ -782,3 +782,50 @@ def activation_bytes(model: Any, forward: Callable[[], Any], device: Any) -> Tup
     with SavedTensorBytes(model) as saved, profiler_for(device, memory=True) as prof:
         loss = forward()
     return loss, {"allocator": allocator_net_bytes(prof, device), "saved": saved.bytes}
+
+
+# ================================================================================================
+# figures
+# ================================================================================================
+def figure_title(what: str, meta: Dict[str, Any]) -> str:
+    """Every figure says what produced it: device and date."""
+    return f"{what}\n{meta.get('machine', machine_label())}, {str(meta.get('date', ''))[:10]}"
+
+
+def save_figure(fig: Any, png: str | Path, rows: Sequence[Dict[str, Any]], meta: Dict[str, Any]) -> Tuple[Path, Path]:
+    """PNG plus the JSON of the plotted numbers beside it (same stem)."""
+    png = Path(png)
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(png, dpi=90)
+    return png, write_rows(png.with_suffix(".json"), rows, meta)
+
+
+# one colour per compared design in every figure
+DESIGN_COLORS = {"megatron": "tab:blue", "full": "tab:blue", "vanilla": "tab:orange", "btp": "tab:green",
+                 "boost": "tab:green", "online": "tab:green", "sync": "tab:red"}
+
+
+def design_color(label: str) -> Optional[str]:
+    low = label.lower()
+    for key in ("sync", "online", "btp", "boost", "vanilla", "megatron", "full"):
+        if key in low:
+            return DESIGN_COLORS[key]
+    return None
+
+
+def grouped_bars(ax: Any, groups: Sequence[str], series: Dict[str, Sequence[Optional[float]]],
+                 errors: Optional[Dict[str, Sequence[Optional[float]]]] = None, ylabel: str = "") -> None:
+    """Side-by-side bars: one cluster per group, one bar per series (None = not measured)."""
+    n = max(1, len(series))
+    width = 0.8 / n
+    for i, (label, values) in enumerate(series.items()):
+        xs = [g + (i - (n - 1) / 2) * width for g in range(len(groups))]
+        vals = [float("nan") if v is None else v for v in values]
+        err = None
+        if errors and label in errors:
+            err = [0.0 if e is None else e for e in errors[label]]
+        ax.bar(xs, vals, width, yerr=err, label=label, capsize=2, color=design_color(label))
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels(groups)
+    ax.set_ylabel(ylabel)

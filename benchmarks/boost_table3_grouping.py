@@ -73,7 +73,7 @@ def measure_worker(args: argparse.Namespace) -> Dict[str, Any]:
                     timings.setdefault((n, part), bc.Timings([], [], [])).extend(t)
         for (n, part), t in timings.items():
             rows.append({"variant": n, "micro_batch": mb, "part": part, "times": t.wall, "comm_s": t.comm_s,
-                         "tp_calls": t.comm[-1]["calls"]})
+                         "tp_calls": t.comm[-1]["calls"], "tp_bytes": t.comm[-1]["bytes"]})
     return {"rows": rows, "meta": bc.common_worker_meta(cfgs[0], ctx)}
 
 
