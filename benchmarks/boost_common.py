@@ -250,6 +250,8 @@ def shape_overrides(args: Any) -> List[str]:
     for k, v in values.items():
         if v is not None:
             out.append(f"{SHAPE_KEYS[k]}={v}")
+    if values.get("vocab") is not None:  # random token ids: the tokenizer only has to fit the table
+        out.append(f"tokenizer.vocab_size={values['vocab']}")
     if args.config_file is None or args.seq is not None:
         out.append(f"model.max_seq_len={values['seq'] if values.get('seq') is not None else args.seq}")
     return out
