@@ -12,6 +12,8 @@
 #
 # Driver options (see --help for all):
 #   --iters N (12)  --warmup W (2)  --rounds R (1)       iterations per row, dropped warm-up, repeats
+#   --mode separate|interleaved (separate)                 one torchrun job per row, or one job with the
+#                                                          rows' iterations alternating (fair under changing load)
 #   --strategies megatron,vanilla,btp                      rows (unregistered ones print "not available")
 #   --rmsnorm online|sync|both (both)                      RMSNorm mode(s) of the btp rows
 #   --config-file FILE  --set KEY=VALUE ...                base config (e.g. reproduce/boost/llama_7b_btp.yaml)

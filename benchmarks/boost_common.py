@@ -146,6 +146,7 @@ def write_rows(path: str | Path, rows: Sequence[Dict[str, Any]], meta: Optional[
         else:
             json.dump({"meta": meta or {}, "rows": list(rows)}, f, indent=2, default=_json_default)
             f.write("\n")
+    os.chmod(tmp, 0o644)  # mkstemp makes it owner-only; results are for everyone to read
     os.replace(tmp, path)
     return path
 

@@ -141,8 +141,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     fig.suptitle(bc.figure_title(f"BOOST Figure 6 at CPU scale: iteration time, {args.layers} layers, seq {args.seq}, "
                                  f"mean +- std of {args.iters - args.warmup} iterations", meta), fontsize=10)
     png, js = bc.save_figure(fig, args.out, rows, {**meta, "iters": args.iters, "warmup": args.warmup})
-    for r in rows:
-        print({k: (round(v * 1e3, 1) if k.endswith("_s") else v) for k, v in r.items()})
+    print(bc.format_table(["panel", "tp", "d", "bz / kind", "strategy", "iter ms mean +- std"],
+                          [[r["panel"], r["tp"], r["hidden"], r.get("micro_batch", r.get("kind", args.micro_batch)),
+                            r["strategy"], f"{r['mean_s'] * 1e3:.1f} +- {r['std_s'] * 1e3:.1f}"] for r in rows]))
     print(f"wrote {png} and {js}")
     return 0
 

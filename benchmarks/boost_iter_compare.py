@@ -5,7 +5,9 @@
 
 Each compared row is one torchrun job (default `--nproc_per_node 2`: TP=2 on CPU/gloo) that builds
 the model for that strategy and times `--iters` full training iterations (forward/backward over
-the micro-batches, grad clipping, AdamW step), dropping the first `--warmup`. Rows:
+the micro-batches, grad clipping, AdamW step), dropping the first `--warmup`. With
+`--mode interleaved` all rows share ONE job instead and their iterations alternate, so a machine
+whose load changes (other tenants) slows every row alike. Rows:
 
     megatron     full-rank model, Megatron TP                      (paper: FullRank-TP)
     vanilla      low-rank model (r = d/4), Megatron TP per factor  (paper: Vanilla-TP)
@@ -20,8 +22,10 @@ whole comparison in rotated order (separate launches) to average out a drifting 
 
 TP bytes per block per pass come from the comm ledger on one decoder block (forward and backward
 separately), next to the Table 6 closed form; TP collectives and bytes per iteration from the
-ledger over whole timed iterations; peak memory is the CUDA allocator peak on GPU and the peak
-RSS of each process on CPU (max over ranks; it includes the Python/torch runtime).
+ledger over whole timed iterations; "CPU ms/iter" is the process CPU time of an iteration (max
+over ranks), which other tenants' load barely changes; peak memory is the CUDA allocator peak on
+GPU and the peak RSS of each process on CPU (max over ranks; it includes the Python/torch
+runtime; not split per row in interleaved mode on CPU).
 Strategies not registered in nanotron_ext.models.tp_strategy give a "not available" row.
 """
 from __future__ import annotations
@@ -348,7 +352,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print("TP KiB/block: one decoder block's TP collective payload on one rank (ledger); Table 6 is the paper's "
           "per-pass closed form (MHA, norms omitted). Peak MiB: " +
           ("CUDA max allocated." if "cuda" in str(meta_src.get("device", "")) else
-           "peak RSS of one process (CPU), runtime included."))
+           "peak RSS of one process (CPU), runtime included" +
+           (" (not split per row in interleaved mode)." if args.mode == "interleaved" else ".")))
     if args.out:
         out_rows = [_strip(r) for r in rows]
         path = bc.write_rows(args.out, out_rows, {**meta_src, "shape": shape, "low_rank_kind": kind, "iters": args.iters,

@@ -123,9 +123,19 @@ def check_built(strategies: Optional[Sequence[str]] = None) -> List[Dict[str, An
         pass
     created = not td.is_initialized()
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    # the rendezvous variables build_parallel_context fills in are not left behind for later
+    # processes (a stale MASTER_PORT would be inherited by every child of this one)
+    saved_env = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
     if created and world == 1 and "MASTER_PORT" not in os.environ:
         os.environ["MASTER_PORT"] = str(_free_port())  # a lone process: never the shared default 29500
-    ctx = build_parallel_context(1, world, 1, backend="gloo")
+    try:
+        ctx = build_parallel_context(1, world, 1, backend="gloo")
+    finally:
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     strategies = [s for s in (strategies or sorted(TP_STRATEGIES)) if s in TP_STRATEGIES]
     records = []
     try:
