@@ -31,9 +31,14 @@ def run_layout(name: str, steps: int, config: Path, work: Path) -> Dict[str, obj
         sets.append("model.tie_embeddings=false")  # tying needs both ends on one stage
     cmd = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc_per_node", str(dp * tp * pp),
            "-m", "nanotron_ext.train", "--config-file", str(config)] + [a for s in sets for a in ("--set", s)]
-    subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+    log = work / f"{name}.log"
+    with log.open("w") as out:
+        proc = subprocess.run(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        raise RuntimeError(f"layout {name} failed (exit {proc.returncode}); last lines of its log:\n"
+                           + "\n".join(log.read_text().splitlines()[-30:]))
     summary = json.loads((work / name / "summary.json").read_text())
-    return {"layout": name, "dp": dp, "tp": tp, "pp": pp, **summary}
+    return {**summary, "layout": name}  # the row's name, not the summary's {dp, tp, pp} dict
 
 
 def main(argv: List[str] | None = None) -> int:
