@@ -5,9 +5,10 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+import torch
 
 from nanotron_ext.config.schema import LoggingConfig, ModelConfig
-from nanotron_ext.metrics.flops import flops_per_token, mfu
+from nanotron_ext.metrics.flops import flops_per_token, matmul_weights, mfu
 from nanotron_ext.metrics.logger import MetricsLogger, plot_losses, read_metrics
 
 
@@ -17,6 +18,15 @@ def test_flops_per_token_hand_count() -> None:
     per_layer = 64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 128
     matmul = 2 * per_layer + 64 * 1000
     assert flops_per_token(cfg, matmul, seq_len=256) == 6 * matmul + 12 * 2 * 64 * 256
+
+
+def test_matmul_weights_counts_a_tied_head_once() -> None:
+    emb, q, norm = torch.zeros(1000, 64), torch.zeros(64, 64), torch.zeros(64)
+    untied = [("token_embedding.pp_block.embedding.weight", emb), ("decoder.0.attn.q.weight", q),
+              ("decoder.0.attn.norm.weight", norm), ("lm_head.pp_block.lm_head.weight", emb.clone())]
+    tied = untied[:3]  # named_parameters() lists the shared weight under the embedding only
+    assert matmul_weights(untied, tied_head=False) == 64 * 64 + 1000 * 64
+    assert matmul_weights(tied, tied_head=True) == 64 * 64 + 1000 * 64
 
 
 def test_mfu_arithmetic() -> None:

@@ -1,14 +1,27 @@
 """Model FLOPs per token and MFU (the PaLM appendix B accounting)."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Iterable, Optional, Tuple
 
 import torch
 
 from nanotron_ext.config.schema import ModelConfig
+from nanotron_ext.models.init import full_shape
 
 # dense bf16 tensor-core peaks (TFLOP/s) of GPUs people train on; MFU needs the device's peak
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0, "L4": 121.0}
+
+
+def matmul_weights(named_params: Iterable[Tuple[str, torch.Tensor]], tied_head: bool) -> int:
+    """Unsharded size of the 2-D weights used in matmuls. The embedding is a lookup, not a matmul,
+    but a tied head multiplies by that same weight, which named_parameters() lists only once."""
+    total = 0
+    for name, param in named_params:
+        if param.ndim != 2:
+            continue
+        if "token_embedding" not in name or tied_head:
+            total += full_shape(param).numel()
+    return total
 
 
 def flops_per_token(cfg: ModelConfig, matmul_params: int, seq_len: int) -> float:

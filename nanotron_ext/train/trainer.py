@@ -18,7 +18,7 @@ from nanotron_ext.config.loader import save_config
 from nanotron_ext.config.schema import Config
 from nanotron_ext.data.loader import build_train_loader, build_validation_loader
 from nanotron_ext.metrics.comm import total_sent_bytes
-from nanotron_ext.metrics.flops import device_peak_tflops, flops_per_token, mfu
+from nanotron_ext.metrics.flops import device_peak_tflops, flops_per_token, matmul_weights, mfu
 from nanotron_ext.metrics.logger import MetricsLogger, plot_losses
 from nanotron_ext.metrics.memory import peak_memory_bytes
 from nanotron_ext.metrics.nvtx import enable_nvtx, nvtx_range
@@ -72,9 +72,7 @@ class Trainer:
 
     def matmul_params(self) -> int:
         """Matmul weights of the whole model (all stages, unsharded), embedding lookups excluded."""
-        from nanotron_ext.models.init import full_shape
-
-        local = sum(full_shape(p).numel() for n, p in self.model.named_parameters() if p.ndim == 2 and "token_embedding" not in n)
+        local = matmul_weights(self.model.named_parameters(), tied_head=self.cfg.model.tie_embeddings)
         total = torch.tensor([local], dtype=torch.float64)
         if self.ctx.pp_pg.size() > 1:  # stages hold different layers; TP ranks already see full shapes
             dist.all_reduce(total, group=self.ctx.pp_pg)
