@@ -34,12 +34,16 @@ def reference_param_shapes(cfg: ModelConfig) -> Dict[str, tuple]:
     return shapes
 
 
-def reference_params(cfg: ModelConfig, seed: int) -> Dict[str, torch.Tensor]:
+def params_from_shapes(cfg: ModelConfig, shapes: Dict[str, tuple], seed: int) -> Dict[str, torch.Tensor]:
     """Full float64 leaf tensors (requires_grad) initialised exactly like the sharded model."""
     return {
         name: full_init_tensor(name, torch.Size(shape), seed, cfg.init_std, cfg.num_layers).double().requires_grad_()
-        for name, shape in reference_param_shapes(cfg).items()
+        for name, shape in shapes.items()
     }
+
+
+def reference_params(cfg: ModelConfig, seed: int) -> Dict[str, torch.Tensor]:
+    return params_from_shapes(cfg, reference_param_shapes(cfg), seed)
 
 
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:

@@ -17,8 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from nanotron_ext.config.schema import ModelConfig
-from nanotron_ext.models.init import full_init_tensor
-from tests.reference_llama import _rms, _rope
+from tests.reference_llama import _rms, _rope, params_from_shapes
 
 _LAX_FROM = {"o": "v", "gate": "o", "up": "o", "down": "up"}
 
@@ -57,11 +56,7 @@ def reference_param_shapes(cfg: ModelConfig) -> Dict[str, tuple]:
 
 
 def reference_params(cfg: ModelConfig, seed: int) -> Dict[str, torch.Tensor]:
-    """Full float64 leaf tensors (requires_grad) initialised exactly like the sharded model."""
-    return {
-        name: full_init_tensor(name, torch.Size(shape), seed, cfg.init_std, cfg.num_layers).double().requires_grad_()
-        for name, shape in reference_param_shapes(cfg).items()
-    }
+    return params_from_shapes(cfg, reference_param_shapes(cfg), seed)
 
 
 def reference_loss(cfg: ModelConfig, params: Dict[str, torch.Tensor], input_ids: torch.Tensor, label_ids: torch.Tensor) -> torch.Tensor:

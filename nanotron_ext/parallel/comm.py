@@ -5,8 +5,8 @@ Patch 0007 makes `nanotron.distributed` report each collective and point-to-poin
 process group's role ("tp", "pp", "dp", ...) and the operation ("all_reduce", "send:fwd", ...).
 
 Bytes are the payload handed to the call on this rank (the tensor size, as the papers' tables
-count it), not the algorithm's wire traffic: a ring all-reduce of N bytes puts 2(p-1)/p * N on
-each link, which `wire_bytes` estimates where needed.
+count it), not the algorithm's wire traffic (a ring all-reduce of N bytes puts 2(p-1)/p * N on
+each link).
 """
 from __future__ import annotations
 
@@ -88,17 +88,6 @@ class CommLedger:
 
 def _match(g: str, o: str, group: Optional[str], op: Optional[str]) -> bool:
     return (group is None or g == group) and (op is None or o == op or o.startswith(op + ":"))
-
-
-def wire_bytes(op: str, nbytes: int, world: int) -> float:
-    """Bytes one rank puts on the wire for `op` of `nbytes` with ring algorithms."""
-    if world <= 1:
-        return 0.0
-    if op.startswith("all_reduce"):
-        return 2 * (world - 1) / world * nbytes
-    if op.startswith(("all_gather", "reduce_scatter")):
-        return (world - 1) * nbytes if op.startswith("all_gather") else (world - 1) / world * nbytes
-    return float(nbytes)
 
 
 _LEDGER: Optional[CommLedger] = None
