@@ -292,12 +292,7 @@ def available_strategies() -> Tuple[List[str], str]:
     the BOOST strategies module does not exist (yet)."""
     from nanotron_ext.models.tp_strategy import TP_STRATEGIES
 
-    why = ""
-    try:
-        import nanotron_ext.models.boost_strategies  # noqa: F401  (registers vanilla/btp)
-    except ImportError as e:  # a missing module is "not available", not a crash
-        why = f"{type(e).__name__}: {e}"
-    return sorted(TP_STRATEGIES), why
+    return TP_STRATEGIES.names(), ""
 
 
 # ================================================================================================
@@ -633,7 +628,7 @@ class SavedTensorBytes:
     def __enter__(self) -> "SavedTensorBytes":
         import torch
 
-        from nanotron_ext.models import lowrank
+        from nanotron_ext.boost import lowrank
 
         self._stack.enter_context(torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t))
         # the low-rank checkpoint regions call torch.utils.checkpoint.checkpoint through the name

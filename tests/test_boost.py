@@ -124,7 +124,7 @@ def _block(ctx, strategy: str, boost: dict, kind: str = "svd"):
     from nanotron_ext.models.init import init_weights_
     from nanotron_ext.models.llama import DecoderLayer
     from nanotron_ext.models.tp_strategy import get_tp_strategy
-    from nanotron_ext.parallel.btp import split_features
+    from nanotron_ext.boost.btp import split_features
 
     cfg = ModelConfig(
         vocab_size=64, hidden_size=D6, ffn_size=F6, num_layers=1, num_heads=H6, num_kv_heads=H6, max_seq_len=S6,
@@ -191,8 +191,8 @@ def _norm_kernel(ctx) -> dict:
     """
     import torch.nn.functional as F
 
-    from nanotron_ext.parallel.btp import split_features
-    from nanotron_ext.parallel.online_rmsnorm import ShardedRMSNorm, rmsnorm_row_linear
+    from nanotron_ext.boost.btp import split_features
+    from nanotron_ext.boost.online_rmsnorm import ShardedRMSNorm, rmsnorm_row_linear
 
     b, s, d, r, eps = 4, 32, 128, 32, 1e-5
     g = torch.Generator().manual_seed(SEED)
@@ -481,7 +481,7 @@ def test_low_rank_factor_init_matches_full_rank_scale() -> None:
 
 def test_lax_chain_needs_both_ends_factorised() -> None:
     from nanotron_ext.config.schema import LowRankConfig, ModelConfig
-    from nanotron_ext.models.lowrank import lax_previous, linear_specs
+    from nanotron_ext.boost.lowrank import lax_previous, linear_specs
 
     full = ModelConfig(**MODEL, low_rank=LowRankConfig(kind="lax"))
     assert lax_previous(linear_specs(full), "lax") == {"o": "v", "gate": "o", "up": "o", "down": "up"}

@@ -23,23 +23,17 @@ stage with any parameters they own.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional, Tuple, Type
+from typing import Optional, Tuple, Type
 
 import torch
 from nanotron import distributed as dist
 from torch import nn
 
 from nanotron_ext.config.schema import ModelConfig
+from nanotron_ext.registry import Registry
 
-CODECS: Dict[str, Type["BoundaryCodec"]] = {}
-
-
-def register_codec(name: str) -> Callable[[Type["BoundaryCodec"]], Type["BoundaryCodec"]]:
-    def deco(cls: Type["BoundaryCodec"]) -> Type["BoundaryCodec"]:
-        CODECS[name] = cls
-        return cls
-
-    return deco
+CODECS: Registry[Type["BoundaryCodec"]] = Registry("model.codec.kind")
+register_codec = CODECS.register
 
 
 class BoundaryEncoder(nn.Module):
@@ -70,10 +64,7 @@ class BoundaryCodec:
 
 
 def get_codec(cfg: ModelConfig, tp_pg: dist.ProcessGroup) -> BoundaryCodec:
-    name = cfg.codec.kind
-    if name not in CODECS:
-        raise ValueError(f"model.codec.kind={name!r} is not available; registered: {sorted(CODECS)}")
-    return CODECS[name](cfg, tp_pg)
+    return CODECS.get(cfg.codec.kind)(cfg, tp_pg)
 
 
 def _id_slots(dtype: torch.dtype) -> int:

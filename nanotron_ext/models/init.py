@@ -17,7 +17,7 @@ from torch import nn
 
 # parameters whose output feeds the residual stream: std scaled by 1/sqrt(2 * num_layers) (GPT-2)
 RESIDUAL_OUTPUT_NAMES = ("o_proj", "down_proj")
-# factors of a low-rank linear y = up(down(x)): down [r, in], up [out, r] (models/lowrank.py)
+# factors of a low-rank linear y = up(down(x)): down [r, in], up [out, r] (nanotron_ext.boost.lowrank)
 LOW_RANK_FACTORS = {".down.weight": 0, ".up.weight": 1}  # suffix -> dim holding r
 
 

@@ -8,12 +8,13 @@ A `TPStrategy` builds the four per-rank pieces a Llama needs, already sharded fo
     head()             hidden_states= (final norm included) -> vocab-sharded logits [b, s, V / tp]
 
 `d_local` is d when the residual stream is replicated across TP ranks (Megatron), d / tp when it
-is sharded (BOOST's bottleneck-aware TP). Strategies register under `model.boost.tp_strategy`.
+is sharded (BOOST's bottleneck-aware TP, nanotron_ext.boost). Strategies register in TP_STRATEGIES
+under the name `model.boost.tp_strategy` selects.
 """
 from __future__ import annotations
 
 import logging
-from typing import Callable, Dict, Type
+from typing import Type
 
 import torch
 from nanotron import distributed as dist
@@ -27,16 +28,10 @@ from torch import nn
 
 from nanotron_ext.config.schema import ModelConfig
 from nanotron_ext.models.layers import RMSNorm, RotaryEmbedding, causal_attention
+from nanotron_ext.registry import Registry
 
-TP_STRATEGIES: Dict[str, Type["TPStrategy"]] = {}
-
-
-def register_tp_strategy(name: str) -> Callable[[Type["TPStrategy"]], Type["TPStrategy"]]:
-    def deco(cls: Type["TPStrategy"]) -> Type["TPStrategy"]:
-        TP_STRATEGIES[name] = cls
-        return cls
-
-    return deco
+TP_STRATEGIES: Registry[Type["TPStrategy"]] = Registry("model.boost.tp_strategy")
+register_tp_strategy = TP_STRATEGIES.register
 
 
 class TPStrategy:
@@ -148,8 +143,6 @@ class MegatronStrategy(TPStrategy):
 
 
 def get_tp_strategy(cfg: ModelConfig, tp_pg: dist.ProcessGroup) -> TPStrategy:
-    from nanotron_ext.models import boost_strategies  # noqa: F401  (registers "vanilla" and "btp"; imports this module)
-
     name = cfg.boost.tp_strategy
     if name == "megatron" and cfg.low_rank.kind != "none":
         # Megatron's column/row pairs applied to each factorised linear is exactly vanilla low-rank TP
@@ -157,9 +150,7 @@ def get_tp_strategy(cfg: ModelConfig, tp_pg: dist.ProcessGroup) -> TPStrategy:
             "model.boost.tp_strategy='megatron' with model.low_rank.kind=%r: using 'vanilla' (Megatron TP per "
             "factorised linear)", cfg.low_rank.kind)
         name = "vanilla"
-    if name not in TP_STRATEGIES:
-        raise ValueError(f"model.boost.tp_strategy={name!r} is not available; registered: {sorted(TP_STRATEGIES)}")
-    return TP_STRATEGIES[name](cfg, tp_pg)
+    return TP_STRATEGIES.get(name)(cfg, tp_pg)
 
 
 def tie_head_to_embedding(head: nn.Module, embedding: nn.Module) -> None:

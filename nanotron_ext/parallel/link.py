@@ -14,10 +14,16 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import TYPE_CHECKING, Dict, Optional, Tuple
+from typing import Dict, Mapping, Optional, Protocol, Tuple
 
-if TYPE_CHECKING:  # the schema is only needed for the annotation
-    from nanotron_ext.config.schema import LinkConfig
+
+class LinkSettings(Protocol):
+    """What the emulator reads from `parallelism.link` (parallel/ does not import config/)."""
+
+    enabled: bool
+    bandwidth_mbps: float
+    latency_ms: float
+    per_stage_pair: Mapping[str, Mapping[str, float]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +85,7 @@ class LinkEmulator:
             time.sleep(delay)
 
 
-def link_emulator_from_config(cfg: LinkConfig) -> Optional[LinkEmulator]:
+def link_emulator_from_config(cfg: LinkSettings) -> Optional[LinkEmulator]:
     """The emulator for `parallelism.link`, or None when it is disabled.
 
     A per-stage-pair entry ("0-1": {...}) covers both directions unless the reverse pair ("1-0")

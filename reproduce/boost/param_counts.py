@@ -117,10 +117,6 @@ def check_built(strategies: Optional[Sequence[str]] = None) -> List[Dict[str, An
     from nanotron_ext.models.tp_strategy import TP_STRATEGIES
     from nanotron_ext.parallel.context import build_parallel_context
 
-    try:
-        import nanotron_ext.models.boost_strategies  # noqa: F401  (registers vanilla/btp when present)
-    except ImportError:
-        pass
     created = not td.is_initialized()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     # the rendezvous variables build_parallel_context fills in are not left behind for later
@@ -136,7 +132,7 @@ def check_built(strategies: Optional[Sequence[str]] = None) -> List[Dict[str, An
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    strategies = [s for s in (strategies or sorted(TP_STRATEGIES)) if s in TP_STRATEGIES]
+    strategies = [s for s in (strategies or TP_STRATEGIES.names()) if s in TP_STRATEGIES.names()]
     records = []
     try:
         for shape, strategy, kind in check_cases(strategies, world):

@@ -25,10 +25,13 @@ from typing import Tuple
 import torch
 import torch.nn.functional as F
 from nanotron import distributed as dist
-from nanotron.parallel.sharded_parameters import SplitConfig, mark_all_parameters_in_module_as_sharded
+from nanotron.parallel.sharded_parameters import (
+    SplitConfig,
+    mark_all_parameters_in_module_as_sharded,
+)
 from torch import nn
 
-from nanotron_ext.parallel.btp import all_reduce_flat, all_reduce_statistic
+from nanotron_ext.boost.btp import all_reduce_flat, all_reduce_statistic
 
 
 class ShardedRMSNorm(nn.Module):

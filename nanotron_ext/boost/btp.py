@@ -23,9 +23,14 @@ from typing import List, Optional, Sequence
 import torch
 import torch.nn.functional as F
 from nanotron import distributed as dist
-from nanotron.parallel.tensor_parallel.distributed_differentiable_primitives import differentiable_all_reduce_sum
+from nanotron.parallel.tensor_parallel.distributed_differentiable_primitives import (
+    differentiable_all_reduce_sum,
+)
 from nanotron.parallel.tensor_parallel.enum import TensorParallelLinearMode
-from nanotron.parallel.tensor_parallel.nn import TensorParallelColumnLinear, TensorParallelRowLinear
+from nanotron.parallel.tensor_parallel.nn import (
+    TensorParallelColumnLinear,
+    TensorParallelRowLinear,
+)
 from torch import nn
 
 

@@ -1,0 +1,134 @@
+"""The shared machinery of BOOST's low-rank sub-layers (attention and SwiGLU MLP): factor pairs,
+grouped GEMMs and the chunk loop that vanilla.py and btp_sublayers.py specialise."""
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+from nanotron import distributed as dist
+from torch import nn
+
+from nanotron_ext.boost.lowrank import (
+    LatentRelay,
+    LinearSpec,
+    lax_previous,
+    linear_specs,
+    warn_once,
+)
+from nanotron_ext.config.schema import ModelConfig
+from nanotron_ext.models.layers import RMSNorm, RotaryEmbedding, causal_attention
+
+Tensors = Dict[str, torch.Tensor]
+
+class LowRankPair(nn.Module):
+    """The two factors of one factorised linear, each laid out by the TP strategy."""
+
+    def __init__(self, down: nn.Module, up: nn.Module) -> None:
+        super().__init__()
+        self.down, self.up = down, up
+
+
+# -- grouped GEMMs -------------------------------------------------------------------------------------
+def shared_input_gemm(mods: Sequence[nn.Module], x: torch.Tensor, grouped: bool) -> List[torch.Tensor]:
+    """`m.local(x)` for each module; grouped: ONE GEMM over the concatenated (local) weights."""
+    if grouped and len(mods) > 1:
+        y = F.linear(x, torch.cat([m.weight for m in mods]))
+        return list(y.split([m.weight.shape[0] for m in mods], dim=-1))
+    return [m.local(x) for m in mods]
+
+
+def shape_groups(mods: Sequence[nn.Module]) -> List[List[int]]:
+    """Indices of modules with equal weight shapes (the ones a batched GEMM can take together)."""
+    groups: Dict[Tuple[int, ...], List[int]] = {}
+    for i, m in enumerate(mods):
+        groups.setdefault(tuple(m.weight.shape), []).append(i)
+    return list(groups.values())
+
+
+def distinct_input_gemm(
+    mods: Sequence[nn.Module], xs: Sequence[torch.Tensor], grouped: bool, pre: Callable[[torch.Tensor], torch.Tensor]
+) -> List[torch.Tensor]:
+    """`m.local(pre(x))` for each (module, input) pair; grouped: the inputs are stacked, `pre` runs
+    once on the stack (one collective marker instead of one per input) and each set of equal weight
+    shapes is one torch.bmm."""
+    if not grouped or len(mods) <= 1:
+        return [m.local(pre(x)) for m, x in zip(mods, xs)]
+    stacked = pre(torch.stack(list(xs)))  # [k, *lead, in]
+    lead = stacked.shape[1:-1]
+    flat = stacked.flatten(1, -2)  # [k, N, in]
+    outs: List[Optional[torch.Tensor]] = [None] * len(mods)
+    for idx in shape_groups(mods):
+        if len(idx) == 1:
+            outs[idx[0]] = mods[idx[0]].local(stacked[idx[0]])
+            continue
+        contiguous = idx == list(range(idx[0], idx[-1] + 1))
+        x = flat[idx[0]:idx[-1] + 1] if contiguous else flat[idx]
+        y = torch.bmm(x, torch.stack([mods[i].weight for i in idx]).transpose(1, 2))
+        for j, i in enumerate(idx):
+            outs[i] = y[j].unflatten(0, lead)
+    return outs  # type: ignore[return-value]
+
+
+def attend(mod: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention over the heads this rank holds; q/k/v: [b, s, heads * head_dim]."""
+    b, s, hd = q.shape[0], q.shape[1], mod.head_dim
+    q, k, v = q.reshape(b, s, mod.n_q, hd), k.reshape(b, s, mod.n_kv, hd), v.reshape(b, s, mod.n_kv, hd)
+    if mod.q_norm is not None:
+        q, k = mod.q_norm(q), mod.k_norm(k)
+    out = causal_attention(mod.rotary(q), mod.rotary(k), v, mod.backend)
+    return out.reshape(b, s, mod.n_q * hd)
+
+
+def init_attention(mod: nn.Module, cfg: ModelConfig, heads_divisor: int, qk_norm_group: Optional[dist.ProcessGroup]) -> None:
+    mod.n_q, mod.n_kv, mod.head_dim = cfg.num_heads // heads_divisor, cfg.num_kv_heads // heads_divisor, cfg.head_dim
+    mod.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, shared_across=qk_norm_group) if cfg.qk_norm else None
+    mod.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, shared_across=qk_norm_group) if cfg.qk_norm else None
+    mod.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
+    mod.backend = cfg.attention
+
+
+class Sublayer(nn.Module):
+    """Pre-norm sub-layer: norm -> FIRST linears (shared input) -> core -> LAST linear.
+
+    Attention: FIRST = q, k, v; core = RoPE + causal attention; LAST = o.
+    MLP:       FIRST = gate, up; core = silu(gate) * up;      LAST = down.
+    """
+
+    FIRST: Tuple[str, ...] = ()
+    LAST: str = ""
+
+    def __init__(
+        self, cfg: ModelConfig, tp_pg: dist.ProcessGroup, relay_in: Optional[LatentRelay], relay_out: Optional[LatentRelay]
+    ) -> None:
+        super().__init__()
+        self.tp_pg, self.kind = tp_pg, cfg.low_rank.kind
+        self.specs = linear_specs(cfg)
+        self.previous = lax_previous(self.specs, self.kind)
+        self.grouped = cfg.boost.group_linears
+        self.checkpointing = cfg.boost.lowrank_checkpointing
+        self.relay_in, self.relay_out = relay_in, relay_out
+        for name in (*self.FIRST, self.LAST):
+            setattr(self, f"{name}_proj", self._build_linear(self.specs[name]))
+        ups = [self._mod(n).up for n in self.FIRST if self.specs[n].factorised]
+        if self.grouped and len(ups) > 1 and len(shape_groups(ups)) > 1:
+            warn_once(f"group_linears: the up-projections of {'/'.join(self.FIRST)} differ in output width "
+                      "(grouped-query attention); each width is batched separately")
+
+    # strategy-specific
+    def _build_linear(self, spec: LinearSpec) -> nn.Module:
+        raise NotImplementedError
+
+    def _core(self, outs: Tensors) -> torch.Tensor:
+        raise NotImplementedError
+
+    # helpers
+    def _mod(self, name: str) -> nn.Module:
+        return getattr(self, f"{name}_proj")
+
+    def _first_gemm(self, name: str) -> nn.Module:
+        """The GEMM that reads a linear's input: its down factor, or the whole full-rank weight."""
+        return self._mod(name).down if self.specs[name].factorised else self._mod(name)
+
+    def _factorised(self, names: Sequence[str]) -> List[str]:
+        return [n for n in names if self.specs[n].factorised]

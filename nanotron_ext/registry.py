@@ -1,0 +1,64 @@
+"""Named extension points that technique packages plug into.
+
+The core builds a model, an optimiser and a training loop from registries keyed by config values
+(`model.boost.tp_strategy`, `model.codec.kind`, ...). A technique package (nanotron_ext.boost,
+nanotron_ext.resbm, ...) registers its entries when it is imported; the core never imports it.
+Instead, the first lookup of a name that is not registered yet imports every module declared
+under the `nanotron_ext.techniques` entry-point group (pyproject.toml), the standard Python
+plug-in mechanism, so a third-party package can add a codec or a strategy the same way.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+from typing import Callable, Dict, Generic, List, TypeVar
+
+T = TypeVar("T")
+
+ENTRY_POINT_GROUP = "nanotron_ext.techniques"
+_loaded = False
+
+
+def load_techniques() -> None:
+    """Import every technique package declared in the entry-point group (once per process)."""
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        ep.load()
+
+
+class Registry(Generic[T]):
+    """Name -> entry, for one extension point; `config_key` names the YAML key that selects it."""
+
+    def __init__(self, config_key: str) -> None:
+        self.config_key = config_key
+        self._entries: Dict[str, T] = {}
+
+    def register(self, name: str) -> Callable[[T], T]:
+        def deco(entry: T) -> T:
+            old = self._entries.get(name)
+            if old is not None and _qualname(old) != _qualname(entry):  # re-running one definition is fine
+                raise ValueError(f"{self.config_key}: {name!r} is registered twice ({_qualname(old)}, {_qualname(entry)})")
+            self._entries[name] = entry
+            return entry
+
+        return deco
+
+    def get(self, name: str) -> T:
+        if name not in self._entries:
+            load_techniques()
+        if name not in self._entries:
+            raise ValueError(f"{self.config_key}={name!r} is not available; registered: {self.names()}")
+        return self._entries[name]
+
+    def names(self) -> List[str]:
+        load_techniques()
+        return sorted(self._entries)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._entries
+
+
+def _qualname(entry: object) -> str:
+    return f"{getattr(entry, '__module__', '')}.{getattr(entry, '__qualname__', repr(entry))}"
