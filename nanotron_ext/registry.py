@@ -15,15 +15,26 @@ from typing import Callable, Dict, Generic, List, TypeVar
 T = TypeVar("T")
 
 ENTRY_POINT_GROUP = "nanotron_ext.techniques"
+# Core modules that register the default entries (megatron, identity, standard, none, allreduce).
+CORE_MODULES = (
+    "nanotron_ext.models.tp_strategy",
+    "nanotron_ext.codecs",
+    "nanotron_ext.models.llama",
+    "nanotron_ext.models.constraints",
+    "nanotron_ext.parallel.data_parallel",
+)
 _loaded = False
 
 
 def load_techniques() -> None:
-    """Import every technique package declared in the entry-point group (once per process)."""
+    """Import the core's registering modules and every technique package declared in the entry-point
+    group (once per process)."""
     global _loaded
     if _loaded:
         return
     _loaded = True
+    for name in CORE_MODULES:
+        importlib.import_module(name)
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         ep.load()
 
@@ -62,3 +73,23 @@ class Registry(Generic[T]):
 
 def _qualname(entry: object) -> str:
     return f"{getattr(entry, '__module__', '')}.{getattr(entry, '__qualname__', repr(entry))}"
+
+
+# The extension points, one per config key. Each entry's contract is documented where the core
+# calls it; the toy plug-ins in tests/test_extension_points.py show the smallest valid entry.
+TP_STRATEGIES: Registry = Registry("model.boost.tp_strategy")
+"""name -> TPStrategy subclass (nanotron_ext.models.tp_strategy): the tensor-parallel layout."""
+CODECS: Registry = Registry("model.codec.kind")
+"""name -> BoundaryCodec subclass (nanotron_ext.codecs.base): what crosses a codec boundary."""
+EMBEDDINGS: Registry = Registry("model.embedding.kind")
+"""name -> builder(cfg: ModelConfig, strategy: TPStrategy) -> nn.Module mapping input_ids [b, s] to the
+residual stream's first hidden state (nanotron_ext.models.llama.TokenEmbedding calls it)."""
+OUTPUT_CONSTRAINTS: Registry = Registry("model.output_constraint.kind")
+"""name -> OutputConstraint subclass (nanotron_ext.models.constraints): per-layer constraints on the
+attention output and MLP down projections, applied at build time and after every optimiser step."""
+OPTIMIZER_GROUPS: Registry = Registry("optimizer group tag")
+"""tag -> factory(params, cfg: OptimizerConfig) -> torch.optim.Optimizer for parameters a technique
+tagged with nanotron_ext.optim.param_groups.tag_parameter (e.g. Stiefel projections, constrained rows)."""
+DP_SYNCS: Registry = Registry("parallelism.dp_sync")
+"""name -> DataParallelSync subclass (nanotron_ext.parallel.data_parallel): how replicas agree, per
+step (gradient all-reduce) or in an outer loop (SparseLoCo)."""

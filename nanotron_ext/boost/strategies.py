@@ -103,6 +103,9 @@ class _LowRankStrategy(TPStrategy):
         self._relay_needed = any(prev == "o" for prev in lax_previous(specs, cfg.low_rank.kind).values())
         self._relays: Dict[int, LatentRelay] = {}
 
+    # the factor pairs have no single output weight to constrain
+    output_projections = TPStrategy.output_projections
+
     def attention(self, layer_idx: int) -> nn.Module:
         relay = self._relays.setdefault(layer_idx, LatentRelay()) if self._relay_needed else None
         return self.attention_cls(self.cfg, self.tp_pg, relay_out=relay)

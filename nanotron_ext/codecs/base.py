@@ -23,16 +23,15 @@ stage with any parameters they own.
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple, Type
+from typing import Optional, Tuple
 
 import torch
 from nanotron import distributed as dist
 from torch import nn
 
 from nanotron_ext.config.schema import ModelConfig
-from nanotron_ext.registry import Registry
+from nanotron_ext.registry import CODECS
 
-CODECS: Registry[Type["BoundaryCodec"]] = Registry("model.codec.kind")
 register_codec = CODECS.register
 
 

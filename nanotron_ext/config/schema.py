@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import field
-from typing import Dict, List, Literal, Optional
+from typing import Dict, List, Literal, Optional, Union
+
+from nanotron_ext.registry import CODECS, DP_SYNCS, EMBEDDINGS, OUTPUT_CONSTRAINTS, TP_STRATEGIES, Registry
 
 
 class ConfigError(ValueError):
@@ -18,6 +20,12 @@ class ConfigError(ValueError):
 def _require(cond: bool, key: str, msg: str) -> None:
     if not cond:
         raise ConfigError(f"{key}: {msg}")
+
+
+def _require_registered(registry: Registry, name: str) -> None:
+    """Extension names are checked against the registry (technique packages included), not a fixed list."""
+    names = registry.names()
+    _require(name in names, registry.config_key, f"{name!r} is not available; registered: {names}")
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -76,8 +84,12 @@ class ParallelismConfig:
     """Decoder layers on each stage (sums to model.num_layers); default: as even as possible."""
     link: LinkConfig = field(default_factory=LinkConfig)
     """Emulated pipeline links."""
+    dp_sync: str = "allreduce"
+    """How data-parallel replicas agree: allreduce = average gradients every step; techniques register
+    outer loops (e.g. SparseLoCo) that replace it."""
 
     def __post_init__(self) -> None:
+        _require_registered(DP_SYNCS, self.dp_sync)
         for key in ("dp", "tp", "pp"):
             _require(getattr(self, key) >= 1, f"parallelism.{key}", f"must be >= 1, got {getattr(self, key)}")
         if self.layers_per_stage is not None:
@@ -109,7 +121,7 @@ class LowRankConfig:
 class BoostConfig:
     """How tensor parallelism splits the model (BOOST paper)."""
 
-    tp_strategy: Literal["megatron", "vanilla", "btp"] = "megatron"
+    tp_strategy: str = "megatron"
     """megatron: full-rank column/row pairs; vanilla: each low-rank pair one chunk (collective on d);
     btp: bottleneck-aware chunks (collective on r, residual stream sharded on d)."""
     rmsnorm: Literal["online", "sync"] = "online"
@@ -119,13 +131,45 @@ class BoostConfig:
     lowrank_checkpointing: bool = False
     """Keep only the r-wide chunk boundaries; recompute inside chunks in backward (no collectives)."""
 
+    def __post_init__(self) -> None:
+        _require_registered(TP_STRATEGIES, self.tp_strategy)
+
 
 @dataclasses.dataclass(kw_only=True)
 class CodecConfig:
-    """What crosses a pipeline boundary. Later codecs (resbm, subspace, mapl) add their options here."""
+    """What crosses a codec boundary. Technique codecs (resbm, subspace, mapl) add their options here."""
 
-    kind: Literal["identity"] = "identity"
-    """identity: the hidden state as is."""
+    kind: str = "identity"
+    """identity: the hidden state as is; or any registered codec."""
+    boundaries: Union[Literal["stages", "every_layer"], List[int]] = "stages"
+    """Where the codec sits, as the indices of the layers that send through it: stages = every pipeline
+    boundary; every_layer = after every layer but the last (on one process too); or a list. A pipeline
+    boundary outside the list sends the plain hidden state."""
+
+    def __post_init__(self) -> None:
+        _require_registered(CODECS, self.kind)
+
+
+@dataclasses.dataclass(kw_only=True)
+class EmbeddingConfig:
+    """The token embedding: how input ids become the first hidden state."""
+
+    kind: str = "standard"
+    """standard: the TP strategy's embedding table; techniques register others (e.g. fixed + trainable parts)."""
+
+    def __post_init__(self) -> None:
+        _require_registered(EMBEDDINGS, self.kind)
+
+
+@dataclasses.dataclass(kw_only=True)
+class OutputConstraintConfig:
+    """Constraints on every layer's attention output and MLP down projections."""
+
+    kind: str = "none"
+    """none; or a registered constraint (applied when the model is built and after every optimiser step)."""
+
+    def __post_init__(self) -> None:
+        _require_registered(OUTPUT_CONSTRAINTS, self.kind)
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -161,6 +205,8 @@ class ModelConfig:
     low_rank: LowRankConfig = field(default_factory=LowRankConfig)
     boost: BoostConfig = field(default_factory=BoostConfig)
     codec: CodecConfig = field(default_factory=CodecConfig)
+    embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
+    output_constraint: OutputConstraintConfig = field(default_factory=OutputConstraintConfig)
 
     def __post_init__(self) -> None:
         for key in ("vocab_size", "hidden_size", "ffn_size", "num_layers", "num_heads", "num_kv_heads", "max_seq_len"):
@@ -171,6 +217,12 @@ class ModelConfig:
                  f"{self.num_kv_heads} does not divide model.num_heads={self.num_heads}")
         _require((self.hidden_size // self.num_heads) % 2 == 0, "model.hidden_size",
                  "head dim (hidden_size / num_heads) must be even for RoPE")
+        if isinstance(self.codec.boundaries, list):
+            b = self.codec.boundaries
+            _require(all(0 <= i < self.num_layers - 1 for i in b), "model.codec.boundaries",
+                     f"{b}: each entry is a sending layer index in [0, {self.num_layers - 2}] (model.num_layers="
+                     f"{self.num_layers}; the last layer feeds the head)")
+            _require(len(set(b)) == len(b), "model.codec.boundaries", f"{b} lists a layer twice")
 
     @property
     def head_dim(self) -> int:

@@ -16,4 +16,5 @@ def build_model(cfg: Config, parallel_context: ParallelContext, link: LinkEmulat
     model = LlamaForTraining(cfg.model, parallel_context, p2p, cfg.parallelism.layers_per_stage)
     model.to(parallel_context.device)
     init_weights_(model, seed=cfg.general.seed, std=cfg.model.init_std, num_layers=cfg.model.num_layers)
+    model.apply_constraints()
     return model

@@ -20,10 +20,29 @@ from torch import nn
 
 from nanotron_ext.codecs import BoundaryCodec, get_codec
 from nanotron_ext.codecs.base import BoundaryDecoder, BoundaryEncoder, pack_ids, unpack_ids
+from nanotron_ext.codecs.identity import IdentityDecoder, IdentityEncoder
 from nanotron_ext.config.schema import ModelConfig
-from nanotron_ext.models.tp_strategy import get_tp_strategy, tie_head_to_embedding
+from nanotron_ext.models.constraints import Projections, get_output_constraint
+from nanotron_ext.models.tp_strategy import TPStrategy, get_tp_strategy, tie_head_to_embedding
+from nanotron_ext.registry import EMBEDDINGS
 
 Maybe = Union[torch.Tensor, TensorPointer]
+
+
+@EMBEDDINGS.register("standard")
+def standard_embedding(cfg: ModelConfig, strategy: TPStrategy) -> nn.Module:
+    """The TP strategy's own token table."""
+    return strategy.embedding()
+
+
+def codec_boundaries(spec: Union[str, List[int]], stage_of_layer: List[int]) -> List[int]:
+    """Sending-layer indices of the codec boundaries for `model.codec.boundaries`."""
+    last = len(stage_of_layer) - 1
+    if spec == "stages":
+        return [i for i in range(last) if stage_of_layer[i] != stage_of_layer[i + 1]]
+    if spec == "every_layer":
+        return list(range(last))
+    return sorted(spec)
 
 
 def split_layers(num_layers: int, pp: int, layers_per_stage: Optional[List[int]] = None) -> List[int]:
@@ -61,7 +80,8 @@ class DecoderLayer(nn.Module):
         branch = self.mlp(x_attn)
         if self.boundary_encoder is not None:
             wire = self.boundary_encoder(residual=x_attn, branch=branch, input_ids=ids)
-            return {"wire": pack_ids(wire, ids) if self.carry_ids else wire}
+            # contiguous: nanotron's P2P sends a non-contiguous view's storage and the receiver hangs
+            return {"wire": pack_ids(wire, ids) if self.carry_ids else wire.contiguous()}
         out = {"hidden_states": x_attn + branch}
         if self.carry_ids:
             out["input_ids"] = ids
@@ -105,22 +125,29 @@ class LlamaForTraining(nn.Module):
         tp_pg, pp = parallel_context.tp_pg, parallel_context.pp_pg.size()
         self.strategy = get_tp_strategy(cfg, tp_pg)
         self.codec: BoundaryCodec = get_codec(cfg, tp_pg)
+        self.constraint = get_output_constraint(cfg, tp_pg)
         self.stage_of_layer = split_layers(cfg.num_layers, pp, layers_per_stage)
-        carry = self.codec.needs_token_ids and pp > 1
+        self.codec_after = set(codec_boundaries(cfg.codec.boundaries, self.stage_of_layer))
+        stage_ends = set(codec_boundaries("stages", self.stage_of_layer))
+        # a layer that ends a stage always emits a wire: one tensor per boundary (codecs/base.py); a
+        # stage boundary outside model.codec.boundaries sends the plain hidden state (identity codec)
+        wire_after = self.codec_after | stage_ends
+        carry = self.codec.needs_token_ids and bool(self.codec_after)
         hidden_keys = {"hidden_states"} | ({"input_ids"} if carry else set())
-        wire_keys = {"wire"}  # one tensor per boundary (see nanotron_ext/codecs/base.py)
+        wire_keys = {"wire"}
+        self._projections: Dict[int, Projections] = {}
 
+        build_embedding = EMBEDDINGS.get(cfg.embedding.kind)
         self.token_embedding = PipelineBlock(
             p2p=p2p,
-            module_builder=lambda: TokenEmbedding(self.strategy.embedding(), carry),
+            module_builder=lambda: TokenEmbedding(build_embedding(cfg, self.strategy), carry),
             module_kwargs={},
             module_input_keys={"input_ids"},
             module_output_keys=hidden_keys,
         )
         self.decoder = nn.ModuleList()
         for i, stage in enumerate(self.stage_of_layer):
-            starts = i > 0 and self.stage_of_layer[i - 1] != stage
-            ends = i < cfg.num_layers - 1 and self.stage_of_layer[i + 1] != stage
+            starts, ends = (i - 1) in wire_after, i in wire_after
             self.decoder.append(
                 PipelineBlock(
                     p2p=p2p,
@@ -154,13 +181,30 @@ class LlamaForTraining(nn.Module):
             tie_head_to_embedding(self.lm_head.pp_block, self.token_embedding.pp_block.embedding)
 
     def _build_layer(self, layer_idx: int, stage: int, starts: bool, ends: bool, carry: bool) -> DecoderLayer:
-        return DecoderLayer(
-            attn=self.strategy.attention(layer_idx),
-            mlp=self.strategy.mlp(layer_idx),
-            encoder=self.codec.encoder(stage) if ends else None,
-            decoder=self.codec.decoder(stage - 1) if starts else None,
-            carry_ids=carry,
-        )
+        """Boundaries are named by their sending layer: layer i encodes boundary i, layer i+1 decodes it."""
+        attn, mlp = self.strategy.attention(layer_idx), self.strategy.mlp(layer_idx)
+        if self.cfg.output_constraint.kind != "none":
+            self._projections[layer_idx] = self.strategy.output_projections(attn, mlp)
+        sent, received = layer_idx, layer_idx - 1
+        encoder = decoder = None
+        if ends:
+            encoder = self.codec.encoder(sent) if sent in self.codec_after else IdentityEncoder()
+        if starts:
+            decoder = self.codec.decoder(received) if received in self.codec_after else IdentityDecoder()
+        return DecoderLayer(attn=attn, mlp=mlp, encoder=encoder, decoder=decoder, carry_ids=carry)
+
+    @torch.no_grad()
+    def apply_constraints(self) -> None:
+        """Constrain this rank's output projections (model.output_constraint); build_model calls it after
+        the weights are initialised, so a constraint sees (and may reparameterise) initialised weights."""
+        for layer_idx, projections in self._projections.items():
+            self.constraint.constrain(layer_idx, projections)
+
+    @torch.no_grad()
+    def after_optimizer_step(self) -> None:
+        """Re-establish per-layer constraints (model.output_constraint) on this rank's layers."""
+        for layer_idx, projections in self._projections.items():
+            self.constraint.after_step(layer_idx, projections)
 
     def forward(self, input_ids: Maybe, label_ids: Maybe) -> Dict[str, Maybe]:
         state = self.token_embedding(input_ids=input_ids)

@@ -14,7 +14,7 @@ under the name `model.boost.tp_strategy` selects.
 from __future__ import annotations
 
 import logging
-from typing import Type
+from typing import Dict
 
 import torch
 from nanotron import distributed as dist
@@ -28,9 +28,8 @@ from torch import nn
 
 from nanotron_ext.config.schema import ModelConfig
 from nanotron_ext.models.layers import RMSNorm, RotaryEmbedding, causal_attention
-from nanotron_ext.registry import Registry
+from nanotron_ext.registry import TP_STRATEGIES
 
-TP_STRATEGIES: Registry[Type["TPStrategy"]] = Registry("model.boost.tp_strategy")
 register_tp_strategy = TP_STRATEGIES.register
 
 
@@ -54,6 +53,13 @@ class TPStrategy:
 
     def head(self) -> nn.Module:
         raise NotImplementedError
+
+    def output_projections(self, attn: nn.Module, mlp: nn.Module) -> Dict[str, nn.Module]:
+        """The linears that write into the residual stream: {"attn_out": ..., "mlp_down": ...}, for
+        model.output_constraint."""
+        raise NotImplementedError(
+            f"model.boost.tp_strategy={self.cfg.boost.tp_strategy!r} does not expose its output projections, "
+            "which model.output_constraint needs; use tp_strategy 'megatron'")
 
 
 class MegatronAttention(nn.Module):
@@ -141,6 +147,9 @@ class MegatronStrategy(TPStrategy):
     def head(self) -> nn.Module:
         return MegatronHead(self.cfg, self.tp_pg)
 
+    def output_projections(self, attn: nn.Module, mlp: nn.Module) -> Dict[str, nn.Module]:
+        return {"attn_out": attn.o_proj, "mlp_down": mlp.down_proj}
+
 
 def get_tp_strategy(cfg: ModelConfig, tp_pg: dist.ProcessGroup) -> TPStrategy:
     name = cfg.boost.tp_strategy
@@ -155,4 +164,7 @@ def get_tp_strategy(cfg: ModelConfig, tp_pg: dist.ProcessGroup) -> TPStrategy:
 
 def tie_head_to_embedding(head: nn.Module, embedding: nn.Module) -> None:
     """Share one parameter between head and embedding: both are vocab-sharded on dim 0 over TP."""
+    if not isinstance(getattr(embedding, "weight", None), nn.Parameter):
+        raise ValueError(f"model.tie_embeddings needs an embedding with one table (.weight); "
+                         f"model.embedding.kind built a {type(embedding).__name__}")
     head.lm_head.weight = embedding.weight

@@ -10,6 +10,7 @@ import nanotron.distributed as dist
 from nanotron_ext.config.schema import OptimizerConfig
 from nanotron_ext.optim.muon_tp import TensorParallelMuon
 from nanotron_ext.optim.param_groups import split_params
+from nanotron_ext.registry import OPTIMIZER_GROUPS
 
 
 class ChainedOptimizer(torch.optim.Optimizer):
@@ -99,11 +100,15 @@ def build_optimizer(
         sqrt(max(rows, cols))), ns_steps; gather_dtype: see TensorParallelMuon.
         The AdamW groups are as above with peak lr `lr`.
 
+    Parameters a technique tagged (param_groups.tag_parameter) go to the optimiser its OPTIMIZER_GROUPS
+    factory builds, chained after the default ones.
+
     Every group's lr starts at its peak; build_scheduler scales each by the same multiplier.
     Collective over tp_pg for muon when the model has TP-sharded matrices.
     """
     use_muon = cfg.name == "muon"
     split = split_params(model.named_parameters(), use_muon=use_muon)
+    extra = [OPTIMIZER_GROUPS.get(tag)([p for _, p in named], cfg) for tag, named in sorted(split.tagged.items())]
     adamw_groups = [
         {"params": [p for _, p in named], "weight_decay": wd, "name": name}
         for name, named, wd in (
@@ -112,13 +117,13 @@ def build_optimizer(
         )
         if named
     ]
-    if not use_muon:
+    if not use_muon and not extra:
         if not adamw_groups:
             raise ValueError("build_optimizer: the model has no trainable parameters")
         return _adamw(adamw_groups, cfg)
 
     optimizers: List[torch.optim.Optimizer] = []
-    if split.muon:
+    if split.muon:  # empty unless use_muon
         optimizers.append(TensorParallelMuon(
             [{"params": [p for _, p in split.muon], "name": "muon"}],
             lr=cfg.muon_lr, weight_decay=cfg.weight_decay, momentum=cfg.muon_momentum, nesterov=nesterov,
@@ -126,4 +131,4 @@ def build_optimizer(
         ))
     if adamw_groups:
         optimizers.append(_adamw(adamw_groups, cfg))
-    return ChainedOptimizer(optimizers)
+    return ChainedOptimizer(optimizers + extra)

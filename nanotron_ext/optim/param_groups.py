@@ -9,13 +9,26 @@ and every other non-2-D parameter. Names follow our model: the embedding module 
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, List, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
 
 NamedParams = List[Tuple[str, torch.nn.Parameter]]
 
 _ADAMW_2D_MODULES = ("token_embedding", "lm_head")
+
+
+_TAG = "_nanotron_ext_optimizer_group"
+
+
+def tag_parameter(param: torch.nn.Parameter, tag: str) -> None:
+    """Hand `param` to the optimiser registered under `tag` in OPTIMIZER_GROUPS instead of the default
+    split (a technique's own rule: Stiefel projections, subspace-constrained rows)."""
+    setattr(param, _TAG, tag)
+
+
+def parameter_tag(param: torch.nn.Parameter) -> Optional[str]:
+    return getattr(param, _TAG, None)
 
 
 def _is_norm_or_bias(name: str) -> bool:
@@ -48,6 +61,8 @@ class ParamSplit:
     """AdamW with weight decay: embedding, head, and hidden matrices when Muon is off."""
     adamw_no_decay: NamedParams
     """AdamW without weight decay: norms, biases, other non-2-D parameters."""
+    tagged: Dict[str, NamedParams] = dataclasses.field(default_factory=dict)
+    """Parameters a technique tagged (tag_parameter), by tag; none of them is in the other groups."""
 
 
 def split_params(named_params: Iterable[Tuple[str, torch.nn.Parameter]], use_muon: bool) -> ParamSplit:
@@ -58,7 +73,10 @@ def split_params(named_params: Iterable[Tuple[str, torch.nn.Parameter]], use_muo
         if not p.requires_grad or id(p) in seen:
             continue
         seen.add(id(p))
-        if use_muon and is_muon_param(name, p):
+        tag = parameter_tag(p)
+        if tag is not None:
+            split.tagged.setdefault(tag, []).append((name, p))
+        elif use_muon and is_muon_param(name, p):
             split.muon.append((name, p))
         elif uses_weight_decay(name, p):
             split.adamw_decay.append((name, p))

@@ -3,13 +3,48 @@
 Written out rather than wrapping the model in DDP: nanotron's PipelineBlocks and engines drive
 backward themselves, and an explicit all-reduce after the last micro-batch is simpler to
 reason about, to count (group "dp") and to replace (SparseLoCo's outer sync does).
+
+`DataParallelSync` is that replacement point (registry DP_SYNCS, `parallelism.dp_sync`): the trainer
+calls `after_backward` once a step's gradients are complete and `after_step` after the optimiser
+step; its `state_dict` travels in checkpoints. The default, "allreduce", averages gradients.
 """
 from __future__ import annotations
 
-from typing import Iterable, List
+from typing import Any, Dict, Iterable, List
 
 import torch
 from nanotron import distributed as dist
+from torch import nn
+
+from nanotron_ext.registry import DP_SYNCS
+
+
+class DataParallelSync:
+    """How data-parallel replicas agree; one instance per rank, over its DP group."""
+
+    def __init__(self, model: nn.Module, dp_pg: dist.ProcessGroup) -> None:
+        self.model, self.dp_pg = model, dp_pg
+
+    def after_backward(self) -> None:
+        """The step's gradients are complete on this replica (before clipping and the optimiser step)."""
+
+    def after_step(self, step: int) -> None:
+        """The optimiser has taken step number `step` (1-based)."""
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        if state:
+            raise ValueError(f"{type(self).__name__} keeps no state, but the checkpoint has {sorted(state)}")
+
+
+@DP_SYNCS.register("allreduce")
+class GradientAllReduce(DataParallelSync):
+    """Classic data parallelism: average gradients over the DP group every step."""
+
+    def after_backward(self) -> None:
+        allreduce_gradients_(self.model.parameters(), self.dp_pg)
 
 
 def allreduce_gradients_(params: Iterable[torch.nn.Parameter], dp_pg: dist.ProcessGroup, bucket_mb: float = 25.0) -> None:

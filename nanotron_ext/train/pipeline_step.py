@@ -1,7 +1,7 @@
 """One optimiser step's forward/backward over micro-batches through nanotron's pipeline engines."""
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 from nanotron import distributed as dist
@@ -14,7 +14,7 @@ from nanotron.parallel.pipeline_parallel.engine import (
 from nanotron.parallel.pipeline_parallel.tensor_pointer import TensorPointer
 from torch import nn
 
-from nanotron_ext.parallel.data_parallel import allreduce_gradients_
+from nanotron_ext.parallel.data_parallel import DataParallelSync, GradientAllReduce
 
 ENGINES = {"afab": AllForwardAllBackwardPipelineEngine, "1f1b": OneForwardOneBackwardPipelineEngine}
 
@@ -56,13 +56,15 @@ def forward_backward(
     engine: PipelineEngine,
     micro_batches: List[Dict[str, torch.Tensor]],
     parallel_context: ParallelContext,
+    dp_sync: Optional[DataParallelSync] = None,
 ) -> torch.Tensor:
-    """Accumulate gradients of the mean loss over `micro_batches`, average them over DP; return the loss."""
+    """Accumulate gradients of the mean loss over `micro_batches`, hand them to `dp_sync` (default:
+    average over DP); return the loss."""
     placed = [place_micro_batch(mb, parallel_context) for mb in micro_batches]
     outputs = engine.train_batch_iter(
         model, pg=parallel_context.pp_pg, batch=iter(placed), nb_microbatches=len(placed), grad_accumulator=None
     )
-    allreduce_gradients_(model.parameters(), parallel_context.dp_pg)
+    (dp_sync or GradientAllReduce(model, parallel_context.dp_pg)).after_backward()
     return _mean_loss(outputs, parallel_context)
 
 

@@ -28,7 +28,9 @@ from nanotron_ext.optim.clip import clip_grad_norm_
 from nanotron_ext.optim.lr_schedule import build_scheduler
 from nanotron_ext.parallel.comm import get_ledger
 from nanotron_ext.parallel.context import build_parallel_context
+from nanotron_ext.parallel.data_parallel import DataParallelSync
 from nanotron_ext.parallel.link import link_emulator_from_config
+from nanotron_ext.registry import DP_SYNCS
 from nanotron_ext.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from nanotron_ext.train.pipeline_step import evaluate, forward_backward, make_engine
 
@@ -52,6 +54,7 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, cfg.optimizer, self.ctx.tp_pg)
         self.scheduler = build_scheduler(self.optimizer, cfg.optimizer, cfg.tokens.train_steps)
         self.engine = make_engine(p.pp_engine)
+        self.dp_sync: DataParallelSync = DP_SYNCS.get(p.dp_sync)(self.model, self.ctx.dp_pg)
         dp_rank = dist.get_rank(self.ctx.dp_pg)
         self.train_loader = build_train_loader(cfg, dp_rank=dp_rank, dp_size=p.dp, config_file=config_file)
         self.val_loader = build_validation_loader(cfg, dp_rank=dp_rank, dp_size=p.dp, config_file=config_file)
@@ -63,6 +66,7 @@ class Trainer:
             extra = load_checkpoint(ckpt, self.ctx, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
             self.step = int(extra["step"])
             self.train_loader.load_state_dict(extra["loader"])
+            self.dp_sync.load_state_dict(extra.get("dp_sync", {}))
             if self.is_main:
                 print(f"resumed from {ckpt} at step {self.step}")
 
@@ -87,7 +91,7 @@ class Trainer:
         cfg = self.cfg
         micro = [next(self.train_loader) for _ in range(cfg.tokens.batch_accumulation_per_replica)]
         with nvtx_range("forward_backward"), self._autocast():
-            loss = forward_backward(self.model, self.engine, micro, self.ctx)
+            loss = forward_backward(self.model, self.engine, micro, self.ctx, self.dp_sync)
         with nvtx_range("clip_grad"):
             grad_norm = clip_grad_norm_(self.model.parameters(), cfg.optimizer.clip_grad, self.ctx.tp_pg, self.ctx.pp_pg)
         lr = self.optimizer.param_groups[0]["lr"]
@@ -95,6 +99,8 @@ class Trainer:
             self.optimizer.step()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
+            self.model.after_optimizer_step()
+            self.dp_sync.after_step(self.step + 1)
         return {"loss": loss.item(), "grad_norm": float(grad_norm), "lr": lr}
 
     def validate(self) -> Dict[str, float]:
@@ -110,7 +116,8 @@ class Trainer:
     def save(self) -> Path:
         return save_checkpoint(
             self.cfg.checkpoints.dir, self.step, self.ctx, model=self.model, optimizer=self.optimizer,
-            scheduler=self.scheduler, extra={"step": self.step, "loader": self.train_loader.state_dict()},
+            scheduler=self.scheduler, extra={"step": self.step, "loader": self.train_loader.state_dict(),
+                   "dp_sync": self.dp_sync.state_dict()},
             keep_last=self.cfg.checkpoints.keep_last,
         )
 

@@ -1,0 +1,314 @@
+"""The core's extension points, each exercised by a toy plug-in written here:
+
+- codec boundaries (`model.codec.boundaries`): a truncating codec after every layer on one process
+  gives the same loss and gradients as the same placement split over PP=2, its wire bytes equal
+  mbs * seq * h * 4 per boundary per direction, and a list placement changes only the listed layers;
+- token-embedding builders (`model.embedding.kind`): a registered builder is what the model uses
+  (checked against the standard model with a doubled table, an independent construction);
+- output constraints (`model.output_constraint.kind`): applied at build time and after every
+  optimiser step (weights stay in a fixed span; without the hook they leave it);
+- optimiser groups (`tag_parameter` + OPTIMIZER_GROUPS): tagged parameters are stepped by the
+  technique's optimiser (checked against the plain SGD formula);
+- DP sync (`parallelism.dp_sync`): an outer loop replaces the per-step gradient all-reduce; replicas
+  drift between syncs, are identical after one, and no gradient bytes cross the DP group.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Tuple
+
+import pytest
+import torch
+
+from tests.helpers.dist import run_distributed
+
+MODEL = dict(vocab_size=320, hidden_size=32, ffn_size=48, num_layers=4, num_heads=4, num_kv_heads=2, max_seq_len=16)
+SEQ, MB, N_MICRO, H = 8, 2, 2, 8  # H: the toy codec's wire width
+
+
+# -- toy plug-ins (registered inside each worker process) ----------------------------------------------
+def _register_toys() -> None:
+    from nanotron.parallel.tensor_parallel.enum import TensorParallelLinearMode
+    from nanotron.parallel.tensor_parallel.nn import TensorParallelEmbedding
+    from torch import nn
+
+    from nanotron_ext.codecs.base import BoundaryCodec, BoundaryDecoder, BoundaryEncoder
+    from nanotron_ext.models.constraints import OutputConstraint
+    from nanotron_ext.parallel.data_parallel import DataParallelSync
+    from nanotron_ext.registry import CODECS, DP_SYNCS, EMBEDDINGS, OPTIMIZER_GROUPS, OUTPUT_CONSTRAINTS
+
+    class TruncEncoder(BoundaryEncoder):
+        def forward(self, residual, branch, input_ids):
+            return (residual + branch)[..., :H]
+
+    class PadDecoder(BoundaryDecoder):
+        def forward(self, wire, input_ids):
+            x = nn.functional.pad(wire, (0, MODEL["hidden_size"] - H))
+            return x, x
+
+    @CODECS.register("toy_trunc")
+    class TruncCodec(BoundaryCodec):
+        def encoder(self, boundary: int) -> BoundaryEncoder:
+            return TruncEncoder()
+
+        def decoder(self, boundary: int) -> BoundaryDecoder:
+            return PadDecoder()
+
+    class Doubled(TensorParallelEmbedding):  # same parameter names as the standard table: same init
+        def forward(self, input_ids):
+            return 2 * super().forward(input_ids)
+
+    @EMBEDDINGS.register("toy_doubled")
+    def doubled(cfg, strategy):
+        return Doubled(cfg.vocab_size, cfg.hidden_size, pg=strategy.tp_pg, mode=TensorParallelLinearMode.ALL_REDUCE)
+
+    @OUTPUT_CONSTRAINTS.register("toy_span")
+    class SpanConstraint(OutputConstraint):
+        """Keeps each output projection's columns in span(U) (U fixed, d x 4), by projecting W <- U U^T W."""
+
+        def _project(self, projections) -> None:
+            u = _toy_basis(self.cfg.hidden_size)
+            for lin in projections.values():
+                lin.weight.data.copy_(u @ (u.T @ lin.weight.data))
+
+        def constrain(self, layer_idx, projections) -> None:
+            self._project(projections)
+
+        def after_step(self, layer_idx, projections) -> None:
+            self._project(projections)
+
+    @OPTIMIZER_GROUPS.register("toy_sgd")
+    def sgd(params, cfg):
+        return torch.optim.SGD(params, lr=cfg.lr)
+
+    @DP_SYNCS.register("toy_average_every_2")
+    class AverageEvery2(DataParallelSync):
+        """Local SGD: no gradient traffic; parameters averaged over DP after every second step."""
+
+        def after_step(self, step: int) -> None:
+            if step % 2 == 0:
+                import nanotron.distributed as dist
+
+                for p in self.model.parameters():
+                    dist.all_reduce(p.data, group=self.dp_pg)
+                    p.data /= self.dp_pg.size()
+
+
+def _toy_basis(d: int) -> torch.Tensor:
+    return torch.linalg.qr(torch.randn(d, 4, generator=torch.Generator().manual_seed(3)))[0]
+
+
+TOKENS = {"sequence_length": SEQ, "micro_batch_size": MB, "batch_accumulation_per_replica": N_MICRO}
+
+
+def _config(model: dict, parallelism: dict):
+    from nanotron_ext.config.loader import from_dict
+    from nanotron_ext.config.schema import Config
+
+    return from_dict(Config, {"model": {**MODEL, **model}, "parallelism": parallelism,
+                              "tokenizer": {"vocab_size": 260}, "tokens": TOKENS})
+
+
+def _micro(seed: int) -> List[Dict[str, torch.Tensor]]:
+    rows = torch.randint(0, MODEL["vocab_size"], (N_MICRO * MB, SEQ + 1), generator=torch.Generator().manual_seed(seed))
+    return [{"input_ids": rows[i * MB:(i + 1) * MB, :-1], "label_ids": rows[i * MB:(i + 1) * MB, 1:]}
+            for i in range(N_MICRO)]
+
+
+def _run_model(pp: int, engine: str, model_overrides: dict) -> dict:
+    """Loss, gradients by name and pipeline bytes of one forward/backward."""
+    _register_toys()
+    from nanotron_ext.models.build import build_model
+    from nanotron_ext.parallel.comm import get_ledger
+    from nanotron_ext.parallel.context import build_parallel_context
+    from nanotron_ext.train.pipeline_step import forward_backward, make_engine
+
+    ctx = build_parallel_context(dp=1, tp=1, pp=pp, backend="gloo")
+    cfg = _config(model_overrides, {"pp": pp, "pp_engine": engine})
+    model = build_model(cfg, ctx)
+    get_ledger().reset()
+    loss = forward_backward(model, make_engine(engine), _micro(0), ctx)
+    comm = get_ledger().snapshot()
+    grads = {n.replace("pp_block.", ""): p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return {"loss": loss.item(), "grads": grads, "comm": comm}
+
+
+def _merge(results: List[dict]) -> Tuple[float, Dict[str, torch.Tensor]]:
+    grads: Dict[str, torch.Tensor] = {}
+    for r in results:
+        grads.update(r["grads"])
+    return results[0]["loss"], grads
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["1f1b", "afab"])
+def test_codec_after_every_layer_on_one_process_equals_the_same_placement_over_pp2(engine: str) -> None:
+    codec = {"codec": {"kind": "toy_trunc", "boundaries": "every_layer"}}
+    one = run_distributed(_run_model, 1, 1, engine, codec)
+    two = run_distributed(_run_model, 2, 2, engine, codec)
+    plain = run_distributed(_run_model, 1, 1, engine, {})
+    loss1, g1 = _merge(one)
+    loss2, g2 = _merge(two)
+    assert abs(loss1 - plain[0]["loss"]) > 1e-3, "the toy codec must change the model"
+    assert abs(loss1 - loss2) <= 1e-6 * abs(loss1)
+    assert sorted(g1) == sorted(g2)
+    for name in g1:
+        torch.testing.assert_close(g1[name], g2[name], rtol=1e-5, atol=1e-7, msg=name)
+    # one boundary crosses the link (after layer 1): H floats per token each way, per micro-batch
+    per_micro = MB * SEQ * H * 4
+    sender, receiver = two[0]["comm"]["pp"], two[1]["comm"]["pp"]
+    assert sender["send:fwd"]["bytes"] == N_MICRO * per_micro
+    assert receiver["send:bwd"]["bytes"] == N_MICRO * per_micro
+
+
+@pytest.mark.slow
+def test_codec_boundary_list_changes_only_the_listed_layers() -> None:
+    """A list placement [2] on one process equals every_layer minus boundaries 0 and 1: checked by
+    comparing with a 3-stage PP run where only the 2->3 boundary carries the codec."""
+    listed = run_distributed(_run_model, 1, 1, "1f1b", {"codec": {"kind": "toy_trunc", "boundaries": [2]}})
+    # layers_per_stage is a parallelism key; the same placement over pp=2 puts layer 2 last on stage 0
+    split = run_distributed(_run_stages_2_2, 2)
+    assert abs(listed[0]["loss"] - split[0]["loss"]) <= 1e-6 * abs(split[0]["loss"])
+    stages = run_distributed(_run_model, 2, 2, "1f1b", {"codec": {"kind": "toy_trunc", "boundaries": "stages"}})
+    assert abs(listed[0]["loss"] - stages[0]["loss"]) > 1e-4, "boundary 2 and boundary 1 must differ"
+
+
+def _run_stages_2_2() -> dict:
+    """PP=2 with 3 + 1 layers: the stage boundary after layer 2 is the codec boundary."""
+    _register_toys()
+    from nanotron_ext.models.build import build_model
+    from nanotron_ext.parallel.context import build_parallel_context
+    from nanotron_ext.train.pipeline_step import forward_backward, make_engine
+
+    ctx = build_parallel_context(dp=1, tp=1, pp=2, backend="gloo")
+    cfg = _config({"codec": {"kind": "toy_trunc", "boundaries": "stages"}}, {"pp": 2, "layers_per_stage": [3, 1]})
+    model = build_model(cfg, ctx)
+    return {"loss": forward_backward(model, make_engine("1f1b"), _micro(0), ctx).item()}
+
+
+def _run_embedding_and_constraint(kind: str, constraint: str) -> dict:
+    _register_toys()
+    from nanotron_ext.models.build import build_model
+    from nanotron_ext.optim.build import build_optimizer
+    from nanotron_ext.parallel.context import build_parallel_context
+    from nanotron_ext.train.pipeline_step import forward_backward, make_engine
+
+    ctx = build_parallel_context(dp=1, tp=1, pp=1, backend="gloo")
+    cfg = _config({"embedding": {"kind": kind}, "output_constraint": {"kind": constraint}}, {})
+    model = build_model(cfg, ctx)
+    if kind == "standard" and constraint == "none":  # the reference for toy_doubled: double the table itself
+        table = model.token_embedding.pp_block.embedding.weight
+        with torch.no_grad():
+            table.mul_(2)
+    u = _toy_basis(MODEL["hidden_size"])
+    outs = [p for n, p in model.named_parameters() if n.endswith(("o_proj.weight", "down_proj.weight"))]
+
+    def off_span() -> float:
+        return max(float((w - u @ (u.T @ w)).norm() / w.norm()) for w in (p.detach() for p in outs))
+
+    before = off_span()
+    opt = build_optimizer(model, cfg.optimizer, ctx.tp_pg)
+    loss = forward_backward(model, make_engine("1f1b"), _micro(0), ctx)
+    opt.step()
+    after_step = off_span()
+    model.after_optimizer_step()
+    return {"loss": loss.item(), "before": before, "after_step": after_step, "after_hook": off_span()}
+
+
+@pytest.mark.slow
+def test_embedding_builder_is_used() -> None:
+    doubled = run_distributed(_run_embedding_and_constraint, 1, "toy_doubled", "none")[0]
+    reference = run_distributed(_run_embedding_and_constraint, 1, "standard", "none")[0]
+    assert abs(doubled["loss"] - reference["loss"]) <= 1e-6 * reference["loss"]
+
+
+@pytest.mark.slow
+def test_output_constraint_applies_at_build_and_after_every_step() -> None:
+    r = run_distributed(_run_embedding_and_constraint, 1, "standard", "toy_span")[0]
+    assert r["before"] <= 1e-6  # projected at build time
+    assert r["after_step"] > 1e-3  # the optimiser step leaves the span...
+    assert r["after_hook"] <= 1e-6  # ...and the hook restores it
+    free = run_distributed(_run_embedding_and_constraint, 1, "standard", "none")[0]
+    assert free["before"] > 0.5  # without the constraint the weights are nowhere near a 4-dim span
+
+
+def test_tagged_parameters_go_to_the_technique_optimizer() -> None:
+    _register_toys()
+    from nanotron_ext.config.schema import OptimizerConfig
+    from nanotron_ext.optim.build import ChainedOptimizer, build_optimizer
+    from nanotron_ext.optim.param_groups import tag_parameter
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    tag_parameter(model[1].weight, "toy_sgd")
+    cfg = OptimizerConfig(lr=0.1)
+    opt = build_optimizer(model, cfg, None)
+    assert isinstance(opt, ChainedOptimizer)
+    assert isinstance(opt.optimizers[-1], torch.optim.SGD)
+    assert [p for g in opt.optimizers[-1].param_groups for p in g["params"]] == [model[1].weight]
+    adamw_params = {id(p) for o in opt.optimizers[:-1] for g in o.param_groups for p in g["params"]}
+    assert id(model[1].weight) not in adamw_params and id(model[0].weight) in adamw_params
+    model(torch.randn(3, 4)).square().sum().backward()
+    expected = model[1].weight.detach() - 0.1 * model[1].weight.grad  # plain SGD, by its formula
+    opt.step()
+    torch.testing.assert_close(model[1].weight.detach(), expected)
+
+
+def _run_outer_loop() -> dict:
+    _register_toys()
+    import nanotron.distributed as dist
+
+    from nanotron_ext.models.build import build_model
+    from nanotron_ext.optim.build import build_optimizer
+    from nanotron_ext.parallel.comm import get_ledger
+    from nanotron_ext.parallel.context import build_parallel_context
+    from nanotron_ext.registry import DP_SYNCS
+    from nanotron_ext.train.pipeline_step import forward_backward, make_engine
+
+    ctx = build_parallel_context(dp=2, tp=1, pp=1, backend="gloo")
+    cfg = _config({}, {"dp": 2, "dp_sync": "toy_average_every_2"})
+    model = build_model(cfg, ctx)
+    opt = build_optimizer(model, cfg.optimizer, ctx.tp_pg)
+    sync = DP_SYNCS.get(cfg.parallelism.dp_sync)(model, ctx.dp_pg)
+    rank = dist.get_rank(ctx.dp_pg)
+    out: dict = {"dp_bytes": [], "checksum": []}
+    for step in (1, 2):
+        get_ledger().reset()
+        forward_backward(model, make_engine("1f1b"), _micro(10 * step + rank), ctx, sync)
+        grad_bytes = get_ledger().snapshot().get("dp", {})
+        out["dp_bytes"].append(sum(v["bytes"] for v in grad_bytes.values()))
+        opt.step()
+        opt.zero_grad()
+        sync.after_step(step)
+        out["checksum"].append(float(sum(p.double().sum() for p in model.parameters())))
+    return out
+
+
+@pytest.mark.slow
+def test_outer_loop_replaces_the_gradient_all_reduce() -> None:
+    a, b = run_distributed(_run_outer_loop, 2)
+    assert a["checksum"][0] != b["checksum"][0], "replicas must drift without a gradient all-reduce"
+    assert a["checksum"][1] == b["checksum"][1], "and agree exactly after the outer sync"
+    # during forward_backward only the logged loss (one fp32 scalar) crosses the DP group
+    assert a["dp_bytes"] == [4, 4] and b["dp_bytes"] == [4, 4]
+
+
+def test_unknown_extension_names_fail_naming_the_key_and_the_choices() -> None:
+    from nanotron_ext.config.loader import from_dict
+    from nanotron_ext.config.schema import Config, ConfigError
+
+    for section, key in ((("model", "codec"), "kind"), (("model", "embedding"), "kind"),
+                         (("model", "output_constraint"), "kind")):
+        with pytest.raises(ConfigError, match=f"{'.'.join(section)}.{key}: 'nope' is not available; registered"):
+            from_dict(Config, {section[0]: {section[1]: {key: "nope"}}})
+    with pytest.raises(ConfigError, match="parallelism.dp_sync: 'nope' is not available"):
+        from_dict(Config, {"parallelism": {"dp_sync": "nope"}})
+    with pytest.raises(ConfigError, match=r"model.codec.boundaries: \[3\]"):
+        from_dict(Config, {"model": {"codec": {"boundaries": [3]}}})
+
+
+def test_registered_names_include_the_techniques() -> None:
+    from nanotron_ext.registry import CODECS, DP_SYNCS, EMBEDDINGS, OUTPUT_CONSTRAINTS, TP_STRATEGIES
+
+    assert {"megatron", "vanilla", "btp"} <= set(TP_STRATEGIES.names())
+    assert "identity" in CODECS.names() and "standard" in EMBEDDINGS.names()
+    assert "none" in OUTPUT_CONSTRAINTS.names() and "allreduce" in DP_SYNCS.names()
