@@ -6,7 +6,7 @@ the init function are shared, so both start from the same weights.
 """
 from __future__ import annotations
 
-from typing import Dict
+from typing import Callable, Dict, Optional
 
 import torch
 import torch.nn.functional as F
@@ -60,8 +60,10 @@ def _rope(x: torch.Tensor, theta: float) -> torch.Tensor:
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
-def reference_loss(cfg: ModelConfig, params: Dict[str, torch.Tensor], input_ids: torch.Tensor, label_ids: torch.Tensor) -> torch.Tensor:
-    """Mean token cross-entropy of the whole batch."""
+def reference_loss(cfg: ModelConfig, params: Dict[str, torch.Tensor], input_ids: torch.Tensor, label_ids: torch.Tensor,
+                   boundary: Optional[Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]] = None) -> torch.Tensor:
+    """Mean token cross-entropy of the whole batch; `boundary(i, x, input_ids)`, when given, replaces the
+    hidden state after layer i (what a codec boundary does to it)."""
     eps, hd, nh, nkv = cfg.rms_norm_eps, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
     b, s = input_ids.shape
     x = params["token_embedding.pp_block.embedding.weight"][input_ids]
@@ -82,6 +84,8 @@ def reference_loss(cfg: ModelConfig, params: Dict[str, torch.Tensor], input_ids:
         h = _rms(x, params[f"{p}.mlp.norm.weight"], eps)
         gate, up = (h @ params[f"{p}.mlp.gate_up_proj.weight"].T).chunk(2, dim=-1)
         x = x + (F.silu(gate) * up) @ params[f"{p}.mlp.down_proj.weight"].T
+        if boundary is not None and i < cfg.num_layers - 1:
+            x = boundary(i, x, input_ids)
     x = _rms(x, params["lm_head.pp_block.final_norm.weight"], eps)
     head = params["token_embedding.pp_block.embedding.weight" if cfg.tie_embeddings else "lm_head.pp_block.lm_head.weight"]
     logits = x @ head.T

@@ -23,7 +23,7 @@ stage with any parameters they own.
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 from nanotron import distributed as dist
@@ -60,6 +60,13 @@ class BoundaryCodec:
 
     def decoder(self, boundary: int) -> BoundaryDecoder:
         raise NotImplementedError
+
+    def after_backward(
+        self, encoders: Dict[int, BoundaryEncoder], decoders: Dict[int, BoundaryDecoder], pp_pg: dist.ProcessGroup
+    ) -> None:
+        """Gradients of this rank's codec modules are complete (called before clipping and the DP sync).
+        A codec whose encoder and decoder hold copies of one shared parameter combines their gradients
+        here (across the pipeline boundary when the two sides live on different stages)."""
 
 
 def get_codec(cfg: ModelConfig, tp_pg: dist.ProcessGroup) -> BoundaryCodec:

@@ -136,6 +136,21 @@ class BoostConfig:
 
 
 @dataclasses.dataclass(kw_only=True)
+class MaplCodecConfig:
+    """MAPL's learned per-boundary Stiefel projection with anchor embeddings (model.codec.kind: mapl)."""
+
+    rank: Optional[int] = None
+    """Wire width r of each boundary projection A_p [d, r]; default hidden_size // 4."""
+    anchor_width: Optional[int] = None
+    """Width m of the trainable anchor table E_small_p [V, m] (the text does not give it); default r."""
+
+    def __post_init__(self) -> None:
+        for key in ("rank", "anchor_width"):
+            value = getattr(self, key)
+            _require(value is None or value >= 1, f"model.codec.mapl.{key}", f"must be >= 1, got {value}")
+
+
+@dataclasses.dataclass(kw_only=True)
 class CodecConfig:
     """What crosses a codec boundary. Technique codecs (resbm, subspace, mapl) add their options here."""
 
@@ -145,6 +160,8 @@ class CodecConfig:
     """Where the codec sits, as the indices of the layers that send through it: stages = every pipeline
     boundary; every_layer = after every layer but the last (on one process too); or a list. A pipeline
     boundary outside the list sends the plain hidden state."""
+    mapl: MaplCodecConfig = field(default_factory=MaplCodecConfig)
+    """Options of the mapl codec."""
 
     def __post_init__(self) -> None:
         _require_registered(CODECS, self.kind)
@@ -223,6 +240,9 @@ class ModelConfig:
                      f"{b}: each entry is a sending layer index in [0, {self.num_layers - 2}] (model.num_layers="
                      f"{self.num_layers}; the last layer feeds the head)")
             _require(len(set(b)) == len(b), "model.codec.boundaries", f"{b} lists a layer twice")
+        r = self.codec.mapl.rank
+        _require(r is None or r <= self.hidden_size, "model.codec.mapl.rank",
+                 f"{r} exceeds model.hidden_size={self.hidden_size} (A_p must have orthonormal columns)")
 
     @property
     def head_dim(self) -> int:
@@ -267,6 +287,23 @@ class TokensConfig:
 
 
 @dataclasses.dataclass(kw_only=True)
+class SpelConfig:
+    """SPEL, the Stiefel optimiser of MAPL's boundary projections (settings the MAPL text leaves open)."""
+
+    lr_scale: float = 0.1
+    """SPEL lr as a multiple of the model lr (muon_lr under Muon, else lr); MAPL: 0.1."""
+    momentum: float = 0.9
+    """Heavy-ball momentum beta of the Riemannian gradient."""
+    polar_steps: int = 5
+    """PolarExpress iterations for the direction polar(m)."""
+
+    def __post_init__(self) -> None:
+        _require(self.lr_scale > 0, "optimizer.spel.lr_scale", f"must be > 0, got {self.lr_scale}")
+        _require(0 <= self.momentum < 1, "optimizer.spel.momentum", f"must be in [0, 1), got {self.momentum}")
+        _require(self.polar_steps >= 1, "optimizer.spel.polar_steps", f"must be >= 1, got {self.polar_steps}")
+
+
+@dataclasses.dataclass(kw_only=True)
 class OptimizerConfig:
     name: Literal["adamw", "muon"] = "adamw"
     """adamw everywhere, or torch.optim.Muon on 2-D hidden matrices with AdamW on the rest."""
@@ -290,6 +327,8 @@ class OptimizerConfig:
     """AdamW epsilon."""
     clip_grad: float = 1.0
     """Global gradient-norm clip (0 = off)."""
+    spel: SpelConfig = field(default_factory=SpelConfig)
+    """SPEL (MAPL's Stiefel projections), used only when a model has such parameters."""
 
     def __post_init__(self) -> None:
         _require(self.lr > 0, "optimizer.lr", f"must be > 0, got {self.lr}")

@@ -71,8 +71,18 @@ def full_init_tensor(name: str, shape: torch.Size, seed: int, std: float, num_la
 
 @torch.no_grad()
 def init_weights_(model: nn.Module, seed: int, std: float, num_layers: int) -> None:
-    """Initialise every parameter of `model` in place, independent of TP/PP layout."""
+    """Initialise every parameter of `model` in place, independent of TP/PP layout.
+
+    A module with a method `init_own_parameters_(seed)` initialises its own parameters (structured
+    inits such as an orthonormal projection held identically on both sides of a boundary)."""
+    own = set()
+    for module in model.modules():
+        if hasattr(module, "init_own_parameters_"):
+            module.init_own_parameters_(seed)
+            own.update(id(p) for p in module.parameters())
     for name, param in model.named_parameters():
+        if id(param) in own:
+            continue
         full = full_init_tensor(name, full_shape(param), seed, std, num_layers)
         param.copy_(local_shard(full, param).to(param.dtype))
 

@@ -136,6 +136,9 @@ class LlamaForTraining(nn.Module):
         hidden_keys = {"hidden_states"} | ({"input_ids"} if carry else set())
         wire_keys = {"wire"}
         self._projections: Dict[int, Projections] = {}
+        self.codec_encoders: Dict[int, BoundaryEncoder] = {}  # this rank's codec modules by boundary
+        self.codec_decoders: Dict[int, BoundaryDecoder] = {}
+        self._pp_pg = parallel_context.pp_pg
 
         build_embedding = EMBEDDINGS.get(cfg.embedding.kind)
         self.token_embedding = PipelineBlock(
@@ -188,10 +191,18 @@ class LlamaForTraining(nn.Module):
         sent, received = layer_idx, layer_idx - 1
         encoder = decoder = None
         if ends:
-            encoder = self.codec.encoder(sent) if sent in self.codec_after else IdentityEncoder()
+            encoder = IdentityEncoder()
+            if sent in self.codec_after:
+                encoder = self.codec_encoders[sent] = self.codec.encoder(sent)
         if starts:
-            decoder = self.codec.decoder(received) if received in self.codec_after else IdentityDecoder()
+            decoder = IdentityDecoder()
+            if received in self.codec_after:
+                decoder = self.codec_decoders[received] = self.codec.decoder(received)
         return DecoderLayer(attn=attn, mlp=mlp, encoder=encoder, decoder=decoder, carry_ids=carry)
+
+    def after_backward(self) -> None:
+        """The step's gradients are complete on this rank: let the codec combine shared-parameter gradients."""
+        self.codec.after_backward(self.codec_encoders, self.codec_decoders, self._pp_pg)
 
     @torch.no_grad()
     def apply_constraints(self) -> None:

@@ -64,6 +64,7 @@ def forward_backward(
     outputs = engine.train_batch_iter(
         model, pg=parallel_context.pp_pg, batch=iter(placed), nb_microbatches=len(placed), grad_accumulator=None
     )
+    model.after_backward()
     (dp_sync or GradientAllReduce(model, parallel_context.dp_pg)).after_backward()
     return _mean_loss(outputs, parallel_context)
 

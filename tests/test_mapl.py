@@ -1,0 +1,151 @@
+"""MAPL against independent references:
+
+- PolarExpress equals U p(S) V^T with p the scalar composition of its published quintics (float64
+  SVD of the input), and is as close to U V^T as those polynomials promise on the input's spectrum;
+- the Riemannian gradient is tangent (A^T g + g^T A = 0); SPEL keeps A^T A = I to 1e-5 over 100
+  steps and decreases an objective; the anchor basis has orthonormal rows;
+- the MAPL codec at PP=2 (both engines) and TP=2 x PP=2 gives the loss and every gradient of a
+  single-process float64 model that applies X' = (X - a) A A^T + a at the boundary (shared copies'
+  gradients summed), with wire bytes mbs * seq * (r * 4 + 4) per direction and the copies' gradient
+  exchange (d r + V m) * 4 bytes.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.helpers.dist import run_distributed
+from tests.test_parallel_parity import MB, MODEL, N_MICRO, SEQ, _global_batch
+
+R, M = 8, 4
+
+
+def test_polar_express_is_the_scalar_polynomial_on_the_singular_values() -> None:
+    from nanotron_ext.optim.polar_express import EPS, SAFETY, polar_express, scalar_map
+
+    x = torch.randn(24, 40, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    u, s, vh = torch.linalg.svd(x, full_matrices=False)
+    expected = u @ torch.diag(scalar_map(s / (SAFETY * x.norm() + EPS))) @ vh
+    torch.testing.assert_close(polar_express(x), expected, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(polar_express(x.T), expected.T, rtol=1e-10, atol=1e-10)  # tall input
+    # as close to the polar factor as the polynomials promise on this spectrum (spectral norm)
+    promised = (scalar_map(s / (SAFETY * x.norm() + EPS)) - 1).abs().max()
+    err = torch.linalg.matrix_norm(polar_express(x) - u @ vh, ord=2)
+    assert err <= promised + 1e-10 and promised < 0.35
+
+
+def test_riemannian_gradient_is_tangent_and_spel_stays_on_the_manifold() -> None:
+    from nanotron_ext.mapl.spel import SPEL, riemannian_gradient
+
+    g = torch.Generator().manual_seed(1)
+    a = torch.linalg.qr(torch.randn(32, 8, generator=g))[0]
+    grad = torch.randn(32, 8, generator=g)
+    xi = riemannian_gradient(a, grad)
+    skew = a.T @ xi + xi.T @ a
+    assert skew.abs().max() < 1e-5
+    # SPEL on f(A) = -tr(A^T C A) (top-8 eigenspace of a PSD C): objective falls, A stays orthonormal
+    c = torch.randn(32, 32, generator=g)
+    c = c @ c.T
+    p = torch.nn.Parameter(a.clone())
+    opt = SPEL([p], lr=0.05, momentum=0.9)
+    losses = []
+    for _ in range(100):
+        opt.zero_grad()
+        loss = -torch.trace(p.T @ c @ p)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    err = (p.detach().T @ p.detach() - torch.eye(8)).abs().max().item()
+    assert err <= 1e-5, err
+    assert losses[-1] < losses[0] - 1.0
+    top = torch.linalg.eigvalsh(c)[-8:].sum()
+    assert -losses[-1] <= top.item() * (1 + 1e-4)  # cannot beat the optimum
+
+
+def test_anchor_basis_has_orthonormal_rows_and_both_sides_start_identical() -> None:
+    from nanotron_ext.config.loader import from_dict
+    from nanotron_ext.config.schema import ModelConfig
+    from nanotron_ext.mapl.codec import BoundaryProjection
+
+    cfg = from_dict(ModelConfig, {**MODEL, "codec": {"kind": "mapl", "mapl": {"rank": R, "anchor_width": M}}})
+    one, two = BoundaryProjection(cfg, 2), BoundaryProjection(cfg, 2)
+    one.init_own_parameters_(7)
+    two.init_own_parameters_(7)
+    p = one.anchor_basis
+    torch.testing.assert_close(p @ p.T, torch.eye(M), atol=1e-6, rtol=0)
+    torch.testing.assert_close(one.A.T @ one.A, torch.eye(R), atol=1e-6, rtol=0)
+    assert all(torch.equal(x, y) for x, y in zip(one.state_dict().values(), two.state_dict().values()))
+
+
+def _anchor_values(boundary: int) -> torch.Tensor:
+    return 0.1 * torch.randn(MODEL["vocab_size"], M, generator=torch.Generator().manual_seed(100 + boundary))
+
+
+def _mapl_worker(tp: int, pp: int, engine: str) -> dict:
+    import nanotron.distributed as dist
+
+    from nanotron_ext.config.loader import from_dict
+    from nanotron_ext.config.schema import Config
+    from nanotron_ext.mapl.codec import BoundaryProjection
+    from nanotron_ext.models.build import build_model
+    from nanotron_ext.parallel.comm import get_ledger
+    from nanotron_ext.parallel.context import build_parallel_context
+    from nanotron_ext.train.pipeline_step import forward_backward, make_engine
+    from tests.helpers.compare import worst_grad_error
+    from tests.reference_llama import reference_loss, reference_params
+
+    ctx = build_parallel_context(dp=1, tp=tp, pp=pp, backend="gloo")
+    cfg = from_dict(Config, {
+        "model": {**MODEL, "codec": {"kind": "mapl", "boundaries": "stages", "mapl": {"rank": R, "anchor_width": M}}},
+        "parallelism": {"tp": tp, "pp": pp, "pp_engine": engine}, "tokenizer": {"vocab_size": 260},
+        "tokens": {"sequence_length": SEQ, "micro_batch_size": MB, "batch_accumulation_per_replica": N_MICRO}})
+    model = build_model(cfg, ctx)
+    copies = {n: m for n, m in model.named_modules() if isinstance(m, BoundaryProjection)}
+    with torch.no_grad():
+        for m in copies.values():
+            m.anchor_table.copy_(_anchor_values(m.boundary))
+    rows = _global_batch(1)
+    micro = [{"input_ids": rows[i * MB:(i + 1) * MB, :-1], "label_ids": rows[i * MB:(i + 1) * MB, 1:]}
+             for i in range(N_MICRO)]
+    get_ledger().reset()
+    loss = forward_backward(model, make_engine(engine), micro, ctx)
+    comm = get_ledger().snapshot()
+
+    # the float64 reference: one copy of each boundary's A and anchor table
+    ref = reference_params(cfg.model, cfg.general.seed)
+    boundary = 1  # stages=2 over 4 layers: layer 1 sends
+    proj = BoundaryProjection(cfg.model, boundary)
+    proj.init_own_parameters_(cfg.general.seed)
+    a = proj.A.detach().double().requires_grad_()
+    table = _anchor_values(boundary).double().requires_grad_()
+    basis = proj.anchor_basis.double()
+
+    def mapl(i: int, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        if i != boundary:
+            return x
+        anchor = table[ids] @ basis
+        return (x - anchor) @ a @ a.T + anchor
+
+    ref_loss = reference_loss(cfg.model, ref, rows[:, :-1], rows[:, 1:], boundary=mapl)
+    ref_loss.backward()
+    for name in copies:
+        ref[f"{name}.A"], ref[f"{name}.anchor_table"] = a, table
+    worst, worst_name, names = worst_grad_error(model, ref)
+    return {"loss": loss.item(), "ref_loss": ref_loss.item(), "worst": worst, "worst_name": worst_name,
+            "names": names, "comm": comm, "pp_rank": dist.get_rank(ctx.pp_pg)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tp,pp,engine", [(1, 2, "1f1b"), (1, 2, "afab"), (2, 2, "1f1b")])
+def test_mapl_codec_matches_the_float64_reference(tp: int, pp: int, engine: str) -> None:
+    results = run_distributed(_mapl_worker, tp * pp, tp, pp, engine)
+    wire = MB * SEQ * (R * 4 + 4)  # r fp32 columns + one int32 id column, per micro-batch
+    exchange = (MODEL["hidden_size"] * R + MODEL["vocab_size"] * M) * 4
+    for r in results:
+        assert abs(r["loss"] - r["ref_loss"]) <= 1e-5 * r["ref_loss"]
+        assert r["worst"] <= 1e-5, (r["worst_name"], r["worst"])
+        assert any(n.endswith(".A") for n in r["names"]) and any(n.endswith("anchor_table") for n in r["names"])
+        pp_comm = r["comm"]["pp"]
+        assert pp_comm.get("send:fwd", {}).get("bytes", 0) == (N_MICRO * wire if r["pp_rank"] == 0 else 0)
+        assert pp_comm.get("send:bwd", {}).get("bytes", 0) == (N_MICRO * wire if r["pp_rank"] == 1 else 0)
+        assert pp_comm["send:codec_grads"]["bytes"] == exchange
