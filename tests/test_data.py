@@ -452,3 +452,19 @@ def test_cli_prepare_reports_data_errors_without_a_traceback(tmp_path, monkeypat
     monkeypatch.setitem(sys.modules, "nanotron_ext.config.loader", fake)
     assert main(["prepare", "--config-file", "run.yaml", "--no-progress"]) == 1
     assert "error: data.paths[0]:" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- hardening (issue 12)
+
+
+def test_prepare_never_deletes_inputs_inside_or_around_prepared_dir(tmp_path):
+    # case 1: inputs in X/train/*.jsonl with prepared_dir X used to be replaced by token shards
+    write_corpus(tmp_path / "X" / "train")
+    before = {p: p.read_bytes() for p in (tmp_path / "X").rglob("*") if p.is_file()}
+    with pytest.raises(DataError, match=r"data.paths\[0\] .*X/train and data.prepared_dir .*X overlap"):
+        prepare(make_config(tmp_path, paths=[tmp_path / "X" / "train"], prepared="X"), progress=False)
+    # a folder prepare did not create is never replaced, even when the paths do not overlap
+    write_corpus(tmp_path / "in")
+    with pytest.raises(DataError, match=r"X/train exists but was not written by prepare"):
+        prepare(make_config(tmp_path, paths=[tmp_path / "in"], prepared="X"), progress=False)
+    assert {p: p.read_bytes() for p in (tmp_path / "X").rglob("*") if p.is_file()} == before

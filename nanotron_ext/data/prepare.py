@@ -135,7 +135,8 @@ def _tokenize_split(config: Config, split: str, val: Set[int], n_docs: int, out:
             "files": files, "shard_tokens": shard_tokens,
             "token_size": step.token_size, "tokenizer_sha256": sha, "settings": settings}
     _write_json_atomic(tmp / SPLIT_INFO, info)
-    shutil.rmtree(out / split, ignore_errors=True)  # an incomplete or stale split from an earlier run
+    if (out / split).exists():
+        shutil.rmtree(out / split)  # a stale split of an earlier prepare (_check_ours ran up front)
     os.replace(tmp, out / split)
 
 
@@ -144,7 +145,11 @@ def prepare(config: Config, *, max_documents: Optional[int] = None, progress: bo
     t0 = time.perf_counter()
     out = Path(config.data.prepared_dir)
     tok_path = Path(config.tokenizer.path)
-    settings = _settings(config, max_documents)
+    settings = _settings(config, max_documents)  # lists the inputs: missing ones and packages fail first
+    _check_no_overlap(config)
+    for split in SPLITS:
+        if (out / split).exists():
+            _check_ours(out / split)
     manifest_path = out / MANIFEST
     if manifest_path.exists():
         manifest = json.loads(manifest_path.read_text())
@@ -194,6 +199,24 @@ def prepare(config: Config, *, max_documents: Optional[int] = None, progress: bo
     _write_json_atomic(manifest_path, manifest)  # last: its presence marks the folder complete
     return PrepareReport(manifest, out, skipped, time.perf_counter() - t0,
                          _vocab_notes(tok_info["vocab_size"], config.tokenizer.vocab_size, tok_path, out))
+
+
+def _check_no_overlap(config: Config) -> None:
+    """prepare writes into data.prepared_dir, so no input may lie inside it and it may not lie inside an input."""
+    out = Path(config.data.prepared_dir).expanduser().resolve()
+    for i, raw in enumerate(config.data.paths if config.data.source != "sotu" else []):
+        p = Path(raw).expanduser().resolve()
+        if p == out or out in p.parents or p in out.parents:
+            raise DataError(f"data.paths[{i}] {p} and data.prepared_dir {out} overlap; prepare writes token "
+                            "shards into data.prepared_dir and must not touch your inputs: set "
+                            "data.prepared_dir to a folder outside every input path")
+
+
+def _check_ours(split_dir: Path) -> None:
+    """Only a folder holding our split.json marker was written by prepare and may be replaced."""
+    if not (split_dir / SPLIT_INFO).exists():
+        raise DataError(f"{split_dir} exists but was not written by prepare (no {SPLIT_INFO}); prepare never "
+                        "deletes what it did not create: move it away or set data.prepared_dir to another folder")
 
 
 def _vocab_notes(actual: int, configured: int, tok_path: Path, out: Path) -> List[str]:
