@@ -109,3 +109,32 @@ def test_dead_rank_ends_the_job_quickly(small_corpus: Path, tmp_path: Path) -> N
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+# ---------------------------------------------------------------- hardening (issue 12)
+
+
+def _nan_worker(overrides: list) -> dict:
+    from nanotron_ext.config.loader import load_config
+    from nanotron_ext.errors import TrainingError
+    from nanotron_ext.train.trainer import Trainer
+
+    trainer = Trainer(load_config(TINY, overrides + ["checkpoints.interval=1", "checkpoints.keep_last=2"]))
+    trainer.train(stop_after=2)
+    with torch.no_grad():
+        next(trainer.model.parameters()).fill_(float("nan"))  # what rope_theta=0 or lr=inf used to produce
+    try:
+        trainer.train()
+    except TrainingError as e:
+        return {"error": str(e), "step": trainer.step}
+    return {"error": None, "step": trainer.step}
+
+
+@pytest.mark.slow
+def test_non_finite_loss_stops_naming_the_step_and_keeps_good_checkpoints(small_corpus: Path, tmp_path: Path) -> None:
+    # case 3: a NaN loss used to train on, save NaN checkpoints and prune the last good ones
+    [out] = run_distributed(_nan_worker, 1, _small_overrides(small_corpus, tmp_path, 1, 1, 1, 6))
+    assert out["error"] is not None and out["step"] == 2
+    assert out["error"].startswith("step 3: the loss is nan") and "nothing was saved" in out["error"]
+    assert f"last complete checkpoint is {tmp_path / 'ckpt' / 'step_2'}" in out["error"]
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step_1", "step_2"]

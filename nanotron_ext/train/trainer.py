@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 import torch
+import torch.distributed as torch_dist
 from nanotron import distributed as dist
 
 from nanotron_ext.config.loader import save_config
 from nanotron_ext.config.schema import Config
 from nanotron_ext.data.loader import build_train_loader, build_validation_loader
+from nanotron_ext.errors import TrainingError
 from nanotron_ext.metrics.comm import total_sent_bytes
 from nanotron_ext.metrics.flops import device_peak_tflops, flops_per_token, matmul_weights, mfu
 from nanotron_ext.metrics.logger import MetricsLogger, plot_losses
@@ -91,11 +93,26 @@ class Trainer:
         with nvtx_range("clip_grad"):
             grad_norm = clip_grad_norm_(self.model.parameters(), cfg.optimizer.clip_grad, self.ctx.tp_pg, self.ctx.pp_pg)
         lr = self.optimizer.param_groups[0]["lr"]
+        loss_value, grad_norm = loss.item(), float(grad_norm)
+        if self._any_rank(not (math.isfinite(loss_value) and math.isfinite(grad_norm))):
+            raise TrainingError(f"step {self.step + 1}: the loss is {loss_value} and the gradient norm {grad_norm} "
+                                f"(not finite); stopped before the optimizer step, nothing was saved. "
+                                f"{self._resume_hint()}; lower optimizer.lr or check the model.* values")
         with nvtx_range("optimizer_step"):
             self.optimizer.step()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
-        return {"loss": loss.item(), "grad_norm": float(grad_norm), "lr": lr}
+        return {"loss": loss_value, "grad_norm": grad_norm, "lr": lr}
+
+    def _any_rank(self, flag: bool) -> bool:
+        """True on every rank when `flag` is true on any: all ranks must stop (or go on) together."""
+        t = torch.tensor([float(flag)], device=self.ctx.device)
+        torch_dist.all_reduce(t, group=self.ctx.world_pg)  # not nanotron's dist: training traffic only in the ledger
+        return bool(t.item())
+
+    def _resume_hint(self) -> str:
+        last = latest_checkpoint(self.cfg.checkpoints.dir)
+        return f"the last complete checkpoint is {last}" if last else f"there is no complete checkpoint in {self.cfg.checkpoints.dir}"
 
     def validate(self) -> Dict[str, float]:
         batches = list(itertools.islice(self.val_loader, self.cfg.tokens.val_steps))
@@ -108,6 +125,9 @@ class Trainer:
         return {"val_loss": val, "val_ppl": math.exp(min(val, 50.0))}
 
     def save(self) -> Path:
+        if self._any_rank(not all(bool(torch.isfinite(q).all()) for q in self.model.parameters())):
+            raise TrainingError(f"step {self.step}: the weights are not finite after the optimizer step; not saving "
+                                f"them. {self._resume_hint()}; lower optimizer.lr")
         return save_checkpoint(
             self.cfg.checkpoints.dir, self.step, self.ctx, model=self.model, optimizer=self.optimizer,
             scheduler=self.scheduler, extra={"step": self.step, "loader": self.train_loader.state_dict()},
