@@ -138,3 +138,37 @@ def test_non_finite_loss_stops_naming_the_step_and_keeps_good_checkpoints(small_
     assert out["error"].startswith("step 3: the loss is nan") and "nothing was saved" in out["error"]
     assert f"last complete checkpoint is {tmp_path / 'ckpt' / 'step_2'}" in out["error"]
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step_1", "step_2"]
+
+
+def _rerun_worker(overrides: list) -> dict:
+    import contextlib
+    import io
+
+    from nanotron_ext.config.loader import load_config
+    from nanotron_ext.data.sources import DataError
+    from nanotron_ext.train.trainer import Trainer
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        try:
+            summary = Trainer(load_config(TINY, overrides)).train()
+        except DataError as e:
+            summary = {"error": str(e)}
+    return {"stdout": out.getvalue(), "summary": summary}
+
+
+@pytest.mark.slow
+def test_rerunning_a_finished_run_reports_it_and_rewrites_nothing(small_corpus: Path, tmp_path: Path) -> None:
+    # case 2: a second launch used to overwrite summary.json with null losses and config.yaml even when it failed
+    overrides = _small_overrides(small_corpus, tmp_path, 1, 1, 1, 3)
+    [first] = run_distributed(_rerun_worker, 1, overrides)
+    run_dir = tmp_path / "tiny_llama"
+    files = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in run_dir.iterdir() if p.is_file()}
+    assert {"summary.json", "config.yaml", "metrics.jsonl"} <= set(files)
+    [again] = run_distributed(_rerun_worker, 1, overrides)
+    assert f"run {run_dir} is complete (step 3 of 3" in again["stdout"], again["stdout"]
+    assert f"final train loss      {first['summary']['final_train_loss']:.4f}" in again["stdout"]
+    assert again["summary"] == first["summary"]
+    [failed] = run_distributed(_rerun_worker, 1, overrides + ["general.seed=7", f"data.prepared_dir={tmp_path / 'none'}"])
+    assert "run `python -m nanotron_ext.data prepare" in failed["summary"]["error"]
+    assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in run_dir.iterdir() if p.is_file()} == files

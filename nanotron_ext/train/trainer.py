@@ -45,8 +45,6 @@ class Trainer:
         self.ctx = build_parallel_context(p.dp, p.tp, p.pp, backend=backend, timeout_s=cfg.general.collective_timeout_s)
         self.is_main = dist.get_rank(self.ctx.world_pg) == 0
         self.run_dir = Path(cfg.general.output_dir) / cfg.general.run
-        if self.is_main:
-            save_config(cfg, self.run_dir / "config.yaml")
         torch.manual_seed(cfg.general.seed)
         enable_nvtx(cfg.logging.nvtx)
 
@@ -67,6 +65,10 @@ class Trainer:
             self.train_loader.load_state_dict(extra["loader"])
             if self.is_main:
                 print(f"resumed from {ckpt} at step {self.step}")
+        # Written only once everything above succeeded and there is training left to do: a launch that
+        # fails, or finds the run complete, leaves the run folder as it was.
+        if self.is_main and self.step < cfg.tokens.train_steps:
+            save_config(cfg, self.run_dir / "config.yaml")
 
         self.flops_token = flops_per_token(cfg.model, self.matmul_params(), cfg.tokens.sequence_length)
         self.peak_tflops = device_peak_tflops(cfg.logging.peak_tflops)
@@ -139,6 +141,8 @@ class Trainer:
         cfg = self.cfg
         total = cfg.tokens.train_steps
         end = min(total, stop_after) if stop_after is not None else total
+        if self.step >= end:  # nothing to train: report, and rewrite nothing in the run folder
+            return self._report_complete() if self.step >= total else {}
         log = MetricsLogger(self.run_dir, cfg.logging, total, self.step, self.is_main)
         history: List[Dict[str, object]] = []
         val: Dict[str, float] = {}
@@ -181,6 +185,17 @@ class Trainer:
                 plot_losses(log.path, self.run_dir / "loss.png", title=cfg.general.run)
             print(format_summary(summary, self.run_dir))
         return summary
+
+    def _report_complete(self) -> Dict[str, object]:
+        path = self.run_dir / "summary.json"
+        stored = json.loads(path.read_text()) if path.exists() else {}
+        if self.is_main:
+            print(f"run {self.run_dir} is complete (step {self.step} of {self.cfg.tokens.train_steps}, checkpoints in "
+                  f"{self.cfg.checkpoints.dir}); nothing to do. Its stored results:" if stored else
+                  f"run {self.run_dir} is complete (step {self.step}) but has no {path.name}; nothing to do")
+            if stored:
+                print(format_summary(stored, self.run_dir))
+        return stored
 
     def _summary(self, history: List[Dict[str, object]], val: Dict[str, float]) -> Dict[str, object]:
         timed = history[1:] or history  # the first step pays one-off start-up costs
