@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.conftest import SMALL_VOCAB
-from tests.helpers.dist import run_distributed
+from tests.helpers.dist import free_port, run_distributed
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = REPO / "examples" / "config_tiny_llama.yaml"
@@ -137,7 +137,7 @@ def test_non_finite_loss_stops_naming_the_step_and_keeps_good_checkpoints(small_
     assert out["error"] is not None and out["step"] == 2
     assert out["error"].startswith("step 3: the loss is nan") and "nothing was saved" in out["error"]
     assert f"last complete checkpoint is {tmp_path / 'ckpt' / 'step_2'}" in out["error"]
-    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step_1", "step_2"]
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir() if p.name.startswith("step_")) == ["step_1", "step_2"]
 
 
 def _rerun_worker(overrides: list) -> dict:
@@ -163,7 +163,8 @@ def test_rerunning_a_finished_run_reports_it_and_rewrites_nothing(small_corpus: 
     overrides = _small_overrides(small_corpus, tmp_path, 1, 1, 1, 3)
     [first] = run_distributed(_rerun_worker, 1, overrides)
     run_dir = tmp_path / "tiny_llama"
-    files = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in run_dir.iterdir() if p.is_file()}
+    # .lock (the run lock of case 4) names its latest holder; everything else must stay as it is
+    files = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in run_dir.iterdir() if p.is_file() and p.name != ".lock"}
     assert {"summary.json", "config.yaml", "metrics.jsonl"} <= set(files)
     [again] = run_distributed(_rerun_worker, 1, overrides)
     assert f"run {run_dir} is complete (step 3 of 3" in again["stdout"], again["stdout"]
@@ -171,4 +172,41 @@ def test_rerunning_a_finished_run_reports_it_and_rewrites_nothing(small_corpus: 
     assert again["summary"] == first["summary"]
     [failed] = run_distributed(_rerun_worker, 1, overrides + ["general.seed=7", f"data.prepared_dir={tmp_path / 'none'}"])
     assert "run `python -m nanotron_ext.data prepare" in failed["summary"]["error"]
-    assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in run_dir.iterdir() if p.is_file()} == files
+    assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in run_dir.iterdir()
+            if p.is_file() and p.name != ".lock"} == files
+
+
+def _launch(overrides: list, **kw) -> subprocess.Popen:
+    """One training process (world of 1) on a free port, as `python -m nanotron_ext.train`."""
+    env = {**os.environ, "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port())}
+    args = [sys.executable, "-m", "nanotron_ext.train", "--config-file", str(TINY)] + [a for o in overrides for a in ("--set", o)]
+    return subprocess.Popen(args, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, **kw)
+
+
+@pytest.mark.slow
+def test_a_second_launch_on_busy_folders_fails_at_once_and_never_overwrites_checkpoints(small_corpus: Path, tmp_path: Path) -> None:
+    # case 4: two launches with one run name used to collide; resume=never silently overwrote another run's checkpoints
+    overrides = _small_overrides(small_corpus, tmp_path, 1, 1, 1, 100000) + ["checkpoints.interval=1"]
+    first = _launch(overrides)
+    second = None
+    try:
+        metrics = tmp_path / "tiny_llama" / "metrics.jsonl"
+        deadline = time.time() + 120
+        while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+            assert time.time() < deadline and first.poll() is None, "training did not start"
+            time.sleep(0.5)
+        second = _launch(overrides)
+        _, err = second.communicate(timeout=60)
+        assert second.returncode == 2 and f"is in use by a running job (pid {first.pid} on" in err, err
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    saved = sorted(p.name for p in (tmp_path / "ckpt").iterdir() if p.name.startswith("step_"))
+    third = _launch(overrides + ["checkpoints.resume=never"])
+    _, err = third.communicate(timeout=60)
+    assert third.returncode == 2 and f"checkpoints.dir {tmp_path / 'ckpt'} holds checkpoints" in err, err
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir() if p.name.startswith("step_")) == saved

@@ -300,8 +300,9 @@ class CheckpointsConfig:
     """Steps between checkpoints (0 = only at the end of training)."""
     keep_last: int = 2
     """Checkpoints kept; older ones are deleted after a new one is complete."""
-    resume: Literal["auto", "never"] = "auto"
-    """auto: continue from the latest complete checkpoint in `dir` when there is one."""
+    resume: Literal["auto", "never", "overwrite"] = "auto"
+    """auto: continue from the latest complete checkpoint in `dir` when there is one; never: start afresh, and
+    refuse a `dir` that holds checkpoints; overwrite: delete the checkpoints in `dir`, then start afresh."""
 
     def __post_init__(self) -> None:
         _require(self.interval >= 0, "checkpoints.interval", "must be >= 0")

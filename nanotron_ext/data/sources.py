@@ -16,9 +16,10 @@ from typing import Callable, Dict, Iterator, List, Optional
 from datatrove.data import Document
 
 from nanotron_ext.config.schema import DataConfig
+from nanotron_ext.errors import UserFacingError
 
 
-class DataError(ValueError):
+class DataError(UserFacingError, ValueError):
     """Unusable data: the message names the file, key or numbers involved."""
 
 

@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import List, Optional
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     from nanotron_ext.config.loader import add_config_args, config_from_args
-    from nanotron_ext.config.schema import ConfigError
-    from nanotron_ext.data.sources import DataError
+    from nanotron_ext.errors import UserFacingError
 
     parser = argparse.ArgumentParser(prog="python -m nanotron_ext.train", description=__doc__)
     add_config_args(parser)
@@ -19,13 +19,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         from nanotron_ext.train.trainer import Trainer
 
         trainer = Trainer(cfg, config_file=args.config_file)
-    except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
+        trainer.train()
+    except UserFacingError as e:
+        # Every rank raises the same error; one line from rank 0 is enough, before torchrun's banner.
+        if os.environ.get("RANK", "0") == "0":
+            print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
-    except DataError as e:
-        print(f"data error: {e}", file=sys.stderr)
-        return 2
-    trainer.train()
     import torch.distributed as torch_dist
 
     if torch_dist.is_initialized():

@@ -55,6 +55,7 @@ import torch.distributed as torch_dist
 from torch import nn
 
 from nanotron_ext import __version__
+from nanotron_ext.errors import UserFacingError
 
 __all__ = [
     "CheckpointError",
@@ -64,6 +65,7 @@ __all__ = [
     "load_checkpoint",
     "list_checkpoints",
     "read_meta",
+    "remove_checkpoint",
 ]
 
 logger = logging.getLogger(__name__)
@@ -75,7 +77,7 @@ _COMPLETE_RE = re.compile(r"^step_(\d+)$")
 _STALE_RE = re.compile(r"^step_\d+\.(tmp|old)-[0-9a-f]+$")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserFacingError, RuntimeError):
     """A checkpoint that cannot be written or loaded; the message says which rank/file and why."""
 
 
@@ -149,6 +151,11 @@ def _fsync_dir(path: Path) -> None:
 def _sha256(path: Path) -> str:
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def remove_checkpoint(path: Path) -> None:
+    """Delete a checkpoint folder so that no crash leaves it looking complete."""
+    _remove_dir(Path(path))
 
 
 def _remove_dir(path: Path) -> None:

@@ -32,6 +32,7 @@ from nanotron_ext.parallel.comm import get_ledger
 from nanotron_ext.parallel.context import build_parallel_context
 from nanotron_ext.parallel.link import link_emulator_from_config
 from nanotron_ext.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from nanotron_ext.train.guard import claim_folders
 from nanotron_ext.train.pipeline_step import evaluate, forward_backward, make_engine
 
 
@@ -45,6 +46,7 @@ class Trainer:
         self.ctx = build_parallel_context(p.dp, p.tp, p.pp, backend=backend, timeout_s=cfg.general.collective_timeout_s)
         self.is_main = dist.get_rank(self.ctx.world_pg) == 0
         self.run_dir = Path(cfg.general.output_dir) / cfg.general.run
+        self._locks = self._claim_folders()
         torch.manual_seed(cfg.general.seed)
         enable_nvtx(cfg.logging.nvtx)
 
@@ -73,6 +75,20 @@ class Trainer:
         self.flops_token = flops_per_token(cfg.model, self.matmul_params(), cfg.tokens.sequence_length)
         self.peak_tflops = device_peak_tflops(cfg.logging.peak_tflops)
         self.tokens_per_step = p.dp * cfg.tokens.batch_accumulation_per_replica * cfg.tokens.micro_batch_size * cfg.tokens.sequence_length
+
+    def _claim_folders(self) -> list:
+        """Rank 0 locks the run and checkpoint folders for this process's life; every rank learns the verdict."""
+        locks, error = [], None
+        if self.is_main:
+            try:
+                locks = claim_folders(self.run_dir, Path(self.cfg.checkpoints.dir), self.cfg.checkpoints.resume)
+            except TrainingError as e:
+                error = str(e)
+        box = [error]
+        torch_dist.broadcast_object_list(box, src=0, group=self.ctx.world_pg)
+        if box[0] is not None:
+            raise TrainingError(box[0])
+        return locks
 
     def matmul_params(self) -> int:
         """Matmul weights of the whole model (all stages, unsharded), embedding lookups excluded."""
