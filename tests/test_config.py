@@ -386,3 +386,9 @@ def test_module_entry_point_runs():
 def test_values_that_give_a_non_finite_loss_are_rejected(tmp_path, override, expected):
     # case 3 (config side): these used to pass validation and train on NaN
     assert expected in error_of(tmp_path, "", [override])
+
+
+@pytest.mark.parametrize("run", ["/tmp/elsewhere", "../sibling", "a/../../b", "", "..\\\\up"])
+def test_run_name_cannot_leave_output_dir(tmp_path, run):
+    # case 6: general.run was joined to general.output_dir unchecked
+    assert "general.run: " in error_of(tmp_path, "", [f"general.run={run!r}" if run else "general.run=''"])

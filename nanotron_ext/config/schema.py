@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import field
+from pathlib import PurePath
 from typing import Dict, List, Literal, Optional
 
 from nanotron_ext.errors import UserFacingError
@@ -47,6 +48,12 @@ class GeneralConfig:
 
     def __post_init__(self) -> None:
         _require_finite(self, "general")
+        # The run folder is <output_dir>/<run>: a name that is absolute or climbs out writes elsewhere.
+        parts = PurePath(self.run).parts
+        _require(bool(self.run.strip()) and not PurePath(self.run).is_absolute() and ".." not in parts
+                 and "\\" not in self.run, "general.run",
+                 f"{self.run!r} must be a plain name inside general.output_dir (no absolute path, no '..'), "
+                 "e.g. 'tiny_llama'")
         _require(self.collective_timeout_s > 0, "general.collective_timeout_s", "must be > 0")
 
 
