@@ -468,3 +468,20 @@ def test_prepare_never_deletes_inputs_inside_or_around_prepared_dir(tmp_path):
     with pytest.raises(DataError, match=r"X/train exists but was not written by prepare"):
         prepare(make_config(tmp_path, paths=[tmp_path / "in"], prepared="X"), progress=False)
     assert {p: p.read_bytes() for p in (tmp_path / "X").rglob("*") if p.is_file()} == before
+
+
+def test_a_non_utf8_line_fails_naming_file_and_line_and_skips_are_reported(tmp_path):
+    # case 5: a bad byte on line 21 silently dropped the rest of the file; on line 1 it said "no documents"
+    texts = corpus_texts()
+    lines = [json.dumps({"text": t}).encode() + b"\n" for t in texts]
+    for bad_line in (21, 1):
+        (tmp_path / "in").mkdir(exist_ok=True)
+        broken = lines[:bad_line - 1] + [b'{"text": "caf\xe9 au lait"}\n'] + lines[bad_line - 1:]
+        (tmp_path / "in" / "a.jsonl").write_bytes(b"".join(broken))
+        with pytest.raises(DataError, match=rf"in/a.jsonl: line {bad_line} is not valid UTF-8 .*re-encode"):
+            prepare(make_config(tmp_path, paths=[tmp_path / "in"]), progress=False)
+    # rows without text are skipped, and the report says how many, per file
+    (tmp_path / "in" / "a.jsonl").write_bytes(b"".join(lines + [b'{"text": ""}\n', b'{"body": "x"}\n']))
+    report = prepare(make_config(tmp_path, paths=[tmp_path / "in"]), progress=False)
+    assert report.manifest["documents"] == N_DOCS
+    assert f"in/a.jsonl: {N_DOCS} documents read, 2 rows skipped" in report.summary()

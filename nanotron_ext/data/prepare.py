@@ -166,7 +166,8 @@ def prepare(config: Config, *, max_documents: Optional[int] = None, progress: bo
                              _vocab_notes(manifest["vocab_size"], config.tokenizer.vocab_size, tok_path, out))
 
     out.mkdir(parents=True, exist_ok=True)
-    n_docs = sum(1 for _ in tqdm(iter_documents(config.data, max_documents), unit="doc",
+    stats: Dict[str, Dict[str, int]] = {}
+    n_docs = sum(1 for _ in tqdm(iter_documents(config.data, max_documents, stats), unit="doc",
                                  desc=f"reading {config.data.source}", disable=not progress))
     val = validation_indices(n_docs, config.general.seed, config.data.validation_fraction)
     counts = {"train": n_docs - len(val), "validation": len(val)}
@@ -198,7 +199,14 @@ def prepare(config: Config, *, max_documents: Optional[int] = None, progress: bo
                 "tokenizer": tok_info, "splits": splits, "settings": settings}
     _write_json_atomic(manifest_path, manifest)  # last: its presence marks the folder complete
     return PrepareReport(manifest, out, skipped, time.perf_counter() - t0,
-                         _vocab_notes(tok_info["vocab_size"], config.tokenizer.vocab_size, tok_path, out))
+                         _vocab_notes(tok_info["vocab_size"], config.tokenizer.vocab_size, tok_path, out)
+                         + _skip_notes(stats, config.data.text_key))
+
+
+def _skip_notes(stats: Dict[str, Dict[str, int]], text_key: str) -> List[str]:
+    """Documents read vs rows skipped (no text under data.text_key), per file that skipped any."""
+    return [f"{f}: {s['read']} documents read, {s['skipped']} rows skipped (no text under data.text_key="
+            f"{text_key!r})" for f, s in stats.items() if s["skipped"]]
 
 
 def _check_no_overlap(config: Config) -> None:
