@@ -485,3 +485,23 @@ def test_a_non_utf8_line_fails_naming_file_and_line_and_skips_are_reported(tmp_p
     report = prepare(make_config(tmp_path, paths=[tmp_path / "in"]), progress=False)
     assert report.manifest["documents"] == N_DOCS
     assert f"in/a.jsonl: {N_DOCS} documents read, 2 rows skipped" in report.summary()
+
+
+def test_prepare_rebuilds_missing_outputs_and_damaged_shards_are_detected(prepared, tmp_path):
+    # case 10: a deleted train/ was "skipped: all"; a shard overwritten with same-size bytes went unnoticed
+    root, cfg, _, report = prepared
+    copy = make_config(root, paths=cfg.data.paths, prepared=str(tmp_path / "copy"))
+    prep = Path(copy.data.prepared_dir)
+    shutil.copytree(cfg.data.prepared_dir, prep)
+    shutil.rmtree(prep / "train")
+    again = prepare(copy, progress=False)
+    assert again.skipped == ["tokenizer", "validation"] and again.manifest["splits"] == report.manifest["splits"]
+    shard = next((prep / "train").glob("*.ds"))
+    assert len(take(build_train_loader(copy), 1)) == 1  # verified, stamped
+    shard.write_bytes(bytes(shard.stat().st_size))  # zeros, same size
+    with pytest.raises(DataError, match=rf"shard {shard} does not match its sha256 .*prepare --verify"):
+        build_train_loader(copy)
+    assert prepare(copy, progress=False).skipped == ["all"]  # sizes match: only --verify hashes
+    rebuilt = prepare(copy, progress=False, verify=True)
+    assert rebuilt.skipped == ["tokenizer", "validation"] and f"rebuilt train: {shard} does not match" in rebuilt.summary()
+    assert len(take(build_train_loader(copy), 1)) == 1

@@ -16,6 +16,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     prep.add_argument("--max-documents", type=int, default=None,
                       help="read only the first N documents (quick smoke runs)")
     prep.add_argument("--no-progress", action="store_true", help="no progress bars")
+    prep.add_argument("--verify", action="store_true",
+                      help="also check every existing shard's sha256 (not only its size) and rebuild damaged splits")
     args = parser.parse_args(argv)
 
     from nanotron_ext.config.loader import load_config  # lazy: the YAML loader is its own module
@@ -26,7 +28,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     try:
         config = load_config(args.config_file, args.set)
-        report = prepare(config, max_documents=args.max_documents, progress=not args.no_progress)
+        report = prepare(config, max_documents=args.max_documents, progress=not args.no_progress,
+                         verify=args.verify)
     except (ConfigError, DataError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
