@@ -210,3 +210,36 @@ def test_a_second_launch_on_busy_folders_fails_at_once_and_never_overwrites_chec
     _, err = third.communicate(timeout=60)
     assert third.returncode == 2 and f"checkpoints.dir {tmp_path / 'ckpt'} holds checkpoints" in err, err
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir() if p.name.startswith("step_")) == saved
+
+
+def _resume_worker(overrides: list) -> str:
+    from nanotron_ext.config.loader import load_config
+    from nanotron_ext.train.checkpoint import CheckpointError
+    from nanotron_ext.train.trainer import Trainer
+
+    try:
+        Trainer(load_config(TINY, overrides)).train()
+    except CheckpointError as e:
+        return str(e)
+    return ""
+
+
+@pytest.mark.slow
+def test_unloadable_checkpoint_names_the_previous_one_and_the_changed_keys(small_corpus: Path, tmp_path: Path) -> None:
+    # case 9: a corrupt shard stopped the run without pointing anywhere; a changed shape gave `size mismatch`
+    overrides = _small_overrides(small_corpus, tmp_path, 1, 1, 1, 2) + ["checkpoints.interval=1"]
+    assert run_distributed(_resume_worker, 1, overrides) == [""]
+    ckpt = tmp_path / "ckpt"
+    shard = ckpt / "step_2" / "pp0_dp0_tp0.pt"
+    data = bytearray(shard.read_bytes())
+    data[-100:] = bytes(100)
+    shard.write_bytes(bytes(data))
+    [msg] = run_distributed(_resume_worker, 1, overrides + ["tokens.train_steps=4"])
+    assert "does not match the sha256" in msg, msg
+    assert (f"the previous complete checkpoint is {ckpt / 'step_1'}: to resume from it, move {ckpt / 'step_2'} out of the "
+            f"way (e.g. mv {ckpt / 'step_2'} {ckpt / 'step_2'}.bad)") in msg, msg
+    (ckpt / "step_2").rename(ckpt / "step_2.bad")
+    [msg] = run_distributed(_resume_worker, 1, overrides + ["tokens.train_steps=4", "model.hidden_size=64"])
+    assert "config keys that differ from the checkpoint's (saved -> now): model.hidden_size 32 -> 64" in msg, msg
+    assert "there is no earlier complete checkpoint" in msg, msg
+    assert run_distributed(_resume_worker, 1, overrides + ["tokens.train_steps=4"]) == [""]  # resumes from step_1

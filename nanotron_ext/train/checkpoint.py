@@ -362,6 +362,7 @@ def save_checkpoint(
     scheduler: Optional[Stateful] = None,
     extra: Optional[Dict[str, Any]] = None,
     keep_last: Optional[int] = None,
+    config: Optional[Dict[str, Any]] = None,
 ) -> Path:
     """Write `root/step_<step>/` atomically; collective: every rank of the world must call it.
 
@@ -370,6 +371,7 @@ def save_checkpoint(
     dicts). With `keep_last`, older complete checkpoints beyond the newest `keep_last` are deleted
     afterwards (never the one just written), as are leftovers of interrupted saves. Returns the
     checkpoint folder on every rank; raises CheckpointError on every rank if any rank failed.
+    `config` (the run configuration as a dict) goes into meta.json, to name what changed if a resume fails.
     """
     if keep_last is not None and keep_last < 1:
         raise ValueError(f"keep_last must be >= 1 or None, got {keep_last}")
@@ -434,6 +436,7 @@ def save_checkpoint(
             "nanotron_ext_version": __version__,
             "torch_version": torch.__version__,
             "created_unix": time.time(),
+            "config": config,
         }
         try:
             _finalize(root, tmp_dir, final, meta, keep_last)

@@ -1,4 +1,4 @@
-"""Run-folder ownership: one live job per run folder and per checkpoint folder.
+"""Run-folder ownership (one live job per run folder and per checkpoint folder) and resume advice.
 
 `claim_folders` takes an exclusive `fcntl.flock` on `<folder>/.lock` for each folder and keeps the
 files open for the life of the process: the kernel drops the lock when the process ends, however it
@@ -12,10 +12,11 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import IO, List
+import re
+from typing import IO, Any, Dict, List, Optional, Union
 
 from nanotron_ext.errors import TrainingError
-from nanotron_ext.train.checkpoint import list_checkpoints, remove_checkpoint
+from nanotron_ext.train.checkpoint import list_checkpoints, read_meta, remove_checkpoint
 
 LOCK_NAME = ".lock"
 
@@ -59,3 +60,40 @@ def claim_folders(run_dir: Path, checkpoint_dir: Path, resume: str) -> List[IO[s
         for _, p in existing:
             remove_checkpoint(p)
     return locks
+
+
+def _flat(d: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+# Keys that shape the saved state: changing one makes a checkpoint unloadable (size mismatch, missing keys).
+_STATE_KEYS = ("model.", "optimizer.name", "parallelism.dp", "parallelism.tp", "parallelism.pp")
+
+
+def resume_advice(path: Union[str, Path], config: Optional[Dict[str, Any]] = None) -> str:
+    """What to do when checkpoint `path` cannot be loaded: the state-shaping config keys that differ from
+    the ones it was saved with, and the previous complete checkpoint with how to resume from it."""
+    path = Path(path)
+    advice = []
+    try:
+        saved = read_meta(path).get("config")
+    except (OSError, ValueError):
+        saved = None
+    if saved and config:
+        a, b = _flat(saved), _flat(config)
+        diffs = [f"{k} {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b))
+                 if k.startswith(_STATE_KEYS) and a.get(k) != b.get(k)]
+        if diffs:
+            advice.append(f"config keys that differ from the checkpoint's (saved -> now): {', '.join(diffs)}; set them "
+                          "back to resume, or start afresh with checkpoints.resume=overwrite or another checkpoints.dir")
+    m = re.fullmatch(r"step_(\d+)", path.name)
+    older = [p for s, p in list_checkpoints(path.parent) if m and s < int(m.group(1))]
+    if older:
+        advice.append(f"the previous complete checkpoint is {older[-1]}: to resume from it, move {path} out of the "
+                      f"way (e.g. mv {path} {path}.bad) and launch again")
+    else:
+        advice.append(f"there is no earlier complete checkpoint in {path.parent}")
+    return "; ".join(advice)

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as torch_dist
 from nanotron import distributed as dist
 
-from nanotron_ext.config.loader import save_config
+from nanotron_ext.config.loader import config_to_dict, save_config
 from nanotron_ext.config.schema import Config
 from nanotron_ext.data.loader import build_train_loader, build_validation_loader
 from nanotron_ext.errors import TrainingError
@@ -31,8 +31,8 @@ from nanotron_ext.optim.lr_schedule import build_scheduler
 from nanotron_ext.parallel.comm import get_ledger
 from nanotron_ext.parallel.context import build_parallel_context
 from nanotron_ext.parallel.link import link_emulator_from_config
-from nanotron_ext.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from nanotron_ext.train.guard import claim_folders
+from nanotron_ext.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
+from nanotron_ext.train.guard import claim_folders, resume_advice
 from nanotron_ext.train.pipeline_step import evaluate, forward_backward, make_engine
 
 
@@ -62,7 +62,11 @@ class Trainer:
         self.step = 0
         ckpt = latest_checkpoint(cfg.checkpoints.dir) if cfg.checkpoints.resume == "auto" else None
         if ckpt is not None:
-            extra = load_checkpoint(ckpt, self.ctx, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
+            try:
+                extra = load_checkpoint(ckpt, self.ctx, model=self.model, optimizer=self.optimizer,
+                                        scheduler=self.scheduler)
+            except CheckpointError as e:
+                raise CheckpointError(f"{e}; {resume_advice(ckpt, config_to_dict(cfg))}") from None
             self.step = int(extra["step"])
             self.train_loader.load_state_dict(extra["loader"])
             if self.is_main:
@@ -149,7 +153,7 @@ class Trainer:
         return save_checkpoint(
             self.cfg.checkpoints.dir, self.step, self.ctx, model=self.model, optimizer=self.optimizer,
             scheduler=self.scheduler, extra={"step": self.step, "loader": self.train_loader.state_dict()},
-            keep_last=self.cfg.checkpoints.keep_last,
+            keep_last=self.cfg.checkpoints.keep_last, config=config_to_dict(self.cfg),
         )
 
     def train(self, stop_after: Optional[int] = None) -> Dict[str, object]:
