@@ -450,7 +450,7 @@ def test_cli_prepare_reports_data_errors_without_a_traceback(tmp_path, monkeypat
     fake = types.ModuleType("nanotron_ext.config.loader")
     fake.load_config = lambda path, overrides: make_config(tmp_path, paths=[tmp_path / "missing.jsonl"])
     monkeypatch.setitem(sys.modules, "nanotron_ext.config.loader", fake)
-    assert main(["prepare", "--config-file", "run.yaml", "--no-progress"]) == 1
+    assert main(["prepare", "--config-file", "run.yaml", "--no-progress"]) == 2
     assert "error: data.paths[0]:" in capsys.readouterr().err
 
 

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from nanotron_ext.config.schema import Config
-from nanotron_ext.data.prepare import FORMAT_VERSION, MANIFEST, SPLITS, sha256_file
+from nanotron_ext.data.prepare import FORMAT_VERSION, MANIFEST, SPLITS, load_tokenizer, sha256_file
 from nanotron_ext.data.sources import DataError, DataNotPreparedError
 
 _ORDER_STREAM = 2  # SeedSequence tag: the epoch permutations draw from their own stream of general.seed
@@ -46,9 +46,7 @@ def read_manifest(config: Config, config_file: Optional[str] = None) -> dict:
     if not tok_path.exists():
         raise DataNotPreparedError(f"tokenizer.path {tok_path} does not exist but {out} was tokenized with "
                                    f"{manifest['tokenizer']['path']}: {_prepare_hint(config_file)}")
-    from tokenizers import Tokenizer
-
-    vocab = Tokenizer.from_file(str(tok_path)).get_vocab_size()
+    vocab = load_tokenizer(tok_path).get_vocab_size()
     if vocab != manifest["vocab_size"]:
         raise DataError(f"tokenizer {tok_path} has vocab {vocab} but {path} says the shards were made with "
                         f"vocab {manifest['vocab_size']}; re-run prepare into a fresh data.prepared_dir")

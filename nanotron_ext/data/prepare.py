@@ -267,10 +267,19 @@ def _vocab_notes(actual: int, configured: int, tok_path: Path, out: Path) -> Lis
     return []
 
 
-def _check_tokenizer(path: Path) -> dict:
+def load_tokenizer(path: Path):
+    """The tokenizer at `path`; a damaged file is a DataError naming it (the library's message names no file)."""
     from tokenizers import Tokenizer
 
-    tok = Tokenizer.from_file(str(path))
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as e:  # tokenizers raises a bare Exception
+        raise DataError(f"tokenizer {path} cannot be read ({e}); delete it and re-run prepare into a fresh "
+                        "data.prepared_dir (shards depend on the tokenizer)") from None
+
+
+def _check_tokenizer(path: Path) -> dict:
+    tok = load_tokenizer(path)
     eos_id = tok.token_to_id(EOS_TOKEN)
     if eos_id is None:
         raise DataError(f"tokenizer {path} has no {EOS_TOKEN} token (the document separator); "

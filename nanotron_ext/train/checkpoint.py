@@ -303,10 +303,18 @@ def latest_checkpoint(root: PathLike) -> Optional[Path]:
 # --------------------------------------------------------------------------------------------
 def _write_shard(tmp_dir: Path, payload: Dict[str, Any], name: str) -> Dict[str, Any]:
     part = tmp_dir / f"{name}.part"
-    with open(part, "wb") as f:
-        torch.save(payload, f)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(part, "wb") as f:
+            torch.save(payload, f)
+            f.flush()
+            os.fsync(f.fileno())
+    except (OSError, RuntimeError) as e:
+        # torch.save reports a full disk as "unexpected pos ..."; the OSError is only in the chain
+        cause = next((c for c in (e, e.__cause__, e.__context__) if isinstance(c, OSError)), None)
+        if cause is None:
+            raise
+        raise CheckpointError(f"cannot write {part}: {cause.strerror or cause} (errno {cause.errno}); free space "
+                              "there or set checkpoints.dir to a writable folder with room") from e
     final = tmp_dir / name
     os.replace(part, final)
     # Hashing re-reads the file (from page cache, normally) rather than buffering the whole
