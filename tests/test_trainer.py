@@ -243,3 +243,41 @@ def test_unloadable_checkpoint_names_the_previous_one_and_the_changed_keys(small
     assert "config keys that differ from the checkpoint's (saved -> now): model.hidden_size 32 -> 64" in msg, msg
     assert "there is no earlier complete checkpoint" in msg, msg
     assert run_distributed(_resume_worker, 1, overrides + ["tokens.train_steps=4"]) == [""]  # resumes from step_1
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"  # zombies are dead
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+def test_workers_exit_when_torchrun_is_killed(small_corpus: Path, tmp_path: Path) -> None:
+    # case 11: SIGKILL to torchrun left its workers training on, beside any restarted job
+    overrides = _small_overrides(small_corpus, tmp_path, 2, 1, 1, 100000)
+    cmd = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc_per_node=2", "-m", "nanotron_ext.train",
+           "--config-file", str(TINY)] + [a for o in overrides for a in ("--set", o)]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    metrics = tmp_path / "tiny_llama" / "metrics.jsonl"
+    workers: list = []
+    try:
+        deadline = time.time() + 120
+        while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+            assert time.time() < deadline and proc.poll() is None, "training did not start"
+            time.sleep(0.5)
+        workers = [int(p) for p in subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.pid)],
+                                                  capture_output=True, text=True).stdout.split()]
+        assert len(workers) == 2, workers
+        proc.kill()
+        proc.wait()
+        deadline = time.time() + 30
+        while any(_alive(w) for w in workers) and time.time() < deadline:
+            time.sleep(0.5)
+        assert not any(_alive(w) for w in workers), "workers outlived their launcher"
+    finally:
+        for pid in workers:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()

@@ -26,6 +26,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     add_config_args(parser)
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # launched by torchrun: do not outlive it
+        from nanotron_ext.train.guard import exit_with_launcher
+
+        exit_with_launcher()
     cfg = trainer = None
     try:
         cfg = config_from_args(args)

@@ -7,9 +7,12 @@ second launch gets.
 """
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import os
+import signal
 import socket
+import threading
 import time
 from pathlib import Path
 import re
@@ -60,6 +63,30 @@ def claim_folders(run_dir: Path, checkpoint_dir: Path, resume: str) -> List[IO[s
         for _, p in existing:
             remove_checkpoint(p)
     return locks
+
+
+def exit_with_launcher(grace_s: float = 10.0) -> None:
+    """End this worker promptly when its launcher (torchrun) dies, even by SIGKILL.
+
+    torch elastic starts workers in their own sessions, so nothing else stops them: orphans would go on
+    training beside a restarted job. SIGTERM comes from the kernel (PR_SET_PDEATHSIG, Linux) or from a
+    watchdog thread that sees the parent pid change; after `grace_s` the watchdog exits hard (a rank
+    blocked in a collective does not run Python signal handlers).
+    """
+    parent = os.getppid()
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the watchdog alone
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(grace_s)
+        os._exit(143)
+
+    threading.Thread(target=watch, name="launcher-watchdog", daemon=True).start()
 
 
 def _flat(d: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
