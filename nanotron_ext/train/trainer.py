@@ -200,7 +200,9 @@ class Trainer:
             log.close()
         summary = self._summary(history, val)
         if self.is_main:
-            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+            tmp = self.run_dir / "summary.json.tmp"  # atomic: a crash never leaves a half-written summary
+            tmp.write_text(json.dumps(summary, indent=2))
+            os.replace(tmp, self.run_dir / "summary.json")
             if log.path.exists():
                 plot_losses(log.path, self.run_dir / "loss.png", title=cfg.general.run)
             print(format_summary(summary, self.run_dir))
