@@ -317,3 +317,20 @@ def test_resume_in_fresh_processes_is_bit_identical(tmp_path):
     assert full[0]["losses"] != full[2]["losses"]  # different DP data
     assert not np.array_equal(full[0]["weights"]["up.weight"], full[1]["weights"]["up.weight"])  # TP shards
     assert np.array_equal(full[0]["weights"]["up.weight"], full[2]["weights"]["up.weight"])  # DP replicas
+
+
+def test_a_full_disk_is_named_as_such(ctx, tmp_path, monkeypatch):
+    # case 8: torch.save reports ENOSPC as "unexpected pos ..." with the OSError only in the chained traceback
+    import errno
+
+    def full(obj, f, *a, **kw):
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError as e:
+            raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 20800 vs 20694") from e
+
+    monkeypatch.setattr(torch, "save", full)
+    with pytest.raises(CheckpointError, match=r"cannot write .*pp0_dp0_tp0.pt.part: No space left on device "
+                                              r"\(errno 28\); free space there or set checkpoints.dir"):
+        _save(tmp_path, 1, ctx, _make(0))
+    assert list_checkpoints(tmp_path) == []

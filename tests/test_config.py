@@ -367,3 +367,28 @@ def test_module_entry_point_runs():
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "[model.low_rank]" in out.stdout and "hidden_size" in out.stdout
+
+
+# ---------------------------------------------------------------- hardening (issue 12)
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("model.rope_theta=0", "model.rope_theta: must be > 0"),
+    ("model.rms_norm_eps=0", "model.rms_norm_eps: must be > 0"),
+    ("model.init_std=-0.02", "model.init_std: must be > 0"),
+    ("optimizer.lr=.inf", "optimizer.lr: must be a finite number, got inf"),
+    ("optimizer.weight_decay=-0.1", "optimizer.weight_decay: must be >= 0"),
+    ("optimizer.muon_momentum=1.0", "optimizer.muon_momentum: must be in [0, 1)"),
+    ("optimizer.eps=0", "optimizer.eps: must be > 0"),
+    ("optimizer.clip_grad=.nan", "optimizer.clip_grad: must be a finite number"),
+    ("logging.peak_tflops=0", "logging.peak_tflops: must be a number > 0"),
+])
+def test_values_that_give_a_non_finite_loss_are_rejected(tmp_path, override, expected):
+    # case 3 (config side): these used to pass validation and train on NaN
+    assert expected in error_of(tmp_path, "", [override])
+
+
+@pytest.mark.parametrize("run", ["/tmp/elsewhere", "../sibling", "a/../../b", "", "..\\\\up"])
+def test_run_name_cannot_leave_output_dir(tmp_path, run):
+    # case 6: general.run was joined to general.output_dir unchecked
+    assert "general.run: " in error_of(tmp_path, "", [f"general.run={run!r}" if run else "general.run=''"])

@@ -450,5 +450,58 @@ def test_cli_prepare_reports_data_errors_without_a_traceback(tmp_path, monkeypat
     fake = types.ModuleType("nanotron_ext.config.loader")
     fake.load_config = lambda path, overrides: make_config(tmp_path, paths=[tmp_path / "missing.jsonl"])
     monkeypatch.setitem(sys.modules, "nanotron_ext.config.loader", fake)
-    assert main(["prepare", "--config-file", "run.yaml", "--no-progress"]) == 1
+    assert main(["prepare", "--config-file", "run.yaml", "--no-progress"]) == 2
     assert "error: data.paths[0]:" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- hardening (issue 12)
+
+
+def test_prepare_never_deletes_inputs_inside_or_around_prepared_dir(tmp_path):
+    # case 1: inputs in X/train/*.jsonl with prepared_dir X used to be replaced by token shards
+    write_corpus(tmp_path / "X" / "train")
+    before = {p: p.read_bytes() for p in (tmp_path / "X").rglob("*") if p.is_file()}
+    with pytest.raises(DataError, match=r"data.paths\[0\] .*X/train and data.prepared_dir .*X overlap"):
+        prepare(make_config(tmp_path, paths=[tmp_path / "X" / "train"], prepared="X"), progress=False)
+    # a folder prepare did not create is never replaced, even when the paths do not overlap
+    write_corpus(tmp_path / "in")
+    with pytest.raises(DataError, match=r"X/train exists but was not written by prepare"):
+        prepare(make_config(tmp_path, paths=[tmp_path / "in"], prepared="X"), progress=False)
+    assert {p: p.read_bytes() for p in (tmp_path / "X").rglob("*") if p.is_file()} == before
+
+
+def test_a_non_utf8_line_fails_naming_file_and_line_and_skips_are_reported(tmp_path):
+    # case 5: a bad byte on line 21 silently dropped the rest of the file; on line 1 it said "no documents"
+    texts = corpus_texts()
+    lines = [json.dumps({"text": t}).encode() + b"\n" for t in texts]
+    for bad_line in (21, 1):
+        (tmp_path / "in").mkdir(exist_ok=True)
+        broken = lines[:bad_line - 1] + [b'{"text": "caf\xe9 au lait"}\n'] + lines[bad_line - 1:]
+        (tmp_path / "in" / "a.jsonl").write_bytes(b"".join(broken))
+        with pytest.raises(DataError, match=rf"in/a.jsonl: line {bad_line} is not valid UTF-8 .*re-encode"):
+            prepare(make_config(tmp_path, paths=[tmp_path / "in"]), progress=False)
+    # rows without text are skipped, and the report says how many, per file
+    (tmp_path / "in" / "a.jsonl").write_bytes(b"".join(lines + [b'{"text": ""}\n', b'{"body": "x"}\n']))
+    report = prepare(make_config(tmp_path, paths=[tmp_path / "in"]), progress=False)
+    assert report.manifest["documents"] == N_DOCS
+    assert f"in/a.jsonl: {N_DOCS} documents read, 2 rows skipped" in report.summary()
+
+
+def test_prepare_rebuilds_missing_outputs_and_damaged_shards_are_detected(prepared, tmp_path):
+    # case 10: a deleted train/ was "skipped: all"; a shard overwritten with same-size bytes went unnoticed
+    root, cfg, _, report = prepared
+    copy = make_config(root, paths=cfg.data.paths, prepared=str(tmp_path / "copy"))
+    prep = Path(copy.data.prepared_dir)
+    shutil.copytree(cfg.data.prepared_dir, prep)
+    shutil.rmtree(prep / "train")
+    again = prepare(copy, progress=False)
+    assert again.skipped == ["tokenizer", "validation"] and again.manifest["splits"] == report.manifest["splits"]
+    shard = next((prep / "train").glob("*.ds"))
+    assert len(take(build_train_loader(copy), 1)) == 1  # verified, stamped
+    shard.write_bytes(bytes(shard.stat().st_size))  # zeros, same size
+    with pytest.raises(DataError, match=rf"shard {shard} does not match its sha256 .*prepare --verify"):
+        build_train_loader(copy)
+    assert prepare(copy, progress=False).skipped == ["all"]  # sizes match: only --verify hashes
+    rebuilt = prepare(copy, progress=False, verify=True)
+    assert rebuilt.skipped == ["tokenizer", "validation"] and f"rebuilt train: {shard} does not match" in rebuilt.summary()
+    assert len(take(build_train_loader(copy), 1)) == 1

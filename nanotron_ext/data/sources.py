@@ -3,6 +3,7 @@
 Parsing uses datatrove's readers (JsonlReader, ParquetReader, HuggingFaceDatasetReader with
 load_from_disk); we only list files ourselves and check what the readers merely warn about
 (rows with no text under `text_key`), so a misconfigured key fails with the file and key named.
+jsonl lines are decoded one by one: a line that is not UTF-8 or not JSON fails naming file and line.
 """
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ from typing import Callable, Dict, Iterator, List, Optional
 from datatrove.data import Document
 
 from nanotron_ext.config.schema import DataConfig
+from nanotron_ext.errors import UserFacingError
 
 
-class DataError(ValueError):
+class DataError(UserFacingError, ValueError):
     """Unusable data: the message names the file, key or numbers involved."""
 
 
@@ -93,11 +95,41 @@ def source_fingerprint(data: DataConfig) -> Dict[str, object]:
     return fp
 
 
+def _strict_jsonl_reader(folder: str, text_key: str, adapter: Callable):
+    """datatrove's JsonlReader, but decoding and parsing each line on its own: a bad byte or malformed line fails
+    naming file and line, where JsonlReader drops the rest of the file (bad bytes) or the line with a warning."""
+    import orjson
+    from datatrove.pipeline.readers import JsonlReader
+
+    class StrictJsonlReader(JsonlReader):
+        def read_file(self, filepath: str) -> Iterator[Document]:
+            where = Path(folder) / filepath
+            with self.data_folder.open(filepath, "rb", compression=self.compression) as f:
+                for li, raw in enumerate(f):
+                    if not raw.strip():
+                        continue  # blank lines carry no row
+                    try:
+                        raw.decode("utf-8")
+                    except UnicodeDecodeError as e:
+                        raise DataError(f"{where}: line {li + 1} is not valid UTF-8 ({e.reason} at byte "
+                                        f"{e.start}); fix or remove that line, or re-encode the file as UTF-8") from None
+                    try:
+                        row = orjson.loads(raw)
+                    except orjson.JSONDecodeError as e:
+                        raise DataError(f"{where}: line {li + 1} is not valid JSON ({e}); fix or remove that line") from None
+                    document = self.get_document_from_dict(row, filepath, li)
+                    if document:
+                        yield document
+
+    return StrictJsonlReader(folder, text_key=text_key, adapter=adapter)
+
+
 class _RowAudit:
     """Counts rows and text-less rows of the file being read, through the reader's adapter hook."""
 
-    def __init__(self, text_key: str) -> None:
+    def __init__(self, text_key: str, stats: Optional[Dict[str, Dict[str, int]]] = None) -> None:
         self.text_key = text_key
+        self.stats = stats
         self.file = ""
         self.rows = self.docs = 0
         self.keys: List[str] = []
@@ -123,19 +155,24 @@ class _RowAudit:
         return adapt
 
     def check(self) -> None:
+        if self.stats is not None:
+            self.stats[self.file] = {"read": self.docs, "skipped": self.rows - self.docs}
         if self.rows and not self.docs:
             raise DataError(f"{self.file}: none of its {self.rows} rows has text under data.text_key="
                             f"{self.text_key!r}; its rows have keys {self.keys}")
 
 
-def iter_documents(data: DataConfig, max_documents: Optional[int] = None) -> Iterator[Document]:
+def iter_documents(data: DataConfig, max_documents: Optional[int] = None,
+                   stats: Optional[Dict[str, Dict[str, int]]] = None) -> Iterator[Document]:
     """Every document with text, in a fixed order (the same on every call); raises DataError on an empty corpus.
 
-    Malformed jsonl lines are skipped by datatrove's JsonlReader with a logged warning naming the file.
+    Policy: a jsonl line that is not UTF-8 or not JSON fails, naming file and line (nothing is dropped
+    silently); rows without text under `text_key` are skipped and counted. With `stats`, each fully read
+    file gets {"read": documents, "skipped": rows without text} (jsonl, parquet, hf_disk).
     """
     files = input_files(data)
     n = 0
-    for doc in _read(data, files):
+    for doc in _read(data, files, stats):
         if max_documents is not None and n >= max_documents:
             return
         n += 1
@@ -145,7 +182,7 @@ def iter_documents(data: DataConfig, max_documents: Optional[int] = None) -> Ite
         raise DataError(f"no documents with text under data.text_key={data.text_key!r} in {shown}")
 
 
-def _read(data: DataConfig, files: List[Path]) -> Iterator[Document]:
+def _read(data: DataConfig, files: List[Path], stats: Optional[Dict[str, Dict[str, int]]] = None) -> Iterator[Document]:
     if data.source == "sotu":
         # datatrove has no reader for a folder of plain .txt files; one file is one document.
         for f in files:
@@ -153,7 +190,7 @@ def _read(data: DataConfig, files: List[Path]) -> Iterator[Document]:
             if text.strip():
                 yield Document(text=text, id=f.stem, metadata={"file": str(f)})
         return
-    audit = _RowAudit(data.text_key)
+    audit = _RowAudit(data.text_key, stats)
     for f in files:
         audit.start(f)
         if data.source == "hf_disk":
@@ -163,10 +200,12 @@ def _read(data: DataConfig, files: List[Path]) -> Iterator[Document]:
                                               adapter=audit.adapter())
             docs = reader.run()
         else:
-            from datatrove.pipeline.readers import JsonlReader, ParquetReader
+            from datatrove.pipeline.readers import ParquetReader
 
-            cls = JsonlReader if data.source == "jsonl" else ParquetReader
-            reader = cls(str(f.parent), text_key=data.text_key, adapter=audit.adapter())
+            if data.source == "jsonl":
+                reader = _strict_jsonl_reader(str(f.parent), data.text_key, audit.adapter())
+            else:
+                reader = ParquetReader(str(f.parent), text_key=data.text_key, adapter=audit.adapter())
             docs = reader.read_file(f.name)
         yield from docs
         audit.check()

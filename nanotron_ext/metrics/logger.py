@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any, Dict, Optional
 
@@ -23,6 +24,7 @@ class MetricsLogger:
         if not is_main:
             return
         run_dir.mkdir(parents=True, exist_ok=True)
+        truncate_metrics(self.path, start_step)
         self._file = self.path.open("a", buffering=1)  # line-buffered: a crash loses at most one line
         if cfg.tensorboard:
             try:
@@ -79,7 +81,36 @@ def _short(value: Any) -> Any:
 
 
 def read_metrics(path: Path) -> list:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    """The records of a metrics file; a torn last line (a crash or full disk mid-write) is left out."""
+    lines = [line for line in Path(path).read_text().splitlines() if line.strip()]
+    records = []
+    for i, line in enumerate(lines):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i != len(lines) - 1:
+                raise ValueError(f"{path}: line {i + 1} is not JSON (only a torn last line is tolerated)") from None
+    return records
+
+
+def truncate_metrics(path: Path, step: int) -> None:
+    """Keep only records up to `step` (the step training resumes from) and drop a torn last line, atomically:
+    steps after the checkpoint are trained again and would otherwise appear twice."""
+    if not path.exists():
+        return
+    text = path.read_text()
+    kept = []
+    for line in text.splitlines():
+        try:
+            if json.loads(line)["step"] <= step:
+                kept.append(line)
+        except (json.JSONDecodeError, KeyError, TypeError):
+            pass  # a torn line from an interrupted write
+    new = "".join(line + "\n" for line in kept)
+    if new != text:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(new)
+        os.replace(tmp, path)
 
 
 def plot_losses(metrics_path: Path, out_png: Path, title: Optional[str] = None) -> Path:

@@ -2,30 +2,54 @@
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
-from typing import List, Optional
+from typing import List, NoReturn, Optional
+
+
+def _say(line: str) -> None:
+    """Every rank meets the same error; rank 0 alone prints it, before torchrun's own failure banner."""
+    if os.environ.get("RANK", "0") == "0":
+        print(line, file=sys.stderr, flush=True)
+
+
+def _interrupt(signum: int, frame: object) -> NoReturn:
+    raise KeyboardInterrupt  # torchrun stops its workers with SIGTERM when the user presses Ctrl-C
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     from nanotron_ext.config.loader import add_config_args, config_from_args
-    from nanotron_ext.config.schema import ConfigError
-    from nanotron_ext.data.sources import DataError
+    from nanotron_ext.errors import UserFacingError
 
     parser = argparse.ArgumentParser(prog="python -m nanotron_ext.train", description=__doc__)
     add_config_args(parser)
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # launched by torchrun: do not outlive it
+        from nanotron_ext.train.guard import exit_with_launcher
+
+        exit_with_launcher()
+    cfg = trainer = None
     try:
         cfg = config_from_args(args)
         from nanotron_ext.train.trainer import Trainer
 
         trainer = Trainer(cfg, config_file=args.config_file)
-    except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
+        trainer.train()
+    except UserFacingError as e:
+        _say(f"error: {e}")
         return 2
-    except DataError as e:
-        print(f"data error: {e}", file=sys.stderr)
+    except OSError as e:  # a full disk, a read-only folder: the message names the file
+        _say(f"error: {e}; free space there or make it writable (or set general.output_dir / checkpoints.dir)")
         return 2
-    trainer.train()
+    except KeyboardInterrupt:
+        from nanotron_ext.train.checkpoint import latest_checkpoint
+
+        last = latest_checkpoint(cfg.checkpoints.dir) if cfg is not None else None
+        _say(f"interrupted at step {trainer.step if trainer is not None else 0}; last complete checkpoint: "
+             f"{last or 'none'}" + (" (launch again to resume from it)" if last else ""))
+        return 130
     import torch.distributed as torch_dist
 
     if torch_dist.is_initialized():

@@ -55,6 +55,7 @@ import torch.distributed as torch_dist
 from torch import nn
 
 from nanotron_ext import __version__
+from nanotron_ext.errors import UserFacingError
 
 __all__ = [
     "CheckpointError",
@@ -64,6 +65,7 @@ __all__ = [
     "load_checkpoint",
     "list_checkpoints",
     "read_meta",
+    "remove_checkpoint",
 ]
 
 logger = logging.getLogger(__name__)
@@ -75,7 +77,7 @@ _COMPLETE_RE = re.compile(r"^step_(\d+)$")
 _STALE_RE = re.compile(r"^step_\d+\.(tmp|old)-[0-9a-f]+$")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserFacingError, RuntimeError):
     """A checkpoint that cannot be written or loaded; the message says which rank/file and why."""
 
 
@@ -149,6 +151,11 @@ def _fsync_dir(path: Path) -> None:
 def _sha256(path: Path) -> str:
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def remove_checkpoint(path: Path) -> None:
+    """Delete a checkpoint folder so that no crash leaves it looking complete."""
+    _remove_dir(Path(path))
 
 
 def _remove_dir(path: Path) -> None:
@@ -296,10 +303,18 @@ def latest_checkpoint(root: PathLike) -> Optional[Path]:
 # --------------------------------------------------------------------------------------------
 def _write_shard(tmp_dir: Path, payload: Dict[str, Any], name: str) -> Dict[str, Any]:
     part = tmp_dir / f"{name}.part"
-    with open(part, "wb") as f:
-        torch.save(payload, f)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(part, "wb") as f:
+            torch.save(payload, f)
+            f.flush()
+            os.fsync(f.fileno())
+    except (OSError, RuntimeError) as e:
+        # torch.save reports a full disk as "unexpected pos ..."; the OSError is only in the chain
+        cause = next((c for c in (e, e.__cause__, e.__context__) if isinstance(c, OSError)), None)
+        if cause is None:
+            raise
+        raise CheckpointError(f"cannot write {part}: {cause.strerror or cause} (errno {cause.errno}); free space "
+                              "there or set checkpoints.dir to a writable folder with room") from e
     final = tmp_dir / name
     os.replace(part, final)
     # Hashing re-reads the file (from page cache, normally) rather than buffering the whole
@@ -355,6 +370,7 @@ def save_checkpoint(
     scheduler: Optional[Stateful] = None,
     extra: Optional[Dict[str, Any]] = None,
     keep_last: Optional[int] = None,
+    config: Optional[Dict[str, Any]] = None,
 ) -> Path:
     """Write `root/step_<step>/` atomically; collective: every rank of the world must call it.
 
@@ -363,6 +379,7 @@ def save_checkpoint(
     dicts). With `keep_last`, older complete checkpoints beyond the newest `keep_last` are deleted
     afterwards (never the one just written), as are leftovers of interrupted saves. Returns the
     checkpoint folder on every rank; raises CheckpointError on every rank if any rank failed.
+    `config` (the run configuration as a dict) goes into meta.json, to name what changed if a resume fails.
     """
     if keep_last is not None and keep_last < 1:
         raise ValueError(f"keep_last must be >= 1 or None, got {keep_last}")
@@ -427,6 +444,7 @@ def save_checkpoint(
             "nanotron_ext_version": __version__,
             "torch_version": torch.__version__,
             "created_unix": time.time(),
+            "config": config,
         }
         try:
             _finalize(root, tmp_dir, final, meta, keep_last)

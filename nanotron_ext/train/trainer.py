@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 import torch
+import torch.distributed as torch_dist
 from nanotron import distributed as dist
 
-from nanotron_ext.config.loader import save_config
+from nanotron_ext.config.loader import config_to_dict, save_config
 from nanotron_ext.config.schema import Config
 from nanotron_ext.data.loader import build_train_loader, build_validation_loader
+from nanotron_ext.errors import TrainingError
 from nanotron_ext.metrics.comm import total_sent_bytes
 from nanotron_ext.metrics.flops import device_peak_tflops, flops_per_token, matmul_weights, mfu
 from nanotron_ext.metrics.logger import MetricsLogger, plot_losses
@@ -31,7 +33,8 @@ from nanotron_ext.parallel.context import build_parallel_context
 from nanotron_ext.parallel.data_parallel import DataParallelSync
 from nanotron_ext.parallel.link import link_emulator_from_config
 from nanotron_ext.registry import DP_SYNCS
-from nanotron_ext.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from nanotron_ext.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
+from nanotron_ext.train.guard import claim_folders, resume_advice
 from nanotron_ext.train.pipeline_step import evaluate, forward_backward, make_engine
 
 
@@ -45,8 +48,7 @@ class Trainer:
         self.ctx = build_parallel_context(p.dp, p.tp, p.pp, backend=backend, timeout_s=cfg.general.collective_timeout_s)
         self.is_main = dist.get_rank(self.ctx.world_pg) == 0
         self.run_dir = Path(cfg.general.output_dir) / cfg.general.run
-        if self.is_main:
-            save_config(cfg, self.run_dir / "config.yaml")
+        self._locks = self._claim_folders()
         torch.manual_seed(cfg.general.seed)
         enable_nvtx(cfg.logging.nvtx)
 
@@ -63,16 +65,38 @@ class Trainer:
         self.step = 0
         ckpt = latest_checkpoint(cfg.checkpoints.dir) if cfg.checkpoints.resume == "auto" else None
         if ckpt is not None:
-            extra = load_checkpoint(ckpt, self.ctx, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
+            try:
+                extra = load_checkpoint(ckpt, self.ctx, model=self.model, optimizer=self.optimizer,
+                                        scheduler=self.scheduler)
+            except CheckpointError as e:
+                raise CheckpointError(f"{e}; {resume_advice(ckpt, config_to_dict(cfg))}") from None
             self.step = int(extra["step"])
             self.train_loader.load_state_dict(extra["loader"])
             self.dp_sync.load_state_dict(extra.get("dp_sync", {}))
             if self.is_main:
                 print(f"resumed from {ckpt} at step {self.step}")
+        # Written only once everything above succeeded and there is training left to do: a launch that
+        # fails, or finds the run complete, leaves the run folder as it was.
+        if self.is_main and self.step < cfg.tokens.train_steps:
+            save_config(cfg, self.run_dir / "config.yaml")
 
         self.flops_token = flops_per_token(cfg.model, self.matmul_params(), cfg.tokens.sequence_length)
         self.peak_tflops = device_peak_tflops(cfg.logging.peak_tflops)
         self.tokens_per_step = p.dp * cfg.tokens.batch_accumulation_per_replica * cfg.tokens.micro_batch_size * cfg.tokens.sequence_length
+
+    def _claim_folders(self) -> list:
+        """Rank 0 locks the run and checkpoint folders for this process's life; every rank learns the verdict."""
+        locks, error = [], None
+        if self.is_main:
+            try:
+                locks = claim_folders(self.run_dir, Path(self.cfg.checkpoints.dir), self.cfg.checkpoints.resume)
+            except TrainingError as e:
+                error = str(e)
+        box = [error]
+        torch_dist.broadcast_object_list(box, src=0, group=self.ctx.world_pg)
+        if box[0] is not None:
+            raise TrainingError(box[0])
+        return locks
 
     def matmul_params(self) -> int:
         """Matmul weights of the whole model (all stages, unsharded), embedding lookups excluded."""
@@ -95,13 +119,28 @@ class Trainer:
         with nvtx_range("clip_grad"):
             grad_norm = clip_grad_norm_(self.model.parameters(), cfg.optimizer.clip_grad, self.ctx.tp_pg, self.ctx.pp_pg)
         lr = self.optimizer.param_groups[0]["lr"]
+        loss_value, grad_norm = loss.item(), float(grad_norm)
+        if self._any_rank(not (math.isfinite(loss_value) and math.isfinite(grad_norm))):
+            raise TrainingError(f"step {self.step + 1}: the loss is {loss_value} and the gradient norm {grad_norm} "
+                                f"(not finite); stopped before the optimizer step, nothing was saved. "
+                                f"{self._resume_hint()}; lower optimizer.lr or check the model.* values")
         with nvtx_range("optimizer_step"):
             self.optimizer.step()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
             self.model.after_optimizer_step()
             self.dp_sync.after_step(self.step + 1)
-        return {"loss": loss.item(), "grad_norm": float(grad_norm), "lr": lr}
+        return {"loss": loss_value, "grad_norm": grad_norm, "lr": lr}
+
+    def _any_rank(self, flag: bool) -> bool:
+        """True on every rank when `flag` is true on any: all ranks must stop (or go on) together."""
+        t = torch.tensor([float(flag)], device=self.ctx.device)
+        torch_dist.all_reduce(t, group=self.ctx.world_pg)  # not nanotron's dist: training traffic only in the ledger
+        return bool(t.item())
+
+    def _resume_hint(self) -> str:
+        last = latest_checkpoint(self.cfg.checkpoints.dir)
+        return f"the last complete checkpoint is {last}" if last else f"there is no complete checkpoint in {self.cfg.checkpoints.dir}"
 
     def validate(self) -> Dict[str, float]:
         batches = list(itertools.islice(self.val_loader, self.cfg.tokens.val_steps))
@@ -114,11 +153,14 @@ class Trainer:
         return {"val_loss": val, "val_ppl": math.exp(min(val, 50.0))}
 
     def save(self) -> Path:
+        if self._any_rank(not all(bool(torch.isfinite(q).all()) for q in self.model.parameters())):
+            raise TrainingError(f"step {self.step}: the weights are not finite after the optimizer step; not saving "
+                                f"them. {self._resume_hint()}; lower optimizer.lr")
         return save_checkpoint(
             self.cfg.checkpoints.dir, self.step, self.ctx, model=self.model, optimizer=self.optimizer,
             scheduler=self.scheduler, extra={"step": self.step, "loader": self.train_loader.state_dict(),
-                   "dp_sync": self.dp_sync.state_dict()},
-            keep_last=self.cfg.checkpoints.keep_last,
+                                             "dp_sync": self.dp_sync.state_dict()},
+            keep_last=self.cfg.checkpoints.keep_last, config=config_to_dict(self.cfg),
         )
 
     def train(self, stop_after: Optional[int] = None) -> Dict[str, object]:
@@ -126,6 +168,8 @@ class Trainer:
         cfg = self.cfg
         total = cfg.tokens.train_steps
         end = min(total, stop_after) if stop_after is not None else total
+        if self.step >= end:  # nothing to train: report, and rewrite nothing in the run folder
+            return self._report_complete() if self.step >= total else {}
         log = MetricsLogger(self.run_dir, cfg.logging, total, self.step, self.is_main)
         history: List[Dict[str, object]] = []
         val: Dict[str, float] = {}
@@ -163,11 +207,24 @@ class Trainer:
             log.close()
         summary = self._summary(history, val)
         if self.is_main:
-            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+            tmp = self.run_dir / "summary.json.tmp"  # atomic: a crash never leaves a half-written summary
+            tmp.write_text(json.dumps(summary, indent=2))
+            os.replace(tmp, self.run_dir / "summary.json")
             if log.path.exists():
                 plot_losses(log.path, self.run_dir / "loss.png", title=cfg.general.run)
             print(format_summary(summary, self.run_dir))
         return summary
+
+    def _report_complete(self) -> Dict[str, object]:
+        path = self.run_dir / "summary.json"
+        stored = json.loads(path.read_text()) if path.exists() else {}
+        if self.is_main:
+            print(f"run {self.run_dir} is complete (step {self.step} of {self.cfg.tokens.train_steps}, checkpoints in "
+                  f"{self.cfg.checkpoints.dir}); nothing to do. Its stored results:" if stored else
+                  f"run {self.run_dir} is complete (step {self.step}) but has no {path.name}; nothing to do")
+            if stored:
+                print(format_summary(stored, self.run_dir))
+        return stored
 
     def _summary(self, history: List[Dict[str, object]], val: Dict[str, float]) -> Dict[str, object]:
         timed = history[1:] or history  # the first step pays one-off start-up costs

@@ -1,0 +1,11 @@
+"""The one base class of errors a user can fix: entry points print their message as one line, from one
+rank, and exit with code 2 instead of showing a traceback per rank."""
+from __future__ import annotations
+
+
+class UserFacingError(Exception):
+    """An error whose message alone says what is wrong (file, key, value) and what to do."""
+
+
+class TrainingError(UserFacingError, RuntimeError):
+    """Training cannot go on (a non-finite loss, a run folder in use); the message names the step or folder."""

@@ -1,0 +1,53 @@
+"""Issue 12, "Nothing lost, nothing silent": regression tests for the cases that have no natural home
+in test_data / test_checkpoint / test_trainer / test_config (metrics, entry points, orphaned workers)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from nanotron_ext.config.schema import LoggingConfig
+from nanotron_ext.metrics.logger import MetricsLogger, read_metrics
+from tests.conftest import SMALL_VOCAB
+from tests.helpers.dist import free_port
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = REPO / "examples" / "config_tiny_llama.yaml"
+
+
+def test_resume_truncates_metrics_to_the_checkpoint_and_tolerates_a_torn_line(tmp_path: Path) -> None:
+    # case 7: a torn last line broke the next run's JSON parsing; steps after the checkpoint appeared twice
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "loss": 1.0 / s}) + "\n" for s in range(1, 6)) + '{"step": 6, "lo')
+    log = MetricsLogger(tmp_path, LoggingConfig(progress_bar=False), 10, 3, is_main=True)  # resumed at step 3
+    log.log({"step": 4, "loss": 0.5})
+    log.close()
+    assert [r["step"] for r in read_metrics(path)] == [1, 2, 3, 4]
+    path.write_text(path.read_text() + '{"step": 5, "lo')  # a crash mid-line: still readable
+    assert [r["step"] for r in read_metrics(path)] == [1, 2, 3, 4]
+
+
+def test_a_damaged_tokenizer_is_one_line_naming_the_file_from_both_entry_points(small_corpus: Path, tmp_path: Path) -> None:
+    # case 8: a corrupt tokenizer.json gave a per-rank traceback ending in "stream did not contain valid UTF-8"
+    prepared = tmp_path / "prepared"
+    shutil.copytree(small_corpus, prepared)
+    tok = prepared / "tokenizer.json"
+    tok.write_bytes(b"\xff\xfe not json")
+    sets = [f"data.prepared_dir={prepared}", f"tokenizer.path={tok}", f"tokenizer.vocab_size={SMALL_VOCAB}",
+            f"model.vocab_size={SMALL_VOCAB}", "parallelism.dp=1", f"general.output_dir={tmp_path / 'runs'}",
+            f"checkpoints.dir={tmp_path / 'ckpt'}"]
+    env = {**os.environ, "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port())}
+    # prepare into a fresh folder meets the tokenizer first; training meets it reading the prepared folder
+    for module, extra in (("nanotron_ext.data", ["prepare", "--no-progress", "--max-documents", "40", "--set",
+                                                 f"data.prepared_dir={tmp_path / 'fresh'}"]),
+                          ("nanotron_ext.train", [])):
+        args = [sys.executable, "-m", module] + extra[:1] + ["--config-file", str(TINY)] + \
+            [a for s in sets for a in ("--set", s)] + extra[1:]
+        proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120, cwd=REPO)
+        assert proc.returncode == 2, (module, proc.stderr)
+        assert proc.stderr.startswith(f"error: tokenizer {tok} cannot be read (") and proc.stderr.count("\n") == 1, \
+            (module, proc.stderr)
