@@ -13,9 +13,7 @@ import dataclasses
 import difflib
 import functools
 import inspect
-import os
 import re
-import tempfile
 import textwrap
 import types
 import typing
@@ -26,6 +24,7 @@ from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, TypeVar,
 import yaml
 
 from nanotron_ext.config.schema import Config, ConfigError
+from nanotron_ext.fileio import write_text_atomic
 
 T = TypeVar("T")
 _NoneType = type(None)
@@ -368,22 +367,7 @@ def config_to_yaml(config: Config) -> str:
 
 def save_config(config: Config, path: str | Path) -> None:
     """Write the resolved config as YAML, atomically: readers never see a half-written file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = config_to_yaml(config)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    write_text_atomic(Path(path), config_to_yaml(config))
 
 
 def add_config_args(parser: argparse.ArgumentParser, *, required: bool = True) -> None:

@@ -21,7 +21,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
 
     from nanotron_ext.config.loader import load_config  # lazy: the YAML loader is its own module
-
     from nanotron_ext.data.prepare import prepare
     from nanotron_ext.errors import UserFacingError
 

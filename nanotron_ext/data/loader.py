@@ -12,7 +12,6 @@ fill one step for every replica). The state is (epoch, position), so resuming is
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Dict, Iterator, Mapping, Optional
 
@@ -20,8 +19,9 @@ import numpy as np
 import torch
 
 from nanotron_ext.config.schema import Config
-from nanotron_ext.data.prepare import FORMAT_VERSION, MANIFEST, SPLITS, load_tokenizer, sha256_file
+from nanotron_ext.data.prepare import FORMAT_VERSION, MANIFEST, SPLITS, load_tokenizer
 from nanotron_ext.data.sources import DataError, DataNotPreparedError
+from nanotron_ext.fileio import sha256_file, write_text_atomic
 
 _ORDER_STREAM = 2  # SeedSequence tag: the epoch permutations draw from their own stream of general.seed
 Batch = Dict[str, torch.Tensor]
@@ -213,9 +213,7 @@ def _verify_once(split_dir: Path, digests: Dict[str, str], config_file: Optional
                             f"prepare): rebuild it with `python -m nanotron_ext.data prepare --verify --config-file "
                             f"{config_file or '<your config.yaml>'}`")
     try:
-        tmp = stamp.with_name(f"{stamp.name}.{os.getpid()}.tmp")  # ranks may verify at once
-        tmp.write_text(json.dumps(seen))
-        os.replace(tmp, stamp)
+        write_text_atomic(stamp, json.dumps(seen))  # ranks may verify at once: unique temp files
     except OSError:
         pass  # a read-only data folder: verify again next time
 

@@ -11,7 +11,6 @@ Documents are streamed (one pass to count, one per later step) instead of being 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import shutil
@@ -25,6 +24,7 @@ from tqdm import tqdm
 
 from nanotron_ext.config.schema import Config
 from nanotron_ext.data.sources import DataError, iter_documents, source_fingerprint
+from nanotron_ext.fileio import sha256_file, write_text_atomic
 
 EOS_TOKEN = "<|endoftext|>"
 SPLITS = ("train", "validation")
@@ -34,15 +34,8 @@ FORMAT_VERSION = 1
 _SPLIT_STREAM = 1  # SeedSequence tag: the document split draws from its own stream of general.seed
 
 
-def sha256_file(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
 def _write_json_atomic(path: Path, obj: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
 def validation_indices(num_documents: int, seed: int, fraction: float) -> Set[int]:

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any, Dict, Optional
 
 from tqdm import tqdm
 
 from nanotron_ext.config.schema import LoggingConfig
+from nanotron_ext.fileio import write_text_atomic
 
 
 class MetricsLogger:
@@ -108,9 +108,7 @@ def truncate_metrics(path: Path, step: int) -> None:
             pass  # a torn line from an interrupted write
     new = "".join(line + "\n" for line in kept)
     if new != text:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(new)
-        os.replace(tmp, path)
+        write_text_atomic(path, new)
 
 
 def plot_losses(metrics_path: Path, out_png: Path, title: Optional[str] = None) -> Path:

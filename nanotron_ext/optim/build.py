@@ -4,9 +4,9 @@ from __future__ import annotations
 from collections import ChainMap, OrderedDict
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+import nanotron.distributed as dist
 import torch
 
-import nanotron.distributed as dist
 from nanotron_ext.config.schema import OptimizerConfig
 from nanotron_ext.optim.muon_tp import TensorParallelMuon
 from nanotron_ext.optim.param_groups import split_params

@@ -17,9 +17,8 @@ from __future__ import annotations
 
 from typing import Iterable, Optional
 
-import torch
-
 import nanotron.distributed as dist
+import torch
 
 
 def _counted_here(p: torch.Tensor, tp_rank: int) -> bool:

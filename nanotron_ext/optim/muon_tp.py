@@ -31,8 +31,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+import nanotron.distributed as dist
 import torch
-from torch.optim.optimizer import ParamsT
 from torch.optim._muon import (  # torch's Muon internals: the same NS and lr adjustment as torch.optim.Muon
     DEFAULT_A,
     DEFAULT_B,
@@ -41,10 +41,11 @@ from torch.optim._muon import (  # torch's Muon internals: the same NS and lr ad
     EPS,
     _adjust_lr,
     _zeropower_via_newtonschulz,
+)
+from torch.optim._muon import (
     muon as _torch_muon,
 )
-
-import nanotron.distributed as dist
+from torch.optim.optimizer import ParamsT
 
 Slices = Tuple[slice, ...]
 

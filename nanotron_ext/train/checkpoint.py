@@ -37,17 +37,15 @@ in the communication ledger that measures training traffic.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import random
-import re
 import shutil
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Protocol, Tuple, Union
+from typing import Any, Dict, List, Optional, Protocol, Tuple
 
 import numpy as np
 import torch
@@ -55,7 +53,20 @@ import torch.distributed as torch_dist
 from torch import nn
 
 from nanotron_ext import __version__
-from nanotron_ext.errors import UserFacingError
+from nanotron_ext.fileio import sha256_file
+from nanotron_ext.train.checkpoint_store import (
+    META_NAME,
+    CheckpointError,
+    PathLike,
+    check_loadable,
+    fsync_dir,
+    latest_checkpoint,
+    list_checkpoints,
+    read_meta,
+    remove_checkpoint,
+    remove_dir,
+    remove_stale,
+)
 
 __all__ = [
     "CheckpointError",
@@ -71,23 +82,12 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
-META_NAME = "meta.json"
-_COMPLETE_RE = re.compile(r"^step_(\d+)$")
-# Leftovers of interrupted saves (.tmp-) and of replaced/pruned checkpoints being deleted (.old-).
-_STALE_RE = re.compile(r"^step_\d+\.(tmp|old)-[0-9a-f]+$")
-
-
-class CheckpointError(UserFacingError, RuntimeError):
-    """A checkpoint that cannot be written or loaded; the message says which rank/file and why."""
-
-
 class Stateful(Protocol):
     def state_dict(self) -> Dict[str, Any]: ...
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> Any: ...
 
 
-PathLike = Union[str, os.PathLike]
 
 
 # --------------------------------------------------------------------------------------------
@@ -134,76 +134,6 @@ def _raise_if_any(errors: List[Optional[str]], what: str, cause: Optional[BaseEx
         raise CheckpointError(f"{what} failed on {len(failed)} rank(s): {detail}") from cause
 
 
-def _fsync_dir(path: Path) -> None:
-    # Makes renames inside `path` durable; some filesystems refuse directory fsync, which is harmless.
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-def remove_checkpoint(path: Path) -> None:
-    """Delete a checkpoint folder so that no crash leaves it looking complete."""
-    _remove_dir(Path(path))
-
-
-def _remove_dir(path: Path) -> None:
-    """Rename out of the `step_<N>` namespace first, then delete: a crash mid-delete never leaves a
-    half-deleted folder under a complete-looking name."""
-    if _COMPLETE_RE.match(path.name):
-        doomed = path.with_name(f"{path.name}.old-{uuid.uuid4().hex[:12]}")
-        os.replace(path, doomed)
-        path = doomed
-    shutil.rmtree(path)
-
-
-def _remove_stale(root: Path) -> None:
-    for child in root.iterdir():
-        if child.is_dir() and _STALE_RE.match(child.name):
-            try:
-                shutil.rmtree(child)
-            except OSError as e:  # a leftover we cannot delete must not stop training
-                logger.warning("could not remove stale checkpoint folder %s: %s", child, e)
-
-
-_ALLOWED_LEAVES = (int, float, bool, complex, str, bytes, type(None), torch.Size, torch.dtype, torch.device)
-
-
-def _check_loadable(obj: Any, path: str) -> None:
-    """Reject what `torch.load(weights_only=True)` would refuse, at save time and naming the key,
-    instead of producing a checkpoint that cannot be loaded."""
-    if type(obj) in (torch.Tensor, nn.Parameter) or isinstance(obj, _ALLOWED_LEAVES):
-        if isinstance(obj, (np.generic,)):  # np.float64 subclasses float but is not loadable
-            raise TypeError(f"checkpoint value {path} is a numpy {type(obj).__name__}; use .item()")
-        return
-    if isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            _check_loadable(v, f"{path}[{i}]")
-        return
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            if not isinstance(k, (str, int, float, bool, type(None), tuple)):
-                raise TypeError(f"checkpoint key {path}[{k!r}] has type {type(k).__name__}; use str/int keys")
-            _check_loadable(v, f"{path}[{k!r}]")
-        return
-    hint = " (use torch.from_numpy(...) or .tolist())" if isinstance(obj, np.ndarray) else ""
-    raise TypeError(
-        f"checkpoint value {path} has type {type(obj).__module__}.{type(obj).__qualname__}, which "
-        f"torch.load(weights_only=True) cannot read back; store tensors, numbers, strings, lists or dicts{hint}"
-    )
-
-
 # --------------------------------------------------------------------------------------------
 # RNG states, as weights_only-loadable values
 # --------------------------------------------------------------------------------------------
@@ -245,59 +175,6 @@ def _set_rng_state(state: Dict[str, Any]) -> None:
 # --------------------------------------------------------------------------------------------
 # Discovery
 # --------------------------------------------------------------------------------------------
-def read_meta(path: PathLike) -> Dict[str, Any]:
-    """The parsed meta.json of a checkpoint folder (step, layout, files, versions)."""
-    with open(Path(path) / META_NAME) as f:
-        return json.load(f)
-
-
-def _complete_problem(path: Path) -> Optional[str]:
-    """Why `path` is not a complete checkpoint, or None if it is. Cheap: stats, no hashing."""
-    m = _COMPLETE_RE.match(path.name)
-    if m is None or not path.is_dir():
-        return "not a step_<N> folder"
-    try:
-        meta = read_meta(path)
-    except (OSError, ValueError) as e:
-        return f"unreadable {META_NAME}: {e}"
-    try:
-        if int(meta["step"]) != int(m.group(1)):
-            return f"{META_NAME} says step {meta['step']}"
-        for entry in meta["files"]:
-            size = (path / entry["name"]).stat().st_size
-            if size != entry["bytes"]:
-                return f"{entry['name']} has {size} bytes, {META_NAME} says {entry['bytes']}"
-    except (KeyError, TypeError, ValueError) as e:
-        return f"malformed {META_NAME}: {e!r}"
-    except OSError as e:
-        return f"missing file: {e}"
-    return None
-
-
-def list_checkpoints(root: PathLike) -> List[Tuple[int, Path]]:
-    """Complete checkpoints under `root` as (step, path), oldest step first; others are skipped with a warning."""
-    root = Path(root)
-    if not root.is_dir():
-        return []
-    found = []
-    for child in root.iterdir():
-        m = _COMPLETE_RE.match(child.name)
-        if m is None or not child.is_dir():
-            continue
-        problem = _complete_problem(child)
-        if problem is None:
-            found.append((int(m.group(1)), child))
-        else:
-            logger.warning("skipping incomplete checkpoint %s: %s", child, problem)
-    return sorted(found)
-
-
-def latest_checkpoint(root: PathLike) -> Optional[Path]:
-    """The complete checkpoint with the highest step under `root`, or None."""
-    found = list_checkpoints(root)
-    return found[-1][1] if found else None
-
-
 # --------------------------------------------------------------------------------------------
 # Save
 # --------------------------------------------------------------------------------------------
@@ -319,7 +196,7 @@ def _write_shard(tmp_dir: Path, payload: Dict[str, Any], name: str) -> Dict[str,
     os.replace(part, final)
     # Hashing re-reads the file (from page cache, normally) rather than buffering the whole
     # serialised shard in memory twice.
-    return {"name": name, "bytes": final.stat().st_size, "sha256": _sha256(final)}
+    return {"name": name, "bytes": final.stat().st_size, "sha256": sha256_file(final)}
 
 
 def _finalize(root: Path, tmp_dir: Path, final: Path, meta: Dict[str, Any], keep_last: Optional[int]) -> None:
@@ -330,7 +207,7 @@ def _finalize(root: Path, tmp_dir: Path, final: Path, meta: Dict[str, Any], keep
         f.flush()
         os.fsync(f.fileno())
     os.replace(meta_part, tmp_dir / META_NAME)
-    _fsync_dir(tmp_dir)
+    fsync_dir(tmp_dir)
 
     # Re-saving an existing step (e.g. the final save after resuming at the end): move the old one
     # out of the step_<N> namespace first; rename cannot replace a non-empty directory.
@@ -344,7 +221,7 @@ def _finalize(root: Path, tmp_dir: Path, final: Path, meta: Dict[str, Any], keep
         if displaced is not None:  # put the previous checkpoint of this step back
             os.replace(displaced, final)
         raise
-    _fsync_dir(root)
+    fsync_dir(root)
 
     try:
         if displaced is not None:
@@ -354,8 +231,8 @@ def _finalize(root: Path, tmp_dir: Path, final: Path, meta: Dict[str, Any], keep
             keep = {p for _, p in complete[-keep_last:]} | {final}  # never the one just written
             for _, p in complete:
                 if p not in keep:
-                    _remove_dir(p)
-        _remove_stale(root)
+                    remove_dir(p)
+        remove_stale(root)
     except OSError as e:  # the new checkpoint is complete; failing to prune must not stop training
         logger.warning("checkpoint %s is complete but pruning %s failed: %s", final, root, e)
 
@@ -394,7 +271,7 @@ def save_checkpoint(
     if rank == 0:
         try:
             root.mkdir(parents=True, exist_ok=True)
-            _remove_stale(root)
+            remove_stale(root)
             tmp_dir = root / f"step_{int(step)}.tmp-{uuid.uuid4().hex[:12]}"
             tmp_dir.mkdir()
             msg = (str(tmp_dir), None)
@@ -422,7 +299,7 @@ def save_checkpoint(
             "rng": _get_rng_state(),
             "extra": dict(extra) if extra is not None else {},
         }
-        _check_loadable(payload, "checkpoint")
+        check_loadable(payload, "checkpoint")
         record = {**_write_shard(tmp_dir, payload, _shard_name(coords)), "rank": payload["rank"], **coords}
     except Exception as e:  # reported to all ranks below, so no rank waits for a file that never comes
         local_error = e
@@ -498,7 +375,7 @@ def load_checkpoint(
         size = file.stat().st_size
         if size != entry["bytes"]:
             raise CheckpointError(f"{file} has {size} bytes, {META_NAME} says {entry['bytes']}")
-        if verify and _sha256(file) != entry["sha256"]:
+        if verify and sha256_file(file) != entry["sha256"]:
             raise CheckpointError(f"{file} does not match the sha256 in {META_NAME} (corrupted?)")
         # map_location=cpu: load_state_dict copies into the live tensors' devices, so loading to
         # CPU avoids a second full copy on the accelerator.

@@ -10,12 +10,12 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import os
+import re
 import signal
 import socket
 import threading
 import time
 from pathlib import Path
-import re
 from typing import IO, Any, Dict, List, Optional, Union
 
 from nanotron_ext.errors import TrainingError

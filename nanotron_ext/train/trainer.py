@@ -19,6 +19,7 @@ from nanotron_ext.config.loader import config_to_dict, save_config
 from nanotron_ext.config.schema import Config
 from nanotron_ext.data.loader import build_train_loader, build_validation_loader
 from nanotron_ext.errors import TrainingError
+from nanotron_ext.fileio import write_text_atomic
 from nanotron_ext.metrics.comm import total_sent_bytes
 from nanotron_ext.metrics.flops import device_peak_tflops, flops_per_token, matmul_weights, mfu
 from nanotron_ext.metrics.logger import MetricsLogger, plot_losses
@@ -207,9 +208,7 @@ class Trainer:
             log.close()
         summary = self._summary(history, val)
         if self.is_main:
-            tmp = self.run_dir / "summary.json.tmp"  # atomic: a crash never leaves a half-written summary
-            tmp.write_text(json.dumps(summary, indent=2))
-            os.replace(tmp, self.run_dir / "summary.json")
+            write_text_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2))
             if log.path.exists():
                 plot_losses(log.path, self.run_dir / "loss.png", title=cfg.general.run)
             print(format_summary(summary, self.run_dir))
