@@ -38,6 +38,9 @@ def test_summary_edge_cases() -> None:
     times = [9.0, 7.0, 1.0, 2.0, 3.0, 6.0]
     s = timing.summarize(times, warmup=2)
     assert (s.n, s.mean, s.median) == (4, pytest.approx(3.0), pytest.approx(2.5))
+    assert s.std == pytest.approx(statistics.stdev([1.0, 2.0, 3.0, 6.0]))
+    assert (s.min, s.max) == (1.0, 6.0)
+    assert s.sem == pytest.approx(s.std / 2)
     assert timing.summarize([4.0], 0).std == 0.0
     with pytest.raises(ValueError):
         timing.summarize([1.0, 2.0], warmup=2)
@@ -140,6 +143,9 @@ def test_paper_claims_held_not_held_and_not_measured() -> None:
     # an ordering that holds only with equality
     eq = paper.PaperClaim("no slower", "speedup", None, ">=", 1.0, where={"micro_batch": 1})
     assert paper.evaluate([eq], [{"micro_batch": 1, "speedup": 1.0}])[0].held is True
+    same = paper.PaperClaim("identical FLOPs", "flops_ratio", 1.0, "==", 1.0)
+    assert [v.held for v in paper.evaluate([same], [{"flops_ratio": 1.0}])] == [True]
+    assert [v.held for v in paper.evaluate([same], [{"flops_ratio": 0.999}])] == [False]
     with pytest.raises(ValueError):
         paper.PaperClaim("bad", "x", 1.0, relation="~")
 
@@ -250,3 +256,18 @@ def test_saved_tensor_bytes_counts_saved_storages_and_checkpoint_inputs() -> Non
         owner.checkpoint(lambda d: model(d["h"]), inner, use_reentrant=False).sum().backward()
     assert owner.checkpoint is checkpoint  # restored on exit
     assert ck.bytes >= 5 * 8 * 4
+
+
+def test_a_value_only_claim_is_shown_not_judged() -> None:
+    c = paper.PaperClaim("Eff, 7B GPU (MB/ms)", "eff", 113.7, relation=None, where={"s": "vanilla"})
+    (v,) = paper.evaluate([c], [{"s": "vanilla", "eff": 0.8}])
+    assert v.held is None and v.status == "value only" and "claimed" not in v.line()
+    assert paper.verdict_table([v])[1][0][-2:] == ["-", "value only"]
+
+
+def test_an_ordering_inside_two_standard_errors_is_flagged_as_noise() -> None:
+    c = paper.PaperClaim("btp vs full rank", "speedup", 1.91, ">", 1.0, where={"n": "btp"}, err_column="speedup_err")
+    (v,) = paper.evaluate([c], [{"n": "btp", "speedup": 1.05, "speedup_err": 0.04}])
+    assert v.held is True and v.within_noise and v.status == "held (within noise: 2 s.e.)"
+    (v,) = paper.evaluate([c], [{"n": "btp", "speedup": 1.35, "speedup_err": 0.03}])
+    assert v.status == "held" and v.as_dict()["measured_err"] == 0.03

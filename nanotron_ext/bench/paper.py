@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 _RELATIONS: Dict[str, Callable[[float, float], bool]] = {
     ">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le,
+    "==": lambda a, b: math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12),  # "identical" (e.g. FLOP counts)
 }
 
 
@@ -30,19 +31,20 @@ class PaperClaim:
     name: str                      # what is compared, e.g. "grouped vs ungrouped block time, bz=1"
     column: str                    # the measured row column the paper's number sits beside
     paper: Optional[float]         # the paper's value of that quantity (None: ordering only)
-    relation: str = ">"            # the ordering claimed: measured <relation> than
+    relation: Optional[str] = ">"  # the ordering claimed: measured <relation> than (None: value only)
     than: float = 1.0
     where: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # selects the row: column == value
+    err_column: Optional[str] = None  # the row's standard error of `column`, if measured: flags noise
     source: str = ""               # "Table 3", "Fig. 6 (left)"
     setting: str = ""              # the paper's set-up, e.g. "CoLA LLaMA-7B, TP=4, GPU"
 
     def __post_init__(self) -> None:
-        if self.relation not in _RELATIONS:
+        if self.relation is not None and self.relation not in _RELATIONS:
             raise ValueError(f"relation must be one of {sorted(_RELATIONS)}, got {self.relation!r}")
 
     @property
     def ordering(self) -> str:
-        return f"{self.relation} {self.than:g}"
+        return "-" if self.relation is None else f"{self.relation} {self.than:g}"
 
     def matches(self, row: Mapping[str, Any]) -> bool:
         return all(row.get(k) == v for k, v in self.where.items())
@@ -50,11 +52,18 @@ class PaperClaim:
 
 @dataclasses.dataclass(frozen=True)
 class Verdict:
-    """A claim checked on measured rows. `held` is None when the value was not measured."""
+    """A claim checked on measured rows. `held` is None when the value was not measured or the
+    claim states a value only (a different scale than ours: shown, not judged)."""
 
     claim: PaperClaim
     measured: Optional[float]
     held: Optional[bool]
+    err: Optional[float] = None  # standard error of `measured`, when the row has one
+
+    @property
+    def within_noise(self) -> bool:
+        """The ordering is decided by less than 2 standard errors."""
+        return self.measured is not None and self.err is not None and abs(self.measured - self.claim.than) <= 2 * self.err
 
     @property
     def ours_over_paper(self) -> Optional[float]:
@@ -65,7 +74,10 @@ class Verdict:
 
     @property
     def status(self) -> str:
-        return {True: "held", False: "NOT held", None: "not measured"}[self.held]
+        if self.measured is not None and self.claim.relation is None:
+            return "value only"
+        status = {True: "held", False: "NOT held", None: "not measured"}[self.held]
+        return status + (" (within noise: 2 s.e.)" if self.held is not None and self.within_noise else "")
 
     def line(self) -> str:
         """One printable line: paper value, ours, the ordering and whether it held."""
@@ -73,13 +85,15 @@ class Verdict:
         paper = "-" if c.paper is None else f"{c.paper:.4g}"
         ours = "-" if self.measured is None else f"{self.measured:.4g}"
         src = f"[{c.source}] " if c.source else ""
-        return f"{src}{c.name}: paper {paper}, ours {ours}; claimed {c.column} {c.ordering}: {self.status}"
+        claimed = f"; claimed {c.column} {c.ordering}" if c.relation else ""
+        return f"{src}{c.name}: paper {paper}, ours {ours}{claimed}: {self.status}"
 
     def as_dict(self) -> Dict[str, Any]:
         c = self.claim
         return {"name": c.name, "source": c.source, "setting": c.setting, "column": c.column,
                 "where": dict(c.where), "paper": c.paper, "measured": self.measured, "claimed": c.ordering,
-                "held": self.held, "ours_over_paper": self.ours_over_paper}
+                "held": self.held, "measured_err": self.err, "within_noise": self.within_noise,
+                "ours_over_paper": self.ours_over_paper}
 
 
 def _finite(v: Any) -> Optional[float]:
@@ -88,11 +102,12 @@ def _finite(v: Any) -> Optional[float]:
     return float(v) if math.isfinite(v) else None
 
 
-def measured_value(claim: PaperClaim, rows: Sequence[Mapping[str, Any]]) -> Optional[float]:
-    """The claim's column in the first row that matches its `where` (None: no such row or value)."""
+def measured_value(claim: PaperClaim, rows: Sequence[Mapping[str, Any]], column: Optional[str] = None) -> Optional[float]:
+    """The claim's column (or `column`) in the first row that matches its `where` (None: no such
+    row or value)."""
     for row in rows:
         if claim.matches(row):
-            return _finite(row.get(claim.column))
+            return _finite(row.get(column or claim.column))
     return None
 
 
@@ -101,7 +116,8 @@ def evaluate(claims: Sequence[PaperClaim], rows: Sequence[Mapping[str, Any]]) ->
     out = []
     for c in claims:
         v = measured_value(c, rows)
-        out.append(Verdict(c, v, None if v is None else _RELATIONS[c.relation](v, c.than)))
+        held = None if v is None or c.relation is None else _RELATIONS[c.relation](v, c.than)
+        out.append(Verdict(c, v, held, measured_value(c, rows, c.err_column) if c.err_column else None))
     return out
 
 
@@ -123,7 +139,8 @@ def verdict_table(verdicts: Sequence[Verdict]) -> Tuple[List[str], List[List[Any
     headers = ["source", "quantity", "paper setting", "paper", "ours", "claimed", "ordering"]
     body = [[v.claim.source, v.claim.name, v.claim.setting or "-",
              "-" if v.claim.paper is None else f"{v.claim.paper:.4g}",
-             "-" if v.measured is None else f"{v.measured:.4g}", f"{v.claim.column} {v.claim.ordering}", v.status]
+             "-" if v.measured is None else f"{v.measured:.4g}",
+             f"{v.claim.column} {v.claim.ordering}" if v.claim.relation else "-", v.status]
             for v in verdicts]
     return headers, body
 
