@@ -31,7 +31,7 @@ from nanotron_ext.bench import timing as bt  # noqa: E402
 from nanotron_ext.bench import workload as bw  # noqa: E402
 from reproduce.boost import common as bc  # noqa: E402
 
-ITER_WORKER = Path(__file__).resolve().parent / "boost_iter_compare.py"
+ITER_WORKER = Path(__file__).resolve().parent / "iter_compare.py"
 LABEL = {"megatron": "FullRank-TP (megatron)", "vanilla": "Vanilla-TP", "btp": "BOOST (btp)"}
 
 

@@ -28,7 +28,7 @@ from nanotron_ext.bench import timing as bt  # noqa: E402
 from nanotron_ext.bench import workload as bw  # noqa: E402
 from reproduce.boost import common as bc  # noqa: E402
 
-BLOCK_WORKER = Path(__file__).resolve().parent / "boost_table3_grouping.py"
+BLOCK_WORKER = Path(__file__).resolve().parent / "table3_grouping.py"
 VARIANTS = {"FullRank-TP (megatron)": ("megatron", None), "Vanilla-TP": ("vanilla", None),
             "BOOST btp (online RMSNorm)": ("btp", "online"), "BOOST btp (sync RMSNorm)": ("btp", "sync")}
 

@@ -60,7 +60,7 @@ def measure(cfg: Any, ctx: Any) -> Dict[str, Optional[int]]:
     from nanotron_ext.train.pipeline_step import forward_backward
 
     if ctx.pp_pg.size() != 1:
-        raise ValueError("boost_table4_memory measures one stage holding the whole model: use pp = 1")
+        raise ValueError("table4_memory measures one stage holding the whole model: use pp = 1")
     t = bw.build_trainee(cfg, ctx)
     mb = bw.random_micro_batches(cfg, 1)[0]
     ids, labels = mb["input_ids"].to(ctx.device), mb["label_ids"].to(ctx.device)

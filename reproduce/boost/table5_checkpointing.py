@@ -67,7 +67,7 @@ def measure_worker(args: argparse.Namespace) -> Dict[str, Any]:
 
     names, cfgs, ctx = bl.worker_configs(args)
     if ctx.pp_pg.size() != 1:
-        raise ValueError("boost_table5_checkpointing measures one stage holding the whole model: use pp = 1")
+        raise ValueError("table5_checkpointing measures one stage holding the whole model: use pp = 1")
     trainees = {n: bw.build_trainee(c, ctx, with_optimizer=False) for n, c in zip(names, cfgs)}
     ledger = get_ledger()
     rows = []
