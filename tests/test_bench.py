@@ -9,7 +9,7 @@ import math
 import statistics
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Dict, List
+from typing import Dict, List
 
 import numpy as np
 import pytest
