@@ -145,7 +145,7 @@ def _table6_ledger_worker() -> list:
     for kv_heads in (T6["heads"], T6["heads"] // 2):
         shape = [f"model.hidden_size={T6['d']}", f"model.ffn_size={T6['d_ff']}", f"model.low_rank.rank={T6['r']}",
                  f"model.num_heads={T6['heads']}", f"model.num_kv_heads={kv_heads}", "model.num_layers=1",
-                 "model.vocab_size=128", "tokenizer.vocab_size=128", f"model.max_seq_len={T6['s']}",
+                 "model.vocab_size=512", "tokenizer.vocab_size=512", f"model.max_seq_len={T6['s']}",
                  f"tokens.sequence_length={T6['s']}", f"tokens.micro_batch_size={T6['b']}", "parallelism.tp=2"]
         for strategy in bc.DESIGNS:
             cfg = workload.resolve_config(None, shape + bc.strategy_overrides(strategy, "cola", "online"))
