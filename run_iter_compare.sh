@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Iteration-time comparison of full-rank Megatron TP, vanilla low-rank TP and BOOST (btp) on the
-# same model shape and batch (BOOST issue item 6). Driver: benchmarks/boost_iter_compare.py.
+# same model shape and batch (BOOST issue item 6). Driver: reproduce/boost/iter_compare.py.
 #
 # Usage:
 #   ./run_iter_compare.sh [DRIVER OPTIONS]                          # 2 CPU processes (TP=2, gloo)
@@ -19,7 +19,9 @@
 #   --config-file FILE  --set KEY=VALUE ...                base config (e.g. reproduce/boost/llama_7b_btp.yaml)
 #   --hidden 256 --rank 64 --layers 4 --heads 4 --ffn 688 --seq 256 --micro-batch 2 --dtype fp32
 #   --low-rank-kind svd|cola|lax (cola)                    factorisation of the low-rank rows
-#   --out table.json|table.csv  --log-dir DIR  --verbose
+#   --out table.json|table.csv  --log-dir DIR  --verbose    JSON gets a markdown table beside it, both with
+#                                                          the paper's numbers and whether its ordering held
+#   --from-json table.json                                 re-render a saved table (paper column included)
 #
 # Examples:
 #   ./run_iter_compare.sh --out runs/boost/iter_compare_cpu.json
@@ -53,4 +55,4 @@ else
     driver_args=("$@")
 fi
 
-exec "$py" "$here/benchmarks/boost_iter_compare.py" "${driver_args[@]}" -- "${torchrun_args[@]}"
+exec "$py" "$here/reproduce/boost/iter_compare.py" "${driver_args[@]}" -- "${torchrun_args[@]}"

@@ -30,8 +30,9 @@ BTP_OPTIONS = [
     dict(group_linears=False, rmsnorm="online", lowrank_checkpointing=True),
 ]
 VANILLA_OPTIONS = [dict(group_linears=True, lowrank_checkpointing=False), dict(group_linears=False, lowrank_checkpointing=True)]
-# Table 6 block: num_kv_heads == num_heads, and b, s, d, r, d_ff all different
-B6, S6, D6, R6, F6, H6 = 2, 5, 24, 6, 40, 4
+# Table 6 block: num_kv_heads == num_heads (the paper's MHA), and b, s, d, r, d_ff all different;
+# KV6 kv heads for the GQA form (kv width KV6 * d / H6)
+B6, S6, D6, R6, F6, H6, KV6 = 2, 5, 24, 6, 40, 4, 2
 REL_TOL = 1e-5
 
 
@@ -118,7 +119,7 @@ def _parity_cases(tp: int) -> list:
     return cases
 
 
-def _block(ctx, strategy: str, boost: dict, kind: str = "svd"):
+def _block(ctx, strategy: str, boost: dict, kind: str = "svd", kv_heads: int = H6):
     """One decoder layer of the Table 6 shape, its input and output gradient, all in this rank's layout."""
     from nanotron_ext.config.schema import BoostConfig, LowRankConfig, ModelConfig
     from nanotron_ext.models.init import init_weights_
@@ -127,7 +128,7 @@ def _block(ctx, strategy: str, boost: dict, kind: str = "svd"):
     from nanotron_ext.boost.btp import split_features
 
     cfg = ModelConfig(
-        vocab_size=64, hidden_size=D6, ffn_size=F6, num_layers=1, num_heads=H6, num_kv_heads=H6, max_seq_len=S6,
+        vocab_size=64, hidden_size=D6, ffn_size=F6, num_layers=1, num_heads=H6, num_kv_heads=kv_heads, max_seq_len=S6,
         low_rank=LowRankConfig(kind="none" if strategy == "megatron" else kind, rank=R6),
         boost=BoostConfig(tp_strategy=strategy, **boost),
     )
@@ -141,11 +142,11 @@ def _block(ctx, strategy: str, boost: dict, kind: str = "svd"):
     return layer, x.requires_grad_(), dy
 
 
-def _block_pass(ctx, strategy: str, boost: dict, kind: str = "svd") -> dict:
+def _block_pass(ctx, strategy: str, boost: dict, kind: str = "svd", kv_heads: int = H6) -> dict:
     """Ledger of one block's forward and backward, the saved-activation bytes, and the results."""
     from nanotron_ext.parallel.comm import get_ledger
 
-    layer, x, dy = _block(ctx, strategy, boost, kind)
+    layer, x, dy = _block(ctx, strategy, boost, kind, kv_heads)
     ledger = get_ledger()
     saved = [0]
 
@@ -239,6 +240,14 @@ def _tp2_worker() -> dict:
                 blocks[key] = _block_pass(
                     ctx, "btp", {"rmsnorm": norm, "group_linears": grouped, "lowrank_checkpointing": ckpt}, kind="cola"
                 )
+    # the same block with grouped kv heads (GQA): KV6 of H6 heads
+    blocks["megatron/gqa"] = _block_pass(ctx, "megatron", {}, kv_heads=KV6)
+    for grouped in (True, False):
+        g = "grouped" if grouped else "ungrouped"
+        blocks[f"vanilla/{g}/gqa"] = _block_pass(ctx, "vanilla", {"group_linears": grouped}, kv_heads=KV6)
+        for norm in ("online", "sync"):
+            blocks[f"btp/{norm}/{g}/gqa"] = _block_pass(
+                ctx, "btp", {"rmsnorm": norm, "group_linears": grouped}, kind="cola", kv_heads=KV6)
     gemms = {
         f"{s}/{'grouped' if gr else 'ungrouped'}": _gemm_count(ctx, s, {"group_linears": gr})
         for s in ("vanilla", "btp") for gr in (True, False)
@@ -340,6 +349,10 @@ def test_table6_bytes_per_block_per_pass(tp2: list) -> None:
     collectives sit on the chunk INPUTS instead (nanotron's f before each column-parallel down
     factor): d for q, k, v, o, gate, up and d_ff for down, so 6bsd + bs*d_ff ungrouped and 3bsd + bs*d_ff
     when linears sharing an input share their f (grouped).
+
+    GQA (num_kv_heads < num_heads, kv = num_kv_heads * head_dim): vanilla's k and v up-projections
+    all-reduce kv-wide outputs, so its forward is 3bsd + 2bs*kv + 2bs*d_ff (the paper's 5bsd form
+    assumes kv = d); its backward (chunk inputs), Megatron's 2bsd and BTP's 7bsr do not change.
     """
     e, bs, bsd = 4, B6 * S6, B6 * S6 * D6
     stat = 2 * bs * e  # one fp32 statistic per token for each of the two pre-norms
@@ -353,16 +366,31 @@ def test_table6_bytes_per_block_per_pass(tp2: list) -> None:
         "btp/sync/grouped": (7 * bs * R6 * e + stat, 4 + 2, 7 * bs * R6 * e + stat, 4 + 2),
         "btp/sync/ungrouped": (7 * bs * R6 * e + stat, 7 + 2, 7 * bs * R6 * e + stat, 7 + 2),
     }
-    print(f"\nTP bytes per block per pass (b={B6} s={S6} d={D6} r={R6} d_ff={F6}, tp=2, fp32):")
+    kv = KV6 * D6 // H6
+    assert kv < D6
+    gqa_fwd = (3 * bsd + 2 * bs * kv + 2 * bs * F6) * e
+    expected.update({
+        "megatron/gqa": (2 * bsd * e, 2, 2 * bsd * e, 2),
+        "vanilla/grouped/gqa": (gqa_fwd, 4, (3 * bsd + bs * F6) * e, 4),
+        "vanilla/ungrouped/gqa": (gqa_fwd, 7, (6 * bsd + bs * F6) * e, 7),
+        "btp/online/grouped/gqa": (7 * bs * R6 * e + stat, 4, 7 * bs * R6 * e, 4),
+        "btp/online/ungrouped/gqa": (7 * bs * R6 * e + stat, 7, 7 * bs * R6 * e, 7),
+        "btp/sync/grouped/gqa": (7 * bs * R6 * e + stat, 4 + 2, 7 * bs * R6 * e + stat, 4 + 2),
+        "btp/sync/ungrouped/gqa": (7 * bs * R6 * e + stat, 7 + 2, 7 * bs * R6 * e + stat, 7 + 2),
+    })
+    print(f"\nTP bytes per block per pass (b={B6} s={S6} d={D6} r={R6} d_ff={F6}, kv heads {H6} or {KV6} of {H6}, "
+          f"tp=2, fp32):")
     for name, (fb, fc, bb, bc) in expected.items():
         fwd, bwd = blocks[name]["fwd"], blocks[name]["bwd"]
         assert _ops(fwd) == {"all_reduce"} and _ops(bwd) == {"all_reduce"}, (name, fwd, bwd)
         got = (fwd["all_reduce"]["bytes"], fwd["all_reduce"]["calls"], bwd["all_reduce"]["bytes"], bwd["all_reduce"]["calls"])
-        print(f"  {name:22s} fwd {got[0]:6d} B / {got[1]} calls   bwd {got[2]:6d} B / {got[3]} calls")
+        print(f"  {name:26s} fwd {got[0]:6d} B / {got[1]} calls   bwd {got[2]:6d} B / {got[3]} calls")
         assert got == (fb, fc, bb, bc), (name, got, (fb, fc, bb, bc))
     # the Table 6 volumes themselves, with the norm statistic reported apart
     assert blocks["megatron"]["fwd"]["all_reduce"]["bytes"] == 2 * bsd * e
     assert blocks["vanilla/ungrouped"]["fwd"]["all_reduce"]["bytes"] == (5 * bsd + 2 * bs * F6) * e
+    # with grouped kv heads the paper's MHA form overcounts vanilla by 2bs(d - kv)
+    assert blocks["vanilla/ungrouped/gqa"]["fwd"]["all_reduce"]["bytes"] == (5 * bsd + 2 * bs * F6) * e - 2 * bs * (D6 - kv) * e
     for name in ("btp/online/grouped", "btp/sync/grouped"):
         block_bytes = blocks[name]["fwd"]["all_reduce"]["bytes"] - stat
         assert block_bytes == 7 * bs * R6 * e, name

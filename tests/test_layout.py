@@ -158,3 +158,12 @@ def test_no_python_file_over_400_lines() -> None:
     long = [f"{p.relative_to(ROOT)}: {n}" for p in list(PKG.rglob("*.py")) + list((ROOT / "reproduce").rglob("*.py"))
             if (n := len(p.read_text().splitlines())) > 450]
     assert not long, "split these files: " + ", ".join(long)
+
+
+def test_the_bench_harness_is_core_and_imports_no_technique() -> None:
+    """nanotron_ext/bench is shared by every paper's scripts: techniques are named by strings and
+    built through the registries; paper-specific helpers live in reproduce/<paper>/common.py."""
+    modules = {m: p for m, p in _modules().items() if _area(m) == "bench"}
+    assert modules and "bench" not in TECHNIQUES
+    bad = [f"{m} imports {n}" for m, p in modules.items() for n in _imports(p)[1] if _area(n) in TECHNIQUES]
+    assert not bad, "\n".join(bad)

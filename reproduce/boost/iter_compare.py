@@ -1,6 +1,6 @@
 """Iteration time of full-rank Megatron TP, vanilla low-rank TP and BOOST (BTP) on one model shape.
 
-    python benchmarks/boost_iter_compare.py [options] [-- torchrun options]
+    python reproduce/boost/iter_compare.py [options] [-- torchrun options]
     ./run_iter_compare.sh [torchrun options] -- [options]          (the same, torchrun options first)
 
 Each compared row is one torchrun job (default `--nproc_per_node 2`: TP=2 on CPU/gloo) that builds
@@ -36,25 +36,45 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a file: make `reproduce` importable
 
-import boost_common as bc  # noqa: E402
+from nanotron_ext.bench import launch as bl  # noqa: E402
+from nanotron_ext.bench import paper as bp  # noqa: E402
+from nanotron_ext.bench import report as br  # noqa: E402
+from nanotron_ext.bench import timing as bt  # noqa: E402
+from nanotron_ext.bench import workload as bw  # noqa: E402
+from reproduce.boost import common as bc  # noqa: E402
 
 STRATEGIES = ("megatron", "vanilla", "btp")
 LABELS = {"megatron": "megatron (full rank)", "vanilla": "vanilla low-rank TP", "btp": "BOOST btp"}
+TITLE = "BOOST iteration comparison"
+_FIG6 = "LLaMA 1B-30B, TP up to 4 (+PP), bz=4, seq 4k, GPU"
+
+
+def variant_name(strategy: str, rmsnorm: Optional[str]) -> str:
+    return f"{LABELS[strategy]} ({rmsnorm} RMSNorm)" if rmsnorm else LABELS[strategy]
+
+
+# Sec. 5.3 / Figure 6 (left): BOOST up to 1.91x over FullRank-TP and 2.28x over Vanilla-TP (the
+# abstract: 1.46-1.91x and 1.87-2.27x); FullRank-TP beats Vanilla-TP by ~25% from 3B on 2 GPUs up.
+# Online vs Sync RMSNorm (Sec. 5.6, Fig. 8 right): Online is the faster option, no number given.
+CLAIMS = [
+    bp.PaperClaim("BOOST (online) vs vanilla low-rank TP", "speedup_vs_vanilla", 2.28, ">", 1.0, err_column="speedup_vs_vanilla_err",
+                  where={"name": variant_name("btp", "online")}, source="Fig. 6 (left)", setting=_FIG6 + ", up to"),
+    bp.PaperClaim("BOOST (online) vs full-rank Megatron TP", "speedup_vs_megatron", 1.91, ">", 1.0, err_column="speedup_vs_megatron_err",
+                  where={"name": variant_name("btp", "online")}, source="Fig. 6 (left)", setting=_FIG6 + ", up to"),
+    bp.PaperClaim("BOOST (sync) vs vanilla low-rank TP", "speedup_vs_vanilla", None, ">", 1.0, err_column="speedup_vs_vanilla_err",
+                  where={"name": variant_name("btp", "sync")}, source="Fig. 6 (left)", setting=_FIG6),
+    bp.PaperClaim("vanilla low-rank TP vs full rank (~25% slower)", "speedup_vs_megatron", 1 / 1.25, "<", 1.0, err_column="speedup_vs_megatron_err",
+                  where={"name": variant_name("vanilla", None)}, source="Fig. 6 (left)", setting=_FIG6),
+    bp.PaperClaim("Online vs Sync RMSNorm: sync time / online time", "speedup_vs_sync", None, ">=", 1.0, err_column="speedup_vs_sync_err",
+                  where={"name": variant_name("btp", "online")}, source="Fig. 8 (right)", setting="7B/13B, GPU"),
+]
 
 
 # ------------------------------------------------------------------------------------------------
 # pure table building (unit-tested)
 # ------------------------------------------------------------------------------------------------
-def pooled_summary(rounds: Sequence[Sequence[float]], warmup: int) -> bc.Summary:
-    """Drop `warmup` iterations of EACH round (each is a fresh launch), summarise what is left."""
-    kept: List[float] = []
-    for times in rounds:
-        kept += list(times)[warmup:]
-    return bc.summarize(kept, 0)
-
-
 def build_rows(results: Sequence[Dict[str, Any]], warmup: int) -> List[Dict[str, Any]]:
     """One output row per compared variant, with statistics and speedups.
 
@@ -68,11 +88,11 @@ def build_rows(results: Sequence[Dict[str, Any]], warmup: int) -> List[Dict[str,
     for res in results:
         row: Dict[str, Any] = {"name": res["name"], "strategy": res["strategy"], "status": res["status"]}
         if res["status"] == "ok":
-            s = pooled_summary(res["rounds"], warmup)
-            cpu = pooled_summary(res["cpu_rounds"], warmup)
+            s = bt.pooled_summary(res["rounds"], warmup)
+            cpu = bt.pooled_summary(res["cpu_rounds"], warmup)
             shape = res["shape"]
             closed = bc.table6_tp_elements(res["strategy"], shape["b"], shape["s"], shape["d"], shape["d_ff"],
-                                           shape["r"]) * shape["elem_bytes"]
+                                           shape["r"], shape.get("kv")) * shape["elem_bytes"]
             row.update({
                 "summary": s, "mean_s": s.mean, "std_s": s.std, "median_s": s.median, "min_s": s.min, "n": s.n,
                 "cpu_summary": cpu, "cpu_mean_s": cpu.mean, "cpu_std_s": cpu.std,
@@ -89,10 +109,31 @@ def build_rows(results: Sequence[Dict[str, Any]], warmup: int) -> List[Dict[str,
     refs = {key: next((r["summary"] for r in ok if r["strategy"] == key), None) for key in ("vanilla", "megatron")}
     for r in ok:
         for key, ref in refs.items():
-            sp = bc.speedup(ref, r["summary"]) if ref is not None else None
+            sp = bt.speedup(ref, r["summary"]) if ref is not None else None
             r[f"speedup_vs_{key}"] = sp[0] if sp else None
             r[f"speedup_vs_{key}_err"] = sp[1] if sp else None
+    add_sync_ratio(rows)
     return rows
+
+
+def add_sync_ratio(rows: Sequence[Dict[str, Any]]) -> None:
+    """On the online-RMSNorm btp row: sync row's mean / online row's mean (> 1: online faster)."""
+    by = {r["name"]: r for r in rows if r["status"] == "ok"}
+    on, sy = by.get(variant_name("btp", "online")), by.get(variant_name("btp", "sync"))
+    for r in rows:
+        r.setdefault("speedup_vs_sync", None)
+        r.setdefault("speedup_vs_sync_err", None)
+    if on is not None and sy is not None:
+        on["speedup_vs_sync"], on["speedup_vs_sync_err"] = bt.speedup(sy["summary"], on["summary"])
+
+
+def restore_summaries(rows: Sequence[Dict[str, Any]]) -> None:
+    """Rebuild the Summary objects a saved table dropped (max is not saved: nan)."""
+    nan = float("nan")
+    for r in rows:
+        if r["status"] == "ok" and "summary" not in r:
+            r["summary"] = bt.Summary(r["n"], r["mean_s"], r["std_s"], r["median_s"], r["min_s"], nan)
+            r["cpu_summary"] = bt.Summary(r["n"], r["cpu_mean_s"], r["cpu_std_s"], nan, nan, nan)
 
 
 def _strip(row: Dict[str, Any]) -> Dict[str, Any]:
@@ -100,26 +141,34 @@ def _strip(row: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def render(rows: Sequence[Dict[str, Any]]) -> str:
+    return br.format_table(*table(rows))
+
+
+def table(rows: Sequence[Dict[str, Any]]) -> Tuple[List[str], List[List[Any]]]:
+    """(headers, body); the ledger's forward bytes sit beside Table 6's closed form and each speedup
+    beside the paper's (run `annotate` first)."""
     headers = ["strategy", "iter ms mean +- std", "median ms", "CPU ms/iter", "TP fwd KiB/block", "TP bwd KiB/block",
-               "Table 6 KiB/block/pass", "TP calls/iter", "TP MiB/iter", "peak MiB", "vs vanilla", "vs full rank"]
+               "Table 6 KiB/block/pass", "TP calls/iter", "TP MiB/iter", "peak MiB", "vs vanilla", "paper",
+               "vs full rank", "paper"]
     out = []
     for r in rows:
         if r["status"] != "ok":
             out.append([r["name"], r["status"]] + [None] * (len(headers) - 2))
             continue
         out.append([
-            r["name"], bc.fmt_time_ms(r["summary"]), f"{r['median_s'] * 1e3:,.1f}", bc.fmt_time_ms(r["cpu_summary"]),
-            bc.fmt_bytes(r["tp_fwd_bytes_per_block"]), bc.fmt_bytes(r["tp_bwd_bytes_per_block"]),
-            bc.fmt_bytes(r["table6_bytes_per_block_per_pass"]), f"{r['tp_calls_per_iter']:g}",
-            bc.fmt_bytes(r["tp_bytes_per_iter"], "MiB"), bc.fmt_bytes(r["peak_memory_bytes"], "MiB"),
-            _ratio(r, "vanilla"), _ratio(r, "megatron"),
+            r["name"], br.fmt_time_ms(r["summary"]), f"{r['median_s'] * 1e3:,.1f}", br.fmt_time_ms(r["cpu_summary"]),
+            br.fmt_bytes(r["tp_fwd_bytes_per_block"]), br.fmt_bytes(r["tp_bwd_bytes_per_block"]),
+            br.fmt_bytes(r["table6_bytes_per_block_per_pass"]), f"{r['tp_calls_per_iter']:g}",
+            br.fmt_bytes(r["tp_bytes_per_iter"], "MiB"), br.fmt_bytes(r["peak_memory_bytes"], "MiB"),
+            _ratio(r, "vanilla"), br.fmt_x(r.get("paper_speedup_vs_vanilla")),
+            _ratio(r, "megatron"), br.fmt_x(r.get("paper_speedup_vs_megatron")),
         ])
-    return bc.format_table(headers, out)
+    return headers, out
 
 
 def _ratio(row: Dict[str, Any], key: str) -> Optional[str]:
     v = row.get(f"speedup_vs_{key}")
-    return None if v is None else bc.fmt_ratio((v, row[f"speedup_vs_{key}_err"]))
+    return None if v is None else br.fmt_ratio((v, row[f"speedup_vs_{key}_err"]))
 
 
 def verdicts(rows: Sequence[Dict[str, Any]]) -> List[str]:
@@ -134,7 +183,7 @@ def verdicts(rows: Sequence[Dict[str, Any]]) -> List[str]:
                        f"-> target 'BOOST below vanilla' {'MET' if met else 'NOT met'}")
     on, sy = by.get(variant_name("btp", "online")), by.get(variant_name("btp", "sync"))
     if on is not None and sy is not None:
-        ratio, err = bc.speedup(sy["summary"], on["summary"])
+        ratio, err = bt.speedup(sy["summary"], on["summary"])
         met = on["mean_s"] <= sy["mean_s"]
         out.append(f"Online vs Sync RMSNorm: sync/online = {ratio:.3f} +- {err:.3f} -> target 'online no slower' "
                    f"{'MET' if met else 'NOT met'}{'' if abs(ratio - 1) > 2 * err else ' (within noise: |1 - ratio| <= 2 s.e.)'}")
@@ -144,10 +193,6 @@ def verdicts(rows: Sequence[Dict[str, Any]]) -> List[str]:
 # ------------------------------------------------------------------------------------------------
 # orchestrator
 # ------------------------------------------------------------------------------------------------
-def variant_name(strategy: str, rmsnorm: Optional[str]) -> str:
-    return f"{LABELS[strategy]} ({rmsnorm} RMSNorm)" if rmsnorm else LABELS[strategy]
-
-
 def plan(args: argparse.Namespace) -> List[Tuple[str, str, Optional[str]]]:
     """(row name, strategy, rmsnorm) in table order."""
     out = []
@@ -165,14 +210,14 @@ def plan(args: argparse.Namespace) -> List[Tuple[str, str, Optional[str]]]:
 def shape_of(cfg: Any) -> Dict[str, int]:
     m, t = cfg.model, cfg.tokens
     return {"b": t.micro_batch_size, "s": t.sequence_length, "d": m.hidden_size, "d_ff": m.ffn_size,
-            "r": m.rank, "layers": m.num_layers, "elem_bytes": 2 if m.dtype == "bf16" else 4}
+            "r": m.rank, "kv": bc.kv_width(m), "layers": m.num_layers, "elem_bytes": 2 if m.dtype == "bf16" else 4}
 
 
 def orchestrate(args: argparse.Namespace, torchrun_args: List[str]) -> List[Dict[str, Any]]:
     from nanotron_ext.config.loader import save_config
 
-    registered, why = bc.available_strategies()
-    shared = bc.shape_overrides(args) + list(args.overrides)
+    registered, why = bw.available_strategies()
+    shared = bw.shape_overrides(args) + list(args.overrides)
     kind = bc.base_low_rank_kind(args.config_file, shared, args.low_rank_kind)
     work = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix="boost_iter_compare_"))
     work.mkdir(parents=True, exist_ok=True)
@@ -185,7 +230,7 @@ def orchestrate(args: argparse.Namespace, torchrun_args: List[str]) -> List[Dict
             res["status"] = f"not available (tp_strategy {strategy!r} not registered" + (f"; {why})" if why else ")")
             continue
         try:
-            cfg = bc.resolve_config(args.config_file, shared + bc.strategy_overrides(strategy, kind, rmsnorm))
+            cfg = bw.resolve_config(args.config_file, shared + bc.strategy_overrides(strategy, kind, rmsnorm))
         except Exception as e:  # noqa: BLE001 - a bad shape for one strategy is a row, not a crash
             res["status"] = f"config error: {e}"
             continue
@@ -206,12 +251,12 @@ def orchestrate(args: argparse.Namespace, torchrun_args: List[str]) -> List[Dict
                            "--names", *names, "--iters", str(args.iters), "--warmup", str(args.warmup),
                            "--result-file", str(out_file)]
             print(f"[round {rnd + 1}/{args.rounds}] {' | '.join(names)} ...", file=sys.stderr, flush=True)
-            rc, tail = bc.launch(script, worker_args, torchrun_args, log, args.timeout, args.verbose)
+            rc, tail = bl.launch(script, worker_args, torchrun_args, log, args.timeout, args.verbose)
             if rc != 0 or not out_file.exists():
                 for n in names:
-                    results[n]["status"] = f"failed (rc={rc}): {bc.last_error_line(tail)} [log: {log}]"
+                    results[n]["status"] = f"failed (rc={rc}): {bl.last_error_line(tail)} [log: {log}]"
                 continue
-            got = bc.read_result(out_file)
+            got = bl.read_result(out_file)
             for row in got["rows"]:
                 res = results[row["name"]]
                 res["rounds"].append(row["times"])
@@ -228,7 +273,7 @@ def orchestrate(args: argparse.Namespace, torchrun_args: List[str]) -> List[Dict
 # ------------------------------------------------------------------------------------------------
 # worker (under torchrun)
 # ------------------------------------------------------------------------------------------------
-def _summary_row(t: bc.Timings, warmup: int) -> Dict[str, Any]:
+def _summary_row(t: bt.Timings, warmup: int) -> Dict[str, Any]:
     import statistics
 
     kept = t.comm[warmup:]
@@ -241,14 +286,14 @@ def measure_separate(cfg: Any, ctx: Any, iters: int, warmup: int) -> Dict[str, A
     """Time `iters` training iterations of the one model `cfg` describes; comm and memory beside."""
     from nanotron_ext.parallel.comm import get_ledger
 
-    t = bc.build_trainee(cfg, ctx)
-    batches = bc.random_micro_batches(cfg, cfg.tokens.batch_accumulation_per_replica)
-    bc.reset_peak(ctx.device)
-    timings = bc.timed(lambda: bc.train_iteration(t, ctx, batches), ctx.device, iters, ledger=get_ledger())
+    t = bw.build_trainee(cfg, ctx)
+    batches = bw.random_micro_batches(cfg, cfg.tokens.batch_accumulation_per_replica)
+    bw.reset_peak(ctx.device)
+    timings = bt.timed(lambda: bw.train_iteration(t, ctx, batches), ctx.device, iters, ledger=get_ledger())
     row = _summary_row(timings, warmup)
-    row["peak_memory_bytes"] = max(bc.gather_to_main(bc.peak_memory()))
+    row["peak_memory_bytes"] = max(bl.gather_to_main(bw.peak_memory()))
     row["block"] = bc.block_comm(cfg, t.model, ctx, cfg.tokens.micro_batch_size)
-    bc.release(t)
+    bw.release(t)
     return row
 
 
@@ -258,24 +303,24 @@ def measure_interleaved(cfgs: Sequence[Any], ctx: Any, iters: int, warmup: int) 
     (the allocator peak is reset around each row's iterations; RSS cannot be split by model)."""
     from nanotron_ext.parallel.comm import get_ledger
 
-    trainees = [bc.build_trainee(cfg, ctx) for cfg in cfgs]
-    batches = [bc.random_micro_batches(cfg, cfg.tokens.batch_accumulation_per_replica) for cfg in cfgs]
-    timings = [bc.Timings([], [], []) for _ in cfgs]
+    trainees = [bw.build_trainee(cfg, ctx) for cfg in cfgs]
+    batches = [bw.random_micro_batches(cfg, cfg.tokens.batch_accumulation_per_replica) for cfg in cfgs]
+    timings = [bt.Timings([], [], []) for _ in cfgs]
     cuda = ctx.device.type == "cuda"
     peaks = [0] * len(cfgs)
     for _ in range(iters):
         for i, (t, b) in enumerate(zip(trainees, batches)):
-            bc.reset_peak(ctx.device)
-            timings[i].extend(bc.timed(lambda: bc.train_iteration(t, ctx, b), ctx.device, 1, ledger=get_ledger()))
+            bw.reset_peak(ctx.device)
+            timings[i].extend(bt.timed(lambda: bw.train_iteration(t, ctx, b), ctx.device, 1, ledger=get_ledger()))
             if cuda:
-                peaks[i] = max(peaks[i], bc.peak_memory())
+                peaks[i] = max(peaks[i], bw.peak_memory())
     rows = []
     for i, (cfg, t) in enumerate(zip(cfgs, trainees)):
         row = _summary_row(timings[i], warmup)
-        row["peak_memory_bytes"] = max(bc.gather_to_main(peaks[i])) if cuda else None
+        row["peak_memory_bytes"] = max(bl.gather_to_main(peaks[i])) if cuda else None
         row["block"] = bc.block_comm(cfg, t.model, ctx, cfg.tokens.micro_batch_size)
         rows.append(row)
-    bc.release(*trainees)
+    bw.release(*trainees)
     return rows
 
 
@@ -286,9 +331,9 @@ def worker(args: argparse.Namespace) -> None:
         raise ValueError(f"--iters ({args.iters}) must exceed --warmup ({args.warmup})")
     cfgs = [load_config(p) for p in args.configs]
     names = args.names or args.configs
-    ctx = bc.init_distributed(cfgs[0])
+    ctx = bl.init_distributed(cfgs[0])
     for name, cfg in zip(names, cfgs):
-        bc.adapt_layout(cfg, ctx.world_pg.size())
+        bl.adapt_layout(cfg, ctx.world_pg.size())
         if (cfg.parallelism.dp, cfg.parallelism.tp, cfg.parallelism.pp) != (ctx.dp_pg.size(), ctx.tp_pg.size(), ctx.pp_pg.size()):
             raise ValueError(f"{name}: every config of one launch must share the parallel layout")
     if args.mode == "interleaved":
@@ -296,7 +341,7 @@ def worker(args: argparse.Namespace) -> None:
     else:
         measured = [measure_separate(cfg, ctx, args.iters, args.warmup) for cfg in cfgs]
     rows = [{"name": n, "config": config_to_dict(c)["model"], **m} for n, c, m in zip(names, cfgs, measured)]
-    bc.write_worker_result(args.result_file, {"rows": rows, "meta": bc.common_worker_meta(cfgs[0], ctx)})
+    bl.write_worker_result(args.result_file, {"rows": rows, "meta": bl.worker_meta(ctx)})
 
 
 # ------------------------------------------------------------------------------------------------
@@ -312,11 +357,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         "iterations alternate (fair on a machine whose load changes; CPU peak memory not split)")
     p.add_argument("--rounds", type=int, default=1,
                    help="repeat the comparison this many times (fresh launches, rotated order) and pool")
-    p.add_argument("--out", help="write the table as JSON (or CSV when the name ends in .csv)")
+    p.add_argument("--out", help="write the table as JSON + markdown beside it (or CSV when the name ends in .csv)")
+    p.add_argument("--from-json", metavar="JSON",
+                   help="measure nothing: re-render the table and paper column of a JSON this script wrote")
     p.add_argument("--log-dir", help="keep resolved configs, worker logs and raw results here (default: a temp dir)")
     p.add_argument("--timeout", type=float, default=900, help="seconds per torchrun job")
     p.add_argument("--verbose", action="store_true", help="stream worker output")
-    bc.add_model_args(p)
+    bw.add_model_args(p)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--configs", nargs="+", help=argparse.SUPPRESS)
     p.add_argument("--names", nargs="+", help=argparse.SUPPRESS)
@@ -325,42 +372,56 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    own, torchrun_args = bc.split_argv(sys.argv[1:] if argv is None else argv)
+    own, torchrun_args = bl.split_argv(sys.argv[1:] if argv is None else argv)
     args = parse_args(own)
     if args.worker:
         worker(args)
         return 0
+    if args.from_json:
+        saved = bl.read_result(args.from_json)
+        restore_summaries(saved["rows"])
+        add_sync_ratio(saved["rows"])
+        return publish(saved["rows"], saved["meta"], args.out)
     if args.iters <= args.warmup:
         raise SystemExit(f"--iters ({args.iters}) must exceed --warmup ({args.warmup})")
     results = orchestrate(args, torchrun_args)
     rows = build_rows(results, args.warmup)
-    meta_src = next((r.get("meta") for r in results if r.get("meta")), None) or bc.run_meta()
+    meta_src = next((r.get("meta") for r in results if r.get("meta")), None) or br.run_meta()
     shape = next((r["shape"] for r in results if r.get("shape")), {})
     kind = next((r.get("low_rank_kind") for r in results if r.get("strategy") != "megatron" and r.get("low_rank_kind")), None)
-    title = (f"BOOST iteration comparison on {meta_src.get('machine')}, world {meta_src.get('world_size', '?')} "
-             f"(dp {meta_src.get('dp', '?')} x tp {meta_src.get('tp', '?')} x pp {meta_src.get('pp', '?')}), "
-             f"{meta_src.get('date')}")
-    print(title)
-    print(f"model: d={shape.get('d')} d_ff={shape.get('d_ff')} r={shape.get('r')} low-rank={kind} "
-          f"layers={shape.get('layers')}; "
-          f"micro-batch {shape.get('b')} x seq {shape.get('s')}; "
-          f"{args.iters} iterations, first {args.warmup} dropped, {args.rounds} round(s), {args.mode}; "
-          f"1-min load avg at start {meta_src.get('loadavg_1m')}")
-    print(render(rows))
-    for line in verdicts(rows):
-        print(line)
-    print("TP KiB/block: one decoder block's TP collective payload on one rank (ledger); Table 6 is the paper's "
-          "per-pass closed form (MHA, norms omitted). Peak MiB: " +
-          ("CUDA max allocated." if "cuda" in str(meta_src.get("device", "")) else
-           "peak RSS of one process (CPU), runtime included" +
-           (" (not split per row in interleaved mode)." if args.mode == "interleaved" else ".")))
-    if args.out:
-        out_rows = [_strip(r) for r in rows]
-        path = bc.write_rows(args.out, out_rows, {**meta_src, "shape": shape, "low_rank_kind": kind, "iters": args.iters,
-                                                  "warmup": args.warmup, "rounds": args.rounds, "mode": args.mode,
-                                                  "torchrun_args": torchrun_args or ["--nproc_per_node", "2"]})
-        print(f"wrote {path}")
+    meta = {**meta_src, "shape": shape, "low_rank_kind": kind, "iters": args.iters, "warmup": args.warmup,
+            "rounds": args.rounds, "mode": args.mode, "torchrun_args": torchrun_args or ["--nproc_per_node", "2"]}
+    publish(rows, meta, args.out)
     return 0 if all(r["status"] == "ok" or r["status"].startswith("not available") for r in rows) else 1
+
+
+def publish(rows: List[Dict[str, Any]], meta: Dict[str, Any], out: Optional[str]) -> int:
+    """Print the table with the paper column, the issue's targets and the paper's verdicts; write
+    JSON + markdown (or CSV) with --out."""
+    bp.annotate(rows, CLAIMS)
+    paper_verdicts = bp.evaluate(CLAIMS, rows)
+    shape = meta.get("shape", {})
+    print(f"{TITLE} on {meta.get('machine')}, world {meta.get('world_size', '?')} (dp {meta.get('dp', '?')} x "
+          f"tp {meta.get('tp', '?')} x pp {meta.get('pp', '?')}), {meta.get('date')}")
+    print(f"model: d={shape.get('d')} d_ff={shape.get('d_ff')} r={shape.get('r')} low-rank={meta.get('low_rank_kind')} "
+          f"layers={shape.get('layers')}; micro-batch {shape.get('b')} x seq {shape.get('s')}; {meta.get('iters')} "
+          f"iterations, first {meta.get('warmup')} dropped, {meta.get('rounds')} round(s), {meta.get('mode')}; "
+          f"1-min load avg at start {meta.get('loadavg_1m')}")
+    headers, body = table(rows)
+    print(br.format_table(headers, body))
+    for line in verdicts(rows) + bp.verdict_lines(paper_verdicts):
+        print(line)
+    note = ("TP KiB/block: one decoder block's TP collective payload on one rank (ledger); Table 6 is the paper's "
+            "per-pass closed form (norms omitted; GQA form for vanilla when kv heads < heads). Peak MiB: " +
+            ("CUDA max allocated." if "cuda" in str(meta.get("device", "")) else
+             "peak RSS of one process (CPU), runtime included" +
+             (" (not split per row in interleaved mode)." if meta.get("mode") == "interleaved" else ".")))
+    print(note)
+    if out:
+        written = br.write_report(out, [_strip(r) for r in rows], meta, TITLE, headers, body,
+                                  verdicts=paper_verdicts, notes=[note, *verdicts(rows)])
+        print("wrote " + ", ".join(str(p) for p in written.values()))
+    return 0
 
 
 if __name__ == "__main__":

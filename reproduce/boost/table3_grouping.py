@@ -1,6 +1,6 @@
 """BOOST Table 3: per-decoder-block time, default (ungrouped) vs grouped linears, under BTP.
 
-    python benchmarks/boost_table3_grouping.py [options] [-- torchrun options]   (default TP=2 on CPU)
+    python reproduce/boost/table3_grouping.py [options] [-- torchrun options]   (default TP=2 on CPU)
 
 One torchrun job builds the low-rank model under btp twice, model.boost.group_linears off and on
 (same weights: parameter names do not depend on grouping), and for each micro-batch size
@@ -22,14 +22,37 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a file: make `reproduce` importable
 
-import boost_common as bc  # noqa: E402
+from nanotron_ext.bench import launch as bl  # noqa: E402
+from nanotron_ext.bench import paper as bp  # noqa: E402
+from nanotron_ext.bench import report as br  # noqa: E402
+from nanotron_ext.bench import timing as bt  # noqa: E402
+from nanotron_ext.bench import workload as bw  # noqa: E402
+from reproduce.boost import common as bc  # noqa: E402
 
 VARIANTS = ("ungrouped", "grouped")
 PARTS = ("attention", "mlp", "block")
+TITLE = "BOOST Table 3: linear grouping under btp, one decoder block fwd+bwd"
+_GPU = "CoLA LLaMA-7B, TP=4, GPU"
+# Table 3 of the paper: grouped speedups per block, and of the QKV / MLP1 (gate-up) paths, which
+# sit inside our attention / MLP sub-layers (ours include the norm, attention core, o and down)
+CLAIMS = [
+    bp.PaperClaim("block time, non-grouped / grouped, bz=1", "speedup", 1.16, ">", 1.0, err_column="speedup_err",
+                  where={"micro_batch": 1, "part": "block"}, source="Table 3", setting=_GPU),
+    bp.PaperClaim("block time, non-grouped / grouped, bz=4", "speedup", 1.04, ">", 1.0, err_column="speedup_err",
+                  where={"micro_batch": 4, "part": "block"}, source="Table 3", setting=_GPU),
+] + [
+    bp.PaperClaim(f"{part} {what}, non-grouped / grouped, bz={mb}", f"{what}_speedup", value, ">", 1.0,
+                  where={"micro_batch": mb, "part": part}, source="Table 3",
+                  setting=f"{_GPU}; paper row {paper_row} {what}")
+    for part, paper_row, what, values in (
+        ("attention", "QKV", "comp", (1.53, 1.07)), ("attention", "QKV", "comm", (1.41, 1.22)),
+        ("mlp", "MLP1", "comp", (1.22, 1.03)), ("mlp", "MLP1", "comm", (1.22, 1.07)))
+    for mb, value in zip((1, 4), values)
+]
 
 
 def part_fns(block: Any, x: Any, kind: str) -> Dict[str, Callable[[], None]]:
@@ -55,26 +78,23 @@ def part_fns(block: Any, x: Any, kind: str) -> Dict[str, Callable[[], None]]:
 def measure_worker(args: argparse.Namespace) -> Dict[str, Any]:
     from nanotron_ext.parallel.comm import get_ledger
 
-    names, cfgs, ctx = bc.worker_configs(args)
-    models = {n: bc.build_trainee(c, ctx, with_optimizer=False).model for n, c in zip(names, cfgs)}
+    names, cfgs, ctx = bl.worker_configs(args)
+    models = {n: bw.build_trainee(c, ctx, with_optimizer=False).model for n, c in zip(names, cfgs)}
     ledger = get_ledger()
     rows = []
     for mb in [int(b) for b in args.batches.split(",")]:
         fns = {}
         for n, cfg in zip(names, cfgs):
-            block = bc.first_local_block(models[n])
+            block = bw.first_local_block(models[n])
             x = bc.block_input(cfg, models[n], ctx, mb)
             fns[n] = part_fns(block, x, cfg.model.low_rank.kind)
-        timings: Dict[tuple, bc.Timings] = {}
-        for _ in range(args.iters):
-            for n in names:  # interleaved
-                for part, fn in fns[n].items():
-                    t = bc.timed(fn, ctx.device, 1, ledger=ledger, profile=True)
-                    timings.setdefault((n, part), bc.Timings([], [], [])).extend(t)
+        # the two models' iterations alternate; each iteration profiled to split off the collectives
+        flat = {(n, part): fn for n in names for part, fn in fns[n].items()}
+        timings = bt.interleaved(flat, ctx.device, args.iters, ledger=ledger, profile=True)
         for (n, part), t in timings.items():
             rows.append({"variant": n, "micro_batch": mb, "part": part, "times": t.wall, "comm_s": t.comm_s,
                          "tp_calls": t.comm[-1]["calls"], "tp_bytes": t.comm[-1]["bytes"]})
-    return {"rows": rows, "meta": bc.common_worker_meta(cfgs[0], ctx)}
+    return {"rows": rows, "meta": bl.worker_meta(ctx)}
 
 
 def compare(rows: Sequence[Dict[str, Any]], warmup: int) -> List[Dict[str, Any]]:
@@ -85,12 +105,12 @@ def compare(rows: Sequence[Dict[str, Any]], warmup: int) -> List[Dict[str, Any]]
         if variant != "ungrouped" or ("grouped", mb, part) not in by:
             continue
         gr = by[("grouped", mb, part)]
-        s_un, s_gr = bc.summarize(un["times"], warmup), bc.summarize(gr["times"], warmup)
-        sp, err = bc.speedup(s_un, s_gr)
-        c_un, c_gr = bc.summarize(un["comm_s"], warmup), bc.summarize(gr["comm_s"], warmup)
+        s_un, s_gr = bt.summarize(un["times"], warmup), bt.summarize(gr["times"], warmup)
+        sp, err = bt.speedup(s_un, s_gr)
+        c_un, c_gr = bt.summarize(un["comm_s"], warmup), bt.summarize(gr["comm_s"], warmup)
         # compute = wall - comm of the SAME iteration, then summarised
-        p_un = bc.summarize([w - c for w, c in zip(un["times"], un["comm_s"])], warmup)
-        p_gr = bc.summarize([w - c for w, c in zip(gr["times"], gr["comm_s"])], warmup)
+        p_un = bt.summarize([w - c for w, c in zip(un["times"], un["comm_s"])], warmup)
+        p_gr = bt.summarize([w - c for w, c in zip(gr["times"], gr["comm_s"])], warmup)
         comp_un, comp_gr = p_un.mean, p_gr.mean
         out.append({
             "micro_batch": mb, "part": part,
@@ -106,9 +126,10 @@ def compare(rows: Sequence[Dict[str, Any]], warmup: int) -> List[Dict[str, Any]]
     return out
 
 
-def render(rows: Sequence[Dict[str, Any]]) -> str:
-    headers = ["bz", "part", "total non-grouped us", "total grouped us", "speedup", "comm non us", "comm grp us",
-               "comm x", "comp non us", "comp grp us", "comp x", "TP calls non/grp"]
+def table(rows: Sequence[Dict[str, Any]]) -> Tuple[List[str], List[List[Any]]]:
+    """(headers, body) with the paper's speedup beside each measured one (run `annotate` first)."""
+    headers = ["bz", "part", "total non-grouped us", "total grouped us", "speedup", "paper", "comm non us",
+               "comm grp us", "comm x", "paper", "comp non us", "comp grp us", "comp x", "paper", "TP calls non/grp"]
     us = 1e6
 
     def x(v: Optional[float]) -> str:
@@ -117,47 +138,69 @@ def render(rows: Sequence[Dict[str, Any]]) -> str:
     body = [[r["micro_batch"], r["part"],
              f"{r['total_ungrouped_s'] * us:,.0f} +- {r['total_ungrouped_std_s'] * us:,.0f}",
              f"{r['total_grouped_s'] * us:,.0f} +- {r['total_grouped_std_s'] * us:,.0f}",
-             bc.fmt_ratio((r["speedup"], r["speedup_err"])),
+             br.fmt_ratio((r["speedup"], r["speedup_err"])), x(r.get("paper_speedup")),
              f"{r['comm_ungrouped_s'] * us:,.0f}", f"{r['comm_grouped_s'] * us:,.0f}", x(r["comm_speedup"]),
+             x(r.get("paper_comm_speedup")),
              f"{r['comp_ungrouped_s'] * us:,.0f}", f"{r['comp_grouped_s'] * us:,.0f}", x(r["comp_speedup"]),
+             x(r.get("paper_comp_speedup")),
              f"{r['tp_calls_ungrouped']}/{r['tp_calls_grouped']}"] for r in rows]
-    return bc.format_table(headers, body)
+    return headers, body
+
+
+def render(rows: Sequence[Dict[str, Any]]) -> str:
+    return br.format_table(*table(rows))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    own, torchrun_args = bc.split_argv(sys.argv[1:] if argv is None else argv)
+    own, torchrun_args = bl.split_argv(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    bc.add_model_args(p)
-    bc.add_run_args(p, iters=20, warmup=3)
+    bw.add_model_args(p)
+    bl.add_run_args(p, iters=20, warmup=3)
     p.add_argument("--batches", default="1,4", help="micro-batch sizes (default 1,4 as in the paper)")
     p.add_argument("--rmsnorm", choices=["online", "sync"], default=None, help="btp RMSNorm mode (default: config's)")
     args = p.parse_args(own)
     if args.worker:
-        bc.write_worker_result(args.result_file, measure_worker(args))
+        bl.write_worker_result(args.result_file, measure_worker(args))
         return 0
+    if args.from_json:
+        saved = bl.read_result(args.from_json)
+        return publish(saved["rows"], saved["meta"], args.out)
     if args.iters <= args.warmup:
         raise SystemExit(f"--iters ({args.iters}) must exceed --warmup ({args.warmup})")
-    if not bc.require_strategies(["btp"]):
+    if not bw.require_strategies(["btp"]):
         print("btp: not available (tp_strategy not registered): nothing to measure")
         return 0
-    shared = bc.shape_overrides(args) + list(args.overrides)
+    shared = bw.shape_overrides(args) + list(args.overrides)
     kind = bc.base_low_rank_kind(args.config_file, shared, args.low_rank_kind)
-    cfgs = {v: bc.resolve_config(args.config_file, shared + bc.strategy_overrides("btp", kind, args.rmsnorm) +
+    cfgs = {v: bw.resolve_config(args.config_file, shared + bc.strategy_overrides("btp", kind, args.rmsnorm) +
                                  [f"model.boost.group_linears={'true' if v == 'grouped' else 'false'}"])
             for v in VARIANTS}
-    result = bc.run_job(__file__, cfgs, ["--batches", args.batches, "--iters", str(args.iters), "--warmup",
+    result = bl.run_job(__file__, cfgs, ["--batches", args.batches, "--iters", str(args.iters), "--warmup",
                                          str(args.warmup)],
                         torchrun_args, args.log_dir, args.timeout, args.verbose)
     rows = compare(result["rows"], args.warmup)
-    meta, c = result["meta"], cfgs["grouped"]
-    print(f"BOOST Table 3 (linear grouping under btp) on {meta['machine']}, tp={meta['tp']}, {meta['date']}")
-    print(f"model: d={c.model.hidden_size} d_ff={c.model.ffn_size} r={c.model.rank} low-rank={kind} "
-          f"rmsnorm={c.model.boost.rmsnorm}; seq {c.tokens.sequence_length}; one decoder block fwd+bwd, "
-          f"{args.iters} iterations, first {args.warmup} dropped; 1-min load avg {meta.get('loadavg_1m')}")
+    c = cfgs["grouped"]
+    meta = {**result["meta"], "raw": result["rows"], "low_rank_kind": kind, "model_line": (
+        f"d={c.model.hidden_size} d_ff={c.model.ffn_size} r={c.model.rank} low-rank={kind} "
+        f"rmsnorm={c.model.boost.rmsnorm}; seq {c.tokens.sequence_length}; one decoder block fwd+bwd, "
+        f"{args.iters} iterations, first {args.warmup} dropped")}
+    return publish(rows, meta, args.out)
+
+
+def publish(rows: List[Dict[str, Any]], meta: Dict[str, Any], out: Optional[str]) -> int:
+    """Print the table with the paper column and the verdicts; write JSON + markdown with --out."""
+    bp.annotate(rows, CLAIMS)
+    verdicts = bp.evaluate(CLAIMS, rows)
+    print(f"{TITLE} on {meta['machine']}, tp={meta['tp']}, {meta['date']}")
+    print(f"model: {meta.get('model_line', 'low-rank=' + str(meta.get('low_rank_kind')))}; "
+          f"1-min load avg {meta.get('loadavg_1m')}")
     print(render(rows))
-    print("speedup = non-grouped / grouped mean (+- standard error); comp = total - comm.")
-    if args.out:
-        print(f"wrote {bc.write_rows(args.out, rows, {**meta, 'raw': result['rows'], 'low_rank_kind': kind})}")
+    print("speedup = non-grouped / grouped mean (+- standard error); comp = total - comm; paper: " + _GPU + ".")
+    print("\n".join(bp.verdict_lines(verdicts)))
+    if out:
+        written = br.write_report(out, rows, meta, TITLE, *table(rows), verdicts=verdicts,
+                                  notes=["Paper rows QKV and MLP1 are paths inside our attention and MLP sub-layers."])
+        print("wrote " + ", ".join(str(p) for p in written.values()))
     return 0
 
 

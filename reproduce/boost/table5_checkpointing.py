@@ -1,6 +1,6 @@
 """BOOST Table 5: low-rank activation checkpointing, memory saved vs extra time (vanilla vs BTP).
 
-    python benchmarks/boost_table5_checkpointing.py [options] [-- torchrun options]   (default TP=2 on CPU)
+    python reproduce/boost/table5_checkpointing.py [options] [-- torchrun options]   (default TP=2 on CPU)
 
 One torchrun job builds the low-rank model four times: {vanilla, btp} x model.boost.lowrank_checkpointing
 {off, on}. For each micro-batch size (--batches, paper: 4 and 8) it measures, per TP rank:
@@ -27,13 +27,34 @@ import math
 import statistics
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a file: make `reproduce` importable
 
-import boost_common as bc  # noqa: E402
+from nanotron_ext.bench import launch as bl  # noqa: E402
+from nanotron_ext.bench import paper as bp  # noqa: E402
+from nanotron_ext.bench import report as br  # noqa: E402
+from nanotron_ext.bench import timing as bt  # noqa: E402
+from nanotron_ext.bench import workload as bw  # noqa: E402
+from reproduce.boost import common as bc  # noqa: E402
 
 STRATEGIES = ("vanilla", "btp")
+TITLE = "BOOST Table 5: low-rank activation checkpointing"
+_GPU = "LLaMA-7B, TP=4, GPU"
+# Table 5: dMem (MB), +Time (ms), Eff_ckpt (MB/ms) per (strategy, bz); ours are MiB on a tiny model
+PAPER_T5 = {("vanilla", 4): (26_022, 229, 113.7), ("btp", 4): (17_414, 90, 193.5),
+            ("vanilla", 8): (52_280, 460, 113.6), ("btp", 8): (35_392, 200, 177.0)}
+CLAIMS: List[bp.PaperClaim] = []
+for _mb in (4, 8):
+    _van, _btp = PAPER_T5[("vanilla", _mb)], PAPER_T5[("btp", _mb)]
+    CLAIMS += [
+        bp.PaperClaim(f"BOOST Eff / vanilla's, bz={_mb}", "eff_vs_vanilla", _btp[2] / _van[2], ">", 1.0,
+                      where={"strategy": "btp", "micro_batch": _mb}, source="Table 5", setting=_GPU),
+        bp.PaperClaim(f"BOOST +Time / vanilla's, bz={_mb}", "d_time_vs_vanilla", _btp[1] / _van[1], "<", 1.0,
+                      where={"strategy": "btp", "micro_batch": _mb}, source="Table 5", setting=_GPU),
+        bp.PaperClaim(f"BOOST dMem / vanilla's, bz={_mb}", "d_mem_vs_vanilla", _btp[0] / _van[0], "<", 1.0,
+                      where={"strategy": "btp", "micro_batch": _mb}, source="Table 5", setting=_GPU),
+    ]
 
 
 def variant_name(strategy: str, ckpt: bool) -> str:
@@ -44,25 +65,25 @@ def measure_worker(args: argparse.Namespace) -> Dict[str, Any]:
     from nanotron_ext.parallel.comm import get_ledger
     from nanotron_ext.train.pipeline_step import forward_backward
 
-    names, cfgs, ctx = bc.worker_configs(args)
+    names, cfgs, ctx = bl.worker_configs(args)
     if ctx.pp_pg.size() != 1:
-        raise ValueError("boost_table5_checkpointing measures one stage holding the whole model: use pp = 1")
-    trainees = {n: bc.build_trainee(c, ctx, with_optimizer=False) for n, c in zip(names, cfgs)}
+        raise ValueError("table5_checkpointing measures one stage holding the whole model: use pp = 1")
+    trainees = {n: bw.build_trainee(c, ctx, with_optimizer=False) for n, c in zip(names, cfgs)}
     ledger = get_ledger()
     rows = []
     for mb in [int(b) for b in args.batches.split(",")]:
-        batches = {n: bc.random_micro_batches(t.cfg, 1, micro_batch=mb) for n, t in trainees.items()}
+        batches = {n: bw.random_micro_batches(t.cfg, 1, micro_batch=mb) for n, t in trainees.items()}
 
         def step(n: str) -> None:
             t = trainees[n]
-            with bc.autocast_for(t.cfg, ctx.device):
+            with bw.autocast_for(t.cfg, ctx.device):
                 forward_backward(t.model, t.engine, batches[n], ctx)
             t.model.zero_grad(set_to_none=True)
 
         per: Dict[str, Dict[str, Any]] = {n: {"wall": [], "cpu": [], "calls": []} for n in names}
         for _ in range(args.iters):
             for n in names:  # interleaved: a load change on a shared machine hits all four alike
-                timing = bc.timed(lambda: step(n), ctx.device, 1, ledger=ledger)
+                timing = bt.timed(lambda: step(n), ctx.device, 1, ledger=ledger)
                 per[n]["wall"] += timing.wall
                 per[n]["cpu"] += timing.cpu
                 per[n]["calls"] += [c["calls"] for c in timing.comm]
@@ -70,19 +91,19 @@ def measure_worker(args: argparse.Namespace) -> Dict[str, Any]:
             t = trainees[n]
             mbatch = batches[n][0]
             ids, labels = mbatch["input_ids"].to(ctx.device), mbatch["label_ids"].to(ctx.device)
-            with bc.autocast_for(t.cfg, ctx.device):
+            with bw.autocast_for(t.cfg, ctx.device):
                 loss, act = bc.activation_bytes(t.model, lambda: t.model(input_ids=ids, label_ids=labels)["loss"],
                                                 ctx.device)
             loss.backward()
             t.model.zero_grad(set_to_none=True)
-            act_all = bc.gather_to_main(act)
+            act_all = bl.gather_to_main(act)
             rows.append({
                 "variant": n, "micro_batch": mb, "times": per[n]["wall"], "cpu_times": per[n]["cpu"],
                 "tp_calls": statistics.fmean(per[n]["calls"][args.warmup:]),
                 "act_alloc": act_all[0]["allocator"], "act_saved": act_all[0]["saved"],
                 "act_alloc_max_over_ranks": max(a["allocator"] for a in act_all),
             })
-    return {"rows": rows, "meta": bc.common_worker_meta(cfgs[0], ctx)}
+    return {"rows": rows, "meta": bl.worker_meta(ctx)}
 
 
 def compare(rows: Sequence[Dict[str, Any]], warmup: int) -> List[Dict[str, Any]]:
@@ -94,11 +115,11 @@ def compare(rows: Sequence[Dict[str, Any]], warmup: int) -> List[Dict[str, Any]]
         if mode != "ckpt-off" or (variant_name(strategy, True), mb) not in by:
             continue
         on = by[(variant_name(strategy, True), mb)]
-        s_off, s_on = bc.summarize(off["times"], warmup), bc.summarize(on["times"], warmup)
+        s_off, s_on = bt.summarize(off["times"], warmup), bt.summarize(on["times"], warmup)
         d_mem = off["act_alloc"] - on["act_alloc"]
         d_time = s_on.mean - s_off.mean
         d_time_err = math.sqrt(s_on.sem ** 2 + s_off.sem ** 2)
-        c_off, c_on = bc.summarize(off["cpu_times"], warmup), bc.summarize(on["cpu_times"], warmup)
+        c_off, c_on = bt.summarize(off["cpu_times"], warmup), bt.summarize(on["cpu_times"], warmup)
         d_cpu, d_cpu_err = c_on.mean - c_off.mean, math.sqrt(c_on.sem ** 2 + c_off.sem ** 2)
         eff = (d_mem / 2**20) / (d_time * 1e3) if d_time > 0 else None
         eff_cpu = (d_mem / 2**20) / (d_cpu * 1e3) if d_cpu > 0 else None
@@ -114,59 +135,96 @@ def compare(rows: Sequence[Dict[str, Any]], warmup: int) -> List[Dict[str, Any]]
     return sorted(out, key=lambda r: (r["micro_batch"], STRATEGIES.index(r["strategy"]) if r["strategy"] in STRATEGIES else 9))
 
 
+def add_ratios(rows: Sequence[Dict[str, Any]]) -> None:
+    """BOOST's dMem, +Time and Eff over vanilla's at the same micro-batch (what Table 5 compares)."""
+    van = {r["micro_batch"]: r for r in rows if r["strategy"] == "vanilla"}
+    for r in rows:
+        v = van.get(r["micro_batch"])
+        for col, key in (("d_mem_vs_vanilla", "d_mem_bytes"), ("d_time_vs_vanilla", "d_time_s"),
+                         ("eff_vs_vanilla", "eff_mib_per_ms")):
+            r[col] = bc.ratio(r[key], v[key]) if v is not None else None
+
+
 def render(rows: Sequence[Dict[str, Any]]) -> str:
-    headers = ["strategy", "bz", "act off MiB", "act on MiB", "dMem MiB", "time off ms", "time on ms",
-               "+Time ms", "Eff MiB/ms", "+CPU ms", "Eff(CPU) MiB/ms", "TP calls off", "+TP calls"]
+    return br.format_table(*table(rows))
+
+
+def table(rows: Sequence[Dict[str, Any]]) -> Tuple[List[str], List[List[Any]]]:
+    """(headers, body) with the paper's dMem (MB), +Time (ms), Eff (MB/ms) beside ours and the
+    BOOST / vanilla ratios beside the paper's."""
+    headers = ["strategy", "bz", "act off MiB", "act on MiB", "dMem MiB", "paper MB", "time off ms", "time on ms",
+               "+Time ms", "paper ms", "Eff MiB/ms", "paper MB/ms", "+CPU ms", "Eff(CPU) MiB/ms", "TP calls off",
+               "+TP calls", "Eff / vanilla", "paper"]
     body = []
     for r in rows:
         eff = "-" if r["eff_mib_per_ms"] is None else f"{r['eff_mib_per_ms']:.1f}"
         eff_cpu = "-" if r["eff_cpu_mib_per_ms"] is None else f"{r['eff_cpu_mib_per_ms']:.1f}"
-        body.append([r["strategy"], r["micro_batch"], bc.fmt_bytes(r["act_off_bytes"], "MiB"),
-                     bc.fmt_bytes(r["act_on_bytes"], "MiB"), bc.fmt_bytes(r["d_mem_bytes"], "MiB"),
-                     f"{r['time_off_s'] * 1e3:,.1f}", f"{r['time_on_s'] * 1e3:,.1f}",
-                     f"{r['d_time_s'] * 1e3:,.1f} +- {r['d_time_err_s'] * 1e3:,.1f}", eff,
+        pm, pt, pe = PAPER_T5.get((r["strategy"], r["micro_batch"]), (None, None, None))
+        body.append([r["strategy"], r["micro_batch"], br.fmt_bytes(r["act_off_bytes"], "MiB"),
+                     br.fmt_bytes(r["act_on_bytes"], "MiB"), br.fmt_bytes(r["d_mem_bytes"], "MiB"),
+                     None if pm is None else f"{pm:,}", f"{r['time_off_s'] * 1e3:,.1f}", f"{r['time_on_s'] * 1e3:,.1f}",
+                     f"{r['d_time_s'] * 1e3:,.1f} +- {r['d_time_err_s'] * 1e3:,.1f}", pt, eff, pe,
                      f"{r['d_cpu_s'] * 1e3:,.1f} +- {r['d_cpu_err_s'] * 1e3:,.1f}", eff_cpu,
-                     f"{r['tp_calls_off']:g}", f"{r['extra_tp_calls']:+g}"])
-    return bc.format_table(headers, body)
+                     f"{r['tp_calls_off']:g}", f"{r['extra_tp_calls']:+g}", br.fmt_x(r.get("eff_vs_vanilla")),
+                     br.fmt_x(r.get("paper_eff_vs_vanilla"))])
+    return headers, body
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    own, torchrun_args = bc.split_argv(sys.argv[1:] if argv is None else argv)
+    own, torchrun_args = bl.split_argv(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    bc.add_model_args(p)
-    bc.add_run_args(p, iters=10, warmup=2)
+    bw.add_model_args(p)
+    bl.add_run_args(p, iters=10, warmup=2)
     p.add_argument("--batches", default="4,8", help="micro-batch sizes (default 4,8 as in the paper)")
     args = p.parse_args(own)
     if args.worker:
-        bc.write_worker_result(args.result_file, measure_worker(args))
+        bl.write_worker_result(args.result_file, measure_worker(args))
         return 0
+    if args.from_json:
+        saved = bl.read_result(args.from_json)
+        return publish(saved["rows"], saved["meta"], args.out)
     if args.iters <= args.warmup:
         raise SystemExit(f"--iters ({args.iters}) must exceed --warmup ({args.warmup})")
-    strategies = bc.require_strategies(STRATEGIES)
+    strategies = bw.require_strategies(STRATEGIES)
     if not strategies:
         print("no low-rank TP strategy registered: nothing to measure")
         return 0
-    shared = bc.shape_overrides(args) + list(args.overrides)
+    shared = bw.shape_overrides(args) + list(args.overrides)
     kind = bc.base_low_rank_kind(args.config_file, shared, args.low_rank_kind)
-    cfgs = {variant_name(s, ck): bc.resolve_config(args.config_file, shared + bc.strategy_overrides(s, kind) +
+    cfgs = {variant_name(s, ck): bw.resolve_config(args.config_file, shared + bc.strategy_overrides(s, kind) +
                                                     [f"model.boost.lowrank_checkpointing={str(ck).lower()}"])
             for s in strategies for ck in (False, True)}
-    result = bc.run_job(__file__, cfgs, ["--batches", args.batches, "--iters", str(args.iters),
+    result = bl.run_job(__file__, cfgs, ["--batches", args.batches, "--iters", str(args.iters),
                                          "--warmup", str(args.warmup)], torchrun_args, args.log_dir, args.timeout,
                         args.verbose)
     rows = compare(result["rows"], args.warmup)
-    meta, c = result["meta"], next(iter(cfgs.values()))
-    print(f"BOOST Table 5 (low-rank activation checkpointing) on {meta['machine']}, tp={meta['tp']}, {meta['date']}")
-    print(f"model: d={c.model.hidden_size} d_ff={c.model.ffn_size} layers={c.model.num_layers} r={c.model.rank} "
-          f"low-rank={kind}; seq {c.tokens.sequence_length}; {args.iters} fwd+bwd per variant, first {args.warmup} "
-          f"dropped; TP rank 0 memory; 1-min load avg {meta.get('loadavg_1m')}")
-    print(render(rows))
+    c = next(iter(cfgs.values()))
+    meta = {**result["meta"], "raw": result["rows"], "low_rank_kind": kind, "model_line": (
+        f"d={c.model.hidden_size} d_ff={c.model.ffn_size} layers={c.model.num_layers} r={c.model.rank} "
+        f"low-rank={kind}; seq {c.tokens.sequence_length}; {args.iters} fwd+bwd per variant, first {args.warmup} "
+        f"dropped; TP rank 0 memory")}
     for s in STRATEGIES:
         if s not in strategies:
             print(f"{s}: not available (tp_strategy not registered)")
-    print("Eff is '-' when checkpointing did not measurably add time (+Time <= 0); +-: standard error.")
-    if args.out:
-        print(f"wrote {bc.write_rows(args.out, rows, {**meta, 'raw': result['rows'], 'low_rank_kind': kind})}")
+    return publish(rows, meta, args.out)
+
+
+def publish(rows: List[Dict[str, Any]], meta: Dict[str, Any], out: Optional[str]) -> int:
+    """Print the table with the paper column and the verdicts; write JSON + markdown with --out."""
+    add_ratios(rows)
+    bp.annotate(rows, CLAIMS)
+    verdicts = bp.evaluate(CLAIMS, rows)
+    print(f"{TITLE} on {meta['machine']}, tp={meta['tp']}, {meta['date']}")
+    print(f"model: {meta.get('model_line', 'low-rank=' + str(meta.get('low_rank_kind')))}; "
+          f"1-min load avg {meta.get('loadavg_1m')}")
+    print(render(rows))
+    note = ("Eff is '-' when checkpointing did not measurably add time (+Time <= 0); +-: standard error; "
+            f"paper: {_GPU}, MB and ms of a 7B model (compare the BOOST / vanilla ratios).")
+    print(note)
+    print("\n".join(bp.verdict_lines(verdicts)))
+    if out:
+        written = br.write_report(out, rows, meta, TITLE, *table(rows), verdicts=verdicts, notes=[note])
+        print("wrote " + ", ".join(str(p) for p in written.values()))
     return 0
 
 

@@ -5,7 +5,7 @@
     (middle) hardware utilisation of each linear, vanilla vs btp (and full rank)
     (right)  utilisation against the micro-batch size
 
-    python benchmarks/boost_fig7_compute.py [--batches 1,2,4,8] [--out runs/boost/fig7_cpu.png] [-- torchrun args]
+    python reproduce/boost/fig7_compute.py [--batches 1,2,4,8] [--out runs/boost/fig7_cpu.png] [-- torchrun args]
 
 One torchrun job (default 2 CPU ranks, TP=2) builds each model and takes the GEMM shapes from this
 rank's actual weight shards of the first decoder block (so each design's split is exactly what
@@ -24,14 +24,20 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a file: make `reproduce` importable
 
-import boost_common as bc  # noqa: E402
+from nanotron_ext.bench import launch as bl  # noqa: E402
+from nanotron_ext.bench import paper as bp  # noqa: E402
+from nanotron_ext.bench import report as br  # noqa: E402
+from nanotron_ext.bench import timing as bt  # noqa: E402
+from nanotron_ext.bench import workload as bw  # noqa: E402
+from reproduce.boost import common as bc  # noqa: E402
 
 LINEARS = ("QKV", "O", "gate/up", "down")
 DESIGNS = {"FullRank-TP (megatron)": "megatron", "Vanilla-TP": "vanilla", "BOOST (btp)": "btp"}
+DESIGN_NAMES = {s: n for n, s in DESIGNS.items()}
 
 
 def linear_group(param_name: str) -> str:
@@ -65,7 +71,7 @@ def gemm_seconds(x: Any, w: Any, reps: int, device: Any) -> tuple:
 def measure_worker(args: argparse.Namespace) -> Dict[str, Any]:
     import torch
 
-    names, cfgs, ctx = bc.worker_configs(args)
+    names, cfgs, ctx = bl.worker_configs(args)
     dtype = torch.bfloat16 if cfgs[0].model.dtype == "bf16" else torch.float32
     g = torch.Generator().manual_seed(0)
     # the reference (100%): the best FLOP/s of any single call in this job, square GEMMs of
@@ -74,20 +80,20 @@ def measure_worker(args: argparse.Namespace) -> Dict[str, Any]:
     n = args.peak_size
     while n >= 256:
         a = torch.randn(n, n, generator=g).to(ctx.device, dtype)
-        bc.sync_all(ctx.device)
+        bt.sync_all(ctx.device)
         peak = max(peak, 2 * n ** 3 / gemm_seconds(a, a, args.reps, ctx.device)[1])
         n //= 2
     rows = []
     for name, cfg in zip(names, cfgs):
-        model = bc.build_trainee(cfg, ctx, with_optimizer=False).model
-        block = bc.first_local_block(model)
+        model = bw.build_trainee(cfg, ctx, with_optimizer=False).model
+        block = bw.first_local_block(model)
         weights = [(pn, p.detach().to(dtype)) for pn, p in block.named_parameters() if p.ndim == 2 and "_proj" in pn]
         for mb in [int(b) for b in args.batches.split(",")]:
             tokens = mb * cfg.tokens.sequence_length
             per: Dict[str, Dict[str, float]] = {k: {"flops": 0.0, "seconds": 0.0, "gemms": 0} for k in LINEARS}
             for pn, w in weights:
                 x = torch.randn(tokens, w.shape[1], generator=g).to(ctx.device, dtype)
-                bc.sync_all(ctx.device)
+                bt.sync_all(ctx.device)
                 sec, best = gemm_seconds(x, w, args.reps, ctx.device)
                 flops = 2.0 * tokens * w.shape[0] * w.shape[1]
                 peak = max(peak, flops / best)
@@ -97,57 +103,92 @@ def measure_worker(args: argparse.Namespace) -> Dict[str, Any]:
                 grp["gemms"] += 1
             for lin, v in per.items():
                 rows.append({"design": name, "micro_batch": mb, "linear": lin, **v})
-        bc.release(model)
+        bw.release(model)
     # mean over ranks (the shards of one design have equal shapes on every rank)
-    all_rows = bc.gather_to_main(rows)
-    peaks = bc.gather_to_main(peak)
+    all_rows = bl.gather_to_main(rows)
+    peaks = bl.gather_to_main(peak)
     for i, r in enumerate(rows):
         r["seconds"] = statistics.fmean(rr[i]["seconds"] for rr in all_rows)
     peak_mean = statistics.fmean(peaks)
     for r in rows:
         r["flops_per_s"] = r["flops"] / r["seconds"] if r["seconds"] else None
         r["utilisation"] = r["flops_per_s"] / peak_mean if r["flops_per_s"] else None
-    return {"rows": rows, "meta": {**bc.common_worker_meta(cfgs[0], ctx), "peak_flops_per_s": peak_mean,
+    return {"rows": rows, "meta": {**bl.worker_meta(ctx), "peak_flops_per_s": peak_mean,
                                    "peak_size": n}}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    own, torchrun_args = bc.split_argv(sys.argv[1:] if argv is None else argv)
+    own, torchrun_args = bl.split_argv(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    bc.add_model_args(p)
-    bc.add_run_args(p, iters=1, warmup=0)
+    bw.add_model_args(p)
+    bl.add_run_args(p, iters=1, warmup=0)
     p.add_argument("--batches", default="1,2,4,8", help="micro-batch sizes (left/middle panels: --micro-batch)")
     p.add_argument("--reps", type=int, default=9, help="timed calls per GEMM (median)")
     p.add_argument("--peak-size", type=int, default=1024,
                    help="largest square reference GEMM (sizes halve down to 256); 100%% = best FLOP/s of any call")
     args = p.parse_args(own)
     if args.worker:
-        bc.write_worker_result(args.result_file, measure_worker(args))
+        bl.write_worker_result(args.result_file, measure_worker(args))
         return 0
     if args.out is None:
         args.out = "runs/boost/fig7_compute.png"
-    registered = bc.require_strategies(list(DESIGNS.values()))
-    shared = bc.shape_overrides(args) + list(args.overrides)
+    if args.from_json:
+        saved = bl.read_result(args.from_json)
+        return publish(saved["rows"], saved["meta"], args.out)
+    registered = bw.require_strategies(list(DESIGNS.values()))
+    shared = bw.shape_overrides(args) + list(args.overrides)
     kind = bc.base_low_rank_kind(args.config_file, shared, args.low_rank_kind)
-    cfgs = {name: bc.resolve_config(args.config_file, shared + bc.strategy_overrides(s, kind))
+    cfgs = {name: bw.resolve_config(args.config_file, shared + bc.strategy_overrides(s, kind))
             for name, s in DESIGNS.items() if s in registered}
     mb0 = next(iter(cfgs.values())).tokens.micro_batch_size
     batches = sorted({int(b) for b in args.batches.split(",")} | {mb0})
-    result = bc.run_job(__file__, cfgs, ["--batches", ",".join(map(str, batches)), "--reps", str(args.reps),
+    result = bl.run_job(__file__, cfgs, ["--batches", ",".join(map(str, batches)), "--reps", str(args.reps),
                                          "--peak-size", str(args.peak_size)], torchrun_args, args.log_dir,
                         args.timeout, args.verbose)
-    rows, meta = result["rows"], result["meta"]
+    meta = {**result["meta"], "low_rank_kind": kind, "micro_batch": mb0}
+    return publish(result["rows"], meta, args.out)
+
+
+def add_ratios(rows: Sequence[Dict[str, Any]]) -> None:
+    """Each linear's FLOPs over the full-rank and the vanilla design's, utilisation and GEMM time
+    over vanilla's, at the same micro-batch."""
+    by = {(DESIGNS.get(r["design"]), r["micro_batch"], r["linear"]): r for r in rows}
+    for r in rows:
+        ref = {s: by.get((s, r["micro_batch"], r["linear"])) for s in ("megatron", "vanilla")}
+        r["flops_vs_megatron"] = bc.ratio(r["flops"], ref["megatron"]["flops"]) if ref["megatron"] else None
+        van = ref["vanilla"]
+        r["flops_vs_vanilla"] = bc.ratio(r["flops"], van["flops"]) if van else None
+        r["util_vs_vanilla"] = bc.ratio(r["utilisation"], van["utilisation"]) if van else None
+        r["seconds_vs_vanilla"] = bc.ratio(r["seconds"], van["seconds"]) if van else None
+
+
+def claims_for(mb0: int) -> List[bp.PaperClaim]:
+    """Figure 7, per linear at the shown micro-batch: both low-rank designs do fewer FLOPs than full
+    rank and the same as each other (left); BOOST has the higher utilisation and finishes its GEMMs
+    sooner than vanilla (middle). The paper gives these as bars, not numbers."""
+    btp, src = DESIGN_NAMES["btp"], "Fig. 7"
+    out = []
+    for lin in LINEARS:
+        at = {"design": btp, "micro_batch": mb0, "linear": lin}
+        out += [
+            bp.PaperClaim(f"{lin}: BOOST FLOPs / full rank's", "flops_vs_megatron", None, "<", 1.0, where=at,
+                          source=f"{src} (left)", setting="LLaMA-7B/13B, GPU"),
+            bp.PaperClaim(f"{lin}: BOOST FLOPs / vanilla's (identical)", "flops_vs_vanilla", 1.0, "==", 1.0, where=at,
+                          source=f"{src} (left)", setting="LLaMA-7B/13B, GPU"),
+            bp.PaperClaim(f"{lin}: BOOST utilisation / vanilla's", "util_vs_vanilla", None, ">", 1.0, where=at,
+                          source=f"{src} (middle)", setting="LLaMA-7B/13B, GPU"),
+        ]
+    return out
+
+
+def plot(rows: Sequence[Dict[str, Any]], mb0: int) -> Any:
+    """The three panels from the rows."""
     at = {(r["design"], r["micro_batch"], r["linear"]): r for r in rows}
-    names = list(cfgs)
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
-    bc.grouped_bars(axes[0], list(LINEARS), {n: [at[(n, mb0, lin)]["flops"] / 1e9 for lin in LINEARS] for n in names},
-                    ylabel="forward GEMM work per rank (GFLOP)")
+    names = [n for n in DESIGNS if any(r["design"] == n for r in rows)]
+    batches = sorted({r["micro_batch"] for r in rows})
+    fig, axes = br.new_figure(3, width=16 / 3)
+    br.grouped_bars(axes[0], list(LINEARS), {n: [at[(n, mb0, lin)]["flops"] / 1e9 for lin in LINEARS] for n in names},
+                    ylabel="forward GEMM work per rank (GFLOP)", color=bc.design_color)
     tw = axes[0].twinx()
     width = 0.8 / len(names)
     for i, n in enumerate(names):
@@ -157,8 +198,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     tw.set_ylabel("GEMM time (ms, diamonds)")
     tw.legend(fontsize=7, loc="upper center")
     axes[0].set_title(f"work and time per linear (bz={mb0})")
-    bc.grouped_bars(axes[1], list(LINEARS), {n: [100 * at[(n, mb0, lin)]["utilisation"] for lin in LINEARS] for n in names},
-                    ylabel="utilisation (% of best GEMM FLOP/s)")
+    br.grouped_bars(axes[1], list(LINEARS), {n: [100 * at[(n, mb0, lin)]["utilisation"] for lin in LINEARS] for n in names},
+                    ylabel="utilisation (% of best GEMM FLOP/s)", color=bc.design_color)
     axes[1].set_title(f"utilisation per linear (bz={mb0})")
     for n in names:
         if DESIGNS[n] == "megatron":
@@ -171,15 +212,36 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     axes[2].set_title("utilisation against micro-batch size")
     for ax in axes:
         ax.legend(fontsize=6)
-    fig.suptitle(bc.figure_title(f"BOOST Figure 7 at CPU scale: per-linear forward GEMMs on TP rank shards, "
-                                 f"TP={meta.get('tp')}, 100% = {meta['peak_flops_per_s'] / 1e9:.1f} GFLOP/s "
-                                 f"(best single GEMM call)", meta), fontsize=10)
-    png, js = bc.save_figure(fig, args.out, rows, {**meta, "low_rank_kind": kind})
-    headers = ["design", "bz", "linear", "GEMMs", "GFLOP", "ms", "GFLOP/s", "util %"]
-    print(bc.format_table(headers, [[r["design"], r["micro_batch"], r["linear"], r["gemms"], f"{r['flops'] / 1e9:.3f}",
-                                     f"{r['seconds'] * 1e3:.2f}", f"{r['flops_per_s'] / 1e9:.1f}",
-                                     f"{100 * r['utilisation']:.0f}"] for r in rows if r["micro_batch"] == mb0]))
-    print(f"wrote {png} and {js}")
+    return fig
+
+
+def publish(rows: List[Dict[str, Any]], meta: Dict[str, Any], out: str) -> int:
+    """Table at the shown micro-batch with ratios beside the paper's, verdicts, PNG + JSON + markdown."""
+    batches = sorted({r["micro_batch"] for r in rows})
+    # results saved before the micro-batch was recorded were measured at the default micro-batch
+    mb0 = meta.get("micro_batch") or (bw.BENCH_DEFAULTS["micro_batch"] if bw.BENCH_DEFAULTS["micro_batch"] in batches
+                                      else batches[0])
+    add_ratios(rows)
+    claims = claims_for(mb0)
+    bp.annotate(rows, claims)
+    verdicts = bp.evaluate(claims, rows)
+    headers = ["design", "bz", "linear", "GEMMs", "GFLOP", "ms", "GFLOP/s", "util %", "FLOPs / full", "paper",
+               "FLOPs / vanilla", "paper", "util / vanilla", "paper"]
+    body = [[r["design"], r["micro_batch"], r["linear"], r["gemms"], f"{r['flops'] / 1e9:.3f}",
+             f"{r['seconds'] * 1e3:.2f}", f"{r['flops_per_s'] / 1e9:.1f}", f"{100 * r['utilisation']:.0f}",
+             br.fmt_x(r["flops_vs_megatron"]), br.fmt_x(r.get("paper_flops_vs_megatron")),
+             br.fmt_x(r["flops_vs_vanilla"]), br.fmt_x(r.get("paper_flops_vs_vanilla")),
+             br.fmt_x(r["util_vs_vanilla"]), br.fmt_x(r.get("paper_util_vs_vanilla"))]
+            for r in rows if r["micro_batch"] == mb0]
+    print(br.format_table(headers, body))
+    print("\n".join(bp.verdict_lines(verdicts)))
+    title = (f"BOOST Figure 7 at CPU scale: per-linear forward GEMMs on TP rank shards, TP={meta.get('tp')}, "
+             f"100% = {meta['peak_flops_per_s'] / 1e9:.1f} GFLOP/s (best single GEMM call)")
+    written = br.write_report(Path(out).with_suffix(".json"), rows, meta, title, headers, body, verdicts=verdicts,
+                              figure=plot(rows, mb0),
+                              notes=[f"table at micro-batch {mb0}; the paper's Figure 7 gives bars (no numbers): "
+                                     "the paper column holds only the identical-FLOPs ratio."])
+    print("wrote " + ", ".join(str(p) for p in written.values()))
     return 0
 
 

@@ -1,0 +1,150 @@
+"""The paper column: each paper's number beside ours, and whether the paper's ordering held.
+
+A `PaperClaim` names one measured column of one row (`column`, `where`), the paper's value of that
+quantity (`paper`, None when the paper states only an ordering) and the ordering the paper claims
+for it (`relation` `than`, e.g. speedup > 1, activation ratio < 1). Our set-ups are smaller than the
+papers' (CPU, tiny models), so a claim "held" when the ORDERING holds on our numbers; the ratio of
+ours to the paper's is reported beside it, never used to pass or fail.
+
+    claims = [PaperClaim("grouping speedup, bz=1", "speedup", 1.16, ">", 1.0,
+                         where={"micro_batch": 1, "part": "block"}, source="Table 3")]
+    annotate(rows, claims)           # rows gain paper_speedup beside speedup
+    for v in evaluate(claims, rows): print(v.line())
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import operator
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+_RELATIONS: Dict[str, Callable[[float, float], bool]] = {
+    ">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le,
+    "==": lambda a, b: math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12),  # "identical" (e.g. FLOP counts)
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class PaperClaim:
+    """One number of a paper and the ordering it claims, bound to one measured column of one row."""
+
+    name: str                      # what is compared, e.g. "grouped vs ungrouped block time, bz=1"
+    column: str                    # the measured row column the paper's number sits beside
+    paper: Optional[float]         # the paper's value of that quantity (None: ordering only)
+    relation: Optional[str] = ">"  # the ordering claimed: measured <relation> than (None: value only)
+    than: float = 1.0
+    where: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # selects the row: column == value
+    err_column: Optional[str] = None  # the row's standard error of `column`, if measured: flags noise
+    source: str = ""               # "Table 3", "Fig. 6 (left)"
+    setting: str = ""              # the paper's set-up, e.g. "CoLA LLaMA-7B, TP=4, GPU"
+
+    def __post_init__(self) -> None:
+        if self.relation is not None and self.relation not in _RELATIONS:
+            raise ValueError(f"relation must be one of {sorted(_RELATIONS)}, got {self.relation!r}")
+
+    @property
+    def ordering(self) -> str:
+        return "-" if self.relation is None else f"{self.relation} {self.than:g}"
+
+    def matches(self, row: Mapping[str, Any]) -> bool:
+        return all(row.get(k) == v for k, v in self.where.items())
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """A claim checked on measured rows. `held` is None when the value was not measured or the
+    claim states a value only (a different scale than ours: shown, not judged)."""
+
+    claim: PaperClaim
+    measured: Optional[float]
+    held: Optional[bool]
+    err: Optional[float] = None  # standard error of `measured`, when the row has one
+
+    @property
+    def within_noise(self) -> bool:
+        """The ordering is decided by less than 2 standard errors."""
+        return self.measured is not None and self.err is not None and abs(self.measured - self.claim.than) <= 2 * self.err
+
+    @property
+    def ours_over_paper(self) -> Optional[float]:
+        p = self.claim.paper
+        if self.measured is None or p is None or p == 0:
+            return None
+        return self.measured / p
+
+    @property
+    def status(self) -> str:
+        if self.measured is not None and self.claim.relation is None:
+            return "value only"
+        status = {True: "held", False: "NOT held", None: "not measured"}[self.held]
+        return status + (" (within noise: 2 s.e.)" if self.held is not None and self.within_noise else "")
+
+    def line(self) -> str:
+        """One printable line: paper value, ours, the ordering and whether it held."""
+        c = self.claim
+        paper = "-" if c.paper is None else f"{c.paper:.4g}"
+        ours = "-" if self.measured is None else f"{self.measured:.4g}"
+        src = f"[{c.source}] " if c.source else ""
+        claimed = f"; claimed {c.column} {c.ordering}" if c.relation else ""
+        return f"{src}{c.name}: paper {paper}, ours {ours}{claimed}: {self.status}"
+
+    def as_dict(self) -> Dict[str, Any]:
+        c = self.claim
+        return {"name": c.name, "source": c.source, "setting": c.setting, "column": c.column,
+                "where": dict(c.where), "paper": c.paper, "measured": self.measured, "claimed": c.ordering,
+                "held": self.held, "measured_err": self.err, "within_noise": self.within_noise,
+                "ours_over_paper": self.ours_over_paper}
+
+
+def _finite(v: Any) -> Optional[float]:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return float(v) if math.isfinite(v) else None
+
+
+def measured_value(claim: PaperClaim, rows: Sequence[Mapping[str, Any]], column: Optional[str] = None) -> Optional[float]:
+    """The claim's column (or `column`) in the first row that matches its `where` (None: no such
+    row or value)."""
+    for row in rows:
+        if claim.matches(row):
+            return _finite(row.get(column or claim.column))
+    return None
+
+
+def evaluate(claims: Sequence[PaperClaim], rows: Sequence[Mapping[str, Any]]) -> List[Verdict]:
+    """Whether each claim's ordering held on the measured rows."""
+    out = []
+    for c in claims:
+        v = measured_value(c, rows)
+        held = None if v is None or c.relation is None else _RELATIONS[c.relation](v, c.than)
+        out.append(Verdict(c, v, held, measured_value(c, rows, c.err_column) if c.err_column else None))
+    return out
+
+
+def annotate(rows: Sequence[Dict[str, Any]], claims: Sequence[PaperClaim]) -> Sequence[Dict[str, Any]]:
+    """Put each claim's paper value beside its measured column: row["paper_<column>"] (in place;
+    rows no claim selects get None there, so every row has the paper column)."""
+    columns = {c.column for c in claims}
+    for row in rows:
+        for col in columns:
+            row.setdefault(f"paper_{col}", None)
+        for c in claims:
+            if c.matches(row):
+                row[f"paper_{c.column}"] = c.paper
+    return rows
+
+
+def verdict_table(verdicts: Sequence[Verdict]) -> Tuple[List[str], List[List[Any]]]:
+    """(headers, body) of the paper-vs-measured table."""
+    headers = ["source", "quantity", "paper setting", "paper", "ours", "claimed", "ordering"]
+    body = [[v.claim.source, v.claim.name, v.claim.setting or "-",
+             "-" if v.claim.paper is None else f"{v.claim.paper:.4g}",
+             "-" if v.measured is None else f"{v.measured:.4g}",
+             f"{v.claim.column} {v.claim.ordering}" if v.claim.relation else "-", v.status]
+            for v in verdicts]
+    return headers, body
+
+
+def verdict_lines(verdicts: Sequence[Verdict]) -> List[str]:
+    """Printable lines, one per claim."""
+    return [v.line() for v in verdicts]

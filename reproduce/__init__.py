@@ -1,0 +1,1 @@
+"""Reproduction scripts, one folder per paper (see reproduce/README.md)."""

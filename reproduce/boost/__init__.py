@@ -1,0 +1,1 @@
+"""BOOST reproduction scripts (see reproduce/boost/README.md)."""

@@ -1,0 +1,273 @@
+"""The reproduction harness (nanotron_ext.bench) on its own: statistics against numpy/statistics,
+the paper column's verdicts on synthetic rows, report files (JSON + markdown + PNG titled with
+device and date), argument splitting, and timing/memory probes in one process."""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import statistics
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Dict, List
+
+import numpy as np
+import pytest
+
+from nanotron_ext.bench import launch, paper, report, timing, workload
+
+
+# ------------------------------------------------------------------------------------------------
+# timing statistics
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("warmup", [0, 1, 3])
+def test_summary_agrees_with_numpy_and_statistics(warmup: int) -> None:
+    times = list(np.random.default_rng(7).gamma(4.0, 0.01, size=17))
+    kept = np.array(times[warmup:])
+    s = timing.summarize(times, warmup)
+    assert s.n == len(kept)
+    assert s.mean == pytest.approx(float(np.mean(kept)))
+    assert s.std == pytest.approx(float(np.std(kept, ddof=1)))  # sample std, as statistics.stdev
+    assert s.std == pytest.approx(statistics.stdev(kept.tolist()))
+    assert s.median == pytest.approx(float(np.median(kept)))
+    assert (s.min, s.max) == (pytest.approx(float(kept.min())), pytest.approx(float(kept.max())))
+    assert s.sem == pytest.approx(float(np.std(kept, ddof=1) / np.sqrt(len(kept))))
+
+
+def test_summary_edge_cases() -> None:
+    times = [9.0, 7.0, 1.0, 2.0, 3.0, 6.0]
+    s = timing.summarize(times, warmup=2)
+    assert (s.n, s.mean, s.median) == (4, pytest.approx(3.0), pytest.approx(2.5))
+    assert s.std == pytest.approx(statistics.stdev([1.0, 2.0, 3.0, 6.0]))
+    assert (s.min, s.max) == (1.0, 6.0)
+    assert s.sem == pytest.approx(s.std / 2)
+    assert timing.summarize([4.0], 0).std == 0.0
+    with pytest.raises(ValueError):
+        timing.summarize([1.0, 2.0], warmup=2)
+    with pytest.raises(ValueError):
+        timing.summarize([1.0], warmup=-1)
+
+
+def test_pooled_summary_drops_warmup_of_every_round() -> None:
+    s = timing.pooled_summary([[100.0, 1.0, 3.0], [50.0, 5.0, 7.0]], warmup=1)
+    assert s.n == 4 and s.mean == pytest.approx(4.0)
+    assert s.std == pytest.approx(float(np.std([1.0, 3.0, 5.0, 7.0], ddof=1)))
+
+
+def test_speedup_and_its_standard_error() -> None:
+    ref = timing.summarize([2.0, 2.2, 1.8, 2.0], 0)
+    cand = timing.summarize([1.0, 1.1, 0.9, 1.0], 0)
+    s, err = timing.speedup(ref, cand)
+    assert s == pytest.approx(2.0)
+    assert err == pytest.approx(2.0 * math.hypot(ref.sem / ref.mean, cand.sem / cand.mean))
+    assert timing.speedup(cand, cand)[0] == pytest.approx(1.0)
+
+
+def test_rotated_puts_every_variant_first_once() -> None:
+    names = ["a", "b", "c"]
+    firsts = [timing.rotated(names, r)[0] for r in range(3)]
+    assert sorted(firsts) == names and timing.rotated(names, 1) == ["b", "c", "a"]
+    assert timing.rotated([], 5) == []
+
+
+class _Ledger:
+    """Counts what the timed function 'sends', per group, like the comm ledger."""
+
+    def __init__(self) -> None:
+        self.sent: Dict[str, List[int]] = {}
+
+    def reset(self) -> None:
+        self.sent = {}
+
+    def send(self, group: str, n: int) -> None:
+        self.sent.setdefault(group, []).append(n)
+
+    def bytes(self, group: str) -> int:
+        return sum(self.sent.get(group, []))
+
+    def calls(self, group: str) -> int:
+        return len(self.sent.get(group, []))
+
+
+def test_timed_and_interleaved_in_one_process() -> None:
+    import torch
+
+    ledger, order = _Ledger(), []
+
+    def work(name: str, n: int):
+        def go() -> None:
+            order.append(name)
+            ledger.send("tp", n)
+            ledger.send("dp", 1)
+        return go
+
+    t = timing.timed(work("x", 8), torch.device("cpu"), 3, ledger=ledger)
+    assert len(t.wall) == len(t.cpu) == 3 and all(w >= 0 for w in t.wall)
+    assert t.comm == [{"bytes": 8, "calls": 1}] * 3 and t.comm_s == []
+    assert timing.timed(work("x", 8), torch.device("cpu"), 1, ledger=ledger, group="dp").comm == [{"bytes": 1, "calls": 1}]
+    order.clear()
+    got = timing.interleaved({"a": work("a", 4), "b": work("b", 16)}, torch.device("cpu"), 3, ledger=ledger)
+    assert order == ["a", "b"] * 3  # iteration i of every variant before iteration i+1 of any
+    assert [c["bytes"] for c in got["b"].comm] == [16, 16, 16] and len(got["a"].wall) == 3
+
+
+# ------------------------------------------------------------------------------------------------
+# the paper column
+# ------------------------------------------------------------------------------------------------
+ROWS = [
+    {"micro_batch": 1, "part": "block", "speedup": 1.19},
+    {"micro_batch": 4, "part": "block", "speedup": 0.97},
+    {"micro_batch": 4, "part": "mlp", "speedup": None},
+    {"name": "btp", "act_vs_vanilla": 0.745},
+]
+CLAIMS = [
+    paper.PaperClaim("grouping, bz=1", "speedup", 1.16, ">", 1.0, where={"micro_batch": 1, "part": "block"},
+                     source="Table 3"),
+    paper.PaperClaim("grouping, bz=4", "speedup", 1.04, ">", 1.0, where={"micro_batch": 4, "part": "block"},
+                     source="Table 3"),
+    paper.PaperClaim("grouping mlp, bz=4", "speedup", None, ">", 1.0, where={"micro_batch": 4, "part": "mlp"}),
+    paper.PaperClaim("btp activations / vanilla", "act_vs_vanilla", 22.14 / 30.73, "<", 1.0, where={"name": "btp"}),
+    paper.PaperClaim("absent row", "speedup", 2.0, where={"micro_batch": 99}),
+]
+
+
+def test_paper_claims_held_not_held_and_not_measured() -> None:
+    v = paper.evaluate(CLAIMS, ROWS)
+    assert [x.held for x in v] == [True, False, None, True, None]
+    assert [x.status for x in v] == ["held", "NOT held", "not measured", "held", "not measured"]
+    assert v[0].measured == pytest.approx(1.19) and v[0].ours_over_paper == pytest.approx(1.19 / 1.16)
+    assert v[2].ours_over_paper is None
+    assert "paper 1.16, ours 1.19" in v[0].line() and "NOT held" in v[1].line() and v[0].line().startswith("[Table 3]")
+    d = v[3].as_dict()
+    assert d["held"] is True and d["claimed"] == "< 1" and d["paper"] == pytest.approx(0.7205, abs=1e-4)
+    # an ordering that holds only with equality
+    eq = paper.PaperClaim("no slower", "speedup", None, ">=", 1.0, where={"micro_batch": 1})
+    assert paper.evaluate([eq], [{"micro_batch": 1, "speedup": 1.0}])[0].held is True
+    same = paper.PaperClaim("identical FLOPs", "flops_ratio", 1.0, "==", 1.0)
+    assert [v.held for v in paper.evaluate([same], [{"flops_ratio": 1.0}])] == [True]
+    assert [v.held for v in paper.evaluate([same], [{"flops_ratio": 0.999}])] == [False]
+    with pytest.raises(ValueError):
+        paper.PaperClaim("bad", "x", 1.0, relation="~")
+
+
+def test_annotate_puts_the_paper_value_beside_the_measured_column() -> None:
+    rows = [dict(r) for r in ROWS]
+    paper.annotate(rows, CLAIMS)
+    assert rows[0]["paper_speedup"] == 1.16 and rows[1]["paper_speedup"] == 1.04
+    assert rows[2]["paper_speedup"] is None and rows[3]["paper_act_vs_vanilla"] == pytest.approx(0.7205, abs=1e-4)
+    assert all("paper_speedup" in r for r in rows)  # every row has the column
+
+
+# ------------------------------------------------------------------------------------------------
+# reports
+# ------------------------------------------------------------------------------------------------
+def test_write_report_writes_json_markdown_and_a_titled_png(tmp_path: Path) -> None:
+    meta = {"machine": "CPU (test box, 2 cores)", "date": "2026-11-23T12:34:56", "tp": 2}
+    verdicts = paper.evaluate(CLAIMS[:2], ROWS)
+    fig, axes = report.new_figure(1)
+    report.grouped_bars(axes, ["bz=1", "bz=4"], {"speedup": [1.19, 0.97]}, {"speedup": [0.1, None]},
+                        color=lambda label: "tab:green")
+    written = report.write_report(tmp_path / "t3.json", ROWS[:2], meta, "Table 3 grouping", ["bz", "speedup"],
+                                  [[1, "1.19x"], [4, "0.97x"]], verdicts, figure=fig, notes=["a note"])
+    assert set(written) == {"json", "md", "png"} and all(p.exists() for p in written.values())
+    data = json.loads(written["json"].read_text())
+    assert data["meta"] == meta and data["rows"] == ROWS[:2]
+    assert [p["held"] for p in data["paper"]] == [True, False] and data["paper"][0]["paper"] == 1.16
+    md = written["md"].read_text()
+    assert md.startswith("# Table 3 grouping") and "| bz | speedup |" in md and "| 4 | 0.97x |" in md
+    assert "## Paper vs measured" in md and "NOT held" in md and "a note" in md
+    title = fig._suptitle.get_text()
+    assert "Table 3 grouping" in title and "CPU (test box, 2 cores)" in title and "2026-11-23" in title
+    import matplotlib.image
+
+    assert matplotlib.image.imread(str(written["png"])).ndim == 3  # a real PNG
+
+
+def test_write_rows_json_and_csv(tmp_path: Path) -> None:
+    rows = [{"a": 1, "b": {"x": 2}}, {"a": 3, "c": None}]
+    js = report.write_rows(tmp_path / "t.json", rows, {"machine": "m"})
+    assert json.loads(js.read_text()) == {"meta": {"machine": "m"}, "rows": rows}
+    cs = report.write_rows(tmp_path / "t.csv", rows)
+    got = list(csv.DictReader(cs.open()))
+    assert got[0]["a"] == "1" and json.loads(got[0]["b"]) == {"x": 2} and got[1]["c"] == ""
+    assert oct(js.stat().st_mode & 0o777) == "0o644"
+
+
+def test_format_and_markdown_tables() -> None:
+    text = report.format_table(["name", "value"], [["a", 1], ["long name", None]])
+    lines = text.splitlines()
+    assert len({len(ln) for ln in lines}) == 1
+    assert lines[3].rstrip().endswith("-")
+    md = report.markdown_table(["a", "b|c"], [[1, None]])
+    assert md.splitlines() == ["| a | b\\|c |", "|---|---|", "| 1 | - |"]
+
+
+def test_figure_title_and_run_meta_name_the_machine_and_date() -> None:
+    meta = report.run_meta({"tp": 2})
+    assert meta["tp"] == 2 and meta["machine"] and len(meta["date"]) == 19
+    title = report.figure_title("Fig", meta)
+    assert meta["machine"] in title and meta["date"][:10] in title
+
+
+# ------------------------------------------------------------------------------------------------
+# launching and workloads
+# ------------------------------------------------------------------------------------------------
+def test_split_argv_and_torchrun_command() -> None:
+    assert launch.split_argv(["--iters", "3", "--", "--nproc_per_node", "8"]) == (["--iters", "3"], ["--nproc_per_node", "8"])
+    assert launch.split_argv(["--iters", "3"]) == (["--iters", "3"], [])
+    cmd = launch.torchrun_command([], "x.py", ["--worker"])
+    assert cmd[1:4] == ["-m", "torch.distributed.run", "--standalone"]
+    assert cmd[4:6] == ["--nproc_per_node", "2"] and cmd[-2:] == ["x.py", "--worker"]
+    assert "--standalone" not in launch.torchrun_command(["--nnodes", "2", "--rdzv-endpoint=h:1"], "x.py", [])
+
+
+def test_last_error_line_picks_the_exception() -> None:
+    tail = "starting\nTraceback\n  File \"x.py\", line 1\nValueError: bad shape\n[rank0] exited"
+    assert launch.last_error_line(tail) == "ValueError: bad shape"
+    assert launch.last_error_line("") == "no output"
+
+
+def test_shape_overrides_default_only_without_a_config_file() -> None:
+    keys = {k: None for k in workload.SHAPE_KEYS}
+    plain = workload.shape_overrides(SimpleNamespace(config_file=None, **keys))
+    assert f"model.hidden_size={workload.BENCH_DEFAULTS['hidden']}" in plain
+    assert f"model.num_kv_heads={workload.BENCH_DEFAULTS['heads']}" in plain
+    assert not any(o.startswith("model.low_rank.rank") for o in plain)
+    cfg = workload.resolve_config(None, plain)
+    assert cfg.model.hidden_size == workload.BENCH_DEFAULTS["hidden"]
+    with_file = workload.shape_overrides(SimpleNamespace(config_file="x.yaml", **{**keys, "micro_batch": 1}))
+    assert with_file == ["tokens.micro_batch_size=1"]
+
+
+def test_saved_tensor_bytes_counts_saved_storages_and_checkpoint_inputs() -> None:
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    x = torch.randn(5, 8)
+    with workload.SavedTensorBytes(model) as plain:
+        model(x).sum().backward()
+    # x (5x8), tanh output (5x16), saved once each; weights are not counted
+    assert plain.bytes == (5 * 8 + 5 * 16) * 4
+    owner = SimpleNamespace(checkpoint=checkpoint)  # stands for a module that calls `checkpoint`
+    inner = {"h": torch.randn(5, 8)}  # an input the frame keeps in a dict, which the hook does not see
+    with workload.SavedTensorBytes(model, [owner]) as ck:
+        owner.checkpoint(lambda d: model(d["h"]), inner, use_reentrant=False).sum().backward()
+    assert owner.checkpoint is checkpoint  # restored on exit
+    assert ck.bytes >= 5 * 8 * 4
+
+
+def test_a_value_only_claim_is_shown_not_judged() -> None:
+    c = paper.PaperClaim("Eff, 7B GPU (MB/ms)", "eff", 113.7, relation=None, where={"s": "vanilla"})
+    (v,) = paper.evaluate([c], [{"s": "vanilla", "eff": 0.8}])
+    assert v.held is None and v.status == "value only" and "claimed" not in v.line()
+    assert paper.verdict_table([v])[1][0][-2:] == ["-", "value only"]
+
+
+def test_an_ordering_inside_two_standard_errors_is_flagged_as_noise() -> None:
+    c = paper.PaperClaim("btp vs full rank", "speedup", 1.91, ">", 1.0, where={"n": "btp"}, err_column="speedup_err")
+    (v,) = paper.evaluate([c], [{"n": "btp", "speedup": 1.05, "speedup_err": 0.04}])
+    assert v.held is True and v.within_noise and v.status == "held (within noise: 2 s.e.)"
+    (v,) = paper.evaluate([c], [{"n": "btp", "speedup": 1.35, "speedup_err": 0.03}])
+    assert v.status == "held" and v.as_dict()["measured_err"] == 0.03
