@@ -163,11 +163,26 @@ class MaplCodecConfig:
     """Wire width r of each boundary projection A_p [d, r]; default hidden_size // 4."""
     anchor_width: Optional[int] = None
     """Width m of the trainable anchor table E_small_p [V, m] (the text does not give it); default r."""
+    vq_groups: int = 0
+    """Residual vector quantisation of Z: groups G per token (0 = off, send Z itself); divides r."""
+    vq_rounds: int = 2
+    """RVQ rounds R per group."""
+    vq_codebook: int = 256
+    """Entries K per codebook (indices of ceil(log2 K) bits cross the link)."""
+    vq_decay: float = 0.99
+    """EMA decay of the sender's k-means codebook update."""
+    grad_bits: int = 8
+    """With RVQ, bits per value of the quantised gradient sent back (absmax, one fp32 scale per token)."""
 
     def __post_init__(self) -> None:
         for key in ("rank", "anchor_width"):
             value = getattr(self, key)
             _require(value is None or value >= 1, f"model.codec.mapl.{key}", f"must be >= 1, got {value}")
+        _require(self.vq_groups >= 0, "model.codec.mapl.vq_groups", f"must be >= 0, got {self.vq_groups}")
+        _require(self.vq_rounds >= 1, "model.codec.mapl.vq_rounds", f"must be >= 1, got {self.vq_rounds}")
+        _require(2 <= self.vq_codebook <= 2**16, "model.codec.mapl.vq_codebook", f"must be in [2, 65536], got {self.vq_codebook}")
+        _require(0 < self.vq_decay < 1, "model.codec.mapl.vq_decay", f"must be in (0, 1), got {self.vq_decay}")
+        _require(self.grad_bits in (2, 4, 8, 16), "model.codec.mapl.grad_bits", f"must be 2, 4, 8 or 16, got {self.grad_bits}")
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -267,6 +282,9 @@ class ModelConfig:
         r = self.codec.mapl.rank
         _require(r is None or r <= self.hidden_size, "model.codec.mapl.rank",
                  f"{r} exceeds model.hidden_size={self.hidden_size} (A_p must have orthonormal columns)")
+        g = self.codec.mapl.vq_groups
+        _require(not g or (r or self.hidden_size // 4) % g == 0, "model.codec.mapl.vq_groups",
+                 f"{g} does not divide the wire width r={r or self.hidden_size // 4}")
 
     @property
     def head_dim(self) -> int:

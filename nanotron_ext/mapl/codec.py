@@ -25,6 +25,7 @@ from torch import nn
 
 from nanotron_ext.codecs.base import BoundaryCodec, BoundaryDecoder, BoundaryEncoder, register_codec
 from nanotron_ext.config.schema import ModelConfig
+from nanotron_ext.mapl.rvq import ResidualQuantizer, decode_from_wire, encode_to_wire
 from nanotron_ext.mapl.spel import TAG as SPEL_TAG
 from nanotron_ext.optim.param_groups import tag_parameter
 from nanotron_ext.parallel.comm import get_ledger
@@ -66,24 +67,39 @@ class BoundaryProjection(nn.Module):
         return self.anchor_table[input_ids] @ self.anchor_basis
 
 
-class MaplEncoder(BoundaryEncoder):
-    def __init__(self, projection: BoundaryProjection) -> None:
-        super().__init__()
-        self.projection = projection
+class _Side(nn.Module):
+    """One side of a boundary: its copy of the projection and, with RVQ, its quantiser."""
 
+    def __init__(self, cfg: ModelConfig, boundary: int) -> None:
+        super().__init__()
+        mapl = cfg.codec.mapl
+        self.projection = BoundaryProjection(cfg, boundary)
+        self.r, self.grad_bits = mapl_widths(cfg)[0], mapl.grad_bits
+        self.quantizer = (ResidualQuantizer(self.r, mapl.vq_groups, mapl.vq_rounds, mapl.vq_codebook, mapl.vq_decay)
+                          if mapl.vq_groups else None)
+        self.codebook_scale = cfg.init_std
+
+    def init_own_parameters_(self, seed: int) -> None:
+        self.projection.init_own_parameters_(seed)
+        if self.quantizer is not None:
+            gen = boundary_generator(seed, self.projection.boundary, "codebooks")
+            self.quantizer.init_codebooks_(gen, self.codebook_scale)
+
+
+class MaplEncoder(_Side, BoundaryEncoder):
     def forward(self, residual: torch.Tensor, branch: torch.Tensor, input_ids: Optional[torch.Tensor]) -> torch.Tensor:
         p = self.projection
-        return (residual + branch - p.anchor(input_ids)) @ p.A
+        z = (residual + branch - p.anchor(input_ids)) @ p.A
+        if self.quantizer is None:
+            return z
+        return encode_to_wire(self.quantizer, z, self.grad_bits, learn=self.training)
 
 
-class MaplDecoder(BoundaryDecoder):
-    def __init__(self, projection: BoundaryProjection) -> None:
-        super().__init__()
-        self.projection = projection
-
+class MaplDecoder(_Side, BoundaryDecoder):
     def forward(self, wire: torch.Tensor, input_ids: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
         p = self.projection
-        x = wire @ p.A.T + p.anchor(input_ids)
+        z = wire if self.quantizer is None else decode_from_wire(self.quantizer, wire, self.r, self.grad_bits)
+        x = z @ p.A.T + p.anchor(input_ids)
         return x, x
 
 
@@ -107,10 +123,10 @@ class MaplCodec(BoundaryCodec):
                              "model.boost.tp_strategy='btp' shards it")
 
     def encoder(self, boundary: int) -> BoundaryEncoder:
-        return MaplEncoder(BoundaryProjection(self.cfg, boundary))
+        return MaplEncoder(self.cfg, boundary)
 
     def decoder(self, boundary: int) -> BoundaryDecoder:
-        return MaplDecoder(BoundaryProjection(self.cfg, boundary))
+        return MaplDecoder(self.cfg, boundary)
 
     @torch.no_grad()
     def after_backward(self, encoders: Dict[int, BoundaryEncoder], decoders: Dict[int, BoundaryDecoder],

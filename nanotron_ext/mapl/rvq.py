@@ -1,0 +1,231 @@
+"""Residual vector quantisation of MAPL's wire, with codebooks streamed across the boundary.
+
+The r-wide Z of each token is split into G groups; each group is quantised in R rounds, round t
+coding the residual left by rounds < t against its own K-entry codebook. Only the indices cross:
+G * R * ceil(log2 K) bits per token, packed into int32 words.
+
+Choices the MAPL text leaves open (config model.codec.mapl.vq_*), documented here:
+- The last entry of every codebook is pinned to zero, so a round can always send "nothing": the
+  reconstruction error never grows with R.
+- Codebooks learn by EMA k-means on the sender (decay `vq_decay`, Laplace-smoothed counts), with a
+  straight-through gradient (dL/dZ := dL/dZ_hat). No commitment loss: Z is an orthonormal
+  projection, so its scale is not free to drift away from the codebooks.
+- Sync: each side holds a *shared* codebook; encoding and decoding use only it. Every micro-batch the
+  sender streams ONE row (1/K of every group's and round's codebook, cyclically) of its learning
+  codebook into the shared one, and the receiver applies the same row: after K micro-batches the
+  shared codebooks equal the learning ones as streamed, identical on both sides.
+- Backward: nanotron's engines send the gradient in a tensor of the wire's own shape, so it cannot
+  be wider than the forward; the r-wide gradient is quantised to `grad_bits` per value with one fp32
+  scale per token (absmax), packed into the same int32 words.
+"""
+from __future__ import annotations
+
+import math
+from typing import Tuple
+
+import torch
+from torch import nn
+
+
+# -- bit packing ------------------------------------------------------------------------------------
+def words_for(count: int, bits: int) -> int:
+    """int32 words holding `count` values of `bits` bits (values never straddle two words)."""
+    per_word = 32 // bits
+    return math.ceil(count / per_word)
+
+
+def pack_bits(values: torch.Tensor, bits: int) -> torch.Tensor:
+    """Non-negative integers [..., n] (< 2**bits) -> int32 words [..., words_for(n, bits)]."""
+    per_word = 32 // bits
+    n = values.shape[-1]
+    padded = torch.nn.functional.pad(values.long(), (0, words_for(n, bits) * per_word - n))
+    grouped = padded.view(*values.shape[:-1], -1, per_word)
+    shifts = torch.arange(per_word, device=values.device) * bits
+    word = (grouped << shifts).sum(-1)  # < 2**32, exact in int64
+    return torch.where(word >= 2**31, word - 2**32, word).to(torch.int32)  # the same bit pattern as int32
+
+
+def unpack_bits(words: torch.Tensor, bits: int, n: int) -> torch.Tensor:
+    """Inverse of pack_bits: int32 words -> int64 values [..., n]."""
+    per_word = 32 // bits
+    unsigned = words.long() & 0xFFFFFFFF
+    shifts = torch.arange(per_word, device=words.device) * bits
+    values = (unsigned.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)
+    return values.reshape(*words.shape[:-1], -1)[..., :n]
+
+
+def index_bits(codebook_size: int) -> int:
+    return max(1, math.ceil(math.log2(codebook_size)))
+
+
+# -- gradient quantisation ----------------------------------------------------------------------------
+def quantise_gradient(g: torch.Tensor, bits: int) -> torch.Tensor:
+    """[..., r] float -> int32 words [..., words_for(r, bits) + 1]: signed absmax codes, then the fp32 scale."""
+    levels = 2 ** (bits - 1) - 1
+    scale = g.abs().amax(-1, keepdim=True).float().clamp_min(1e-30) / levels
+    codes = torch.round(g.float() / scale).clamp(-levels, levels).long() + levels  # shifted to >= 0
+    return torch.cat([pack_bits(codes, bits), scale.view(torch.int32)], dim=-1)
+
+
+def dequantise_gradient(words: torch.Tensor, bits: int, r: int) -> torch.Tensor:
+    levels = 2 ** (bits - 1) - 1
+    codes = unpack_bits(words[..., :-1], bits, r) - levels
+    return codes.float() * words[..., -1:].contiguous().view(torch.float32)
+
+
+# -- the quantiser ------------------------------------------------------------------------------------
+class ResidualQuantizer(nn.Module):
+    """G groups x R rounds x K codebook entries of width r / G; shared and learning codebooks as buffers."""
+
+    def __init__(self, width: int, groups: int, rounds: int, codebook_size: int, decay: float) -> None:
+        super().__init__()
+        if width % groups:
+            raise ValueError(f"model.codec.mapl.vq_groups={groups} must divide the wire width r={width}")
+        self.groups, self.rounds, self.size, self.decay = groups, rounds, codebook_size, decay
+        w = width // groups
+        self.register_buffer("shared", torch.zeros(groups, rounds, codebook_size, w))
+        self.register_buffer("learning", torch.zeros(groups, rounds, codebook_size, w))
+        self.register_buffer("ema_count", torch.ones(groups, rounds, codebook_size))
+        self.register_buffer("ema_sum", torch.zeros(groups, rounds, codebook_size, w))
+        self.register_buffer("stream_row", torch.zeros((), dtype=torch.long))
+
+    @torch.no_grad()
+    def init_codebooks_(self, generator: torch.Generator, scale: float) -> None:
+        """Identical seeded codebooks on both sides (round t at scale / 2**t: residuals shrink)."""
+        g, r, k, w = self.shared.shape
+        book = torch.randn(g, r, k, w, generator=generator) * scale
+        book *= (0.5 ** torch.arange(r, dtype=book.dtype)).view(1, r, 1, 1)
+        book[:, :, -1] = 0  # the zero codeword
+        self.shared.copy_(book)
+        self.learning.copy_(book)
+        self.ema_sum.copy_(book)
+        self.ema_count.fill_(1.0)
+        self.stream_row.zero_()
+
+    def _nearest(self, residual: torch.Tensor, book: torch.Tensor) -> torch.Tensor:
+        """residual [N, G, w], book [G, K, w] -> indices [N, G]."""
+        dist = torch.cdist(residual.transpose(0, 1), book)  # [G, N, K]
+        return dist.argmin(-1).transpose(0, 1)
+
+    def encode(self, z: torch.Tensor, book: torch.Tensor | None = None) -> torch.Tensor:
+        """z [N, r] -> indices [N, G, R] against `book` (default: the shared codebooks)."""
+        book = self.shared if book is None else book
+        residual = z.detach().float().view(z.shape[0], self.groups, -1)
+        out = []
+        for t in range(self.rounds):
+            idx = self._nearest(residual, book[:, t])
+            residual = residual - self._lookup(book[:, t], idx)
+            out.append(idx)
+        return torch.stack(out, dim=-1)
+
+    def _lookup(self, book: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """book [G, K, w], idx [N, G] -> [N, G, w]."""
+        return book[torch.arange(self.groups, device=idx.device), idx]
+
+    def decode(self, idx: torch.Tensor) -> torch.Tensor:
+        """indices [N, G, R] -> z_hat [N, r] from the shared codebooks."""
+        parts = sum(self._lookup(self.shared[:, t], idx[..., t]) for t in range(self.rounds))
+        return parts.reshape(idx.shape[0], -1)
+
+    @torch.no_grad()
+    def learn(self, z: torch.Tensor) -> None:
+        """One EMA k-means step of the learning codebooks on the residuals of z (sender only)."""
+        residual = z.detach().float().view(z.shape[0], self.groups, -1)
+        for t in range(self.rounds):
+            idx = self._nearest(residual, self.learning[:, t])
+            onehot = torch.nn.functional.one_hot(idx, self.size).float()  # [N, G, K]
+            self.ema_count[:, t].mul_(self.decay).add_(onehot.sum(0), alpha=1 - self.decay)
+            self.ema_sum[:, t].mul_(self.decay).add_(torch.einsum("ngk,ngw->gkw", onehot, residual), alpha=1 - self.decay)
+            n = self.ema_count[:, t].sum(-1, keepdim=True)
+            count = (self.ema_count[:, t] + 1e-5) / (n + self.size * 1e-5) * n  # Laplace smoothing
+            self.learning[:, t].copy_(self.ema_sum[:, t] / count.unsqueeze(-1))
+            self.learning[:, t, -1] = 0  # the zero codeword stays
+            residual = residual - self._lookup(self.learning[:, t], idx)
+
+    def next_stream(self) -> Tuple[int, torch.Tensor]:
+        """(row j, learning[:, :, j]) to send with this micro-batch."""
+        j = int(self.stream_row)
+        return j, self.learning[:, :, j].clone()
+
+    @torch.no_grad()
+    def apply_stream(self, j: int, rows: torch.Tensor) -> None:
+        self.shared[:, :, j].copy_(rows.view_as(self.shared[:, :, j]))
+        self.stream_row.fill_((j + 1) % self.size)
+
+
+# -- the wire ---------------------------------------------------------------------------------------------
+class WireLayout:
+    """Columns of the fp32 wire [tokens, width] (int32 words bit-cast): index words, then the streamed
+    codebook row spread over every token's side columns, padded so that the quantised gradient fits
+    (one tensor of one shape crosses each way)."""
+
+    def __init__(self, tokens: int, width: int, q: ResidualQuantizer, grad_bits: int) -> None:
+        self.tokens, self.r, self.grad_bits = tokens, width, grad_bits
+        self.bits = index_bits(q.size)
+        self.index_words = words_for(q.groups * q.rounds, self.bits)
+        self.stream_floats = 1 + q.shared[:, :, 0].numel()  # row number + one row of every codebook
+        self.side = math.ceil(self.stream_floats / tokens)
+        self.grad_words = words_for(width, grad_bits) + 1
+        self.width = max(self.index_words + self.side, self.grad_words)
+
+
+class _ToWire(torch.autograd.Function):
+    """Forward: the precomputed wire. Backward: the quantised gradient words -> dL/dZ (straight-through)."""
+
+    @staticmethod
+    def forward(ctx, z: torch.Tensor, wire: torch.Tensor, layout: WireLayout) -> torch.Tensor:  # type: ignore[override]
+        ctx.layout, ctx.shape = layout, z.shape
+        return wire.clone()
+
+    @staticmethod
+    def backward(ctx, grad_wire: torch.Tensor):  # type: ignore[override]
+        lay = ctx.layout
+        words = grad_wire.reshape(lay.tokens, lay.width)[:, :lay.grad_words].contiguous().view(torch.int32)
+        return dequantise_gradient(words, lay.grad_bits, lay.r).view(ctx.shape), None, None
+
+
+class _FromWire(torch.autograd.Function):
+    """Forward: the decoded Z_hat. Backward: dL/dZ_hat quantised into wire-shaped words."""
+
+    @staticmethod
+    def forward(ctx, wire: torch.Tensor, z_hat: torch.Tensor, layout: WireLayout) -> torch.Tensor:  # type: ignore[override]
+        ctx.layout, ctx.shape = layout, wire.shape
+        return z_hat.clone()
+
+    @staticmethod
+    def backward(ctx, grad_z: torch.Tensor):  # type: ignore[override]
+        lay = ctx.layout
+        out = torch.zeros(lay.tokens, lay.width, dtype=torch.int32, device=grad_z.device)
+        out[:, :lay.grad_words] = quantise_gradient(grad_z.reshape(lay.tokens, lay.r), lay.grad_bits)
+        return out.view(torch.float32).view(ctx.shape), None, None
+
+
+def encode_to_wire(q: ResidualQuantizer, z: torch.Tensor, grad_bits: int, learn: bool) -> torch.Tensor:
+    """z [b, s, r] -> fp32 wire [b, s, width]; advances the codebook stream (and learns, if asked)."""
+    b, s, r = z.shape
+    flat = z.reshape(b * s, r)
+    lay = WireLayout(b * s, r, q, grad_bits)
+    idx = q.encode(flat)
+    if learn:
+        q.learn(flat)
+    j, rows = q.next_stream()
+    q.apply_stream(j, rows)
+    wire = torch.zeros(b * s, lay.width, dtype=torch.int32, device=z.device)
+    wire[:, :lay.index_words] = pack_bits(idx.reshape(b * s, -1), lay.bits)
+    side = torch.zeros(b * s * lay.side, dtype=torch.float32, device=z.device)
+    side[0] = j
+    side[1:lay.stream_floats] = rows.reshape(-1)
+    wire[:, lay.index_words:lay.index_words + lay.side] = side.view(torch.int32).view(b * s, lay.side)
+    return _ToWire.apply(z, wire.view(torch.float32).view(b, s, lay.width), lay)
+
+
+def decode_from_wire(q: ResidualQuantizer, wire: torch.Tensor, width: int, grad_bits: int) -> torch.Tensor:
+    """fp32 wire [b, s, W] -> Z_hat [b, s, r] (decoded with the shared codebooks, then the stream applied)."""
+    b, s, _ = wire.shape
+    lay = WireLayout(b * s, width, q, grad_bits)
+    words = wire.detach().reshape(b * s, lay.width).contiguous().view(torch.int32)
+    idx = unpack_bits(words[:, :lay.index_words], lay.bits, q.groups * q.rounds).view(b * s, q.groups, q.rounds)
+    z_hat = q.decode(idx).view(b, s, width)
+    side = words[:, lay.index_words:lay.index_words + lay.side].reshape(-1).view(torch.float32)
+    q.apply_stream(int(side[0]), side[1:lay.stream_floats])
+    return _FromWire.apply(wire, z_hat.to(wire.dtype), lay)
