@@ -11,6 +11,8 @@
 """
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -149,3 +151,29 @@ def test_mapl_codec_matches_the_float64_reference(tp: int, pp: int, engine: str)
         assert pp_comm.get("send:fwd", {}).get("bytes", 0) == (N_MICRO * wire if r["pp_rank"] == 0 else 0)
         assert pp_comm.get("send:bwd", {}).get("bytes", 0) == (N_MICRO * wire if r["pp_rank"] == 1 else 0)
         assert pp_comm["send:codec_grads"]["bytes"] == exchange
+
+
+def test_muon_with_polar_express_takes_the_polar_express_step() -> None:
+    """optimizer.muon_orthogonaliser: polar_express: one step equals the Muon formula written out here,
+    with PolarExpress (bf16) in place of Newton-Schulz, and differs from the Newton-Schulz step."""
+    from nanotron_ext.config.schema import OptimizerConfig
+    from nanotron_ext.optim.build import build_optimizer
+    from nanotron_ext.optim.polar_express import polar_express
+
+    def one_step(orth: str) -> torch.Tensor:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 24, bias=False), torch.nn.Linear(24, 8, bias=False))
+        cfg = OptimizerConfig(name="muon", muon_lr=0.02, weight_decay=0.1, muon_orthogonaliser=orth)
+        opt = build_optimizer(model, cfg, None)
+        model(torch.randn(4, 16)).square().sum().backward()
+        w, g = model[0].weight.detach().clone(), model[0].weight.grad.clone()
+        opt.step()
+        if orth == "polar_express":  # momentum buffer starts at 0: buf = (1-mu) g; nesterov: g.lerp(buf, mu)
+            mu = cfg.muon_momentum
+            update = g.lerp((1 - mu) * g, mu)
+            adjusted = 0.02 * math.sqrt(max(1.0, 24 / 16))  # torch's "original" shape adjustment
+            expected = w * (1 - 0.02 * 0.1) - adjusted * polar_express(update, steps=5, dtype=torch.bfloat16)
+            torch.testing.assert_close(model[0].weight.detach(), expected, rtol=1e-6, atol=1e-7)
+        return model[0].weight.detach()
+
+    assert not torch.equal(one_step("polar_express"), one_step("newton_schulz"))

@@ -355,6 +355,8 @@ class OptimizerConfig:
     """Peak learning rate of the Muon parameter group."""
     muon_momentum: float = 0.95
     """Muon momentum."""
+    muon_orthogonaliser: Literal["newton_schulz", "polar_express"] = "newton_schulz"
+    """How Muon orthogonalises its update: torch's Newton-Schulz quintic, or PolarExpress (MAPL)."""
     warmup_steps: int = 10
     """Linear warm-up steps from 0 to the peak."""
     decay: Literal["cosine", "linear", "constant"] = "cosine"

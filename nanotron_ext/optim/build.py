@@ -128,6 +128,7 @@ def build_optimizer(
             [{"params": [p for _, p in split.muon], "name": "muon"}],
             lr=cfg.muon_lr, weight_decay=cfg.weight_decay, momentum=cfg.muon_momentum, nesterov=nesterov,
             ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn, tp_pg=tp_pg, gather_dtype=gather_dtype,
+            orthogonaliser=cfg.muon_orthogonaliser,
         ))
     if adamw_groups:
         optimizers.append(_adamw(adamw_groups, cfg))

@@ -42,10 +42,10 @@ from torch.optim._muon import (  # torch's Muon internals: the same NS and lr ad
     _adjust_lr,
     _zeropower_via_newtonschulz,
 )
-from torch.optim._muon import (
-    muon as _torch_muon,
-)
+from torch.optim._muon import muon as _torch_muon
 from torch.optim.optimizer import ParamsT
+
+from nanotron_ext.optim.polar_express import polar_express
 
 Slices = Tuple[slice, ...]
 
@@ -145,7 +145,10 @@ class TensorParallelMuon(torch.optim.Muon):
         first operation, so gathering in bf16 gives bit-identical results for half the bytes;
         None gathers in the parameter's dtype.
 
-    Params not sharded over >1 rank take torch's own Muon code path unchanged. State (the
+    orthogonaliser: "newton_schulz" (torch's quintic, `ns_coefficients`) or "polar_express" (the
+        published per-step quintics, nanotron_ext.optim.polar_express; `ns_steps` iterations, bf16).
+
+    With newton_schulz, params not sharded over >1 rank take torch's own Muon code path unchanged. State (the
     momentum buffers) has the local shard's shape, so state_dict() is per TP rank, like the
     model's weights. Construction is collective over tp_pg (one small all-gather of shard layouts)
     when there are sharded params; so is every step().
@@ -165,6 +168,7 @@ class TensorParallelMuon(torch.optim.Muon):
         *,
         tp_pg: Optional[dist.ProcessGroup] = None,
         gather_dtype: Optional[torch.dtype] = torch.bfloat16,
+        orthogonaliser: str = "newton_schulz",
     ) -> None:
         super().__init__(
             params, lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
@@ -173,6 +177,9 @@ class TensorParallelMuon(torch.optim.Muon):
         sharded = [p for g in self.param_groups for p in g["params"] if _tp_sharded(p)]
         if sharded and tp_pg is None:
             raise ValueError("TensorParallelMuon: tp_pg is required when parameters are sharded over several ranks")
+        if orthogonaliser not in ("newton_schulz", "polar_express"):
+            raise ValueError(f"optimizer.muon_orthogonaliser={orthogonaliser!r}: use newton_schulz or polar_express")
+        self.orthogonaliser = orthogonaliser
         self.tp_pg = tp_pg
         self.gather_dtype = gather_dtype
         self._layouts = _build_layouts(sharded, tp_pg) if sharded else {}
@@ -200,7 +207,8 @@ class TensorParallelMuon(torch.optim.Muon):
                 nesterov=group["nesterov"], ns_coefficients=group["ns_coefficients"], eps=group["eps"],
                 ns_steps=group["ns_steps"], adjust_lr_fn=group["adjust_lr_fn"],
             )
-            local = [i for i, p in enumerate(params) if id(p) not in self._layouts]
+            torch_path = self.orthogonaliser == "newton_schulz"  # torch's own Muon for unsharded matrices
+            local = [i for i, p in enumerate(params) if id(p) not in self._layouts] if torch_path else []
             if local:
                 _torch_muon(
                     [params[i] for i in local], [grads[i] for i in local], [bufs[i] for i in local],
@@ -210,16 +218,18 @@ class TensorParallelMuon(torch.optim.Muon):
             momentum = hyper["momentum"]
             for p, grad, buf in zip(params, grads, bufs):
                 layout = self._layouts.get(id(p))
-                if layout is None:
+                if layout is None and torch_path:
                     continue
                 # The elementwise part of torch's _single_tensor_muon, on the shard.
                 buf.lerp_(grad, 1 - momentum)
                 update = grad.lerp(buf, momentum) if hyper["nesterov"] else buf
-                ortho = _zeropower_via_newtonschulz(
-                    self._gather_full(update, layout), hyper["ns_coefficients"], hyper["ns_steps"], hyper["eps"]
-                )
+                full = update if layout is None else self._gather_full(update, layout)
+                if torch_path:
+                    ortho = _zeropower_via_newtonschulz(full, hyper["ns_coefficients"], hyper["ns_steps"], hyper["eps"])
+                else:
+                    ortho = polar_express(full, steps=hyper["ns_steps"], dtype=torch.bfloat16)
                 # The lr adjustment depends on the matrix's shape: the full one, not the shard's.
-                adjusted_lr = _adjust_lr(lr, hyper["adjust_lr_fn"], layout.full_shape)
+                adjusted_lr = _adjust_lr(lr, hyper["adjust_lr_fn"], p.shape if layout is None else layout.full_shape)
                 p.mul_(1 - lr * hyper["weight_decay"])
-                p.add_(layout.local_part(ortho, p.shape), alpha=-adjusted_lr)
+                p.add_(ortho if layout is None else layout.local_part(ortho, p.shape), alpha=-adjusted_lr)
         return loss
