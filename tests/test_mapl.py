@@ -177,3 +177,21 @@ def test_muon_with_polar_express_takes_the_polar_express_step() -> None:
         return model[0].weight.detach()
 
     assert not torch.equal(one_step("polar_express"), one_step("newton_schulz"))
+
+
+def test_energy_and_principal_angles_match_closed_forms() -> None:
+    from nanotron_ext.mapl.analyse import analyse, energy_kept, principal_angles_deg
+
+    e = torch.eye(6, dtype=torch.float64)
+    x = torch.stack([3 * e[0] + 4 * e[1], 2 * e[0]])  # energy 25 + 4; inside span(e0): 9 + 4
+    assert abs(energy_kept(x, e[:, :1]) - 13 / 29) < 1e-12
+    assert abs(energy_kept(x, e[:, :2]) - 1.0) < 1e-12
+    theta = 0.3
+    a = e[:, :2]
+    b = torch.stack([e[0], math.cos(theta) * e[1] + math.sin(theta) * e[2]], dim=1)
+    angles = principal_angles_deg(a, b)
+    torch.testing.assert_close(angles, torch.tensor([0.0, math.degrees(theta)], dtype=torch.float64),
+                               atol=1e-6, rtol=0)
+    out = analyse({0: a, 3: b}, {0: x, 3: x})
+    assert out["mean_principal_angle_deg"]["0-3"] == pytest.approx(math.degrees(theta) / 2, abs=1e-6)
+    assert out["boundaries"][0]["energy_learned"] == pytest.approx(1.0)

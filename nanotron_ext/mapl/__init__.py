@@ -1,6 +1,7 @@
 """MAPL: learned per-boundary Stiefel projections for pipeline-parallel training over slow links.
 
-Paper: "MAPL" (the text available to us is a summary; settings it leaves open are documented beside
+Paper: "Learned Subspace Compression for Communication-Efficient Pipeline Parallelism" (MAPL,
+arXiv:2606.05484; the text available to us is a summary; settings it leaves open are documented beside
 the code and exposed in YAML: model.codec.mapl, optimizer.spel). Importing this package registers the
 "mapl" codec and the "mapl_spel" optimiser group (loaded through the `nanotron_ext.techniques` entry
 point, never by the core).

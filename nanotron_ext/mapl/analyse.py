@@ -1,0 +1,141 @@
+"""MAPL's analyses of trained boundary projections (paper sec. 3.1 and "Key findings"):
+
+- the fraction of boundary-activation energy a basis keeps, ||(X - anchor) A||^2 / ||X - anchor||^2,
+  for the learned A_p and for a random orthonormal basis of the same rank;
+- principal angles between the learned subspaces of different boundaries.
+
+    torchrun --standalone --nproc_per_node 1 -m nanotron_ext.mapl.analyse \
+        --config-file runs/<run>/config.yaml --checkpoint checkpoints/<run>/step_<N> --out runs/<run>/mapl_analysis.json
+
+The checkpoint must come from a single-process run (boundaries simulated in one process, as the
+reproduction's convergence runs are); it writes JSON + markdown + PNG.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import torch
+
+
+def energy_kept(x: torch.Tensor, basis: torch.Tensor) -> float:
+    """Share of the energy of rows of x [N, d] inside span(basis [d, r]) (basis orthonormal)."""
+    x = x.double()
+    return float((x @ basis.double()).square().sum() / x.square().sum())
+
+
+def principal_angles_deg(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Principal angles (degrees, ascending) between span(a) and span(b), both with orthonormal columns."""
+    cosines = torch.linalg.svdvals(a.double().T @ b.double()).clamp(-1.0, 1.0)
+    return torch.rad2deg(torch.arccos(cosines))  # svdvals descend, so the angles ascend
+
+
+def random_basis(d: int, r: int, seed: int) -> torch.Tensor:
+    return torch.linalg.qr(torch.randn(d, r, generator=torch.Generator().manual_seed(seed), dtype=torch.float64))[0]
+
+
+def analyse(projections: Dict[int, torch.Tensor], activations: Dict[int, torch.Tensor], seed: int = 0) -> Dict[str, object]:
+    """Per boundary: energy kept by the learned and by a random basis; per pair: mean principal angle."""
+    rows: List[Dict[str, object]] = []
+    for b in sorted(projections):
+        a = projections[b]
+        rows.append({"boundary": b, "rank": a.shape[1],
+                     "energy_learned": energy_kept(activations[b], a),
+                     "energy_random": energy_kept(activations[b], random_basis(a.shape[0], a.shape[1], seed + b))})
+    angles = {f"{i}-{j}": float(principal_angles_deg(projections[i], projections[j]).mean())
+              for i, j in itertools.combinations(sorted(projections), 2)}
+    return {"boundaries": rows, "mean_principal_angle_deg": angles}
+
+
+def _collect(cfg_file: str, checkpoint: str, batches: int) -> Dict[str, object]:
+    """Load the model, run validation batches, capture X - anchor at every MAPL encoder."""
+    from nanotron_ext.bench.launch import init_distributed
+    from nanotron_ext.config.loader import load_config
+    from nanotron_ext.data.loader import build_validation_loader
+    from nanotron_ext.mapl.codec import MaplEncoder
+    from nanotron_ext.models.build import build_model
+    from nanotron_ext.train.checkpoint import load_checkpoint
+
+    cfg = load_config(cfg_file, [])
+    if cfg.parallelism.pp != 1 or cfg.parallelism.tp != 1:
+        raise SystemExit("mapl.analyse reads single-process checkpoints (boundaries simulated in one process)")
+    cfg.parallelism.dp = 1
+    ctx = init_distributed(cfg)
+    model = build_model(cfg, ctx)
+    load_checkpoint(checkpoint, ctx, model=model)
+    model.eval()
+    captured: Dict[int, List[torch.Tensor]] = {}
+
+    def hook(module: MaplEncoder, args: tuple, kwargs: dict, out: torch.Tensor) -> None:
+        x = kwargs["residual"] + kwargs["branch"] - module.projection.anchor(kwargs["input_ids"])
+        captured.setdefault(module.projection.boundary, []).append(x.detach().reshape(-1, x.shape[-1]))
+
+    encoders = [m for m in model.modules() if isinstance(m, MaplEncoder)]
+    if not encoders:
+        raise SystemExit(f"{cfg_file}: model.codec.kind is {cfg.model.codec.kind!r}, not mapl")
+    for m in encoders:
+        m.register_forward_hook(hook, with_kwargs=True)
+    loader = build_validation_loader(cfg, dp_rank=0, dp_size=1, config_file=cfg_file)
+    with torch.no_grad():
+        for batch in itertools.islice(loader, batches):
+            model(input_ids=batch["input_ids"], label_ids=batch["label_ids"])
+    projections = {m.projection.boundary: m.projection.A.detach() for m in encoders}
+    activations = {b: torch.cat(xs) for b, xs in captured.items()}
+    return analyse(projections, activations, seed=cfg.general.seed)
+
+
+def write(result: Dict[str, object], out: Path, title: str) -> None:
+    import matplotlib.pyplot as plt
+
+    from nanotron_ext.bench.report import markdown_table, run_meta, save_figure, write_rows
+
+    meta = run_meta({"what": title})
+    rows = result["boundaries"]
+    write_rows(out, rows, meta | {"mean_principal_angle_deg": result["mean_principal_angle_deg"]})
+    headers = ["boundary", "rank", "energy kept: learned A_p", "energy kept: random basis"]
+    body = [[r["boundary"], r["rank"], f"{r['energy_learned']:.3f}", f"{r['energy_random']:.3f}"] for r in rows]
+    angles = [[k, f"{v:.1f}"] for k, v in result["mean_principal_angle_deg"].items()]
+    out.with_suffix(".md").write_text(f"# {title}\n\n" + markdown_table(headers, body) + "\n\n"
+                                      + markdown_table(["boundaries", "mean principal angle (deg)"], angles) + "\n")
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    xs = [str(r["boundary"]) for r in rows]
+    ax1.bar([i - 0.2 for i in range(len(xs))], [r["energy_learned"] for r in rows], 0.4, label="learned A_p")
+    ax1.bar([i + 0.2 for i in range(len(xs))], [r["energy_random"] for r in rows], 0.4, label="random basis")
+    ax1.set_xticks(range(len(xs)), xs)
+    ax1.set(xlabel="boundary (sending layer)", ylabel="activation energy kept", ylim=(0, 1))
+    ax1.legend()
+    n = len(rows)
+    grid = torch.zeros(n, n)
+    for key, v in result["mean_principal_angle_deg"].items():
+        i, j = (xs.index(s) for s in key.split("-"))
+        grid[i, j] = grid[j, i] = v
+    im = ax2.imshow(grid, vmin=0, vmax=90, cmap="viridis")
+    ax2.set_xticks(range(n), xs)
+    ax2.set_yticks(range(n), xs)
+    ax2.set_title("mean principal angle (deg)")
+    fig.colorbar(im, ax=ax2)
+    save_figure(fig, out.with_suffix(".png"), title, meta)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config-file", required=True, help="the run's resolved config (runs/<run>/config.yaml)")
+    parser.add_argument("--checkpoint", required=True, help="a checkpoint folder (checkpoints/<run>/step_<N>)")
+    parser.add_argument("--batches", type=int, default=8, help="validation batches to collect activations from")
+    parser.add_argument("--out", default=None, help="JSON path (default: beside the config, mapl_analysis.json)")
+    args = parser.parse_args(argv)
+    result = _collect(args.config_file, args.checkpoint, args.batches)
+    out = Path(args.out or Path(args.config_file).with_name("mapl_analysis.json"))
+    write(result, out, f"MAPL projections: {args.checkpoint}")
+    for r in result["boundaries"]:
+        print(f"boundary {r['boundary']}: energy kept learned {r['energy_learned']:.3f} vs random {r['energy_random']:.3f}")
+    for k, v in result["mean_principal_angle_deg"].items():
+        print(f"mean principal angle {k}: {v:.1f} deg")
+    return 0 if all(math.isfinite(r["energy_learned"]) for r in result["boundaries"]) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
