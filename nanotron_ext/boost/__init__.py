@@ -1,7 +1,7 @@
 """BOOST: bottleneck-aware tensor parallelism for low-rank Llamas.
 
 Paper: "BOOST: Bottleneck-Optimized Scalable Training Framework for Low-Rank Large Language
-Models". Selected by `model.low_rank.*` and `model.boost.*`; importing this package registers the
+Models" (arXiv:2512.12131). Selected by `model.low_rank.*` and `model.boost.*`; importing this package registers the
 "vanilla" and "btp" TP strategies in the core's TP_STRATEGIES (it is loaded through the
 `nanotron_ext.techniques` entry point, never by the core).
 
