@@ -13,6 +13,7 @@ codec (model.codec.kind: subspace); when that is not registered the row is repor
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -26,7 +27,7 @@ from nanotron_ext.bench.report import format_table, run_meta, save_figure, write
 from nanotron_ext.bench.training import run_training  # noqa: E402
 
 BOUNDARIES = {4: "[1, 3, 5]", 8: "every_layer"}  # sending layers for P stages over 8 layers
-VQ = ["model.codec.mapl.vq_groups=8", "model.codec.mapl.vq_rounds=2", "model.codec.mapl.vq_codebook=256"]
+VQ = ["model.codec.mapl.vq_groups=4", "model.codec.mapl.vq_rounds=2", "model.codec.mapl.vq_codebook=256"]
 # the paper's 150M row (validation loss; P = 4, P = 8)
 PAPER = {"uncompressed": (3.13, 3.13), "ssn": (3.39, 3.40), "mapl": (3.156, 3.165), "mapl_vq": (3.165, 3.170)}
 
@@ -46,24 +47,52 @@ def subspace_available() -> bool:
     return "subspace" in CODECS.names()
 
 
+def wire_bytes_per_token(design: str, config: str) -> Optional[int]:
+    """Bytes one token sends across one boundary each way (fp32 wire, int32 ids)."""
+    from nanotron_ext.config.loader import load_config
+    from nanotron_ext.mapl.rvq import ResidualQuantizer, WireLayout
+
+    cfg = load_config(config, [])
+    d, r, tokens = cfg.model.hidden_size, cfg.model.codec.mapl.rank, cfg.tokens.micro_batch_size * cfg.tokens.sequence_length
+    if design == "uncompressed":
+        return d * 4
+    if design == "mapl":
+        return (r + 1) * 4
+    if design == "mapl_vq":
+        q = ResidualQuantizer(r, 4, 2, 256, 0.99)  # the VQ overrides above
+        return (WireLayout(tokens, r, q, cfg.model.codec.mapl.grad_bits).width + 1) * 4
+    return None
+
+
 def final_val(summary: Dict[str, Any]) -> Optional[float]:
     return summary.get("final_val_loss")
 
 
-def measure(config: str, steps: Optional[int], torchrun_args: List[str]) -> List[Dict[str, Any]]:
+def measure(config: str, steps: Optional[int], torchrun_args: List[str],
+            reuse: Optional[List[Dict[str, Any]]] = None) -> List[Dict[str, Any]]:
+    """One run per (design, P); rows of `reuse` (an earlier JSON's) that have a loss are kept as they are."""
     extra = [f"tokens.train_steps={steps}"] if steps else []
-    base = run_training(config, extra, "mapl_uncompressed", torchrun_args=torchrun_args)
+    kept = {(r["design"], r["P"]): r for r in reuse or [] if r.get("val_loss") is not None}
     rows: List[Dict[str, Any]] = []
+    base = None
     for p in (4, 8):
-        rows.append({"P": p, "design": "uncompressed", "val_loss": final_val(base), "curve": base["val_curve"],
-                     "pp_bytes_per_token": None})
+        if ("uncompressed", p) in kept:
+            rows.append(kept[("uncompressed", p)])
+        else:
+            base = base or run_training(config, extra, "mapl_uncompressed", torchrun_args=torchrun_args)
+            rows.append({"P": p, "design": "uncompressed", "val_loss": final_val(base), "curve": base["val_curve"]})
         for name, overrides in designs(p).items():
+            if (name, p) in kept:
+                rows.append(kept[(name, p)])
+                continue
             if name == "ssn" and not subspace_available():
                 rows.append({"P": p, "design": name, "val_loss": None, "note": "subspace codec not available"})
                 continue
             s = run_training(config, overrides + extra, f"mapl_{name}_p{p}", torchrun_args=torchrun_args)
-            rows.append({"P": p, "design": name, "val_loss": final_val(s), "curve": s["val_curve"]})
+            rows.append({"P": p, "design": name, "val_loss": final_val(s), "curve": s["val_curve"],
+                         "pp_bytes_per_step": s["comm_bytes_per_step"].get("pp")})
     for r in rows:
+        r["wire_bytes_per_token"] = wire_bytes_per_token(r["design"], config)
         ref = next(x["val_loss"] for x in rows if x["P"] == r["P"] and x["design"] == "uncompressed")
         r["degradation_pct"] = None if r["val_loss"] is None else 100 * (r["val_loss"] - ref) / ref
         r["paper_val_loss"] = PAPER[r["design"]][0 if r["P"] == 4 else 1]
@@ -133,12 +162,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--config-file", default=str(ROOT / "reproduce/mapl/cpu_small.yaml"))
     parser.add_argument("--steps", type=int, default=None, help="override tokens.train_steps (smoke runs)")
     parser.add_argument("--out", default="runs/reproduce/mapl_main_table.json")
+    parser.add_argument("--reuse", default=None, help="an earlier JSON: keep its measured rows, run the missing")
     args = parser.parse_args(own)
-    rows = measure(args.config_file, args.steps, torchrun_args)
+    reuse = json.loads(Path(args.reuse).read_text())["rows"] if args.reuse else None
+    rows = measure(args.config_file, args.steps, torchrun_args, reuse)
     meta = run_meta({"config": args.config_file, "steps": args.steps or "config"})
-    headers = ["P", "design", "val loss", "delta %", "paper (150M) val loss", "paper delta %"]
-    body = [[r["P"], r["design"], _f(r["val_loss"]), _f(r["degradation_pct"], 2), r["paper_val_loss"],
-             f"{r['paper_degradation_pct']:+.2f}"] for r in rows]
+    headers = ["P", "design", "wire B/token", "val loss", "delta %", "paper (150M) val loss", "paper delta %"]
+    body = [[r["P"], r["design"], r["wire_bytes_per_token"] or "-", _f(r["val_loss"]), _f(r["degradation_pct"], 2),
+             r["paper_val_loss"], f"{r['paper_degradation_pct']:+.2f}"] for r in rows]
     out = Path(args.out)
     plot(rows, out.with_suffix(".png"), meta)
     verdicts = evaluate(claims(), comparisons(rows))
