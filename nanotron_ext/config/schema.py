@@ -314,6 +314,11 @@ class OptimizerConfig:
     """Peak learning rate of the Muon parameter group."""
     muon_momentum: float = 0.95
     """Muon momentum."""
+    muon_adjust_lr: Literal["original", "match_rms_adamw"] = "original"
+    """torch.optim.Muon's lr adjustment: original = sqrt(max(1, rows/cols)); match_rms_adamw = 0.2 *
+    sqrt(max(rows, cols)), which gives Muon updates AdamW's RMS so one peak lr serves both (Moonlight)."""
+    muon_min_lr_ratio: Optional[float] = None
+    """Final lr of the Muon group as a fraction of its peak; default min_lr_ratio (ResBM: 0.1 vs AdamW's 0.01)."""
     warmup_steps: int = 10
     """Linear warm-up steps from 0 to the peak."""
     decay: Literal["cosine", "linear", "constant"] = "cosine"
@@ -332,6 +337,8 @@ class OptimizerConfig:
     def __post_init__(self) -> None:
         _require(self.lr > 0, "optimizer.lr", f"must be > 0, got {self.lr}")
         _require(0 <= self.min_lr_ratio <= 1, "optimizer.min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}")
+        _require(self.muon_min_lr_ratio is None or 0 <= self.muon_min_lr_ratio <= 1, "optimizer.muon_min_lr_ratio",
+                 f"must be in [0, 1], got {self.muon_min_lr_ratio}")
         _require(self.warmup_steps >= 0, "optimizer.warmup_steps", "must be >= 0")
         _require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "optimizer.betas",
                  f"must be two numbers in [0, 1), got {self.betas}")
