@@ -109,3 +109,37 @@ def test_muon_adjust_lr_and_floor_are_validated() -> None:
 
     with pytest.raises(Exception, match="muon_adjust_lr"):
         load_config(REPRO / "resbm_2b_128x_muon.yaml", ["optimizer.muon_adjust_lr=bogus"])
+
+
+def _with_singular_values(s: torch.Tensor, rows: int, cols: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    u = torch.linalg.qr(torch.randn(rows, len(s), generator=g, dtype=torch.float64))[0]
+    v = torch.linalg.qr(torch.randn(cols, len(s), generator=g, dtype=torch.float64))[0]
+    return u @ torch.diag(s) @ v.T
+
+
+def test_effective_rank_closed_form_and_cli_on_a_checkpoint(tmp_path: Path) -> None:
+    import json
+
+    from nanotron_ext.resbm.analyse import effective_rank, main, normalised_spectrum, singular_values
+
+    s = torch.tensor([4.0, 2.0, 1.0, 1.0], dtype=torch.float64)
+    w = _with_singular_values(s, 8, 6, 0)
+    assert math.isclose(effective_rank(singular_values(w)), (16 + 4 + 1 + 1) / 16, rel_tol=1e-12)
+    assert normalised_spectrum(singular_values(w)) == pytest.approx([1.0, 0.5, 0.25, 0.25, 0, 0], abs=1e-12)
+    flat = _with_singular_values(torch.full((5,), 3.0, dtype=torch.float64), 5, 12, 1)
+    assert math.isclose(effective_rank(singular_values(flat)), 5.0, rel_tol=1e-12)  # all equal: the rank
+    # a checkpoint in the trainer's layout: step_<N>/meta.json + one file per (pp, dp, tp) rank
+    step = tmp_path / "ckpt" / "step_7"
+    step.mkdir(parents=True)
+    (step / "meta.json").write_text(json.dumps({"step": 7, "tp": 1, "pp": 2, "dp": 1}))
+    enc0 = "decoder.0.pp_block.boundary_encoder.net.fc2.weight"
+    enc2 = "decoder.2.pp_block.boundary_encoder.net.fc2.weight"
+    torch.save({"model": {enc0: w.float(), "decoder.0.pp_block.mlp.norm.weight": torch.ones(6)}}, step / "pp0_dp0_tp0.pt")
+    torch.save({"model": {enc2: flat.float()}}, step / "pp1_dp0_tp0.pt")
+    out = tmp_path / "out"
+    result = main(["--checkpoint", str(tmp_path / "ckpt"), "--label", "run", "--out", str(out)])
+    assert result["run"][enc0]["r_eff"] == pytest.approx(22 / 16, rel=1e-5)
+    assert result["run"][enc2]["r_eff"] == pytest.approx(5.0, rel=1e-5)
+    assert set(result["run"]) == {enc0, enc2}
+    assert (out / "spectra.png").stat().st_size > 0 and (out / "effective_rank.json").exists()
