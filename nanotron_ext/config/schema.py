@@ -57,6 +57,9 @@ class LinkConfig:
     """Default one-way latency in ms."""
     per_stage_pair: Dict[str, Dict[str, float]] = field(default_factory=dict)
     """Overrides per stage pair, e.g. {"0-1": {"bandwidth_mbps": 80, "latency_ms": 5}} (both directions)."""
+    duplex: Literal["full", "half"] = "full"
+    """full: each direction has the bandwidth; half: both directions of a stage pair share one budget
+    (the ResBM paper's Table 3 link, forward activations and backward gradients on one 80 Mbit/s)."""
 
     def __post_init__(self) -> None:
         _require(self.bandwidth_mbps >= 0, "parallelism.link.bandwidth_mbps", "must be >= 0")
