@@ -143,3 +143,28 @@ def test_effective_rank_closed_form_and_cli_on_a_checkpoint(tmp_path: Path) -> N
     assert result["run"][enc2]["r_eff"] == pytest.approx(5.0, rel=1e-5)
     assert set(result["run"]) == {enc0, enc2}
     assert (out / "spectra.png").stat().st_size > 0 and (out / "effective_rank.json").exists()
+
+
+def test_slow_link_arithmetic_and_table3_verdict() -> None:
+    sl = _load(REPO / "reproduce" / "common" / "slow_link.py", "slow_link")
+    t3 = _load(REPRO / "table3_throughput.py", "resbm_table3")
+    assert sl.parse_setting("resbm:model.codec.kind=resbm,model.codec.resbm.h=2") == (
+        "resbm", ["model.codec.kind=resbm", "model.codec.resbm.h=2"])
+    # the paper's uncompressed 80 Mbit/s row: 2 x 4096 bf16 values per token and boundary on one budget
+    per_token = 4096 * 2
+    assert sl.link_bound_tokens_per_s(1024, 1024 * per_token, 1024 * per_token, 80, "half") == pytest.approx(610.35, abs=0.01)
+    assert sl.link_bound_tokens_per_s(1024, 1024 * per_token, 1024 * per_token, 80, "full") == pytest.approx(1220.7, abs=0.1)
+    assert sl.link_bound_tokens_per_s(1024, 5, 5, 0, "half") is None
+    metrics = [{"step": i, "loss": 10 - i, "step_time_s": 2.0} for i in range(1, 6)]
+    assert sl.loss_within(metrics, 6.5) == 7 and sl.loss_within(metrics, 1.0) is None
+    row = lambda tps, b: {"tokens_per_s": tps, "bytes_per_step_per_boundary": {"fwd": b, "bwd": b}}  # noqa: E731
+    v = t3.verdict({"resbm_128x@slow": row(95, 1), "uncompressed@fast": row(100, 128), "uncompressed@slow": row(10, 128)})
+    assert v["resbm_reaches_90pct_of_fast"] and v["uncompressed_slow_at_least_5x_below"] and v["bytes_ratio_fwd"] == 128
+    v = t3.verdict({"resbm_128x@slow": row(80, 1), "uncompressed@fast": row(100, 128), "uncompressed@slow": row(30, 128)})
+    assert not v["resbm_reaches_90pct_of_fast"] and not v["uncompressed_slow_at_least_5x_below"]
+
+
+def test_slow_link_median_throughput_ignores_the_first_step_and_outliers() -> None:
+    sl = _load(REPO / "reproduce" / "common" / "slow_link.py", "slow_link")
+    metrics = [{"step_time_s": t, "loss": 1.0} for t in (30.0, 1.0, 1.0, 9.0, 1.0)]
+    assert sl.median_tokens_per_s(metrics, 1000) == 1000.0
