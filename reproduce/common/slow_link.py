@@ -74,17 +74,27 @@ def median_tokens_per_s(metrics: Sequence[dict], tokens_per_step: int) -> float:
     return tokens_per_step / median
 
 
-def run_one(args: argparse.Namespace, name: str, overrides: List[str], mbps: float, duplex: str) -> dict:
-    run = f"{name}_{mbps:g}mbps_{duplex}".replace(".", "p")
+def run_one(args: argparse.Namespace, name: str, overrides: List[str], mbps: float, duplex: str,
+            shaped: bool = False) -> dict:
+    """One trainer run; `shaped`: over a real tc-tbf link between two network namespaces
+    (scripts/netns_pipeline.sh, root, PP=2, each direction shaped on its own = full duplex) instead of
+    the emulator."""
+    run = f"{name}_{mbps:g}mbps_{'shaped' if shaped else duplex}".replace(".", "p")
     out_dir = Path(args.output_dir)
+    emulate = mbps > 0 and not shaped
     sets = [f"parallelism.pp={args.pp}", "parallelism.dp=1", "parallelism.tp=1", "model.codec.boundaries=stages",
-            f"parallelism.link.enabled={'true' if mbps > 0 else 'false'}", f"parallelism.link.bandwidth_mbps={mbps}",
+            f"parallelism.link.enabled={'true' if emulate else 'false'}", f"parallelism.link.bandwidth_mbps={mbps}",
             f"parallelism.link.duplex={duplex}", f"general.run={run}", f"general.output_dir={out_dir}",
             f"tokens.train_steps={args.steps}", "tokens.val_check_interval=0", "tokens.val_steps=1",
             f"checkpoints.dir={out_dir / 'checkpoints' / run}", "checkpoints.resume=never",
             "logging.progress_bar=false", *args.set, *overrides]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.pp}",
-           "-m", "nanotron_ext.train", "--config-file", args.config]
+    train = ["-m", "nanotron_ext.train", "--config-file", args.config]
+    if shaped:
+        if args.pp != 2 or duplex != "full":
+            raise ValueError("a shaped link joins two ranks and shapes each direction separately: --pp 2, full duplex")
+        cmd = ["bash", "scripts/netns_pipeline.sh", "--rate", f"{mbps * 1000:g}kbit", "--", sys.executable, *train]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.pp}", *train]
     for s in sets:
         cmd += ["--set", s]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
@@ -103,6 +113,7 @@ def run_one(args: argparse.Namespace, name: str, overrides: List[str], mbps: flo
     fwd, bwd = comm.get("pp:send:fwd", 0) / boundaries, comm.get("pp:send:bwd", 0) / boundaries
     return {
         "setting": name, "overrides": overrides, "bandwidth_mbps": mbps, "duplex": duplex, "run": run,
+        "link": "shaped (netns + tc tbf)" if shaped else ("emulated" if emulate else "unlimited"),
         "tokens_per_s": median_tokens_per_s(metrics, tokens_per_step), "tokens_per_s_mean": summary["tokens_per_s"],
         "tokens_per_step": tokens_per_step,
         "bytes_per_step_per_boundary": {"fwd": fwd, "bwd": bwd},
@@ -161,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--bandwidth", action="append", type=float, required=True, help="Mbit/s (0 = unlimited)")
     ap.add_argument("--duplex", action="append", choices=["full", "half"], default=None)
     ap.add_argument("--pp", type=int, default=2)
+    ap.add_argument("--shaped", action="store_true", help="also run every point over a real shaped link (root)")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--budget-s", type=float, default=30.0, help="wall-clock budget for the loss column")
     ap.add_argument("--set", action="append", default=[], help="key=value for every run")
@@ -177,8 +189,9 @@ def run_grid(args: argparse.Namespace, grid: Optional[Sequence[Tuple[str, List[s
         grid = [(n, o, bw, dx) for n, o in args.setting for bw in args.bandwidth for dx in (args.duplex or ["half"])]
     rows = []
     for name, overrides, bw, dx in grid:
-        rows.append(run_one(args, name, overrides, bw, dx))
-        print(format_rows(rows[-1:]).splitlines()[1], flush=True)
+        for shaped in ([False, True] if getattr(args, "shaped", False) and bw > 0 else [False]):
+            rows.append(run_one(args, name, overrides, bw, dx, shaped=shaped))
+            print(format_rows(rows[-1:]).splitlines()[1] + f"  ({rows[-1]['link']})", flush=True)
     return rows
 
 
