@@ -19,7 +19,10 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import Dict
+from typing import TYPE_CHECKING, Dict, Optional, Sequence
+
+if TYPE_CHECKING:
+    from nanotron_ext.config.schema import Config
 
 HERE = Path(__file__).resolve().parent
 PAPER = {"baseline": 1_896_751_104, "128x_muon": 1_960_157_184, "128x_adamw": 1_960_157_184}
@@ -37,7 +40,7 @@ def _ensure_process_group() -> None:
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
 
 
-def count_params(cfg) -> int:  # cfg: nanotron_ext.config.schema.Config
+def count_params(cfg: "Config") -> int:
     """Distinct parameters of the whole model (one process, tp = pp = 1), built on the meta device."""
     import dataclasses
 
@@ -58,7 +61,7 @@ def count_params(cfg) -> int:  # cfg: nanotron_ext.config.schema.Config
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 
 
-def main(argv=None) -> Dict[str, Dict[str, int]]:
+def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Dict[str, int]]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)

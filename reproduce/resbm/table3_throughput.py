@@ -24,6 +24,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Dict, List, Optional, Sequence
 
 HERE = Path(__file__).resolve().parent
@@ -31,7 +32,7 @@ REPO = HERE.parents[1]
 PAPER_TPS = {"resbm_128x@slow": 7837, "uncompressed@fast": 7530, "uncompressed@slow": 609}
 
 
-def _slow_link():
+def _slow_link() -> ModuleType:
     spec = importlib.util.spec_from_file_location("slow_link", REPO / "reproduce" / "common" / "slow_link.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
