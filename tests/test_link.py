@@ -306,3 +306,39 @@ def test_emulated_link_end_to_end_two_ranks() -> None:
     assert pp_recv["send:bwd"] == {"bytes": 1024, "calls": 1}
     assert pp_send["recv:bwd"] == {"bytes": 1024, "calls": 1}
     assert "recv:fwd" not in pp_send and "send:fwd" not in pp_recv
+
+
+# -- half duplex: both directions share one budget (ResBM Table 3's link) -------------------------
+@pytest.mark.parametrize("shared", [False, True])
+def test_half_duplex_serialises_both_directions(tmp_path, shared: bool) -> None:
+    n, mbps, lat = 250_000, 20.0, 10.0
+    tx = n * 8 / (mbps * 1e6)  # 0.1 s
+    full = LinkEmulator(LinkSpec(mbps, lat))
+    assert [full.schedule_send(0, 1, n, now=NOW), full.schedule_send(1, 0, n, now=NOW)] == pytest.approx(
+        [NOW + tx + lat / 1e3] * 2, abs=1e-9)
+    if shared:  # two processes (stage 0 sends activations, stage 1 gradients) see one clock file
+        a = LinkEmulator(LinkSpec(mbps, lat), duplex="half", shared_dir=tmp_path)
+        b = LinkEmulator(LinkSpec(mbps, lat), duplex="half", shared_dir=tmp_path)
+    else:
+        a = b = LinkEmulator(LinkSpec(mbps, lat), duplex="half")
+    first, second = a.schedule_send(0, 1, n, now=NOW), b.schedule_send(1, 0, n, now=NOW)
+    assert [first, second] == pytest.approx([NOW + tx + lat / 1e3, NOW + 2 * tx + lat / 1e3], abs=1e-9)
+    # another stage pair is another link
+    assert b.schedule_send(1, 2, n, now=NOW) == pytest.approx(NOW + tx + lat / 1e3, abs=1e-9)
+    # the paper's arithmetic: an uncompressed d = 4096 bf16 token needs 2 x 4096 x 16 bit per boundary
+    # over the shared 80 Mbit/s, i.e. about 610 tokens/s (Table 3 measured 609)
+    link = LinkEmulator(LinkSpec(80, 0), duplex="half")
+    tokens = 1000
+    done = max(link.schedule_send(0, 1, tokens * 4096 * 2, now=NOW), link.schedule_send(1, 0, tokens * 4096 * 2, now=NOW))
+    assert tokens / (done - NOW) == pytest.approx(80e6 / (2 * 4096 * 16), rel=1e-9)
+
+
+def test_from_config_half_duplex(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test-run-id")
+    link = link_emulator_from_config(LinkConfig(enabled=True, bandwidth_mbps=80, duplex="half"))
+    assert link.duplex == "half" and "run-test-run-id" in str(link.shared_dir)
+    assert link_emulator_from_config(LinkConfig(enabled=True, bandwidth_mbps=80)).duplex == "full"
+    with pytest.raises(ConfigError, match="parallelism.link.duplex"):
+        from nanotron_ext.config.loader import from_dict
+
+        from_dict(LinkConfig, {"enabled": True, "duplex": "simplex"}, "parallelism.link")

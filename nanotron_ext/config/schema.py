@@ -76,6 +76,9 @@ class LinkConfig:
     """Default one-way latency in ms."""
     per_stage_pair: Dict[str, Dict[str, float]] = field(default_factory=dict)
     """Overrides per stage pair, e.g. {"0-1": {"bandwidth_mbps": 80, "latency_ms": 5}} (both directions)."""
+    duplex: Literal["full", "half"] = "full"
+    """full: each direction has the bandwidth; half: both directions of a stage pair share one budget
+    (the ResBM paper's Table 3 link, forward activations and backward gradients on one 80 Mbit/s)."""
 
     def __post_init__(self) -> None:
         _require_finite(self, "parallelism.link")
@@ -183,6 +186,39 @@ class MaplCodecConfig:
         _require(2 <= self.vq_codebook <= 2**16, "model.codec.mapl.vq_codebook", f"must be in [2, 65536], got {self.vq_codebook}")
         _require(0 < self.vq_decay < 1, "model.codec.mapl.vq_decay", f"must be in (0, 1), got {self.vq_decay}")
         _require(self.grad_bits in (2, 4, 8, 16), "model.codec.mapl.grad_bits", f"must be 2, 4, 8 or 16, got {self.grad_bits}")
+class ResBMConfig:
+    """ResBM bottlenecks ("ResBM: Residual Bottleneck Models for Low-Bandwidth Pipeline Parallelism",
+    arXiv:2604.11947), used when model.codec.kind = resbm. The paper leaves m, the nonlinearity and the
+    norm placement open; the defaults here are our choices."""
+
+    h: Optional[int] = None
+    """Wire width h (< hidden_size); or give `ratio` instead."""
+    ratio: Optional[float] = None
+    """Compression hidden_size / h (h = round(hidden_size / ratio)); e.g. 128 -> h = 32 at d = 4096."""
+    m: Optional[int] = None
+    """Hidden width of the encoder (d -> m -> h) and decoder (h -> m -> d); default hidden_size // 4."""
+    nonlinearity: Literal["silu", "gelu", "relu", "tanh", "identity"] = "silu"
+    """Between the two linears of the encoder and of the decoder."""
+    norm: Literal["none", "encoder", "decoder", "both"] = "none"
+    """Extra RMSNorm on the encoder input (d wide) and/or the decoder input (h wide). The receiving
+    attention's own pre-norm always normalises D(b)."""
+    zero_init_encoder: bool = True
+    """Zero-init the encoder's last linear: at init b = trunc_h(x_attn), the pure identity path."""
+    zero_init_decoder: bool = False
+    """Zero-init the decoder's last linear (then the receiving attention sees 0 at init)."""
+
+    def __post_init__(self) -> None:
+        _require((self.h is None) != (self.ratio is None), "model.codec.resbm",
+                 "give exactly one of model.codec.resbm.h and model.codec.resbm.ratio")
+        _require(self.h is None or self.h >= 1, "model.codec.resbm.h", f"must be >= 1, got {self.h}")
+        _require(self.ratio is None or self.ratio > 1, "model.codec.resbm.ratio", f"must be > 1, got {self.ratio}")
+        _require(self.m is None or self.m >= 1, "model.codec.resbm.m", f"must be >= 1, got {self.m}")
+
+    def width(self, hidden_size: int) -> int:
+        """The wire width h for model width `hidden_size`."""
+        h = self.h if self.h is not None else max(1, round(hidden_size / self.ratio))
+        _require(h < hidden_size, "model.codec.resbm.h", f"{h} must be < model.hidden_size={hidden_size}")
+        return h
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -197,6 +233,8 @@ class CodecConfig:
     boundary outside the list sends the plain hidden state."""
     mapl: MaplCodecConfig = field(default_factory=MaplCodecConfig)
     """Options of the mapl codec."""
+    resbm: ResBMConfig = field(default_factory=lambda: ResBMConfig(ratio=4))
+    """ResBM options (model.codec.kind = resbm)."""
 
     def __post_init__(self) -> None:
         _require_registered(CODECS, self.kind)
@@ -357,6 +395,11 @@ class OptimizerConfig:
     """Muon momentum."""
     muon_orthogonaliser: Literal["newton_schulz", "polar_express"] = "newton_schulz"
     """How Muon orthogonalises its update: torch's Newton-Schulz quintic, or PolarExpress (MAPL)."""
+    muon_adjust_lr: Literal["original", "match_rms_adamw"] = "original"
+    """torch.optim.Muon's lr adjustment: original = sqrt(max(1, rows/cols)); match_rms_adamw = 0.2 *
+    sqrt(max(rows, cols)), which gives Muon updates AdamW's RMS so one peak lr serves both (Moonlight)."""
+    muon_min_lr_ratio: Optional[float] = None
+    """Final lr of the Muon group as a fraction of its peak; default min_lr_ratio (ResBM: 0.1 vs AdamW's 0.01)."""
     warmup_steps: int = 10
     """Linear warm-up steps from 0 to the peak."""
     decay: Literal["cosine", "linear", "constant"] = "cosine"
@@ -382,6 +425,8 @@ class OptimizerConfig:
         _require(self.weight_decay >= 0, "optimizer.weight_decay", f"must be >= 0, got {self.weight_decay}")
         _require(self.eps > 0, "optimizer.eps", f"must be > 0 (e.g. 1e-8), got {self.eps}")
         _require(0 <= self.min_lr_ratio <= 1, "optimizer.min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}")
+        _require(self.muon_min_lr_ratio is None or 0 <= self.muon_min_lr_ratio <= 1, "optimizer.muon_min_lr_ratio",
+                 f"must be in [0, 1], got {self.muon_min_lr_ratio}")
         _require(self.warmup_steps >= 0, "optimizer.warmup_steps", "must be >= 0")
         _require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "optimizer.betas",
                  f"must be two numbers in [0, 1), got {self.betas}")

@@ -9,21 +9,28 @@ from nanotron import distributed as dist
 from nanotron_ext.parallel.comm import CommLedger
 
 GROUPS = ("tp", "pp", "dp", "mp", "world", "other")
+# subsets of "pp" reported beside it: the pipeline's data messages per direction (activations to later
+# stages, gradients to earlier ones), without nanotron's shape headers and the link clock
+PP_DATA = {("pp", "send:fwd"): "pp:send:fwd", ("pp", "send:bwd"): "pp:send:bwd"}
+KEYS = GROUPS + tuple(PP_DATA.values())
 
 
 def sent_bytes_by_group(ledger: CommLedger) -> Dict[str, int]:
-    """This rank's bytes handed to the network per group: sends and collectives, not receives."""
-    out = {g: 0 for g in GROUPS}
+    """This rank's bytes handed to the network per group: sends and collectives, not receives; plus the
+    pipeline's data bytes per direction ("pp:send:fwd", "pp:send:bwd", already inside "pp")."""
+    out = {g: 0 for g in KEYS}
     for (group, op), count in ledger.counts.items():
         if not op.startswith("recv"):
-            out[group if group in out else "other"] += count.bytes
+            out[group if group in GROUPS else "other"] += count.bytes
+        if (group, op) in PP_DATA:
+            out[PP_DATA[(group, op)]] += count.bytes
     return out
 
 
 def total_sent_bytes(ledger: CommLedger, world_pg: dist.ProcessGroup) -> Dict[str, int]:
     """Sum over all ranks of `sent_bytes_by_group` (one tiny all-reduce, itself counted under "world")."""
     mine = sent_bytes_by_group(ledger)
-    vec = torch.tensor([mine[g] for g in GROUPS], dtype=torch.float64)
+    vec = torch.tensor([mine[g] for g in KEYS], dtype=torch.float64)
     if world_pg.size() > 1:
         dist.all_reduce(vec, group=world_pg)
-    return {g: int(v) for g, v in zip(GROUPS, vec.tolist()) if v}
+    return {g: int(v) for g, v in zip(KEYS, vec.tolist()) if v}

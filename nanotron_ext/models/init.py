@@ -21,6 +21,19 @@ RESIDUAL_OUTPUT_NAMES = ("o_proj", "down_proj")
 LOW_RANK_FACTORS = {".down.weight": 0, ".up.weight": 1}  # suffix -> dim holding r
 
 
+_ZERO_INIT = "_nanotron_ext_zero_init"
+
+
+def mark_zero_init(param: torch.Tensor) -> None:
+    """Have init_weights_ start `param` at zero (e.g. a residual branch's last linear, so the block
+    starts as the identity); the mark survives nanotron's parameter wrapping as an attribute."""
+    setattr(param, _ZERO_INIT, True)
+
+
+def is_zero_init(param: torch.Tensor) -> bool:
+    return bool(getattr(param, _ZERO_INIT, False))
+
+
 def full_shape(param: torch.Tensor) -> torch.Size:
     if isinstance(param, NanotronParameter) and param.is_sharded:
         return torch.Size(param.get_sharded_info().unsharded_shape)
@@ -82,6 +95,9 @@ def init_weights_(model: nn.Module, seed: int, std: float, num_layers: int) -> N
             own.update(id(p) for p in module.parameters())
     for name, param in model.named_parameters():
         if id(param) in own:
+            continue
+        if is_zero_init(param):
+            param.zero_()
             continue
         full = full_init_tensor(name, full_shape(param), seed, std, num_layers)
         param.copy_(local_shard(full, param).to(param.dtype))

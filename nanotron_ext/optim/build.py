@@ -95,7 +95,8 @@ def build_optimizer(
     muon: ChainedOptimizer([TensorParallelMuon, AdamW]). Muon group "muon" (2-D hidden matrices,
         see `is_muon_param`): peak lr `muon_lr`, momentum `muon_momentum`, decoupled weight decay
         `weight_decay` (torch's Muon multiplies by 1 - lr * wd, lr before the shape adjustment).
-        The remaining knobs are torch.optim.Muon's: nesterov, adjust_lr_fn ("original" =
+        The remaining knobs are torch.optim.Muon's: nesterov, adjust_lr_fn (default
+        `optimizer.muon_adjust_lr`; "original" =
         sqrt(max(1, rows/cols)) on the FULL matrix shape, or "match_rms_adamw" = 0.2 *
         sqrt(max(rows, cols))), ns_steps; gather_dtype: see TensorParallelMuon.
         The AdamW groups are as above with peak lr `lr`.
@@ -107,6 +108,7 @@ def build_optimizer(
     Collective over tp_pg for muon when the model has TP-sharded matrices.
     """
     use_muon = cfg.name == "muon"
+    adjust_lr_fn = adjust_lr_fn or cfg.muon_adjust_lr
     split = split_params(model.named_parameters(), use_muon=use_muon)
     extra = [OPTIMIZER_GROUPS.get(tag)([p for _, p in named], cfg) for tag, named in sorted(split.tagged.items())]
     adamw_groups = [

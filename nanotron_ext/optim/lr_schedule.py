@@ -1,7 +1,8 @@
 """Learning-rate schedule: linear warm-up, then cosine / linear / constant to `min_lr_ratio`.
 
 The schedule is a multiplier on each parameter group's own peak (`initial_lr`), so one
-`LambdaLR` drives the Muon group (peak `muon_lr`) and the AdamW groups (peak `lr`) together.
+`LambdaLR` drives the Muon group (peak `muon_lr`) and the AdamW groups (peak `lr`) together; the
+Muon group decays to `muon_min_lr_ratio` when it is set, the others to `min_lr_ratio`.
 
 Step convention (0-based optimiser steps, `total_steps` of them, the last being `total_steps-1`):
 
@@ -55,11 +56,11 @@ def build_scheduler(
     """
     if total_steps < 1:
         raise ValueError(f"total_steps must be >= 1, got {total_steps}")
-    fn = functools.partial(
-        lr_lambda,
-        warmup_steps=cfg.warmup_steps,
-        total_steps=total_steps,
-        decay=cfg.decay,
-        min_lr_ratio=cfg.min_lr_ratio,
-    )
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, fn, last_epoch=last_epoch)
+    def fn(min_lr_ratio: float) -> functools.partial:
+        return functools.partial(lr_lambda, warmup_steps=cfg.warmup_steps, total_steps=total_steps,
+                                 decay=cfg.decay, min_lr_ratio=min_lr_ratio)
+
+    # the Muon group may end at its own floor (optimizer.muon_min_lr_ratio); one lambda per group
+    muon_floor = cfg.min_lr_ratio if cfg.muon_min_lr_ratio is None else cfg.muon_min_lr_ratio
+    fns = [fn(muon_floor if g.get("name") == "muon" else cfg.min_lr_ratio) for g in optimizer.param_groups]
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, fns, last_epoch=last_epoch)

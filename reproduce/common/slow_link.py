@@ -1,0 +1,215 @@
+"""The slow-link throughput benchmark every boundary codec shares (ResBM Table 3 / fig. A.2 style).
+
+The same model is trained at PP >= 2 over emulated pipeline links (parallelism.link) for every codec
+setting x bandwidth x duplex given, through the real trainer (torchrun -m nanotron_ext.train), and
+for each run the script reports:
+
+- tokens/s: tokens per step / the median step time of the trainer's metrics.jsonl, first step excluded
+  (the trainer's mean, summary.json, is kept beside it as tokens_per_s_mean);
+- data bytes per optimiser step per boundary per direction, from the ledger ("pp:send:fwd/bwd");
+- the link-bound tokens/s those bytes allow: tokens_per_step / link seconds per step, where a step
+  needs max(fwd, bwd) * 8 / bandwidth seconds on a full-duplex link and (fwd + bwd) * 8 / bandwidth
+  on a half-duplex one (one budget for both directions);
+- the training loss reached within a fixed wall-clock budget (cumulative step time, metrics.jsonl).
+
+    python reproduce/common/slow_link.py --config reproduce/resbm/cpu_base.yaml \
+        --setting "uncompressed:model.codec.kind=identity" \
+        --setting "resbm_128x:model.codec.kind=resbm,model.codec.resbm.h=2" \
+        --bandwidth 1.6 --bandwidth 200 --duplex half --pp 2 --steps 6 --budget-s 20 \
+        --out runs/slow_link/result.json --png runs/slow_link/throughput.png
+
+A bandwidth of 0 means an unlimited link. Extra `--set key=value` overrides go to every run.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def parse_setting(text: str) -> Tuple[str, List[str]]:
+    """'name:key=value,key=value' -> (name, ['key=value', ...])."""
+    name, _, rest = text.partition(":")
+    if not name or (rest and "=" not in rest):
+        raise argparse.ArgumentTypeError(f"--setting {text!r}: expected NAME:key=value[,key=value...]")
+    return name, [kv for kv in rest.split(",") if kv]
+
+
+def link_bound_tokens_per_s(tokens_per_step: float, fwd_bytes: float, bwd_bytes: float, mbps: float,
+                            duplex: str) -> Optional[float]:
+    """Tokens/s the link alone allows, from one boundary's bytes per step (None for an unlimited link)."""
+    if mbps <= 0:
+        return None
+    bits = (fwd_bytes + bwd_bytes if duplex == "half" else max(fwd_bytes, bwd_bytes)) * 8
+    return tokens_per_step * mbps * 1e6 / bits if bits else None
+
+
+def loss_within(metrics: Sequence[dict], budget_s: float) -> Optional[float]:
+    """Training loss of the last step finished within `budget_s` of summed step time."""
+    elapsed, loss = 0.0, None
+    for rec in metrics:
+        if "step_time_s" not in rec:
+            continue
+        elapsed += rec["step_time_s"]
+        if elapsed > budget_s:
+            break
+        loss = rec["loss"]
+    return loss
+
+
+def median_tokens_per_s(metrics: Sequence[dict], tokens_per_step: int) -> float:
+    """tokens_per_step / median step time, first step excluded: robust to a CPU shared with other jobs
+    (the trainer's summary holds the mean, kept beside it)."""
+    times = [r["step_time_s"] for r in metrics if "step_time_s" in r]
+    median = statistics.median(times[1:] or times)
+    return tokens_per_step / median
+
+
+def run_one(args: argparse.Namespace, name: str, overrides: List[str], mbps: float, duplex: str,
+            shaped: bool = False) -> dict:
+    """One trainer run; `shaped`: over a real tc-tbf link between two network namespaces
+    (scripts/netns_pipeline.sh, root, PP=2, each direction shaped on its own = full duplex) instead of
+    the emulator."""
+    run = f"{name}_{mbps:g}mbps_{'shaped' if shaped else duplex}".replace(".", "p")
+    out_dir = Path(args.output_dir)
+    emulate = mbps > 0 and not shaped
+    sets = [f"parallelism.pp={args.pp}", "parallelism.dp=1", "parallelism.tp=1", "model.codec.boundaries=stages",
+            f"parallelism.link.enabled={'true' if emulate else 'false'}", f"parallelism.link.bandwidth_mbps={mbps}",
+            f"parallelism.link.duplex={duplex}", f"general.run={run}", f"general.output_dir={out_dir}",
+            f"tokens.train_steps={args.steps}", "tokens.val_check_interval=0", "tokens.val_steps=1",
+            f"checkpoints.dir={out_dir / 'checkpoints' / run}", "checkpoints.resume=never",
+            "logging.progress_bar=false", *args.set, *overrides]
+    train = ["-m", "nanotron_ext.train", "--config-file", args.config]
+    if shaped:
+        if args.pp != 2 or duplex != "full":
+            raise ValueError("a shaped link joins two ranks and shapes each direction separately: --pp 2, full duplex")
+        cmd = ["bash", "scripts/netns_pipeline.sh", "--rate", f"{mbps * 1000:g}kbit", "--", sys.executable, *train]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.pp}", *train]
+    for s in sets:
+        cmd += ["--set", s]
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    t0 = time.time()
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"run {run} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    run_dir = REPO / out_dir / run
+    summary = json.loads((run_dir / "summary.json").read_text())
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    cfg = _resolved(run_dir)
+    tokens_per_step = cfg["tokens"]["micro_batch_size"] * cfg["tokens"]["sequence_length"] * \
+        cfg["tokens"]["batch_accumulation_per_replica"]
+    boundaries = args.pp - 1
+    comm = summary["comm_bytes_per_step"]
+    fwd, bwd = comm.get("pp:send:fwd", 0) / boundaries, comm.get("pp:send:bwd", 0) / boundaries
+    return {
+        "setting": name, "overrides": overrides, "bandwidth_mbps": mbps, "duplex": duplex, "run": run,
+        "link": "shaped (netns + tc tbf)" if shaped else ("emulated" if emulate else "unlimited"),
+        "tokens_per_s": median_tokens_per_s(metrics, tokens_per_step), "tokens_per_s_mean": summary["tokens_per_s"],
+        "tokens_per_step": tokens_per_step,
+        "bytes_per_step_per_boundary": {"fwd": fwd, "bwd": bwd},
+        "link_bound_tokens_per_s": link_bound_tokens_per_s(tokens_per_step, fwd, bwd, mbps, duplex),
+        "loss_within_budget": loss_within(metrics, args.budget_s), "budget_s": args.budget_s,
+        "final_train_loss": summary["final_train_loss"], "steps": summary["steps"], "wall_s": time.time() - t0,
+    }
+
+
+def _resolved(run_dir: Path) -> dict:
+    import yaml
+
+    return yaml.safe_load((run_dir / "config.yaml").read_text())
+
+
+def format_rows(rows: Sequence[dict]) -> str:
+    head = f"{'setting':<16} {'Mbit/s':>8} {'duplex':>6} {'tokens/s':>9} {'link-bound':>11} {'fwd B/step':>11} " \
+           f"{'bwd B/step':>11} {'loss@budget':>11}"
+    lines = [head]
+    for r in rows:
+        lb = r["link_bound_tokens_per_s"]
+        loss = r["loss_within_budget"]
+        lines.append(f"{r['setting']:<16} {r['bandwidth_mbps']:>8g} {r['duplex']:>6} {r['tokens_per_s']:>9.0f} "
+                     f"{(f'{lb:.0f}' if lb else 'inf'):>11} {r['bytes_per_step_per_boundary']['fwd']:>11.0f} "
+                     f"{r['bytes_per_step_per_boundary']['bwd']:>11.0f} {(f'{loss:.3f}' if loss else '-'):>11}")
+    return "\n".join(lines)
+
+
+def plot(rows: Sequence[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for (setting, duplex) in sorted({(r["setting"], r["duplex"]) for r in rows}):
+        pts = sorted((r["bandwidth_mbps"], r["tokens_per_s"]) for r in rows
+                     if r["setting"] == setting and r["duplex"] == duplex and r["bandwidth_mbps"] > 0)
+        if pts:
+            ax.plot(*zip(*pts), marker="o", label=f"{setting} ({duplex} duplex)")
+    ax.set_xscale("log")
+    ax.set_xlabel("link bandwidth (Mbit/s)")
+    ax.set_ylabel("tokens/s")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--setting", action="append", type=parse_setting, required=True, help="NAME:key=value,...")
+    ap.add_argument("--bandwidth", action="append", type=float, required=True, help="Mbit/s (0 = unlimited)")
+    ap.add_argument("--duplex", action="append", choices=["full", "half"], default=None)
+    ap.add_argument("--pp", type=int, default=2)
+    ap.add_argument("--shaped", action="store_true", help="also run every point over a real shaped link (root)")
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--budget-s", type=float, default=30.0, help="wall-clock budget for the loss column")
+    ap.add_argument("--set", action="append", default=[], help="key=value for every run")
+    ap.add_argument("--output-dir", default="runs/slow_link")
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--png", type=Path, default=None)
+    ap.add_argument("--title", default=None)
+    return ap
+
+
+def run_grid(args: argparse.Namespace, grid: Optional[Sequence[Tuple[str, List[str], float, str]]] = None) -> List[dict]:
+    """Every (setting, bandwidth, duplex) of the arguments, or the explicit `grid` of such tuples."""
+    if grid is None:
+        grid = [(n, o, bw, dx) for n, o in args.setting for bw in args.bandwidth for dx in (args.duplex or ["half"])]
+    rows = []
+    for name, overrides, bw, dx in grid:
+        for shaped in ([False, True] if getattr(args, "shaped", False) and bw > 0 else [False]):
+            rows.append(run_one(args, name, overrides, bw, dx, shaped=shaped))
+            print(format_rows(rows[-1:]).splitlines()[1] + f"  ({rows[-1]['link']})", flush=True)
+    return rows
+
+
+def device_title(what: str) -> str:
+    return f"{what} - CPU ({os.cpu_count()} cores), gloo, {datetime.date.today().isoformat()}"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> List[dict]:
+    args = build_parser().parse_args(argv)
+    rows = run_grid(args)
+    print(format_rows(rows))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"rows": rows, "device": device_title("slow-link benchmark")}, indent=1))
+    if args.png:
+        plot(rows, args.png, args.title or device_title("throughput vs bandwidth"))
+    return rows
+
+
+if __name__ == "__main__":
+    main()

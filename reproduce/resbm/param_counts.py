@@ -1,0 +1,87 @@
+"""Parameter counts of the ResBM 2B configs, built on the meta device (no memory, exact shapes):
+
+    python reproduce/resbm/param_counts.py            # table: ours beside the paper's (appendix A.3)
+    python reproduce/resbm/param_counts.py --json out.json
+
+The paper ("ResBM: Residual Bottleneck Models for Low-Bandwidth Pipeline Parallelism", arXiv:2604.11947,
+appendix A.3) gives 1,896,751,104 for the baseline and 1,960,157,184 for the 128x model. Ours: the
+baseline matches exactly; our 128x model has 7 (encoder, decoder) pairs of d<->m<->h halves with
+m = 1024, 14 x 1024 x (4096 + 32) = 59,179,008 extra parameters. The paper's +63,406,080 is
+15 x 1024 x (4096 + 32): one more half than 7 pairs have (63,406,080 / 7 is not an integer), e.g. an
+encoder on the last block too or a decoder on the first; the paper's text (block 8 has no encoder,
+block 1 no decoder) does not say which, so we build what the text describes and report the gap.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Dict, Optional, Sequence
+
+if TYPE_CHECKING:
+    from nanotron_ext.config.schema import Config
+
+HERE = Path(__file__).resolve().parent
+PAPER = {"baseline": 1_896_751_104, "128x_muon": 1_960_157_184, "128x_adamw": 1_960_157_184}
+
+
+def _ensure_process_group() -> None:
+    """LlamaForTraining needs (1-rank) process groups even on the meta device."""
+    import torch.distributed as torch_dist
+
+    if torch_dist.is_initialized():
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+
+
+def count_params(cfg: "Config") -> int:
+    """Distinct parameters of the whole model (one process, tp = pp = 1), built on the meta device."""
+    import dataclasses
+
+    import torch
+
+    from nanotron_ext.models.llama import LlamaForTraining
+    from nanotron_ext.parallel.context import build_parallel_context
+    from nanotron_ext.parallel.p2p import AccountedP2P
+
+    _ensure_process_group()
+    ctx = build_parallel_context(dp=1, tp=1, pp=1, backend="gloo")
+    model_cfg = cfg.model
+    if model_cfg.codec.boundaries == "stages" and cfg.parallelism.pp > 1:  # count the pp-stage placement
+        stage_ends = [(i + 1) * model_cfg.num_layers // cfg.parallelism.pp - 1 for i in range(cfg.parallelism.pp - 1)]
+        model_cfg = dataclasses.replace(model_cfg, codec=dataclasses.replace(model_cfg.codec, boundaries=stage_ends))
+    with torch.device("meta"):
+        model = LlamaForTraining(model_cfg, ctx, AccountedP2P(ctx.pp_pg, device=torch.device("meta")))
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Dict[str, int]]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    from nanotron_ext.config.loader import load_config
+
+    rows: Dict[str, Dict[str, int]] = {}
+    for path in sorted(HERE.glob("resbm_2b_*.yaml")):
+        name = path.stem.replace("resbm_2b_", "")
+        ours = count_params(load_config(path))
+        rows[name] = {"ours": ours, "paper": PAPER.get(name)}
+    base = rows["baseline"]["ours"]
+    print(f"{'config':<12} {'ours':>15} {'paper':>15} {'ours - baseline':>16}")
+    for name, r in rows.items():
+        paper = f"{r['paper']:,}" if r["paper"] else "-"
+        print(f"{name:<12} {r['ours']:>15,} {paper:>15} {r['ours'] - base:>16,}")
+    print("paper 128x - baseline = 63,406,080 = 15 x 1024 x (4096 + 32); ours has 14 such halves (7 pairs)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+    return rows
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
