@@ -145,9 +145,12 @@ class CodecConfig:
     """Where the codec sits, as the indices of the layers that send through it: stages = every pipeline
     boundary; every_layer = after every layer but the last (on one process too); or a list. A pipeline
     boundary outside the list sends the plain hidden state."""
+    ratio: float = 8.0
+    """Target compression ratio of the lossy baselines topk and lowrank (int8/int4 are fixed by their bits)."""
 
     def __post_init__(self) -> None:
         _require_registered(CODECS, self.kind)
+        _require(self.ratio >= 1, "model.codec.ratio", f"must be >= 1, got {self.ratio}")
 
 
 @dataclasses.dataclass(kw_only=True)
