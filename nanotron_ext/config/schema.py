@@ -235,9 +235,12 @@ class CodecConfig:
     """Options of the mapl codec."""
     resbm: ResBMConfig = field(default_factory=lambda: ResBMConfig(ratio=4))
     """ResBM options (model.codec.kind = resbm)."""
+    ratio: float = 8.0
+    """Target compression ratio of the lossy baselines topk and lowrank (int8/int4 are fixed by their bits)."""
 
     def __post_init__(self) -> None:
         _require_registered(CODECS, self.kind)
+        _require(self.ratio >= 1, "model.codec.ratio", f"must be >= 1, got {self.ratio}")
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -260,6 +263,40 @@ class OutputConstraintConfig:
 
     def __post_init__(self) -> None:
         _require_registered(OUTPUT_CONSTRAINTS, self.kind)
+
+
+@dataclasses.dataclass(kw_only=True)
+class SubspaceConfig:
+    """Subspace (Protocol) Models, nanotron_ext.subspace: one shared basis U (d x k) confines what every
+    compressed block writes into the residual stream, so a boundary sends k coordinates and the token ids.
+    Used when model.codec.kind / model.embedding.kind / model.output_constraint.kind = subspace."""
+
+    k: Optional[int] = None
+    """Subspace width k (columns of U); default hidden_size // 8."""
+    seed: int = 0
+    """Seed of U (QR of a Gaussian) and of the fixed embedding T_fixed: identical on every rank."""
+    parameterisation: Literal["projection", "reparam"] = "reparam"
+    """projection: full output weights kept in span(U) by projection; reparam: W_out = U W_small (exact by
+    construction)."""
+    reproject: bool = True
+    """projection only: project the output weights onto span(U) after every optimiser step."""
+    modified_adamw: bool = False
+    """projection only: the paper's sec. 5 AdamW (second moment averaged to one scalar per input column)."""
+    fixed_embedding_std: Optional[float] = None
+    """Std of the seeded T_fixed (not trained); default model.init_std."""
+    last_block_uncompressed: bool = True
+    """Leave the last decoder block's output projections unconstrained (it feeds the head, never a boundary)."""
+    grassmann_every: int = 0
+    """Optimiser steps between Grassmann updates of U (0 = U stays fixed)."""
+    grassmann_lr: float = 0.1
+    """Step size of the Grassmann update, on the accumulated A normalised to unit spectral norm."""
+    grassmann_reset: bool = True
+    """Reset the accumulated A = sum G^T G after each Grassmann update."""
+
+    def __post_init__(self) -> None:
+        _require(self.k is None or self.k >= 1, "model.subspace.k", f"must be >= 1, got {self.k}")
+        _require(self.grassmann_every >= 0, "model.subspace.grassmann_every", "must be >= 0")
+        _require(self.grassmann_lr > 0, "model.subspace.grassmann_lr", f"must be > 0, got {self.grassmann_lr}")
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -297,6 +334,7 @@ class ModelConfig:
     codec: CodecConfig = field(default_factory=CodecConfig)
     embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
     output_constraint: OutputConstraintConfig = field(default_factory=OutputConstraintConfig)
+    subspace: SubspaceConfig = field(default_factory=SubspaceConfig)
 
     def __post_init__(self) -> None:
         for key in ("vocab_size", "hidden_size", "ffn_size", "num_layers", "num_heads", "num_kv_heads", "max_seq_len"):
@@ -323,6 +361,8 @@ class ModelConfig:
         g = self.codec.mapl.vq_groups
         _require(not g or (r or self.hidden_size // 4) % g == 0, "model.codec.mapl.vq_groups",
                  f"{g} does not divide the wire width r={r or self.hidden_size // 4}")
+        _require(self.subspace.k is None or self.subspace.k <= self.hidden_size, "model.subspace.k",
+                 f"{self.subspace.k} exceeds model.hidden_size={self.hidden_size}")
 
     @property
     def head_dim(self) -> int:
@@ -332,6 +372,11 @@ class ModelConfig:
     def rank(self) -> int:
         """Low-rank bottleneck width (default d/4)."""
         return self.low_rank.rank or self.hidden_size // 4
+
+    @property
+    def subspace_k(self) -> int:
+        """Subspace Models' width k (default d/8)."""
+        return self.subspace.k or max(1, self.hidden_size // 8)
 
 
 @dataclasses.dataclass(kw_only=True)

@@ -1,0 +1,173 @@
+"""Lossy baselines for a pipeline boundary (the comparison of the Protocol Models paper, sec. 8.7): top-k
+sparsification, int8/int4 quantisation and per-batch low-rank projection. Both directions are compressed:
+the activation X forward and, with the same scheme, the activation gradient backward (the received
+wire's gradient carries the compressed gradient in the same layout, so each direction costs the same).
+
+Each scheme maps X [b, s, d] to one fp32 wire [b, s, w] and back; everything needed to decode (values,
+indices, scales, factors) is inside the wire, so the ledger counts it:
+- topk (model.codec.ratio r): per token the k = max(1, round(d / (2 r))) largest-magnitude entries,
+  values fp32 + int32 indices bit-cast: w = 2k;
+- int8 / int4: symmetric per-token absmax quantisation (levels +-127 / +-7), codes packed 4 / 8 per fp32
+  slot, plus one fp32 scale: w = d/4 + 1 / d/8 + 1;
+- lowrank (ratio r): X (b*s x d) ~ A B^T from a truncated SVD of rank q = max(1, round(d / r)); each token
+  carries its q coefficients (A = U_q S_q) and the d x q basis B rides in ceil(d q / (b s)) extra columns:
+  w = q + ceil(d q / (b s)).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+
+from nanotron_ext.codecs.base import BoundaryCodec, BoundaryDecoder, BoundaryEncoder, register_codec
+
+
+class Scheme:
+    def compress(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def decompress(self, wire: torch.Tensor, d: int) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class TopK(Scheme):
+    def __init__(self, d: int, ratio: float) -> None:
+        self.k = max(1, min(d, round(d / (2 * ratio))))
+
+    def compress(self, x: torch.Tensor) -> torch.Tensor:
+        idx = x.abs().topk(self.k, dim=-1).indices
+        values = x.gather(-1, idx).float()
+        return torch.cat([values, idx.to(torch.int32).view(torch.float32)], dim=-1)
+
+    def decompress(self, wire: torch.Tensor, d: int) -> torch.Tensor:
+        values, idx = wire[..., :self.k], wire[..., self.k:].contiguous().view(torch.int32).long()
+        return torch.zeros(*wire.shape[:-1], d, dtype=wire.dtype, device=wire.device).scatter(-1, idx, values)
+
+
+class Quantise(Scheme):
+    def __init__(self, d: int, bits: int) -> None:
+        self.bits, self.levels = bits, 2 ** (bits - 1) - 1
+        per_slot = 32 // bits
+        if d % per_slot:
+            raise ValueError(f"model.codec.kind=int{bits} needs model.hidden_size divisible by {per_slot}, got {d}")
+
+    def compress(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.float()
+        scale = x.abs().amax(-1, keepdim=True).clamp_min(1e-30) / self.levels
+        q = torch.round(x / scale).clamp(-self.levels, self.levels).to(torch.int8)
+        if self.bits == 4:  # two codes per byte, offset to 0..14
+            u = (q + self.levels).to(torch.uint8)
+            q = (u[..., 0::2] | (u[..., 1::2] << 4)).view(torch.int8)
+        return torch.cat([q.contiguous().view(torch.float32), scale], dim=-1)
+
+    def decompress(self, wire: torch.Tensor, d: int) -> torch.Tensor:
+        codes, scale = wire[..., :-1].contiguous().view(torch.int8), wire[..., -1:]
+        if self.bits == 4:
+            u = codes.view(torch.uint8)
+            q = torch.stack([u & 0x0F, u >> 4], dim=-1).flatten(-2).to(torch.int16) - self.levels
+        else:
+            q = codes
+        return q.float() * scale
+
+
+class LowRank(Scheme):
+    def __init__(self, d: int, ratio: float) -> None:
+        self.q = max(1, min(d, round(d / ratio)))
+
+    def basis_cols(self, tokens: int, d: int) -> int:
+        return math.ceil(d * self.q / tokens)
+
+    def compress(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, d = x.shape
+        u, sv, vh = torch.linalg.svd(x.float().reshape(b * s, d), full_matrices=False)
+        coeffs = (u[:, :self.q] * sv[:self.q]).reshape(b, s, self.q)
+        extra = self.basis_cols(b * s, d)
+        basis = torch.zeros(b * s * extra, dtype=torch.float32, device=x.device)
+        basis[:d * self.q] = vh[:self.q].T.reshape(-1)
+        return torch.cat([coeffs, basis.view(b, s, extra)], dim=-1)
+
+    def decompress(self, wire: torch.Tensor, d: int) -> torch.Tensor:
+        b, s, _ = wire.shape
+        basis = wire[..., self.q:].reshape(-1)[:d * self.q].view(d, self.q)
+        return wire[..., :self.q] @ basis.T
+
+
+class _Encode(torch.autograd.Function):
+    """Forward: compress X; backward: the gradient wire arrives compressed, decompress it."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, scheme: Scheme) -> torch.Tensor:  # type: ignore[override]
+        ctx.scheme, ctx.d, ctx.dtype = scheme, x.shape[-1], x.dtype
+        return scheme.compress(x)
+
+    @staticmethod
+    def backward(ctx, grad_wire: torch.Tensor) -> Tuple[torch.Tensor, None]:  # type: ignore[override]
+        return ctx.scheme.decompress(grad_wire, ctx.d).to(ctx.dtype), None
+
+
+class _Decode(torch.autograd.Function):
+    """Forward: decompress the wire; backward: compress the dense gradient into the wire's layout."""
+
+    @staticmethod
+    def forward(ctx, wire: torch.Tensor, scheme: Scheme, d: int) -> torch.Tensor:  # type: ignore[override]
+        ctx.scheme = scheme
+        return scheme.decompress(wire, d)
+
+    @staticmethod
+    def backward(ctx, grad_x: torch.Tensor) -> Tuple[torch.Tensor, None, None]:  # type: ignore[override]
+        return ctx.scheme.compress(grad_x.contiguous()), None, None
+
+
+class LossyEncoder(BoundaryEncoder):
+    def __init__(self, scheme: Scheme) -> None:
+        super().__init__()
+        self.scheme = scheme
+
+    def forward(self, residual: torch.Tensor, branch: torch.Tensor, input_ids: Optional[torch.Tensor]) -> torch.Tensor:
+        return _Encode.apply(residual + branch, self.scheme)
+
+
+class LossyDecoder(BoundaryDecoder):
+    def __init__(self, scheme: Scheme, d: int) -> None:
+        super().__init__()
+        self.scheme, self.d = scheme, d
+
+    def forward(self, wire: torch.Tensor, input_ids: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+        x = _Decode.apply(wire, self.scheme, self.d)
+        return x, x
+
+
+class LossyCodec(BoundaryCodec):
+    def scheme(self) -> Scheme:
+        raise NotImplementedError
+
+    def encoder(self, boundary: int) -> BoundaryEncoder:
+        return LossyEncoder(self.scheme())
+
+    def decoder(self, boundary: int) -> BoundaryDecoder:
+        return LossyDecoder(self.scheme(), self.cfg.hidden_size)
+
+
+@register_codec("topk")
+class TopKCodec(LossyCodec):
+    def scheme(self) -> Scheme:
+        return TopK(self.cfg.hidden_size, self.cfg.codec.ratio)
+
+
+@register_codec("int8")
+class Int8Codec(LossyCodec):
+    def scheme(self) -> Scheme:
+        return Quantise(self.cfg.hidden_size, 8)
+
+
+@register_codec("int4")
+class Int4Codec(LossyCodec):
+    def scheme(self) -> Scheme:
+        return Quantise(self.cfg.hidden_size, 4)
+
+
+@register_codec("lowrank")
+class LowRankCodec(LossyCodec):
+    def scheme(self) -> Scheme:
+        return LowRank(self.cfg.hidden_size, self.cfg.codec.ratio)

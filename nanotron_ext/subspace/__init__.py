@@ -1,0 +1,31 @@
+"""Subspace (Protocol) Models: exact compression of pipeline activations and activation gradients.
+
+Paper: "Protocol Models: Scaling Decentralized Training with Communication-Efficient Model Parallelism".
+Selected by model.codec.kind = model.embedding.kind = model.output_constraint.kind = "subspace" with
+options under model.subspace (nanotron_ext.config.schema.SubspaceConfig). Importing this package
+registers the codec, the embedding, the output constraint and the "subspace_adamw" optimiser group
+(loaded through the `nanotron_ext.techniques` entry point, never by the core).
+
+Paper -> code (most equations were lost in the text; the reading follows the project's notes):
+- sec. 4.3, shared subspace U (d x k, orthonormal, identical everywhere, never sent per step):
+  basis.make_basis, basis.SubspaceHub (U a checkpointed buffer), basis.hub_for
+- sec. 4.3 eq. 7, projection matrices (attention output, MLP down) in span(U):
+  constraints.SubspaceConstraint (parameterisation "projection": W <- U U^T W after init and every step;
+  "reparam": W = U W_small, constraints.SubspaceRowLinear / reparameterise_)
+- sec. 4.3.1, split token embedding TE = T_fixed + T_S U^T: basis.make_fixed_embedding, embedding.SplitEmbedding
+- sec. 4.3.1 eq. 8, forward compression Z = (X - T_fixed[ids]) U and reconstruction X = Z U^T + T_fixed[ids]:
+  codec.SubspaceEncoder, codec.SubspaceDecoder (ids travel in the wire, codecs/base.pack_ids)
+- sec. 4.4 eq. 9-10, backward compression G U / G U U^T: autograd through the codec's two products
+- sec. 4.5 eq. 11 and sec. 6, Grassmann updates (A = sum G^T G, Riemannian gradient, QR retraction):
+  grassmann.grassmann_objective, riemannian_grad, retract, grassmann_step, grassmann_update, move_onto;
+  A accumulated by codec.SubspaceDecoder; driven by SubspaceConstraint.after_step
+- sec. 5 eq. 12-14, modified AdamW (second moment averaged to one scalar per input column of
+  W [d, d_in]): optim.ColumnMeanAdamW, registered for tag optim.SUBSPACE_ADAMW_TAG
+- sec. 4.1 / Fig. 1, 7 stable rank, and the energy a basis keeps: analyse (python -m nanotron_ext.subspace.analyse)
+- Tables 1 and 3, Figs. 3 and 6 (scaled down), paper-scale configs: reproduce/sm/
+"""
+from nanotron_ext.subspace import codec, constraints, embedding, optim  # noqa: F401  (register entries)
+from nanotron_ext.subspace.basis import SubspaceHub, hub_for, make_basis, make_fixed_embedding  # noqa: F401
+from nanotron_ext.subspace.constraints import SubspaceRowLinear  # noqa: F401
+from nanotron_ext.subspace.grassmann import grassmann_step, grassmann_update, riemannian_grad  # noqa: F401
+from nanotron_ext.subspace.optim import ColumnMeanAdamW  # noqa: F401

@@ -1,0 +1,74 @@
+"""The Subspace Models codec (sec. 4.3, 4.4): a boundary sends Z = (X - T_fixed[ids]) U, k wide, plus the
+token ids; the receiver rebuilds X = Z U^T + T_fixed[ids]. Exact when everything the sending stage wrote
+into the residual stream lies in span(U) (the split embedding's T_S U^T and the constrained output
+projections). Backward, autograd through the two products sends the receiver's gradient G as G U (the
+wire's width) and the sender sees G U U^T (eq. 9-10).
+
+The ids ride in the wire (codecs/base.pack_ids): forward bytes per boundary and micro-batch are
+mbs * seq * (k * element_size + 4); the gradient of the packed wire has the same width (its id column
+is zero), so backward bytes are the same as forward (measured: tests/test_subspace_parity.py).
+
+Every decoder also records A += G^T G of the gradient it receives (before projection: the full gradient
+of the receiving stage) when Grassmann updates are on; the update uses the last boundary's A
+(nanotron_ext.subspace.grassmann).
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from nanotron import distributed as dist
+
+from nanotron_ext.codecs.base import BoundaryCodec, BoundaryDecoder, BoundaryEncoder, register_codec
+from nanotron_ext.config.schema import ConfigError, ModelConfig
+from nanotron_ext.subspace.basis import SubspaceHub, hub_for
+
+
+class SubspaceEncoder(BoundaryEncoder):
+    def __init__(self, hub: SubspaceHub) -> None:
+        super().__init__()
+        self.hub = hub
+
+    def forward(self, residual: torch.Tensor, branch: torch.Tensor, input_ids: Optional[torch.Tensor]) -> torch.Tensor:
+        x = residual + branch
+        return (x - self.hub.fixed[input_ids].to(x.dtype)) @ self.hub.basis.to(x.dtype)
+
+
+class SubspaceDecoder(BoundaryDecoder):
+    def __init__(self, hub: SubspaceHub, boundary: int, accumulate: bool) -> None:
+        super().__init__()
+        self.hub, self.boundary = hub, boundary
+        d = hub.basis.shape[0]
+        # A of this boundary, persistent so a resumed run keeps what it accumulated since the last update
+        self.register_buffer("grad_gram", torch.zeros(d, d) if accumulate else torch.zeros(0))
+        if accumulate:
+            hub.decoders.append(self)
+
+    def _accumulate(self, grad: torch.Tensor) -> None:
+        g = grad.detach().reshape(-1, grad.shape[-1]).float()
+        self.grad_gram.add_(g.T @ g)
+
+    def forward(self, wire: torch.Tensor, input_ids: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+        x = wire @ self.hub.basis.to(wire.dtype).T + self.hub.fixed[input_ids].to(wire.dtype)
+        if self.grad_gram.numel() and x.requires_grad:
+            x.register_hook(self._accumulate)  # the sum of both uses' gradients: G of the residual stream
+        return x, x
+
+
+@register_codec("subspace")
+class SubspaceCodec(BoundaryCodec):
+    needs_token_ids = True
+
+    def __init__(self, cfg: ModelConfig, tp_pg: dist.ProcessGroup) -> None:
+        super().__init__(cfg, tp_pg)
+        if cfg.embedding.kind != "subspace" or cfg.output_constraint.kind != "subspace":
+            raise ConfigError(
+                "model.codec.kind='subspace' is exact only with model.embedding.kind='subspace' and "
+                f"model.output_constraint.kind='subspace' (got {cfg.embedding.kind!r}, {cfg.output_constraint.kind!r})")
+        self.hub = hub_for(cfg)
+
+    def encoder(self, boundary: int) -> BoundaryEncoder:
+        return SubspaceEncoder(self.hub)
+
+    def decoder(self, boundary: int) -> BoundaryDecoder:
+        return SubspaceDecoder(self.hub, boundary, accumulate=self.cfg.subspace.grassmann_every > 0)

@@ -1,0 +1,50 @@
+"""The split token embedding of Subspace Models (sec. 4.3.1): TE = T_fixed[ids] + T_S[ids] U^T.
+
+T_fixed (V x d) is high rank, seeded and never trained (the hub's `fixed` buffer); T_S (V x k) is the
+trainable low-rank part in U coordinates, so T_S U^T lies in span(U) and the codec can subtract
+T_fixed[ids] and send k coordinates. Under TP, T_S is nanotron's vocab-sharded TensorParallelEmbedding
+(its k-wide output is all-reduced) and T_fixed is replicated (a lookup, no communication).
+
+Tied heads are rejected: the tied head would read the composed table T_fixed + T_S U^T, which is not one
+parameter (model.tie_embeddings needs a `.weight`), and training T_fixed through the head would break
+the identical-everywhere property the codec relies on.
+"""
+from __future__ import annotations
+
+import torch
+from nanotron.parallel.tensor_parallel.enum import TensorParallelLinearMode
+from nanotron.parallel.tensor_parallel.nn import TensorParallelEmbedding
+from torch import nn
+
+from nanotron_ext.config.schema import ConfigError, ModelConfig
+from nanotron_ext.models.tp_strategy import TPStrategy
+from nanotron_ext.registry import EMBEDDINGS
+from nanotron_ext.subspace.basis import SubspaceHub, hub_for
+
+
+class SplitEmbedding(nn.Module):
+    """input_ids [b, s] -> T_fixed[ids] + T_S[ids] U^T, [b, s, d] (replicated over TP)."""
+
+    def __init__(self, cfg: ModelConfig, strategy: TPStrategy, hub: SubspaceHub) -> None:
+        super().__init__()
+        self.hub = hub
+        # parameter name token_embedding.pp_block.embedding.small.weight: seeded like every other parameter
+        self.small = TensorParallelEmbedding(cfg.vocab_size, hub.k, pg=strategy.tp_pg,
+                                             mode=TensorParallelLinearMode.ALL_REDUCE)
+        hub.low_rank_tables.append(self)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        low = self.small(input_ids)
+        return self.hub.fixed[input_ids].to(low.dtype) + low @ self.hub.basis.to(low.dtype).T
+
+
+@EMBEDDINGS.register("subspace")
+def split_embedding(cfg: ModelConfig, strategy: TPStrategy) -> nn.Module:
+    if cfg.tie_embeddings:
+        raise ConfigError("model.tie_embeddings=true is not supported with model.embedding.kind='subspace': the "
+                          "effective table T_fixed + T_S U^T is not one parameter a head can share; set "
+                          "model.tie_embeddings=false")
+    if strategy.residual_sharded:
+        raise ConfigError(f"model.embedding.kind='subspace' needs a replicated residual stream; "
+                          f"model.boost.tp_strategy={cfg.boost.tp_strategy!r} shards it (use 'megatron')")
+    return SplitEmbedding(cfg, strategy, hub_for(cfg))
