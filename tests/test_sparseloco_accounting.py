@@ -1,4 +1,4 @@
-"""SparseLoCo's byte accounting and utilisation model on numbers worked out by hand."""
+"""SparseLoCo's byte accounting and utilisation model on numbers worked out by hand; its config checks."""
 from __future__ import annotations
 
 import pytest
@@ -33,3 +33,22 @@ def test_utilisation_by_hand() -> None:
     # 560 B over 1 kbit/s: 4.48 s after 5 s of compute; dense 65792 B: 2 hops of 32896 B = 526.336 s
     assert curve[0][1] == pytest.approx(5 / 9.48) and curve[0][2] == pytest.approx(0.5 / 526.836)
     assert curve[1][1] > curve[0][1] and curve[1][2] > curve[0][2]
+
+
+@pytest.mark.parametrize("kwargs,key", [({"chunk": 1000}, "sparseloco.chunk"), ({"topk": 0}, "sparseloco.topk"),
+                                        ({"index_bits": 11}, "sparseloco.index_bits"), ({"beta": 1.5}, "sparseloco.beta"),
+                                        ({"quant_bits": 9}, "sparseloco.quant_bits")])
+def test_config_rejects_values_naming_the_key(kwargs: dict, key: str) -> None:
+    from nanotron_ext.config.schema import ConfigError
+
+    with pytest.raises(ConfigError, match=key):
+        SparseLoCoConfig(**kwargs)
+
+
+def test_paper_configs_are_current() -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "reproduce" / "het_sparseloco" / "make_configs.py"
+    assert subprocess.run([sys.executable, str(script), "--check"], capture_output=True).returncode == 0
