@@ -15,13 +15,15 @@ SPARSELOCO = ["parallelism.dp_sync=sparseloco", "sparseloco.inner_steps=2", "spa
 
 
 @pytest.mark.slow
-def test_sparseloco_resume_equals_uninterrupted(small_corpus: Path, tmp_path: Path) -> None:
-    n = 3  # the step-3 checkpoint falls between the syncs after steps 2 and 4
-    straight = run_distributed(_train_worker, 2, _small_overrides(small_corpus, tmp_path / "a", 2, 1, 1, 2 * n) + SPARSELOCO,
+@pytest.mark.parametrize("pp", [1, 2])
+def test_sparseloco_resume_equals_uninterrupted(small_corpus: Path, tmp_path: Path, pp: int) -> None:
+    """dp = 2 replicas of 1 or 2 pipeline stages (each stage syncs its own layers over its DP group)."""
+    n, world = 3, 2 * pp  # the step-3 checkpoint falls between the syncs after steps 2 and 4
+    straight = run_distributed(_train_worker, world, _small_overrides(small_corpus, tmp_path / "a", 2, 1, pp, 2 * n) + SPARSELOCO,
                                None, 0)
-    resumed_ovr = _small_overrides(small_corpus, tmp_path / "b", 2, 1, 1, 2 * n) + SPARSELOCO
-    run_distributed(_train_worker, 2, resumed_ovr, n, n)
-    resumed = run_distributed(_train_worker, 2, resumed_ovr, None, n)
+    resumed_ovr = _small_overrides(small_corpus, tmp_path / "b", 2, 1, pp, 2 * n) + SPARSELOCO
+    run_distributed(_train_worker, world, resumed_ovr, n, n)
+    resumed = run_distributed(_train_worker, world, resumed_ovr, None, n)
     a, b = _losses(tmp_path / "a" / "tiny_llama"), _losses(tmp_path / "b" / "tiny_llama")
     assert sorted(a) == sorted(b) == list(range(1, 2 * n + 1))
     for step in range(n + 1, 2 * n + 1):
@@ -29,8 +31,10 @@ def test_sparseloco_resume_equals_uninterrupted(small_corpus: Path, tmp_path: Pa
     for rank, (wa, wb) in enumerate(zip(straight, resumed)):
         for name in wa:
             assert torch.equal(wa[name], wb[name]), (rank, name)
-    # after the last sync (step 6) both replicas hold the same weights
-    assert all(torch.equal(straight[0][k], straight[1][k]) for k in straight[0])
+    # after the last sync (step 6) every rank has a twin (same stage, other replica) with the same weights
+    for r in range(world):
+        twins = [q for q in range(world) if q != r and sorted(straight[q]) == sorted(straight[r])]
+        assert any(all(torch.equal(straight[r][k], straight[q][k]) for k in straight[r]) for q in twins), r
 
 
 @pytest.mark.slow
