@@ -59,7 +59,9 @@ def _train(model_kw: dict, dp_sync: str, sparseloco: dict, steps: int, inner: st
     opt = torch.optim.SGD(model.parameters(), lr=0.5) if inner == "sgd" else build_optimizer(model, cfg.optimizer, ctx.tp_pg)
     sync = DP_SYNCS.get(dp_sync)(model, ctx.dp_pg, cfg)
     rank = dist.get_rank(ctx.dp_pg)
-    out: dict = {"checksum": [], "dp": []}
+    out: dict = {"checksum": [], "dp": [], "hooks": []}
+    if dp_sync == "sparseloco":
+        sync.hooks.append(lambda replica, params, moment: out["hooks"].append((replica, moment, len(params))))
     for step in range(1, steps + 1):
         get_ledger().reset()
         forward_backward(model, make_engine("1f1b"), _micro(100 * step + rank, model_kw["vocab_size"]), ctx, sync)
@@ -101,6 +103,8 @@ def test_full_k_h1_equals_data_parallel_sgd() -> None:
 def test_replicas_identical_after_each_sync_and_bytes_under_one_percent() -> None:
     cfg = {"inner_steps": 2, "chunk": 4096, "topk": 32, "value_dtype": "bf16", "index_bits": 12}
     a, b = run_distributed(_train, 2, TILED, "sparseloco", cfg, 4, "adamw")
+    n_params = len(a["shapes"])
+    assert b["hooks"] == [(1, "before_encode", n_params), (1, "after_sync", n_params)] * 2  # per-replica hooks, per sync
     for step in range(4):
         same = a["checksum"][step] == b["checksum"][step]
         assert same == (step % 2 == 1), (step, a["checksum"][step], b["checksum"][step])

@@ -86,11 +86,12 @@ class SparseLoCoOuter:
             p.copy_(g)
 
 
-ReplicaHook = Callable[["SparseLoCoSync", str], None]
-"""Per-replica hook, called with (sync, moment) for moment in ("before_encode", "after_sync"). This is
-where the heterogeneous variant plugs in (it waits for the subspace package): a compressed replica's
-embedding adaptation (after every sync: T_fixed += T_S - T_S U U^T, T_S <- T_S U U^T) or weight
-projection runs in "after_sync"; a per-replica pipeline codec is chosen by the model build, not here."""
+ReplicaHook = Callable[[int, Sequence[torch.Tensor], str], None]
+"""Per-replica hook `(replica, params, moment)`, moment in ("before_encode", "after_sync"), called by both
+drivers (SparseLoCoSync.hooks, SimulatedReplicas.hooks) for each replica with that replica's parameters.
+This is where the heterogeneous variant plugs in (it waits for the subspace package): a compressed
+replica's embedding adaptation (after every sync: T_fixed += T_S - T_S U U^T, T_S <- T_S U U^T) or weight
+projection runs at "after_sync"; a per-replica pipeline codec is chosen when that replica's model is built."""
 
 
 @DP_SYNCS.register("sparseloco")
@@ -130,14 +131,14 @@ class SparseLoCoSync(DataParallelSync):
     def sync(self) -> None:
         """One outer step: encode, all_gather over dp_pg, aggregate, outer SGD, take the global weights."""
         for hook in self.hooks:
-            hook(self, "before_encode")
+            hook(self.replica, self.params, "before_encode")
         payload = self.outer.encode(self.params, self.error)
         gathered = [torch.empty_like(payload) for _ in range(self.dp_pg.size())]
         dist.all_gather(gathered, payload, group=self.dp_pg)
         self.outer.apply(gathered)
         self.outer.load_into(self.params)
         for hook in self.hooks:
-            hook(self, "after_sync")
+            hook(self.replica, self.params, "after_sync")
 
     def state_dict(self) -> Dict[str, Any]:
         o = self.outer

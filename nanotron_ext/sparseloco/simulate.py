@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from nanotron_ext.config.schema import Config, SparseLoCoConfig
-from nanotron_ext.sparseloco.outer import SparseLoCoOuter
+from nanotron_ext.sparseloco.outer import ReplicaHook, SparseLoCoOuter
 
 
 def trainable(model: nn.Module) -> List[torch.nn.Parameter]:
@@ -35,6 +35,7 @@ class SimulatedReplicas:
         self.outer = SparseLoCoOuter(self.params[0], cfg)
         self.errors = [self.outer.new_error() for _ in models]
         self.sent_bytes: List[int] = []  # per sync: bytes each replica would send (its payload)
+        self.hooks: List[ReplicaHook] = []
 
     def after_step(self, step: int) -> None:
         """Call once every replica has taken inner step `step` (1-based)."""
@@ -42,11 +43,17 @@ class SimulatedReplicas:
             self.sync()
 
     def sync(self) -> None:
-        payloads = [self.outer.encode(ps, e) for ps, e in zip(self.params, self.errors)]
+        payloads = []
+        for r, (ps, e) in enumerate(zip(self.params, self.errors)):
+            for hook in self.hooks:
+                hook(r, ps, "before_encode")
+            payloads.append(self.outer.encode(ps, e))
         self.sent_bytes.append(payloads[0].numel())
         self.outer.apply(payloads)
-        for ps in self.params:
+        for r, ps in enumerate(self.params):
             self.outer.load_into(ps)
+            for hook in self.hooks:
+                hook(r, ps, "after_sync")
 
 
 def run_simulated(cfg: Config, replicas: int, mode: Literal["sparseloco", "dense"] = "sparseloco",
