@@ -15,10 +15,12 @@ Paper -> code:
   decode_payload, its size in closed form: payload_nbytes
 - aggregation (mean over all replicas, or over the senders of each position) and outer SGD (lr 1.0,
   optional momentum): outer.SparseLoCoOuter.aggregate / apply; exchange: one all_gather in SparseLoCoSync.sync
-- simulated replicas (M replicas in one process, same math): simulate.SimulatedReplicas
+- simulated replicas (M replicas in one process, same math): simulate.SimulatedReplicas; a whole run of
+  M replicas with the trainer's inner step: simulate.run_simulated (sweeps: reproduce/het_sparseloco/sim_sweep.py)
 - communication accounting and compute utilisation over a bandwidth (figs. 2, 3b): accounting
 - sec. 2.4 and sec. 3 heterogeneous replicas (subspace-compressed pipelines, embedding adaptation,
   weight projection, Grassmann, modified AdamW): NOT here yet; they need nanotron_ext.subspace and plug
-  in through outer.ReplicaHook (SparseLoCoSync.hooks). Tables: reproduce/het_sparseloco/README.md
+  in through outer.ReplicaHook (SparseLoCoSync.hooks, SimulatedReplicas.hooks).
+  Tables: reproduce/het_sparseloco/README.md
 """
 from nanotron_ext.sparseloco import outer  # noqa: F401  (registers "sparseloco")

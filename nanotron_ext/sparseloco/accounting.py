@@ -31,7 +31,8 @@ def outer_sync_bytes(shapes: Iterable[Sequence[int]], cfg: SparseLoCoConfig) -> 
 
 
 def collective_time_s(
-    nbytes: float, replicas: int, bandwidth_bps: float, collective: Literal["all_gather", "all_reduce"], latency_s: float = 0.0
+    nbytes: float, replicas: int, bandwidth_bps: float, collective: Literal["all_gather", "all_reduce"],
+    latency_s: float = 0.0,
 ) -> float:
     """Seconds for a ring collective of `nbytes` per replica over per-replica links (module docstring)."""
     m = replicas

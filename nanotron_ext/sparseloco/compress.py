@@ -73,7 +73,8 @@ def chunk_spec(shape: Sequence[int], chunk: int, topk: int) -> ChunkSpec:
     shape = tuple(int(s) for s in shape)
     if len(shape) == 2:
         side = math.isqrt(chunk)
-        return ChunkSpec(shape, (largest_divisor_at_most(shape[0], side), largest_divisor_at_most(shape[1], side)), topk)
+        tile = (largest_divisor_at_most(shape[0], side), largest_divisor_at_most(shape[1], side))
+        return ChunkSpec(shape, tile, topk)
     return ChunkSpec(shape, (largest_divisor_at_most(math.prod(shape), chunk),), topk)
 
 
@@ -154,7 +155,8 @@ class Compressed:
 
 
 def compress_with_feedback_(
-    error: torch.Tensor, delta: torch.Tensor, spec: ChunkSpec, beta: float, quant_bits: int = 0, value_dtype: str = "fp32"
+    error: torch.Tensor, delta: torch.Tensor, spec: ChunkSpec, beta: float, quant_bits: int = 0,
+    value_dtype: str = "fp32",
 ) -> Compressed:
     """Error feedback + top-k + rounding/quantisation for one tensor; updates `error` in place to
     `beta * error + delta - transmitted` (see the module docstring)."""
