@@ -110,9 +110,9 @@ def quantize(values: torch.Tensor, bits: int) -> Tuple[torch.Tensor, torch.Tenso
         codes = ((v - lo) / width).floor().clamp_(0, levels - 1).long()
     else:  # all kept values equal: one bin
         codes = torch.zeros_like(v, dtype=torch.long)
-    sums = torch.zeros(levels, dtype=torch.float32).index_add_(0, codes, v)
+    sums = torch.zeros(levels, dtype=torch.float32, device=v.device).index_add_(0, codes, v)
     counts = torch.bincount(codes, minlength=levels).float()
-    centres = lo + (torch.arange(levels, dtype=torch.float32) + 0.5) * width
+    centres = lo + (torch.arange(levels, dtype=torch.float32, device=v.device) + 0.5) * width
     table = torch.where(counts > 0, sums / counts.clamp(min=1), centres)
     return codes, table
 
@@ -131,16 +131,16 @@ def pack_bits(x: torch.Tensor, bits: int) -> torch.Tensor:
     x = x.reshape(-1).long()
     if x.numel() and (int(x.min()) < 0 or int(x.max()) >= 2**bits):
         raise ValueError(f"values must lie in [0, 2**{bits})")
-    stream = ((x.unsqueeze(1) >> torch.arange(bits)) & 1).to(torch.uint8).reshape(-1)
+    stream = ((x.unsqueeze(1) >> torch.arange(bits, device=x.device)) & 1).to(torch.uint8).reshape(-1)
     pad = (-stream.numel()) % 8
     stream = torch.cat([stream, stream.new_zeros(pad)]).reshape(-1, 8).long()
-    return (stream << torch.arange(8)).sum(dim=1).to(torch.uint8)
+    return (stream << torch.arange(8, device=x.device)).sum(dim=1).to(torch.uint8)
 
 
 def unpack_bits(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
     """Inverse of `pack_bits`: the first `n` integers (int64)."""
-    stream = ((packed.long().unsqueeze(1) >> torch.arange(8)) & 1).reshape(-1)[: n * bits]
-    return (stream.reshape(n, bits) << torch.arange(bits)).sum(dim=1)
+    stream = ((packed.long().unsqueeze(1) >> torch.arange(8, device=packed.device)) & 1).reshape(-1)[: n * bits]
+    return (stream.reshape(n, bits) << torch.arange(bits, device=packed.device)).sum(dim=1)
 
 
 # -- one tensor's compression step ----------------------------------------------------------------------
@@ -170,7 +170,7 @@ def compress_with_feedback_(
     else:
         wire = kept.to(VALUE_DTYPES[value_dtype]).reshape(-1)
         transmitted = wire.float().reshape(kept.shape)
-        table = torch.empty(0)
+        table = torch.empty(0, device=kept.device)
     acc.scatter_(1, idx, kept - transmitted)
     error.copy_(from_chunks(acc, spec))
     return Compressed(idx, wire, table, transmitted)
@@ -178,7 +178,7 @@ def compress_with_feedback_(
 
 def densify(indices: torch.Tensor, values: torch.Tensor, spec: ChunkSpec) -> torch.Tensor:
     """Sparse chunks -> a dense tensor of `spec.shape` (zeros where nothing was sent)."""
-    dense = torch.zeros(spec.n_chunks, spec.chunk_size, dtype=torch.float32)
+    dense = torch.zeros(spec.n_chunks, spec.chunk_size, dtype=torch.float32, device=values.device)
     dense.scatter_(1, indices, values.reshape(indices.shape).float())
     return from_chunks(dense, spec)
 

@@ -61,8 +61,9 @@ class SparseLoCoOuter:
         decoded = [decode_payload(b, self.specs, c.index_bits, c.quant_bits, c.value_dtype) for b in payloads]
         out = []
         for i, spec in enumerate(self.specs):
-            total = torch.zeros(spec.n_chunks, spec.chunk_size)
-            count = torch.zeros(spec.n_chunks, spec.chunk_size)
+            device = self.global_params[i].device  # payloads live where the weights do (CUDA under NCCL)
+            total = torch.zeros(spec.n_chunks, spec.chunk_size, device=device)
+            count = torch.zeros(spec.n_chunks, spec.chunk_size, device=device)
             for replica in decoded:
                 idx, val = replica[i]
                 total.scatter_add_(1, idx, val)  # indices are distinct within a chunk
