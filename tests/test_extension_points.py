@@ -268,7 +268,7 @@ def _run_outer_loop() -> dict:
     cfg = _config({}, {"dp": 2, "dp_sync": "toy_average_every_2"})
     model = build_model(cfg, ctx)
     opt = build_optimizer(model, cfg.optimizer, ctx.tp_pg)
-    sync = DP_SYNCS.get(cfg.parallelism.dp_sync)(model, ctx.dp_pg)
+    sync = DP_SYNCS.get(cfg.parallelism.dp_sync)(model, ctx.dp_pg, cfg)
     rank = dist.get_rank(ctx.dp_pg)
     out: dict = {"dp_bytes": [], "checksum": []}
     for step in (1, 2):

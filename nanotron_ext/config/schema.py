@@ -536,6 +536,46 @@ class LoggingConfig:
 
 
 @dataclasses.dataclass(kw_only=True)
+class SparseLoCoConfig:
+    """SparseLoCo outer loop (parallelism.dp_sync=sparseloco; "Heterogeneous Low-Bandwidth Pre-Training
+    of LLMs"): H inner steps with no DP traffic, then compressed pseudo-gradients are exchanged."""
+
+    inner_steps: int = 50
+    """H: inner optimiser steps between outer syncs (paper: 50)."""
+    chunk: int = 4096
+    """Elements per chunk; 2-D tensors are tiled sqrt(chunk) x sqrt(chunk) (64 x 64), others in runs."""
+    topk: int = 32
+    """Entries kept per chunk (paper: 32 of 4096)."""
+    beta: float = 0.95
+    """Error-feedback decay: e = beta * e + delta."""
+    quant_bits: int = 0
+    """Value quantisation bits (0 = none; 2 = the public code's option)."""
+    value_dtype: Literal["fp32", "bf16"] = "bf16"
+    """Precision of the sent values without quantisation."""
+    index_bits: int = 12
+    """Bits per packed index; 2**index_bits must cover the chunk."""
+    outer_lr: float = 1.0
+    """Outer SGD learning rate (paper: 1.0; 0.8 in tuned runs)."""
+    outer_momentum: float = 0.0
+    """Outer SGD momentum (paper: none)."""
+    aggregate: Literal["all", "senders"] = "all"
+    """Average each position over all replicas, or over the replicas that sent it (public code)."""
+
+    def __post_init__(self) -> None:
+        k = "sparseloco"
+        _require(self.inner_steps >= 1, f"{k}.inner_steps", f"must be >= 1, got {self.inner_steps}")
+        _require(self.chunk >= 1 and int(self.chunk**0.5) ** 2 == self.chunk, f"{k}.chunk",
+                 f"must be a perfect square (2-D tiles are square), got {self.chunk}")
+        _require(1 <= self.topk <= self.chunk, f"{k}.topk", f"must be in [1, {k}.chunk={self.chunk}], got {self.topk}")
+        _require(0 <= self.beta <= 1, f"{k}.beta", f"must be in [0, 1], got {self.beta}")
+        _require(0 <= self.quant_bits <= 8, f"{k}.quant_bits", f"must be in [0, 8], got {self.quant_bits}")
+        _require(1 <= self.index_bits <= 32 and 2**self.index_bits >= self.chunk, f"{k}.index_bits",
+                 f"{self.index_bits} bits cannot address {k}.chunk={self.chunk} positions")
+        _require(self.outer_lr > 0, f"{k}.outer_lr", f"must be > 0, got {self.outer_lr}")
+        _require(0 <= self.outer_momentum < 1, f"{k}.outer_momentum", f"must be in [0, 1), got {self.outer_momentum}")
+
+
+@dataclasses.dataclass(kw_only=True)
 class Config:
     general: GeneralConfig = field(default_factory=GeneralConfig)
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
@@ -546,6 +586,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     checkpoints: CheckpointsConfig = field(default_factory=CheckpointsConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    sparseloco: SparseLoCoConfig = field(default_factory=SparseLoCoConfig)
 
     def __post_init__(self) -> None:
         self.validate()

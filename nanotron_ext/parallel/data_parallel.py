@@ -10,7 +10,7 @@ step; its `state_dict` travels in checkpoints. The default, "allreduce", average
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List
+from typing import Any, Dict, Iterable, List, Optional
 
 import torch
 from nanotron import distributed as dist
@@ -22,8 +22,10 @@ from nanotron_ext.registry import DP_SYNCS
 class DataParallelSync:
     """How data-parallel replicas agree; one instance per rank, over its DP group."""
 
-    def __init__(self, model: nn.Module, dp_pg: dist.ProcessGroup) -> None:
-        self.model, self.dp_pg = model, dp_pg
+    def __init__(self, model: nn.Module, dp_pg: dist.ProcessGroup, cfg: Optional[Any] = None) -> None:
+        # cfg: the run's nanotron_ext.config.Config (typed Any: parallel/ does not import config/); outer
+        # loops read their own section from it, the per-step all-reduce needs none
+        self.model, self.dp_pg, self.cfg = model, dp_pg, cfg
 
     def after_backward(self) -> None:
         """The step's gradients are complete on this replica (before clipping and the optimiser step)."""

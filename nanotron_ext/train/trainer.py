@@ -57,7 +57,7 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, cfg.optimizer, self.ctx.tp_pg)
         self.scheduler = build_scheduler(self.optimizer, cfg.optimizer, cfg.tokens.train_steps)
         self.engine = make_engine(p.pp_engine)
-        self.dp_sync: DataParallelSync = DP_SYNCS.get(p.dp_sync)(self.model, self.ctx.dp_pg)
+        self.dp_sync: DataParallelSync = DP_SYNCS.get(p.dp_sync)(self.model, self.ctx.dp_pg, cfg)
         dp_rank = dist.get_rank(self.ctx.dp_pg)
         self.train_loader = build_train_loader(cfg, dp_rank=dp_rank, dp_size=p.dp, config_file=config_file)
         self.val_loader = build_validation_loader(cfg, dp_rank=dp_rank, dp_size=p.dp, config_file=config_file)

@@ -1,0 +1,26 @@
+"""SparseLoCo: low-communication data parallelism, the non-heterogeneous core of
+"Heterogeneous Low-Bandwidth Pre-Training of LLMs". Selected by `parallelism.dp_sync: sparseloco` and
+configured in the `sparseloco:` section; importing this package registers the "sparseloco" DP sync
+(loaded through the `nanotron_ext.techniques` entry point, never by the core).
+
+Paper -> code:
+- sec. 2 / Algorithm 1, inner loop: H = sparseloco.inner_steps steps of the run's optimiser (AdamW) per
+  replica with no DP traffic: outer.SparseLoCoSync.after_backward (does nothing), after_step
+- pseudo-gradient delta = theta_global - theta_local, error feedback e = beta e + delta, e -= transmitted:
+  compress.compress_with_feedback_, driven by outer.SparseLoCoOuter.encode
+- chunked top-k (64 x 64 tiles of 2-D tensors, runs of 4096 of 1-D ones, k = 32): compress.chunk_spec,
+  to_chunks / from_chunks, topk_indices
+- optional n-bit quantisation (public SparseLoCo code's 2-bit option): compress.quantize / dequantize
+- compact indices (12 bits): compress.pack_bits / unpack_bits, the payload: encode_payload /
+  decode_payload, its size in closed form: payload_nbytes
+- aggregation (mean over all replicas, or over the senders of each position) and outer SGD (lr 1.0,
+  optional momentum): outer.SparseLoCoOuter.aggregate / apply; exchange: one all_gather in SparseLoCoSync.sync
+- simulated replicas (M replicas in one process, same math): simulate.SimulatedReplicas; a whole run of
+  M replicas with the trainer's inner step: simulate.run_simulated (sweeps: reproduce/het_sparseloco/sim_sweep.py)
+- communication accounting and compute utilisation over a bandwidth (figs. 2, 3b): accounting
+- sec. 2.4 and sec. 3 heterogeneous replicas (subspace-compressed pipelines, embedding adaptation,
+  weight projection, Grassmann, modified AdamW): NOT here yet; they need nanotron_ext.subspace and plug
+  in through outer.ReplicaHook (SparseLoCoSync.hooks, SimulatedReplicas.hooks).
+  Tables: reproduce/het_sparseloco/README.md
+"""
+from nanotron_ext.sparseloco import outer  # noqa: F401  (registers "sparseloco")

@@ -1,0 +1,63 @@
+"""Communication accounting and a compute-utilisation model for SparseLoCo vs dense data parallelism
+("Heterogeneous Low-Bandwidth Pre-Training of LLMs", figs. 2 and 3b: utilisation over bandwidth).
+
+Bytes are payload bytes as the comm ledger counts them (what one replica hands to the collective).
+Time model (documented choices, not the paper's; the paper does not give its formula):
+- the sync blocks compute (no overlap); each replica has its own link of `bandwidth_bps` bits/s, full duplex;
+- SparseLoCo's all_gather of a P-byte payload as a ring: each replica receives (and forwards) (M-1) P bytes
+  in M-1 hops: t = (M-1) (8 P / B + latency);
+- dense DP's ring all-reduce of N bytes: 2 (M-1) hops of N / M bytes: t = 2 (M-1) (8 N / (M B) + latency);
+- utilisation = compute time / (compute time + communication time) over one outer round of H inner steps
+  (dense DP: H = 1, one all-reduce per step).
+"""
+from __future__ import annotations
+
+import math
+from typing import Iterable, Literal, Sequence, Tuple
+
+from nanotron_ext.config.schema import SparseLoCoConfig
+from nanotron_ext.sparseloco.compress import chunk_spec, payload_nbytes
+
+
+def dense_allreduce_bytes(shapes: Iterable[Sequence[int]], bytes_per_element: int = 4) -> int:
+    """Bytes one replica hands to a dense gradient all-reduce (fp32 gradients)."""
+    return sum(math.prod(s) for s in shapes) * bytes_per_element
+
+
+def outer_sync_bytes(shapes: Iterable[Sequence[int]], cfg: SparseLoCoConfig) -> int:
+    """Bytes one replica sends per outer sync: packed indices + values (or codes + lookup tables)."""
+    specs = [chunk_spec(s, cfg.chunk, cfg.topk) for s in shapes]
+    return payload_nbytes(specs, cfg.index_bits, cfg.quant_bits, cfg.value_dtype)
+
+
+def collective_time_s(
+    nbytes: float, replicas: int, bandwidth_bps: float, collective: Literal["all_gather", "all_reduce"],
+    latency_s: float = 0.0,
+) -> float:
+    """Seconds for a ring collective of `nbytes` per replica over per-replica links (module docstring)."""
+    m = replicas
+    if m <= 1:
+        return 0.0
+    if collective == "all_gather":
+        return (m - 1) * (8 * nbytes / bandwidth_bps + latency_s)
+    return 2 * (m - 1) * (8 * nbytes / (m * bandwidth_bps) + latency_s)
+
+
+def compute_utilisation(
+    step_time_s: float, inner_steps: int, nbytes: float, replicas: int, bandwidth_bps: float,
+    collective: Literal["all_gather", "all_reduce"] = "all_gather", latency_s: float = 0.0,
+) -> float:
+    """Share of wall time spent computing: H steps of `step_time_s`, then one blocking collective."""
+    compute = inner_steps * step_time_s
+    return compute / (compute + collective_time_s(nbytes, replicas, bandwidth_bps, collective, latency_s))
+
+
+def utilisation_curve(
+    step_time_s: float, shapes: Sequence[Sequence[int]], cfg: SparseLoCoConfig, replicas: int,
+    bandwidths_bps: Sequence[float], latency_s: float = 0.0,
+) -> Sequence[Tuple[float, float, float]]:
+    """(bandwidth, SparseLoCo utilisation, dense-DP utilisation) per bandwidth, from a measured inner
+    step time and the model's shapes (bytes from the closed form the ledger is tested against)."""
+    sparse, dense = outer_sync_bytes(shapes, cfg), dense_allreduce_bytes(shapes)
+    return [(b, compute_utilisation(step_time_s, cfg.inner_steps, sparse, replicas, b, "all_gather", latency_s),
+             compute_utilisation(step_time_s, 1, dense, replicas, b, "all_reduce", latency_s)) for b in bandwidths_bps]

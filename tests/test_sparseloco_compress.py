@@ -1,0 +1,123 @@
+"""SparseLoCo's compressor against plain-torch / plain-Python references written here: chunking into
+64 x 64 tiles and runs of 4096, exactly k kept per chunk, the error-feedback identity, 12-bit index
+packing, the n-bit quantiser, and the payload's closed-form size."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nanotron_ext.sparseloco.compress import (
+    chunk_spec, compress_with_feedback_, decode_payload, densify, encode_payload, from_chunks, pack_bits,
+    payload_nbytes, quantize, to_chunks, unpack_bits,
+)
+
+
+def _tiles_reference(t: torch.Tensor, a: int, b: int) -> torch.Tensor:
+    """Tiles by explicit slicing, row-major over tiles, each tile flattened row-major."""
+    rows = []
+    for i in range(0, t.shape[0], a):
+        for j in range(0, t.shape[1], b):
+            rows.append(t[i:i + a, j:j + b].reshape(-1))
+    return torch.stack(rows)
+
+
+def test_chunking_tiles_2d_and_runs_1d() -> None:
+    t = torch.randn(128, 192)
+    spec = chunk_spec(t.shape, 4096, 32)
+    assert spec.tile == (64, 64) and spec.n_chunks == 6 and spec.chunk_size == 4096
+    assert torch.equal(to_chunks(t, spec), _tiles_reference(t, 64, 64))
+    assert torch.equal(from_chunks(to_chunks(t, spec), spec), t)
+    v = torch.randn(3 * 4096)
+    s1 = chunk_spec(v.shape, 4096, 32)
+    assert s1.tile == (4096,) and torch.equal(to_chunks(v, s1), v.reshape(3, 4096))
+    # a 2-D dimension that 64 does not divide gets the largest divisor below 64 (full chunks, no padding)
+    s2 = chunk_spec((96, 100), 4096, 32)
+    assert s2.tile == (48, 50) and s2.n_chunks == 4
+    assert torch.equal(to_chunks(torch.arange(9600.).reshape(96, 100), s2), _tiles_reference(torch.arange(9600.).reshape(96, 100), 48, 50))
+
+
+@pytest.mark.parametrize("quant_bits,value_dtype", [(0, "fp32"), (0, "bf16"), (2, "fp32")])
+def test_exactly_k_per_chunk_and_error_feedback_identity(quant_bits: int, value_dtype: str) -> None:
+    g = torch.Generator().manual_seed(0)
+    shape, beta, k = (128, 128), 0.95, 32
+    spec = chunk_spec(shape, 4096, k)
+    e_old = torch.randn(shape, generator=g)
+    delta = torch.randn(shape, generator=g)
+    e = e_old.clone()
+    c = compress_with_feedback_(e, delta, spec, beta, quant_bits, value_dtype)
+    sent = densify(c.indices, c.transmitted, spec)
+    # exactly k positions per 4096-element chunk, and they are the k largest |beta e + delta|
+    acc = beta * e_old + delta
+    for chunk_acc, idx in zip(_tiles_reference(acc, 64, 64), c.indices):
+        assert idx.unique().numel() == k
+        threshold = chunk_acc.abs().sort(descending=True).values[k - 1]
+        assert bool((chunk_acc.abs()[idx] >= threshold).all())
+    nonzero_per_chunk = (_tiles_reference(sent, 64, 64) != 0).sum(dim=1)
+    assert bool((nonzero_per_chunk == k).all())
+    if quant_bits == 0:  # Sterbenz: the kept value minus its rounding is exact, so the identity is bitwise
+        assert torch.equal(e + sent, acc)
+        if value_dtype == "fp32":  # sent as is: nothing of a kept entry stays behind
+            assert bool((_tiles_reference(e, 64, 64).gather(1, c.indices) == 0).all())
+    else:
+        torch.testing.assert_close(e + sent, acc, rtol=0, atol=1e-6)
+    unsent = sent == 0
+    assert torch.equal(e[unsent], acc[unsent])  # what is not sent stays in the buffer untouched
+
+
+def _pack_reference(values: list, bits: int) -> bytes:
+    """Little-endian bit stream with plain Python integers."""
+    acc = 0
+    for i, v in enumerate(values):
+        acc |= v << (i * bits)
+    n = (len(values) * bits + 7) // 8
+    return acc.to_bytes(n, "little")
+
+
+@pytest.mark.parametrize("bits", [12, 2, 13])
+def test_index_packing_round_trips_and_matches_reference(bits: int) -> None:
+    x = torch.randint(0, 2**bits, (1001,), generator=torch.Generator().manual_seed(bits))
+    packed = pack_bits(x, bits)
+    assert packed.dtype == torch.uint8 and packed.numel() == (1001 * bits + 7) // 8
+    assert bytes(packed.tolist()) == _pack_reference(x.tolist(), bits)
+    assert torch.equal(unpack_bits(packed, bits, 1001), x)
+    if bits == 12:  # two indices in three bytes
+        assert pack_bits(torch.tensor([0xABC, 0x123]), 12).tolist() == [0xBC, 0x3A, 0x12]
+    with pytest.raises(ValueError):
+        pack_bits(torch.tensor([2**bits]), bits)
+
+
+def _quantize_reference(v: torch.Tensor, bits: int):
+    """Per-bin mean lookup over 2**bits equal-width bins on [min, max], written with a Python loop."""
+    levels = 2**bits
+    lo, hi = float(v.min()), float(v.max())
+    width = (hi - lo) / levels
+    out = torch.empty_like(v)
+    for j in range(levels):
+        left = lo + j * width
+        in_bin = (v >= left) & (v < left + width) if j < levels - 1 else v >= left
+        if in_bin.any():
+            out[in_bin] = v[in_bin].mean()
+    return out
+
+
+@pytest.mark.parametrize("bits", [1, 2, 4])
+def test_quantised_values_match_reference(bits: int) -> None:
+    v = torch.randn(4000, generator=torch.Generator().manual_seed(bits)).to(torch.float64).float()
+    codes, table = quantize(v, bits)
+    assert codes.min() >= 0 and codes.max() < 2**bits and table.numel() == 2**bits
+    torch.testing.assert_close(table[codes], _quantize_reference(v, bits), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("quant_bits,value_dtype", [(0, "fp32"), (0, "bf16"), (2, "fp32")])
+def test_payload_round_trip_and_closed_form_size(quant_bits: int, value_dtype: str) -> None:
+    g = torch.Generator().manual_seed(1)
+    shapes = [(128, 64), (64,), (4096 * 2,), (96, 100)]
+    specs = [chunk_spec(s, 4096, 32) for s in shapes]
+    parts = [compress_with_feedback_(torch.zeros(s), torch.randn(s, generator=g), sp, 0.95, quant_bits, value_dtype)
+             for s, sp in zip(shapes, specs)]
+    payload = encode_payload(parts, 12, quant_bits)
+    n = sum(sp.n_chunks * min(32, sp.chunk_size) for sp in specs)  # 2*32 + 32 + 2*32 + 4*32
+    values = (n * quant_bits + 7) // 8 + 4 * 4 * 2**quant_bits if quant_bits else n * {"fp32": 4, "bf16": 2}[value_dtype]
+    assert payload.numel() == payload_nbytes(specs, 12, quant_bits, value_dtype) == (n * 12 + 7) // 8 + values
+    for (idx, val), part in zip(decode_payload(payload, specs, 12, quant_bits, value_dtype), parts):
+        assert torch.equal(idx, part.indices) and torch.equal(val, part.transmitted)
