@@ -468,7 +468,7 @@ def test_reference_lowrank_with_exact_factors_equals_full_rank_reference() -> No
     from tests import reference_llama, reference_lowrank
 
     full_cfg = ModelConfig(**{**MODEL, "ffn_size": 48})
-    d, f, hd = full_cfg.hidden_size, full_cfg.ffn_size, full_cfg.head_dim
+    d, hd = full_cfg.hidden_size, full_cfg.head_dim
     low_cfg = ModelConfig(**{**MODEL, "ffn_size": 48}, low_rank=LowRankConfig(kind="svd", rank=d))
     full = reference_llama.reference_params(full_cfg, SEED)
     low = {n: t.detach().clone() for n, t in reference_lowrank.reference_params(low_cfg, SEED).items()}

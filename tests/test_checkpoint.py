@@ -15,7 +15,6 @@ from torch import nn
 from torch.optim import AdamW
 from torch.optim.lr_scheduler import LambdaLR
 
-import nanotron_ext.train.checkpoint as ckpt
 from nanotron_ext.parallel.context import build_parallel_context
 from nanotron_ext.train.checkpoint import (
     CheckpointError,
