@@ -18,10 +18,10 @@ The benchmark drivers adapt TP to the launched world size (tp = world / (dp * pp
 """
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 from typing import Dict, List, Tuple
+
+from nanotron_ext.bench.configs import write_or_check  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
@@ -125,21 +125,8 @@ def expected_files() -> Dict[Path, str]:
 
 
 def main(argv: List[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--check", action="store_true", help="compare the files with this source instead of writing")
-    args = p.parse_args(argv)
-    stale = []
-    for path, text in expected_files().items():
-        if args.check:
-            if not path.exists() or path.read_text() != text:
-                stale.append(path.name)
-        else:
-            path.write_text(text)
-            print(f"wrote {path.relative_to(HERE.parents[1])}")
-    if stale:
-        print("out of date (run reproduce/boost/make_configs.py): " + ", ".join(stale), file=sys.stderr)
-        return 1
-    return 0
+    return write_or_check(expected_files, argv, __doc__, "reproduce/boost/make_configs.py")
+
 
 
 if __name__ == "__main__":

@@ -14,10 +14,11 @@ we keep d = 2048 with 16 heads of 128.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Dict, List, Tuple
+
+from nanotron_ext.bench.configs import write_or_check  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 VOCAB = 32000
@@ -70,20 +71,8 @@ def expected_files() -> Dict[Path, str]:
 
 
 def main(argv: List[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--check", action="store_true", help="compare the files with this source instead of writing")
-    args = p.parse_args(argv)
-    stale = []
-    for path, text in expected_files().items():
-        if args.check:
-            if not path.exists() or path.read_text() != text:
-                stale.append(path.name)
-        else:
-            path.write_text(text)
-    if stale:
-        print("stale: " + ", ".join(stale) + " (run make_configs.py)")
-        return 1
-    return 0
+    return write_or_check(expected_files, argv, __doc__, "reproduce/het_sparseloco/make_configs.py")
+
 
 
 if __name__ == "__main__":

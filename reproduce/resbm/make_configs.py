@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from nanotron_ext.bench.configs import write_or_check  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 STEPS = 26_000_000_000 // (32 * 1024)  # Table 2: 26B tokens at batch 32 x 1024
 VARIANTS: Dict[str, Dict[str, Optional[object]]] = {
@@ -89,18 +91,13 @@ checkpoints:
 """
 
 
-def main(argv: List[str]) -> int:
-    stale = []
-    for name, v in VARIANTS.items():
-        path, text = HERE / f"resbm_2b_{name}.yaml", render(name, v["h"], str(v["opt"]))
-        if "--check" in argv:
-            if not path.exists() or path.read_text() != text:
-                stale.append(path.name)
-        else:
-            path.write_text(text)
-    if stale:
-        print("stale:", ", ".join(stale))
-    return 1 if stale else 0
+def expected_files() -> Dict[Path, str]:
+    return {HERE / f"resbm_2b_{name}.yaml": render(name, v["h"], str(v["opt"])) for name, v in VARIANTS.items()}
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    return write_or_check(expected_files, argv, __doc__, "reproduce/resbm/make_configs.py")
+
 
 
 if __name__ == "__main__":
