@@ -136,7 +136,8 @@ class Trainer:
     def _any_rank(self, flag: bool) -> bool:
         """True on every rank when `flag` is true on any: all ranks must stop (or go on) together."""
         t = torch.tensor([float(flag)], device=self.ctx.device)
-        torch_dist.all_reduce(t, group=self.ctx.world_pg)  # not nanotron's dist: training traffic only in the ledger
+        with self.ledger.tag("control"):  # counted like every byte, under world all_reduce:control
+            dist.all_reduce(t, group=self.ctx.world_pg)
         return bool(t.item())
 
     def _resume_hint(self) -> str:
