@@ -271,3 +271,22 @@ def test_an_ordering_inside_two_standard_errors_is_flagged_as_noise() -> None:
     assert v.held is True and v.within_noise and v.status == "held (within noise: 2 s.e.)"
     (v,) = paper.evaluate([c], [{"n": "btp", "speedup": 1.35, "speedup_err": 0.03}])
     assert v.status == "held" and v.as_dict()["measured_err"] == 0.03
+
+
+def test_run_training_reuses_only_a_finished_run_of_the_same_resolved_config(tmp_path) -> None:
+    import json
+
+    from nanotron_ext.bench.training import _finished_with
+    from nanotron_ext.config.loader import load_config, save_config
+
+    cfg_file = "examples/config_tiny_llama.yaml"
+    sets = [f"general.output_dir={tmp_path}", "general.run=r", "tokens.train_steps=7"]
+    out = tmp_path / "r"
+    out.mkdir()
+    assert not _finished_with(out, cfg_file, sets)  # nothing there
+    save_config(load_config(cfg_file, sets), out / "config.yaml")
+    (out / "summary.json").write_text(json.dumps({"steps": 7}))
+    assert _finished_with(out, cfg_file, sets)
+    assert not _finished_with(out, cfg_file, sets[:-1] + ["tokens.train_steps=8"])  # another config
+    (out / "summary.json").write_text(json.dumps({"steps": 3}))
+    assert not _finished_with(out, cfg_file, sets)  # stopped early

@@ -14,24 +14,47 @@ from nanotron_ext.bench.launch import last_error_line, launch
 
 def run_training(config_file: str | Path, overrides: Sequence[str], run: str, *, nproc: int = 1,
                  root: Path = Path("runs/reproduce"), timeout_s: float = 7200,
-                 torchrun_args: Sequence[str] = (), verbose: bool = False) -> Dict[str, Any]:
+                 torchrun_args: Sequence[str] = (), verbose: bool = False, reuse: bool = False) -> Dict[str, Any]:
     """Train `config_file` + overrides as run `run` (fresh: its old run folder and checkpoints are
-    replaced); returns summary.json plus the validation curve [(step, val_loss)] from metrics.jsonl."""
+    replaced); returns summary.json plus the validation curve [(step, val_loss)] from metrics.jsonl.
+    With `reuse`, a finished run of exactly this resolved config is read instead of trained again (a
+    long sweep that stopped resumes where it stopped)."""
     out = root / run
-    args = ["--config-file", str(config_file), "--set", f"general.output_dir={root}", "--set", f"general.run={run}",
-            "--set", f"checkpoints.dir={out}/checkpoints", "--set", "checkpoints.resume=overwrite"]
-    for o in overrides:
-        args += ["--set", o]
+    sets = [f"general.output_dir={root}", f"general.run={run}", f"checkpoints.dir={out}/checkpoints",
+            "checkpoints.resume=overwrite", *overrides]
     summary_path = out / "summary.json"
+    if reuse and _finished_with(out, config_file, sets):
+        return _result(out)
+    args = ["--config-file", str(config_file)]
+    for o in sets:
+        args += ["--set", o]
     summary_path.unlink(missing_ok=True)  # a finished run would otherwise report itself complete
     rc, tail = launch("nanotron_ext.train", args, ["--nproc_per_node", str(nproc), *torchrun_args, "-m"],
                       root / f"{run}.log", timeout_s, verbose=verbose)
     if rc != 0 or not summary_path.exists():
         raise RuntimeError(f"run {run} failed (rc {rc}): {last_error_line(tail)}; log: {root / f'{run}.log'}")
-    summary = json.loads(summary_path.read_text())
+    return _result(out)
+
+
+def _result(out: Path) -> Dict[str, Any]:
+    summary = json.loads((out / "summary.json").read_text())
     summary["val_curve"] = validation_curve(out / "metrics.jsonl")
     summary["run_dir"] = str(out)
     return summary
+
+
+def _finished_with(out: Path, config_file: str | Path, sets: Sequence[str]) -> bool:
+    """The run folder holds a finished run whose saved config equals this resolved config."""
+    import yaml
+
+    from nanotron_ext.config.loader import config_to_dict, load_config
+
+    if not (out / "summary.json").exists() or not (out / "config.yaml").exists():
+        return False
+    want = config_to_dict(load_config(config_file, list(sets)))
+    have = yaml.safe_load((out / "config.yaml").read_text())
+    steps = json.loads((out / "summary.json").read_text()).get("steps")
+    return want == have and steps == want["tokens"]["train_steps"]
 
 
 def validation_curve(metrics: Path) -> List[List[float]]:

@@ -35,7 +35,9 @@ PAPER = {"uncompressed": (3.13, 3.13), "ssn": (3.39, 3.40), "mapl": (3.156, 3.16
 def designs(p: int) -> Dict[str, List[str]]:
     where = f"model.codec.boundaries={BOUNDARIES[p]}"
     return {
-        "ssn": ["model.codec.kind=subspace", where],
+        # SSN at MAPL's ratio: the subspace codec needs its split embedding and output constraint, k = r
+        "ssn": ["model.codec.kind=subspace", "model.embedding.kind=subspace", "model.output_constraint.kind=subspace",
+                "model.subspace.k=32", where],
         "mapl": ["model.codec.kind=mapl", where],
         "mapl_vq": ["model.codec.kind=mapl", where, *VQ],
     }
@@ -79,7 +81,7 @@ def measure(config: str, steps: Optional[int], torchrun_args: List[str],
         if ("uncompressed", p) in kept:
             rows.append(kept[("uncompressed", p)])
         else:
-            base = base or run_training(config, extra, "mapl_uncompressed", torchrun_args=torchrun_args)
+            base = base or run_training(config, extra, "mapl_uncompressed", torchrun_args=torchrun_args, reuse=True)
             rows.append({"P": p, "design": "uncompressed", "val_loss": final_val(base), "curve": base["val_curve"]})
         for name, overrides in designs(p).items():
             if (name, p) in kept:
@@ -88,7 +90,8 @@ def measure(config: str, steps: Optional[int], torchrun_args: List[str],
             if name == "ssn" and not subspace_available():
                 rows.append({"P": p, "design": name, "val_loss": None, "note": "subspace codec not available"})
                 continue
-            s = run_training(config, overrides + extra, f"mapl_{name}_p{p}", torchrun_args=torchrun_args)
+            s = run_training(config, overrides + extra, f"mapl_{name}_p{p}", torchrun_args=torchrun_args,
+                             reuse=True)
             rows.append({"P": p, "design": name, "val_loss": final_val(s), "curve": s["val_curve"],
                          "pp_bytes_per_step": s["comm_bytes_per_step"].get("pp")})
     for r in rows:
