@@ -73,13 +73,18 @@ def launch(script: str | Path, worker_args: Sequence[str], torchrun_args: Sequen
             proc.wait()
             rc = 124
             log.write(f"\n[timed out after {timeout_s:.0f}s]\n")
-    tail = log_path.read_text().strip().splitlines()[-15:]
-    return rc, "\n".join(tail)
+    lines = log_path.read_text().strip().splitlines()
+    # our entry points print a user-facing failure as one "error: ..." line, above torchrun's banner
+    errors = [ln for ln in lines if ln.startswith("error: ")][-1:]
+    return rc, "\n".join(lines[-15:] + errors)
 
 
 def last_error_line(tail: str) -> str:
     """The most informative line of a failed job's output (the exception message)."""
     lines = [ln.strip() for ln in tail.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if ln.startswith("error: "):
+            return ln[-300:]
     for ln in reversed(lines):
         if any(k in ln for k in ("Error", "error:", "Exception")) and not ln.startswith("File "):
             return ln[-200:]
