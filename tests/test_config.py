@@ -392,3 +392,18 @@ def test_values_that_give_a_non_finite_loss_are_rejected(tmp_path, override, exp
 def test_run_name_cannot_leave_output_dir(tmp_path, run):
     # case 6: general.run was joined to general.output_dir unchecked
     assert "general.run: " in error_of(tmp_path, "", [f"general.run={run!r}" if run else "general.run=''"])
+
+
+def test_atomic_writes_get_ordinary_file_permissions(tmp_path) -> None:
+    import os
+    import stat
+
+    from nanotron_ext.fileio import write_text_atomic
+
+    old = os.umask(0o022)
+    try:
+        write_text_atomic(tmp_path / "a.txt", "x")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "a.txt").stat().st_mode) == 0o644
+    assert (tmp_path / "a.txt").read_text() == "x" and not list(tmp_path.glob(".a.txt.*"))
