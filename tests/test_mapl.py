@@ -195,3 +195,20 @@ def test_energy_and_principal_angles_match_closed_forms() -> None:
     out = analyse({0: a, 3: b}, {0: x, 3: x})
     assert out["mean_principal_angle_deg"]["0-3"] == pytest.approx(math.degrees(theta) / 2, abs=1e-6)
     assert out["boundaries"][0]["energy_learned"] == pytest.approx(1.0)
+
+
+def test_hybrid_optimiser_puts_anchor_tables_on_adamw_and_projections_on_spel() -> None:
+    from nanotron_ext.config.loader import from_dict
+    from nanotron_ext.config.schema import ModelConfig, OptimizerConfig
+    from nanotron_ext.mapl.codec import MaplEncoder
+    from nanotron_ext.mapl.spel import SPEL
+    from nanotron_ext.optim.build import build_optimizer
+
+    cfg = from_dict(ModelConfig, {**MODEL, "codec": {"kind": "mapl", "mapl": {"rank": R, "anchor_width": M}}})
+    enc = torch.nn.ModuleDict({"boundary_encoder": MaplEncoder(cfg, 1), "mlp": torch.nn.Linear(8, 8)})
+    opt = build_optimizer(enc, OptimizerConfig(name="muon"), None)
+    kinds = {id(p): type(o).__name__ for o in opt.optimizers for g in o.param_groups for p in g["params"]}
+    proj = enc["boundary_encoder"].projection
+    assert kinds[id(proj.A)] == SPEL.__name__
+    assert kinds[id(proj.anchor_table)] == "AdamW"
+    assert kinds[id(enc["mlp"].weight)] == "TensorParallelMuon"

@@ -27,7 +27,7 @@ from nanotron_ext.codecs.base import BoundaryCodec, BoundaryDecoder, BoundaryEnc
 from nanotron_ext.config.schema import ModelConfig
 from nanotron_ext.mapl.rvq import ResidualQuantizer, decode_from_wire, encode_to_wire
 from nanotron_ext.mapl.spel import TAG as SPEL_TAG
-from nanotron_ext.optim.param_groups import tag_parameter
+from nanotron_ext.optim.param_groups import mark_embedding_table, tag_parameter
 from nanotron_ext.parallel.comm import get_ledger
 
 
@@ -51,6 +51,7 @@ class BoundaryProjection(nn.Module):
         self.A = nn.Parameter(torch.empty(cfg.hidden_size, r))
         tag_parameter(self.A, SPEL_TAG)
         self.anchor_table = nn.Parameter(torch.empty(cfg.vocab_size, m))
+        mark_embedding_table(self.anchor_table)  # AdamW like every embedding (the paper's hybrid optimiser)
         self.register_buffer("anchor_basis", torch.empty(m, cfg.hidden_size))  # fixed, saved with the model
 
     @torch.no_grad()

@@ -31,6 +31,15 @@ def parameter_tag(param: torch.nn.Parameter) -> Optional[str]:
     return getattr(param, _TAG, None)
 
 
+_EMBEDDING = "_nanotron_ext_embedding_table"
+
+
+def mark_embedding_table(param: torch.nn.Parameter) -> None:
+    """A technique's token-indexed table (rows are tokens, e.g. MAPL's anchor embeddings): it stays on
+    AdamW like the model's own embedding, whatever its module is called."""
+    setattr(param, _EMBEDDING, True)
+
+
 def _is_norm_or_bias(name: str) -> bool:
     return "norm" in name.lower() or name.endswith("bias")
 
@@ -41,7 +50,7 @@ def is_muon_param(name: str, param: torch.Tensor) -> bool:
     False for the embedding (`token_embedding`), the head (`lm_head`), norm weights (name contains
     "norm"), biases, and anything that is not exactly 2-D.
     """
-    if param.ndim != 2:
+    if param.ndim != 2 or getattr(param, _EMBEDDING, False):
         return False
     if any(module in name for module in _ADAMW_2D_MODULES):
         return False
