@@ -281,3 +281,30 @@ def test_workers_exit_when_torchrun_is_killed(small_corpus: Path, tmp_path: Path
                 os.kill(pid, signal.SIGKILL)
         if proc.poll() is None:
             proc.kill()
+
+
+@pytest.mark.slow
+def test_ctrl_c_prints_one_line_with_the_step_and_the_last_checkpoint(small_corpus: Path, tmp_path: Path) -> None:
+    # case 8: Ctrl-C (SIGINT to torchrun, which stops its workers with SIGTERM) prints the step reached and
+    # the last complete checkpoint, once, before torchrun's own report
+    overrides = _small_overrides(small_corpus, tmp_path, 2, 1, 1, 100000) + ["checkpoints.interval=2"]
+    cmd = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc_per_node=2", "-m", "nanotron_ext.train",
+           "--config-file", str(TINY)] + [a for o in overrides for a in ("--set", o)]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        ckpts = tmp_path / "ckpt"
+        deadline = time.time() + 120
+        while not (ckpts.exists() and any(p.name.startswith("step_") for p in ckpts.iterdir())):
+            assert time.time() < deadline and proc.poll() is None, "no checkpoint was written"
+            time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGINT)  # what the terminal sends on Ctrl-C
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    lines = [ln for ln in out.splitlines() if ln.startswith("interrupted at step ")]
+    assert len(lines) == 1, out[-3000:]
+    step = int(lines[0].split()[3].rstrip(";"))
+    assert step >= 2 and f"last complete checkpoint: {tmp_path / 'ckpt'}/step_" in lines[0], lines[0]
