@@ -168,3 +168,18 @@ def test_slow_link_median_throughput_ignores_the_first_step_and_outliers() -> No
     sl = _load(REPO / "reproduce" / "common" / "slow_link.py", "slow_link")
     metrics = [{"step_time_s": t, "loss": 1.0} for t in (30.0, 1.0, 1.0, 9.0, 1.0)]
     assert sl.median_tokens_per_s(metrics, 1000) == 1000.0
+
+
+def test_resbm_config_validation_names_the_keys() -> None:
+    from nanotron_ext.config.loader import from_dict
+    from nanotron_ext.config.schema import ConfigError, ResBMConfig
+
+    assert ResBMConfig(ratio=128).width(4096) == 32 and ResBMConfig(h=40).width(4096) == 40
+    with pytest.raises(ConfigError, match="model.codec.resbm"):
+        ResBMConfig(h=4, ratio=2)
+    with pytest.raises(ConfigError, match="model.codec.resbm.h"):
+        ResBMConfig(h=256).width(256)
+    with pytest.raises(ConfigError, match="model.codec.resbm.ratio"):
+        ResBMConfig(ratio=0.5)
+    with pytest.raises(Exception, match="nonlinearity"):
+        from_dict(ResBMConfig, {"h": 4, "nonlinearity": "swish"}, "model.codec.resbm")

@@ -26,6 +26,7 @@ import argparse
 import datetime
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -98,6 +99,7 @@ def run_one(args: argparse.Namespace, name: str, overrides: List[str], mbps: flo
     for s in sets:
         cmd += ["--set", s]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    shutil.rmtree(REPO / out_dir / run, ignore_errors=True)  # a repeated point must not read stale metrics
     t0 = time.time()
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
