@@ -146,7 +146,7 @@ def test_effective_rank_closed_form_and_cli_on_a_checkpoint(tmp_path: Path) -> N
 
 
 def test_slow_link_arithmetic_and_table3_verdict() -> None:
-    sl = _load(REPO / "reproduce" / "common" / "slow_link.py", "slow_link")
+    sl = _load(REPO / "nanotron_ext" / "bench" / "slow_link.py", "slow_link")
     t3 = _load(REPRO / "table3_throughput.py", "resbm_table3")
     assert sl.parse_setting("resbm:model.codec.kind=resbm,model.codec.resbm.h=2") == (
         "resbm", ["model.codec.kind=resbm", "model.codec.resbm.h=2"])
@@ -165,7 +165,7 @@ def test_slow_link_arithmetic_and_table3_verdict() -> None:
 
 
 def test_slow_link_median_throughput_ignores_the_first_step_and_outliers() -> None:
-    sl = _load(REPO / "reproduce" / "common" / "slow_link.py", "slow_link")
+    sl = _load(REPO / "nanotron_ext" / "bench" / "slow_link.py", "slow_link")
     metrics = [{"step_time_s": t, "loss": 1.0} for t in (30.0, 1.0, 1.0, 9.0, 1.0)]
     assert sl.median_tokens_per_s(metrics, 1000) == 1000.0
 

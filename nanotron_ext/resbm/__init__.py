@@ -22,7 +22,7 @@ Paper -> code:
   tests/test_resbm.py (ledger bytes = mbs * seq * h * element_size per boundary per direction)
 - appendix B.1 / table B.1 / fig. B.1, effective rank r_eff = sum(s^2) / max(s^2) and normalised
   spectra: analyse.effective_rank, analyse.normalised_spectrum, `python -m nanotron_ext.resbm.analyse`
-- sec. 4.3 / table 3 / fig. A.2, throughput over slow links: reproduce/common/slow_link.py,
+- sec. 4.3 / table 3 / fig. A.2, throughput over slow links: nanotron_ext/bench/slow_link.py,
   reproduce/resbm/table3_throughput.py
 """
 from nanotron_ext.resbm import codec  # noqa: F401  (registers "resbm")

@@ -1,4 +1,4 @@
-"""MAPL and MAPL+VQ rows of the shared slow-link benchmark (reproduce/common/slow_link.py).
+"""MAPL and MAPL+VQ rows of the shared slow-link benchmark (nanotron_ext/bench/slow_link.py).
 
 Issue's comparison: tokens/s and bytes per boundary of MAPL and MAPL+VQ over a slow link against the
 uncompressed model over a fast one, at PP = 2 over emulated full-duplex links (the MAPL paper reports no
@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Sequence
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
-from reproduce.common import slow_link  # noqa: E402
+from nanotron_ext.bench import slow_link  # noqa: E402
 
 SETTINGS = {
     "uncompressed": ["model.codec.kind=identity"],

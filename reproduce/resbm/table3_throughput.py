@@ -1,4 +1,4 @@
-"""ResBM Table 3 at CPU scale, on the shared slow-link benchmark (reproduce/common/slow_link.py).
+"""ResBM Table 3 at CPU scale, on the shared slow-link benchmark (nanotron_ext/bench/slow_link.py).
 
 Paper ("ResBM: Residual Bottleneck Models for Low-Bandwidth Pipeline Parallelism", arXiv:2604.11947,
 Table 3, 2B model, 8 A10G, one shared 80 Mbit/s link for both directions): uncompressed over 10 Gbit/s
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import json
 import os
 import statistics
@@ -34,10 +33,9 @@ PAPER_TPS = {"resbm_128x@slow": 7837, "uncompressed@fast": 7530, "uncompressed@s
 
 
 def _slow_link() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("slow_link", REPO / "reproduce" / "common" / "slow_link.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from nanotron_ext.bench import slow_link
+
+    return slow_link
 
 
 def verdict(rows: Dict[str, dict]) -> Dict[str, object]:

@@ -12,7 +12,7 @@ for each run the script reports:
   on a half-duplex one (one budget for both directions);
 - the training loss reached within a fixed wall-clock budget (cumulative step time, metrics.jsonl).
 
-    python reproduce/common/slow_link.py --config reproduce/resbm/cpu_base.yaml \
+    python -m nanotron_ext.bench.slow_link --config reproduce/resbm/cpu_base.yaml \
         --setting "uncompressed:model.codec.kind=identity" \
         --setting "resbm_128x:model.codec.kind=resbm,model.codec.resbm.h=2" \
         --bandwidth 1.6 --bandwidth 200 --duplex half --pp 2 --steps 6 --budget-s 20 \
