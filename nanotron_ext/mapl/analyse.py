@@ -37,17 +37,24 @@ def random_basis(d: int, r: int, seed: int) -> torch.Tensor:
     return torch.linalg.qr(torch.randn(d, r, generator=torch.Generator().manual_seed(seed), dtype=torch.float64))[0]
 
 
-def analyse(projections: Dict[int, torch.Tensor], activations: Dict[int, torch.Tensor], seed: int = 0) -> Dict[str, object]:
-    """Per boundary: energy kept by the learned and by a random basis; per pair: mean principal angle."""
+def analyse(projections: Dict[int, torch.Tensor], activations: Dict[int, torch.Tensor], seed: int = 0,
+            initial: Optional[Dict[int, torch.Tensor]] = None) -> Dict[str, object]:
+    """Per boundary: energy kept by the learned and by a random basis (and, given the initial bases, how
+    far training turned each); per pair: mean principal angle."""
     rows: List[Dict[str, object]] = []
     for b in sorted(projections):
         a = projections[b]
-        rows.append({"boundary": b, "rank": a.shape[1],
-                     "energy_learned": energy_kept(activations[b], a),
-                     "energy_random": energy_kept(activations[b], random_basis(a.shape[0], a.shape[1], seed + b))})
+        row = {"boundary": b, "rank": a.shape[1], "energy_learned": energy_kept(activations[b], a),
+               "energy_random": energy_kept(activations[b], random_basis(a.shape[0], a.shape[1], seed + b))}
+        if initial is not None:
+            row["mean_angle_to_init_deg"] = float(principal_angles_deg(a, initial[b]).mean())
+        rows.append(row)
     angles = {f"{i}-{j}": float(principal_angles_deg(projections[i], projections[j]).mean())
               for i, j in itertools.combinations(sorted(projections), 2)}
-    return {"boundaries": rows, "mean_principal_angle_deg": angles}
+    d, r = next(iter(projections.values())).shape
+    # what unrelated subspaces of this size give: the yardstick for "stage-specific" angles
+    chance = float(principal_angles_deg(random_basis(d, r, seed + 10_001), random_basis(d, r, seed + 10_002)).mean())
+    return {"boundaries": rows, "mean_principal_angle_deg": angles, "random_pair_mean_angle_deg": chance}
 
 
 def _collect(cfg_file: str, checkpoint: str, batches: int) -> Dict[str, object]:
@@ -84,7 +91,16 @@ def _collect(cfg_file: str, checkpoint: str, batches: int) -> Dict[str, object]:
             model(input_ids=batch["input_ids"], label_ids=batch["label_ids"])
     projections = {m.projection.boundary: m.projection.A.detach() for m in encoders}
     activations = {b: torch.cat(xs) for b, xs in captured.items()}
-    return analyse(projections, activations, seed=cfg.general.seed)
+    initial = {}
+    for m in encoders:  # the seeded initial basis of each boundary, rebuilt beside the trained one
+        fresh = type(m.projection)(cfg.model, m.projection.boundary)
+        fresh.init_own_parameters_(cfg.general.seed)
+        initial[m.projection.boundary] = fresh.A.detach()
+    return analyse(projections, activations, seed=cfg.general.seed, initial=initial)
+
+
+def projections_shape(result: Dict[str, object]) -> str:
+    return f"rank-{result['boundaries'][0]['rank']}"
 
 
 def write(result: Dict[str, object], out: Path, title: str) -> None:
@@ -94,10 +110,13 @@ def write(result: Dict[str, object], out: Path, title: str) -> None:
 
     meta = run_meta({"what": title})
     rows = result["boundaries"]
-    write_rows(out, rows, meta | {"mean_principal_angle_deg": result["mean_principal_angle_deg"]})
-    headers = ["boundary", "rank", "energy kept: learned A_p", "energy kept: random basis"]
-    body = [[r["boundary"], r["rank"], f"{r['energy_learned']:.3f}", f"{r['energy_random']:.3f}"] for r in rows]
+    write_rows(out, rows, meta | {"mean_principal_angle_deg": result["mean_principal_angle_deg"],
+                                  "random_pair_mean_angle_deg": result["random_pair_mean_angle_deg"]})
+    headers = ["boundary", "rank", "energy kept: learned A_p", "energy kept: random basis", "mean angle to init (deg)"]
+    body = [[r["boundary"], r["rank"], f"{r['energy_learned']:.3f}", f"{r['energy_random']:.3f}",
+             f"{r.get('mean_angle_to_init_deg', float('nan')):.1f}"] for r in rows]
     angles = [[k, f"{v:.1f}"] for k, v in result["mean_principal_angle_deg"].items()]
+    angles.append(["two random bases", f"{result['random_pair_mean_angle_deg']:.1f}"])
     out.with_suffix(".md").write_text(f"# {title}\n\n" + markdown_table(headers, body) + "\n\n"
                                       + markdown_table(["boundaries", "mean principal angle (deg)"], angles) + "\n")
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
@@ -131,9 +150,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     out = Path(args.out or Path(args.config_file).with_name("mapl_analysis.json"))
     write(result, out, f"MAPL projections: {args.checkpoint}")
     for r in result["boundaries"]:
-        print(f"boundary {r['boundary']}: energy kept learned {r['energy_learned']:.3f} vs random {r['energy_random']:.3f}")
+        print(f"boundary {r['boundary']}: energy kept learned {r['energy_learned']:.3f} vs random {r['energy_random']:.3f}"
+              f"; turned {r.get('mean_angle_to_init_deg', float('nan')):.1f} deg from its initial basis")
     for k, v in result["mean_principal_angle_deg"].items():
         print(f"mean principal angle {k}: {v:.1f} deg")
+    print(f"two random {projections_shape(result)} bases: {result['random_pair_mean_angle_deg']:.1f} deg")
     return 0 if all(math.isfinite(r["energy_learned"]) for r in result["boundaries"]) else 1
 
 
