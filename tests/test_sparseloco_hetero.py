@@ -159,3 +159,75 @@ def test_simulated_heterogeneous_replicas_identical_after_every_sync(small_corpu
         assert off_span < 1e-5
     else:  # the control: without adaptation the averaged T_S leaves span(U)
         assert off_span > 1e-4
+
+
+def _het_train_worker(overrides: list, stop_after, interval: int) -> dict:
+    """The trainer on this rank; returns its DP / PP coordinates and its full state (parameters and buffers)."""
+    from nanotron import distributed as dist
+
+    from nanotron_ext.train.trainer import Trainer
+
+    trainer = Trainer(load_config(TINY, overrides + [f"checkpoints.interval={interval}"]))
+    trainer.train(stop_after=stop_after)
+    return {"dp": dist.get_rank(trainer.ctx.dp_pg), "pp": dist.get_rank(trainer.ctx.pp_pg),
+            "codec": trainer.model.cfg.codec.kind,
+            "state": {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}}
+
+
+@pytest.mark.slow
+def test_heterogeneous_dp2_pp2_trains_and_resumes_bit_exactly(small_corpus: Path, tmp_path: Path) -> None:
+    """dp = 2 x pp = 2, replica 0 compressed (subspace codec at the stage boundary), replica 1 not, H = 2.
+    The run interrupted after the step-3 checkpoint (mid inner loop) and resumed equals the straight run
+    bit for bit (losses, parameters, T_fixed on both stages); after the last sync (step 6) the two replicas
+    hold the same parameters and T_fixed, and the decoding stage's T_fixed is the embedding stage's."""
+    from tests.test_trainer import _losses
+
+    n, world = 3, 4
+    ovr_a = _small_overrides(small_corpus, tmp_path / "a", 2, 1, 2, 2 * n) + HET
+    straight = run_distributed(_het_train_worker, world, ovr_a, None, 0)
+    ovr_b = _small_overrides(small_corpus, tmp_path / "b", 2, 1, 2, 2 * n) + HET
+    run_distributed(_het_train_worker, world, ovr_b, n, n)
+    resumed = run_distributed(_het_train_worker, world, ovr_b, None, n)
+    a, b = _losses(tmp_path / "a" / "tiny_llama"), _losses(tmp_path / "b" / "tiny_llama")
+    assert sorted(a) == list(range(1, 2 * n + 1)) and all(a[s] == b[s] for s in range(n + 1, 2 * n + 1))
+    for ra, rb in zip(straight, resumed):
+        assert sorted(ra["state"]) == sorted(rb["state"])
+        for k in ra["state"]:
+            assert torch.equal(ra["state"][k], rb["state"][k]), (ra["dp"], ra["pp"], k)
+    by = {(r["dp"], r["pp"]): r for r in straight}
+    assert by[0, 0]["codec"] == "subspace" and by[1, 0]["codec"] == "identity"
+    assert "decoder.2.pp_block.boundary_decoder.hub.fixed" in by[0, 1]["state"]  # the compressed pipeline decodes
+    for pp in (0, 1):
+        s0, s1 = by[0, pp]["state"], by[1, pp]["state"]
+        params = [k for k in s1 if k in s0 and "hub" not in k and "grad_gram" not in k]
+        assert len(params) >= 4
+        assert all(torch.equal(s0[k], s1[k]) for k in params), pp
+    emb_fixed = "token_embedding.pp_block.embedding.hub.fixed"
+    assert torch.equal(by[0, 0]["state"][emb_fixed], by[1, 0]["state"][emb_fixed])
+    assert torch.equal(by[0, 0]["state"][emb_fixed], by[0, 1]["state"]["decoder.2.pp_block.boundary_decoder.hub.fixed"])
+    t_s = by[0, 0]["state"]["token_embedding.pp_block.embedding.table.weight"]
+    u = by[0, 0]["state"]["token_embedding.pp_block.embedding.hub.basis"]
+    torch.testing.assert_close(t_s @ u @ u.T, t_s, rtol=0, atol=1e-5)  # adapted after the last sync
+
+
+def _sim_weights_worker(overrides: list) -> list:
+    from nanotron_ext.sparseloco.simulate import run_simulated
+
+    out = run_simulated(load_config(TINY, overrides), 2, "sparseloco")
+    return [{k: v.detach().clone() for k, v in m.state_dict().items()} for m in out["models"]]
+
+
+@pytest.mark.slow
+def test_heterogeneous_simulated_equals_distributed_dp2(small_corpus: Path, tmp_path: Path) -> None:
+    """dp = 2 (pp = 1, the subspace codec after layer 1 on replica 0): run_simulated gives the trainer's
+    per-replica parameters and buffers bit for bit, at step 5 (mid inner loop, after two syncs)."""
+    ovr = HET + ["model.codec.boundaries=[1]"]
+    dist_out = run_distributed(_het_train_worker, 2, _small_overrides(small_corpus, tmp_path / "t", 2, 1, 1, 5) + ovr,
+                               None, 0)
+    sim = run_distributed(_sim_weights_worker, 1, _small_overrides(small_corpus, tmp_path / "s", 2, 1, 1, 5) + ovr)[0]
+    for r in dist_out:
+        assert sorted(r["state"]) == sorted(sim[r["dp"]])
+        for k, v in r["state"].items():
+            assert torch.equal(sim[r["dp"]][k], v), (r["dp"], k)
+    assert "decoder.1.pp_block.boundary_encoder.hub.fixed" in sim[0] and not any("boundary_encoder.hub" in k for k in sim[1])
+    assert any(not torch.equal(sim[0][k], sim[1][k]) for k in sim[1])  # mid inner loop: the replicas differ
