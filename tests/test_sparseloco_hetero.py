@@ -231,3 +231,18 @@ def test_heterogeneous_simulated_equals_distributed_dp2(small_corpus: Path, tmp_
             assert torch.equal(sim[r["dp"]][k], v), (r["dp"], k)
     assert "decoder.1.pp_block.boundary_encoder.hub.fixed" in sim[0] and not any("boundary_encoder.hub" in k for k in sim[1])
     assert any(not torch.equal(sim[0][k], sim[1][k]) for k in sim[1])  # mid inner loop: the replicas differ
+
+
+@pytest.mark.slow
+def test_weight_projection_switch(small_corpus: Path, tmp_path: Path) -> None:
+    """sparseloco.weight_projection: the compressed replica's output projections sit in span(U) after an
+    inner step (re-projected), the uncompressed replica's do not; off, neither replica's do."""
+    in_span = {}
+    for on in (True, False):
+        ovr = _small_overrides(small_corpus, tmp_path / str(on), 2, 1, 1, 3) + HET + [
+            "model.codec.boundaries=[1]", f"sparseloco.weight_projection={str(on).lower()}"]
+        sim = run_distributed(_sim_weights_worker, 1, ovr)[0]
+        u = sim[0]["token_embedding.pp_block.embedding.hub.basis"]
+        w = [s["decoder.0.pp_block.attn.o_proj.weight"] for s in sim]
+        in_span[on] = [bool(torch.allclose(u @ (u.T @ x), x, rtol=0, atol=1e-6)) for x in w]
+    assert in_span == {True: [True, False], False: [False, False]}
