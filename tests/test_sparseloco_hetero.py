@@ -246,3 +246,28 @@ def test_weight_projection_switch(small_corpus: Path, tmp_path: Path) -> None:
         w = [s["decoder.0.pp_block.attn.o_proj.weight"] for s in sim]
         in_span[on] = [bool(torch.allclose(u @ (u.T @ x), x, rtol=0, atol=1e-6)) for x in w]
     assert in_span == {True: [True, False], False: [False, False]}
+
+
+def _tags_worker(overrides: list) -> list:
+    """Build both replicas' models (no training) and return the optimiser tag of each o_proj weight."""
+    from nanotron_ext.models.build import build_model, replica_config
+    from nanotron_ext.optim.param_groups import parameter_tag
+    from nanotron_ext.parallel.context import build_parallel_context
+
+    cfg = load_config(TINY, overrides)
+    ctx = build_parallel_context(1, 1, 1, backend="gloo")
+    out = []
+    for r in range(2):
+        model = build_model(replica_config(cfg, r), ctx)
+        out.append(parameter_tag(dict(model.named_parameters())["decoder.0.pp_block.attn.o_proj.weight"]))
+    return out
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_modified_adamw_switch_tags_the_compressed_replica_only(on: bool) -> None:
+    from nanotron_ext.subspace.optim import SUBSPACE_ADAMW_TAG
+
+    ovr = ["parallelism.dp=2", "model.tie_embeddings=false", "model.codec.boundaries=[0]", "model.num_layers=2",
+           "model.hidden_size=32", "model.ffn_size=64"] + HET + [f"sparseloco.modified_adamw={str(on).lower()}"]
+    tags = run_distributed(_tags_worker, 1, ovr)[0]
+    assert tags == ([SUBSPACE_ADAMW_TAG, None] if on else [None, None])
