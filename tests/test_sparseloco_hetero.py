@@ -86,7 +86,8 @@ def test_replica_model_config_per_replica_codec_and_switches() -> None:
     plain = load_config(TINY, ["parallelism.dp=2", "parallelism.dp_sync=sparseloco"])
     assert replica_config(plain, 1) is plain  # no compressed replicas: plain SparseLoCo
     defaults = replica_config(load_config(TINY, ["parallelism.dp=2", "parallelism.dp_sync=sparseloco",
-                                                 "model.tie_embeddings=false", "sparseloco.compressed_replicas=[1]"]), 1)
+                                                 "model.tie_embeddings=false",
+                                                 "sparseloco.compressed_replicas=[1]"]), 1)
     assert (defaults.model.subspace.reproject, defaults.model.subspace.modified_adamw) == (False, False)
 
 
@@ -99,7 +100,8 @@ def test_config_errors_name_the_key(extra: list, key: str) -> None:
     from nanotron_ext.models.build import replica_config
 
     with pytest.raises((ConfigError, ValueError), match=key.replace(".", r"\.")):
-        cfg = load_config(TINY, ["parallelism.dp=2", "parallelism.dp_sync=sparseloco", "model.tie_embeddings=false"] + extra)
+        base = ["parallelism.dp=2", "parallelism.dp_sync=sparseloco", "model.tie_embeddings=false"]
+        cfg = load_config(TINY, base + extra)
         replica_config(cfg, 0)
 
 
@@ -113,20 +115,15 @@ def _sim_worker(overrides: list) -> dict:
     from nanotron_ext.sparseloco.hetero import find_embedding
     from nanotron_ext.sparseloco.simulate import SimulatedReplicas, run_simulated
 
-    after_sync, plain_sync = [], SimulatedReplicas.sync
-
-    def recording_sync(self: SimulatedReplicas) -> None:
-        plain_sync(self)
-        after_sync.append(self)  # the models are the callers'; checksums are taken below, per sync
-        models = recording_sync.models
-        after_sync[-1] = [_checksums(m) for m in models] if models else None
-
-    recording_sync.models = None
-    plain_init = SimulatedReplicas.__init__
+    after_sync, plain_init, plain_sync = [], SimulatedReplicas.__init__, SimulatedReplicas.sync
 
     def init(self: SimulatedReplicas, models: list, cfg: object) -> None:
         plain_init(self, models, cfg)
-        recording_sync.models = models
+        self.models = models  # the caller's modules: buffers (T_fixed, U) are checksummed too
+
+    def recording_sync(self: SimulatedReplicas) -> None:
+        plain_sync(self)
+        after_sync.append([_checksums(m) for m in self.models])
 
     SimulatedReplicas.__init__, SimulatedReplicas.sync = init, recording_sync
     out = run_simulated(load_config(TINY, overrides), 2, "sparseloco")
@@ -229,7 +226,8 @@ def test_heterogeneous_simulated_equals_distributed_dp2(small_corpus: Path, tmp_
         assert sorted(r["state"]) == sorted(sim[r["dp"]])
         for k, v in r["state"].items():
             assert torch.equal(sim[r["dp"]][k], v), (r["dp"], k)
-    assert "decoder.1.pp_block.boundary_encoder.hub.fixed" in sim[0] and not any("boundary_encoder.hub" in k for k in sim[1])
+    assert "decoder.1.pp_block.boundary_encoder.hub.fixed" in sim[0]
+    assert not any("boundary_encoder.hub" in k for k in sim[1])
     assert any(not torch.equal(sim[0][k], sim[1][k]) for k in sim[1])  # mid inner loop: the replicas differ
 
 

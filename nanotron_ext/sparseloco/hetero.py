@@ -31,10 +31,6 @@ from nanotron_ext.subspace.basis import SubspaceHub, hub_for
 from nanotron_ext.subspace.embedding import AdaptedSplitEmbedding
 
 
-def is_heterogeneous(cfg: Config) -> bool:
-    return bool(cfg.sparseloco.compressed_replicas)
-
-
 @REPLICA_CONFIGS.register("sparseloco")
 def replica_model_config(cfg: Config, replica: int) -> Config:
     """The config replica `replica` builds its model from (a copy; the run's config when not heterogeneous)."""
@@ -97,7 +93,8 @@ class HeteroHook:
     """ReplicaHook of heterogeneous SparseLoCo. `hubs[r]` / `embeddings[r]`: replica r's hub and embedding
     on this process (the distributed driver knows only its own replica; the simulated one knows all)."""
 
-    def __init__(self, cfg: Config, hubs: Dict[int, SubspaceHub], embeddings: Dict[int, Optional[AdaptedSplitEmbedding]],
+    def __init__(self, cfg: Config, hubs: Dict[int, SubspaceHub],
+                 embeddings: Dict[int, Optional[AdaptedSplitEmbedding]],
                  pp_pg: Optional[dist.ProcessGroup] = None) -> None:
         self.cfg, self.hubs, self.embeddings, self.pp_pg = cfg, hubs, embeddings, pp_pg
 

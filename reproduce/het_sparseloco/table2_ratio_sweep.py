@@ -47,8 +47,8 @@ def main(argv: List[str] | None = None) -> int:
     args = p.parse_args(argv)
     base = args.overrides + [f"parallelism.dp={args.replicas}", "model.codec.boundaries=every_layer"]
     d = load_config(args.config_file, base).model.hidden_size
-    results: Dict[str, Dict[str, object]] = {"baseline": _run(args.config_file, base + ["sparseloco.compressed_replicas=[]"],
-                                                              args.replicas)}
+    baseline = _run(args.config_file, base + ["sparseloco.compressed_replicas=[]"], args.replicas)
+    results: Dict[str, Dict[str, object]] = {"baseline": baseline}
     print(f"baseline val {results['baseline']['val_loss']:.4f}", flush=True)
     for ratio in args.ratios:
         if d % ratio:
