@@ -95,6 +95,7 @@ def test_replica_model_config_per_replica_codec_and_switches() -> None:
     (["sparseloco.compressed_replicas=[2]"], "sparseloco.compressed_replicas"),
     (["sparseloco.compressed_replicas=[0]", "model.codec.kind=subspace"], "model.codec.kind"),
     (["sparseloco.grassmann_every=10"], "sparseloco.grassmann_every"),
+    (["sparseloco.compressed_replicas=[0]", "parallelism.dp_sync=allreduce"], "sparseloco.compressed_replicas"),
 ])
 def test_config_errors_name_the_key(extra: list, key: str) -> None:
     from nanotron_ext.models.build import replica_config
@@ -102,6 +103,7 @@ def test_config_errors_name_the_key(extra: list, key: str) -> None:
     with pytest.raises((ConfigError, ValueError), match=key.replace(".", r"\.")):
         base = ["parallelism.dp=2", "parallelism.dp_sync=sparseloco", "model.tie_embeddings=false"]
         cfg = load_config(TINY, base + extra)
+        cfg.validate()
         replica_config(cfg, 0)
 
 
@@ -269,3 +271,21 @@ def test_modified_adamw_switch_tags_the_compressed_replica_only(on: bool) -> Non
            "model.hidden_size=32", "model.ffn_size=64"] + HET + [f"sparseloco.modified_adamw={str(on).lower()}"]
     tags = run_distributed(_tags_worker, 1, ovr)[0]
     assert tags == ([SUBSPACE_ADAMW_TAG, None] if on else [None, None])
+
+
+def _dense_worker(overrides: list) -> list:
+    from nanotron_ext.sparseloco.simulate import run_simulated
+
+    out = run_simulated(load_config(TINY, overrides), 2, "dense")
+    return [{k: v.detach().clone() for k, v in m.state_dict().items()} for m in out["models"]]
+
+
+@pytest.mark.slow
+def test_heterogeneous_replicas_under_per_step_averaging(small_corpus: Path, tmp_path: Path) -> None:
+    """Table 3's setting (AdamW, gradients averaged every step, no inner loop): replica 0 compressed, replica 1
+    not; the averaged gradient keeps both replicas' parameters equal after every step."""
+    ovr = _small_overrides(small_corpus, tmp_path, 2, 1, 1, 2) + HET + ["model.codec.boundaries=[1]"]
+    sim = run_distributed(_dense_worker, 1, ovr)[0]
+    shared = [k for k in sim[1] if k in sim[0] and "hub" not in k]
+    assert len(shared) >= 10 and all(torch.equal(sim[0][k], sim[1][k]) for k in shared)
+    assert "decoder.1.pp_block.boundary_encoder.hub.fixed" in sim[0]

@@ -87,6 +87,11 @@ def run_simulated(cfg: Config, replicas: int, mode: Literal["sparseloco", "dense
     sim = SimulatedReplicas(models, cfg.sparseloco) if mode == "sparseloco" else None
     if cfg.sparseloco.compressed_replicas:  # after SimulatedReplicas copied replica 0's weights, as the broadcast
         from nanotron_ext.sparseloco.hetero import hetero_hook
+        if sim is None:  # dense mode: a compressed replica 0 projected its output weights; all start from them
+            with torch.no_grad():
+                for m in models[1:]:
+                    for p, p0 in zip(trainable(m), trainable(models[0])):
+                        p.copy_(p0)
         hook = hetero_hook(cfg, dict(enumerate(models)))
         if sim is not None:
             sim.outer = SparseLoCoOuter(sim.params[0], cfg.sparseloco)  # global weights after the split
