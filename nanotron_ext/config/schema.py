@@ -346,7 +346,8 @@ class Config:
                  f"{m.vocab_size} is smaller than tokenizer.vocab_size={self.tokenizer.vocab_size}")
         require(not (m.tie_embeddings and p.pp > 1), "model.tie_embeddings", "needs parallelism.pp = 1")
         mixed = bool(self.sparseloco.compressed_replicas)
-        require(not (mixed and p.dp_sync != "sparseloco"), "sparseloco.compressed_replicas", f"needs parallelism.dp_sync=sparseloco (got {p.dp_sync!r}); per-step averaging of mixed replicas "
+        require(not (mixed and p.dp_sync != "sparseloco"), "sparseloco.compressed_replicas",
+                f"needs parallelism.dp_sync=sparseloco (got {p.dp_sync!r}); per-step averaging of mixed replicas "
                 "runs only in the simulated mode (sparseloco.simulate.run_simulated, mode 'dense')")
         require(m.max_seq_len >= self.tokens.sequence_length, "tokens.sequence_length",
                  f"{self.tokens.sequence_length} exceeds model.max_seq_len={m.max_seq_len}")
