@@ -93,3 +93,7 @@ tagged with nanotron_ext.optim.param_groups.tag_parameter (e.g. Stiefel projecti
 DP_SYNCS: Registry = Registry("parallelism.dp_sync")
 """name -> DataParallelSync subclass (nanotron_ext.parallel.data_parallel): how replicas agree, per
 step (gradient all-reduce) or in an outer loop (SparseLoCo)."""
+REPLICA_CONFIGS: Registry = Registry("parallelism.dp_sync")
+"""dp_sync name -> fn(cfg: Config, replica: int) -> Config: the config DP replica `replica` builds its model
+and its DP sync from (e.g. heterogeneous SparseLoCo: some replicas compress their pipeline, others do
+not). A DP sync without an entry gives every replica the run's config (nanotron_ext.models.build.replica_config)."""

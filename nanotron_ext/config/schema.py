@@ -290,9 +290,25 @@ class SparseLoCoConfig:
     """Outer SGD momentum (paper: none)."""
     aggregate: Literal["all", "senders"] = "all"
     """Average each position over all replicas, or over the replicas that sent it (public code)."""
+    compressed_replicas: List[int] = field(default_factory=list)
+    """Heterogeneous SparseLoCo (sec. 2.3): DP replicas whose pipeline uses the subspace codec (options under
+    model.subspace); the others run uncompressed. Empty: plain SparseLoCo, the model as configured."""
+    embedding_adaptation: bool = True
+    """Heterogeneous (sec. 2.4): T_S = T U U^T, T_fixed = T - T U U^T at start; after every sync fold
+    T_S - T_S U U^T into T_fixed. Off: T_fixed is the subspace package's seeded table, never adapted."""
+    weight_projection: bool = False
+    """Heterogeneous: compressed replicas re-project their output projections onto span(U) after every step."""
+    modified_adamw: bool = False
+    """Heterogeneous: compressed replicas step their output projections with the subspace modified AdamW."""
+    grassmann_every: int = 0
+    """Heterogeneous: Grassmann updates of U every N inner steps (0 = fixed random U). Not supported yet."""
 
     def __post_init__(self) -> None:
         k = "sparseloco"
+        require(all(r >= 0 for r in self.compressed_replicas), f"{k}.compressed_replicas",
+                f"must list DP ranks >= 0, got {self.compressed_replicas}")
+        require(self.grassmann_every == 0, f"{k}.grassmann_every", "Grassmann updates are not supported with "
+                "SparseLoCo yet: each replica's U would follow its own gradients and the replicas would diverge")
         require(self.inner_steps >= 1, f"{k}.inner_steps", f"must be >= 1, got {self.inner_steps}")
         require(self.chunk >= 1 and int(self.chunk**0.5) ** 2 == self.chunk, f"{k}.chunk",
                  f"must be a perfect square (2-D tiles are square), got {self.chunk}")
@@ -329,6 +345,10 @@ class Config:
         require(self.tokenizer.vocab_size <= m.vocab_size, "model.vocab_size",
                  f"{m.vocab_size} is smaller than tokenizer.vocab_size={self.tokenizer.vocab_size}")
         require(not (m.tie_embeddings and p.pp > 1), "model.tie_embeddings", "needs parallelism.pp = 1")
+        mixed = bool(self.sparseloco.compressed_replicas)
+        require(not (mixed and p.dp_sync != "sparseloco"), "sparseloco.compressed_replicas",
+                f"needs parallelism.dp_sync=sparseloco (got {p.dp_sync!r}); per-step averaging of mixed replicas "
+                "runs only in the simulated mode (sparseloco.simulate.run_simulated, mode 'dense')")
         require(m.max_seq_len >= self.tokens.sequence_length, "tokens.sequence_length",
                  f"{self.tokens.sequence_length} exceeds model.max_seq_len={m.max_seq_len}")
         if p.layers_per_stage is not None:

@@ -8,6 +8,7 @@ from nanotron_ext.models.init import init_weights_
 from nanotron_ext.models.llama import LlamaForTraining
 from nanotron_ext.parallel.link import LinkEmulator
 from nanotron_ext.parallel.p2p import AccountedP2P
+from nanotron_ext.registry import REPLICA_CONFIGS, load_techniques
 
 
 def build_model(cfg: Config, parallel_context: ParallelContext, link: LinkEmulator | None = None) -> LlamaForTraining:
@@ -18,3 +19,12 @@ def build_model(cfg: Config, parallel_context: ParallelContext, link: LinkEmulat
     init_weights_(model, seed=cfg.general.seed, std=cfg.model.init_std, num_layers=cfg.model.num_layers)
     model.apply_constraints()
     return model
+
+
+def replica_config(cfg: Config, replica: int) -> Config:
+    """The config DP replica `replica` builds its model from: the run's config unless the DP sync
+    (parallelism.dp_sync) registered a per-replica override in REPLICA_CONFIGS (the core names no technique)."""
+    load_techniques()
+    if cfg.parallelism.dp_sync not in REPLICA_CONFIGS:
+        return cfg
+    return REPLICA_CONFIGS.get(cfg.parallelism.dp_sync)(cfg, replica)

@@ -18,9 +18,13 @@ Paper -> code:
 - simulated replicas (M replicas in one process, same math): simulate.SimulatedReplicas; a whole run of
   M replicas with the trainer's inner step: simulate.run_simulated (sweeps: reproduce/het_sparseloco/sim_sweep.py)
 - communication accounting and compute utilisation over a bandwidth (figs. 2, 3b): accounting
-- sec. 2.4 and sec. 3 heterogeneous replicas (subspace-compressed pipelines, embedding adaptation,
-  weight projection, Grassmann, modified AdamW): NOT here yet; they need nanotron_ext.subspace and plug
-  in through outer.ReplicaHook (SparseLoCoSync.hooks, SimulatedReplicas.hooks).
+- sec. 2.3 heterogeneous replicas (sparseloco.compressed_replicas: those replicas run the subspace codec,
+  the others uncompressed): hetero.replica_model_config, registered in REPLICA_CONFIGS and applied by the
+  trainer and run_simulated before each replica's model is built
+- sec. 2.4 embedding adaptation (T_S = T U U^T, T_fixed = T - T U U^T; after every sync fold
+  T_S - T_S U U^T into T_fixed): hetero.split_, hetero.adapt_, run by hetero.HeteroHook (an
+  outer.ReplicaHook) in both drivers; Table 4 switches sparseloco.embedding_adaptation / weight_projection /
+  modified_adamw (mapped onto model.subspace); Grassmann (sparseloco.grassmann_every) is rejected for now.
   Tables: reproduce/het_sparseloco/README.md
 """
-from nanotron_ext.sparseloco import outer  # noqa: F401  (registers "sparseloco")
+from nanotron_ext.sparseloco import hetero, outer  # noqa: F401  (register "sparseloco" and its replica configs)

@@ -90,9 +90,9 @@ class SparseLoCoOuter:
 ReplicaHook = Callable[[int, Sequence[torch.Tensor], str], None]
 """Per-replica hook `(replica, params, moment)`, moment in ("before_encode", "after_sync"), called by both
 drivers (SparseLoCoSync.hooks, SimulatedReplicas.hooks) for each replica with that replica's parameters.
-This is where the heterogeneous variant plugs in (it waits for the subspace package): a compressed
-replica's embedding adaptation (after every sync: T_fixed += T_S - T_S U U^T, T_S <- T_S U U^T) or weight
-projection runs at "after_sync"; a per-replica pipeline codec is chosen when that replica's model is built."""
+The heterogeneous variant plugs in here (nanotron_ext.sparseloco.hetero.HeteroHook): embedding adaptation
+(after every sync: T_fixed += T_S - T_S U U^T, T_S <- T_S U U^T) runs at "after_sync"; the per-replica
+pipeline codec is chosen when that replica's model is built (hetero.replica_model_config)."""
 
 
 @DP_SYNCS.register("sparseloco")
@@ -106,9 +106,12 @@ class SparseLoCoSync(DataParallelSync):
         self.names = [n for n, _ in named]
         self.params = [p for _, p in named]
         self._start_identical()
+        self.hooks: List[ReplicaHook] = []
+        if cfg is not None and cfg.sparseloco.compressed_replicas:  # heterogeneous: split the table first
+            from nanotron_ext.sparseloco.hetero import hetero_hook
+            self.hooks.append(hetero_hook(cfg, {self.replica: model}, getattr(model, "_pp_pg", None)))
         self.outer = SparseLoCoOuter(self.params, self.scfg)
         self.error = self.outer.new_error()
-        self.hooks: List[ReplicaHook] = []
 
     @torch.no_grad()
     def _start_identical(self) -> None:

@@ -65,7 +65,7 @@ def run_simulated(cfg: Config, replicas: int, mode: Literal["sparseloco", "dense
     loss, final validation loss (replica 0, identical to all after a sync), bytes per replica per sync
     and the replicas' final weights."""
     from nanotron_ext.data.loader import build_train_loader, build_validation_loader
-    from nanotron_ext.models.build import build_model
+    from nanotron_ext.models.build import build_model, replica_config
     from nanotron_ext.optim.build import build_optimizer
     from nanotron_ext.optim.clip import clip_grad_norm_
     from nanotron_ext.optim.lr_schedule import build_scheduler
@@ -80,11 +80,22 @@ def run_simulated(cfg: Config, replicas: int, mode: Literal["sparseloco", "dense
     models, opts, scheds, loaders = [], [], [], []
     for r in range(replicas):
         torch.manual_seed(cfg.general.seed)  # as the trainer: every replica builds the same weights
-        models.append(build_model(cfg, ctx))
+        models.append(build_model(replica_config(cfg, r), ctx))  # heterogeneous: a per-replica codec
         opts.append(build_optimizer(models[-1], cfg.optimizer, ctx.tp_pg))
         scheds.append(build_scheduler(opts[-1], cfg.optimizer, cfg.tokens.train_steps))
         loaders.append(build_train_loader(cfg, dp_rank=r, dp_size=replicas, config_file=config_file))
     sim = SimulatedReplicas(models, cfg.sparseloco) if mode == "sparseloco" else None
+    if cfg.sparseloco.compressed_replicas:  # after SimulatedReplicas copied replica 0's weights, as the broadcast
+        from nanotron_ext.sparseloco.hetero import hetero_hook
+        if sim is None:  # dense mode: a compressed replica 0 projected its output weights; all start from them
+            with torch.no_grad():
+                for m in models[1:]:
+                    for p, p0 in zip(trainable(m), trainable(models[0])):
+                        p.copy_(p0)
+        hook = hetero_hook(cfg, dict(enumerate(models)))
+        if sim is not None:
+            sim.outer = SparseLoCoOuter(sim.params[0], cfg.sparseloco)  # global weights after the split
+            sim.hooks.append(hook)
     losses: List[float] = []
     for step in range(1, cfg.tokens.train_steps + 1):
         step_losses = []
@@ -110,4 +121,4 @@ def run_simulated(cfg: Config, replicas: int, mode: Literal["sparseloco", "dense
     n = cfg.tokens.batch_accumulation_per_replica
     val = [evaluate(models[0], engine, batches[i:i + n], ctx).item() for i in range(0, len(batches), n)]
     return {"train_loss": losses, "val_loss": sum(val) / len(val), "sync_bytes": sim.sent_bytes if sim else [],
-            "weights": [{n_: p.detach().clone() for n_, p in m.named_parameters()} for m in models]}
+            "weights": [{n_: p.detach().clone() for n_, p in m.named_parameters()} for m in models], "models": models}

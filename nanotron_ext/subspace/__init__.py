@@ -13,6 +13,8 @@ Paper -> code (most equations were lost in the text; the reading follows the pro
   constraints.SubspaceConstraint (parameterisation "projection": W <- U U^T W after init and every step;
   "reparam": W = U W_small, constraints.SubspaceRowLinear / reparameterise_)
 - sec. 4.3.1, split token embedding TE = T_fixed + T_S U^T: basis.make_fixed_embedding, embedding.SplitEmbedding
+- heterogeneous SparseLoCo's split table (T_S [V, d] trained, T_fixed adapted state; model.embedding.kind =
+  subspace_adapted, set per replica by nanotron_ext.sparseloco.hetero): embedding.AdaptedSplitEmbedding
 - sec. 4.3.1 eq. 8, forward compression Z = (X - T_fixed[ids]) U and reconstruction X = Z U^T + T_fixed[ids]:
   codec.SubspaceEncoder, codec.SubspaceDecoder (ids travel in the wire, codecs/base.pack_ids)
 - sec. 4.4 eq. 9-10, backward compression G U / G U U^T: autograd through the codec's two products

@@ -40,8 +40,10 @@ class SubspaceHub(nn.Module):
         sub = cfg.subspace
         std = cfg.init_std if sub.fixed_embedding_std is None else sub.fixed_embedding_std
         self.register_buffer("basis", make_basis(cfg.hidden_size, cfg.subspace_k, sub.seed))
+        # the adapted embedding (heterogeneous SparseLoCo) changes T_fixed during training: then it is state
+        adapted = cfg.embedding.kind == "subspace_adapted"
         self.register_buffer("fixed", make_fixed_embedding(cfg.vocab_size, cfg.hidden_size, sub.seed, std),
-                             persistent=False)
+                             persistent=adapted)
         self.register_buffer("steps", torch.zeros((), dtype=torch.int64))
         # plain lists (not submodules: these modules hold the hub, a submodule link back would loop)
         self.low_rank_tables: List[nn.Module] = []  # split embeddings: T_S [V, k] in U coordinates

@@ -61,7 +61,7 @@ class SubspaceCodec(BoundaryCodec):
 
     def __init__(self, cfg: ModelConfig, tp_pg: dist.ProcessGroup) -> None:
         super().__init__(cfg, tp_pg)
-        if cfg.embedding.kind != "subspace" or cfg.output_constraint.kind != "subspace":
+        if cfg.embedding.kind not in ("subspace", "subspace_adapted") or cfg.output_constraint.kind != "subspace":
             raise ConfigError(
                 "model.codec.kind='subspace' is exact only with model.embedding.kind='subspace' and "
                 f"model.output_constraint.kind='subspace' (got {cfg.embedding.kind!r}, {cfg.output_constraint.kind!r})")

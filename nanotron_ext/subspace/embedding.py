@@ -48,3 +48,35 @@ def split_embedding(cfg: ModelConfig, strategy: TPStrategy) -> nn.Module:
         raise ConfigError(f"model.embedding.kind='subspace' needs a replicated residual stream; "
                           f"model.boost.tp_strategy={cfg.boost.tp_strategy!r} shards it (use 'megatron')")
     return SplitEmbedding(cfg, strategy, hub_for(cfg))
+
+
+class AdaptedSplitEmbedding(nn.Module):
+    """The split table of heterogeneous SparseLoCo (sec. 2.4), the same parameters on every replica:
+    T_S [V, d] (`table.weight`, trained) and T_fixed [V, d] (the hub's `fixed`, a persistent buffer).
+    A compressed replica (model.codec.kind = subspace) embeds T_fixed[ids] + T_S[ids] U U^T, so what its
+    codec sends stays exact even while T_S drifts out of span(U) within an inner loop; an uncompressed
+    replica embeds T_fixed[ids] + T_S[ids]. Embedding adaptation (nanotron_ext.sparseloco.hetero) keeps
+    T_S in span(U) at the start of every inner loop, where both forms agree."""
+
+    def __init__(self, cfg: ModelConfig, hub: SubspaceHub, compressed: bool) -> None:
+        super().__init__()
+        self.hub, self.compressed = hub, compressed
+        self.table = nn.Embedding(cfg.vocab_size, cfg.hidden_size)  # init_weights_ draws it like a standard table
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        low = self.table(input_ids)
+        if self.compressed:
+            u = self.hub.basis.to(low.dtype)
+            low = (low @ u) @ u.T  # rows onto span(U): T_S[ids] U U^T
+        return self.hub.fixed[input_ids].to(low.dtype) + low
+
+
+@EMBEDDINGS.register("subspace_adapted")
+def adapted_split_embedding(cfg: ModelConfig, strategy: TPStrategy) -> nn.Module:
+    if cfg.tie_embeddings:
+        raise ConfigError("model.tie_embeddings=true is not supported with model.embedding.kind='subspace_adapted' "
+                          "(the table is T_S + T_fixed, not one parameter); set model.tie_embeddings=false")
+    if strategy.tp_pg.size() > 1:
+        raise ConfigError("model.embedding.kind='subspace_adapted' needs parallelism.tp=1 (T_fixed is adapted "
+                          "from whole rows of T_S)")
+    return AdaptedSplitEmbedding(cfg, hub_for(cfg), compressed=cfg.codec.kind == "subspace")

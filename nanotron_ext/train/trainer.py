@@ -25,7 +25,7 @@ from nanotron_ext.metrics.flops import device_peak_tflops, flops_per_token, matm
 from nanotron_ext.metrics.logger import MetricsLogger, plot_losses
 from nanotron_ext.metrics.memory import peak_memory_bytes
 from nanotron_ext.metrics.nvtx import enable_nvtx, nvtx_range
-from nanotron_ext.models.build import build_model
+from nanotron_ext.models.build import build_model, replica_config
 from nanotron_ext.optim.build import build_optimizer
 from nanotron_ext.optim.clip import clip_grad_norm_
 from nanotron_ext.optim.lr_schedule import build_scheduler
@@ -53,12 +53,14 @@ class Trainer:
         torch.manual_seed(cfg.general.seed)
         enable_nvtx(cfg.logging.nvtx)
 
-        self.model = build_model(cfg, self.ctx, link=link_emulator_from_config(p.link))
+        dp_rank = dist.get_rank(self.ctx.dp_pg)
+        # this replica's model config (differs per replica e.g. in heterogeneous SparseLoCo); self.cfg stays the run's
+        self.model_cfg = replica_config(cfg, dp_rank)
+        self.model = build_model(self.model_cfg, self.ctx, link=link_emulator_from_config(p.link))
         self.optimizer = build_optimizer(self.model, cfg.optimizer, self.ctx.tp_pg)
         self.scheduler = build_scheduler(self.optimizer, cfg.optimizer, cfg.tokens.train_steps)
         self.engine = make_engine(p.pp_engine)
-        self.dp_sync: DataParallelSync = DP_SYNCS.get(p.dp_sync)(self.model, self.ctx.dp_pg, cfg)
-        dp_rank = dist.get_rank(self.ctx.dp_pg)
+        self.dp_sync: DataParallelSync = DP_SYNCS.get(p.dp_sync)(self.model, self.ctx.dp_pg, self.model_cfg)
         self.train_loader = build_train_loader(cfg, dp_rank=dp_rank, dp_size=p.dp, config_file=config_file)
         self.val_loader = build_validation_loader(cfg, dp_rank=dp_rank, dp_size=p.dp, config_file=config_file)
         self.ledger = get_ledger()

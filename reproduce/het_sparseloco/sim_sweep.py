@@ -37,6 +37,7 @@ def main(argv: List[str] | None = None) -> int:
         t0 = time.perf_counter()
         out = run_simulated(cfg, args.replicas, "dense" if variant == "dense" else "sparseloco", args.config_file)
         out.pop("weights")
+        out.pop("models", None)  # modules are not JSON
         out["wall_s"] = time.perf_counter() - t0
         results[variant] = out
         print(f"{variant:<40} final train {out['train_loss'][-1]:.4f}  val {out['val_loss']:.4f}  "

@@ -1,0 +1,130 @@
+"""Heterogeneous SparseLoCo ("Heterogeneous Low-Bandwidth Pre-Training of LLMs", sec. 2.3, 2.4): some DP
+replicas run their pipeline with the subspace codec (nanotron_ext.subspace), the others uncompressed,
+all inside one SparseLoCo outer loop.
+
+- Per-replica model config (`replica_model_config`, registered in REPLICA_CONFIGS for dp_sync
+  "sparseloco"): replicas listed in sparseloco.compressed_replicas get model.codec.kind = subspace and
+  output_constraint.kind = subspace (parameterisation "projection": the full output weights, so every
+  replica has the same parameter names and shapes and SparseLoCo can average them); every replica gets
+  embedding.kind = subspace_adapted (T_S [V, d] trained + T_fixed [V, d] state). The switches of Table 4
+  map onto model.subspace: weight_projection -> reproject, modified_adamw -> modified_adamw.
+- Embedding adaptation (sec. 2.4, `split_`, `adapt_`): at start T_S = T U U^T, T_fixed = T - T U U^T;
+  after every outer sync T_fixed += T_S - T_S U U^T, T_S <- T_S U U^T. The sum is unchanged and, as the
+  synced T_S is identical on every replica, so is T_fixed: every replica starts each inner loop identical.
+- `HeteroHook` runs the adaptation at "after_sync" in both drivers (SparseLoCoSync, SimulatedReplicas)
+  and copies T_fixed from the embedding's stage to the later stages of a compressed pipeline (their codec
+  decoders rebuild X = Z U^T + T_fixed[ids]): one dense V x d broadcast over the replica's pp group per
+  outer sync, not counted in the SparseLoCo payload (a cost of this implementation, once per H steps).
+"""
+from __future__ import annotations
+
+import copy
+from typing import Dict, Optional, Sequence
+
+import torch
+from nanotron import distributed as dist
+from torch import nn
+
+from nanotron_ext.config.schema import Config, ConfigError
+from nanotron_ext.registry import REPLICA_CONFIGS
+from nanotron_ext.subspace.basis import SubspaceHub, hub_for
+from nanotron_ext.subspace.embedding import AdaptedSplitEmbedding
+
+
+@REPLICA_CONFIGS.register("sparseloco")
+def replica_model_config(cfg: Config, replica: int) -> Config:
+    """The config replica `replica` builds its model from (a copy; the run's config when not heterogeneous)."""
+    s, m = cfg.sparseloco, cfg.model
+    if not s.compressed_replicas:
+        return cfg
+    dp = cfg.parallelism.dp
+    bad = [r for r in s.compressed_replicas if r >= dp]
+    if bad:
+        raise ConfigError(f"sparseloco.compressed_replicas: {bad} are not DP ranks (parallelism.dp={dp})")
+    for key, value, default in (("model.codec.kind", m.codec.kind, "identity"),
+                                ("model.embedding.kind", m.embedding.kind, "standard"),
+                                ("model.output_constraint.kind", m.output_constraint.kind, "none")):
+        if value != default:
+            raise ConfigError(f"{key}={value!r}: with sparseloco.compressed_replicas the per-replica model is set "
+                              f"by sparseloco; leave {key} at {default!r}")
+    if m.subspace.grassmann_every:
+        raise ConfigError("model.subspace.grassmann_every: not supported with sparseloco.compressed_replicas "
+                          "(each replica's U would follow its own gradients)")
+    out = copy.deepcopy(cfg)  # a new ModelConfig object: hub_for gives this replica its own hub
+    om = out.model
+    om.embedding.kind = "subspace_adapted"
+    if replica in s.compressed_replicas:
+        om.codec.kind = "subspace"
+        om.output_constraint.kind = "subspace"
+        om.subspace.parameterisation = "projection"  # same parameter shapes as the uncompressed replicas
+        om.subspace.reproject = s.weight_projection
+        om.subspace.modified_adamw = s.modified_adamw
+    return out
+
+
+def find_embedding(model: nn.Module) -> Optional[AdaptedSplitEmbedding]:
+    """This rank's adapted embedding (None on ranks without the first stage)."""
+    return next((m for m in model.modules() if isinstance(m, AdaptedSplitEmbedding)), None)
+
+
+@torch.no_grad()
+def split_(emb: AdaptedSplitEmbedding, adaptation: bool) -> None:
+    """Initial split of the standard table T (T_S as initialised): T_S = T U U^T, and T_fixed = T - T U U^T
+    with adaptation; without it T_fixed stays the subspace package's seeded table (Table 4a 'without')."""
+    t = emb.table.weight
+    u = emb.hub.basis.to(t.dtype)
+    in_span = (t @ u) @ u.T
+    if adaptation:
+        emb.hub.fixed.copy_(t - in_span)
+    t.copy_(in_span)
+
+
+@torch.no_grad()
+def adapt_(emb: AdaptedSplitEmbedding) -> None:
+    """After a sync: T_fixed += T_S - T_S U U^T; T_S <- T_S U U^T (eq. 3-4)."""
+    t = emb.table.weight
+    u = emb.hub.basis.to(t.dtype)
+    in_span = (t @ u) @ u.T
+    emb.hub.fixed.add_(t - in_span)
+    t.copy_(in_span)
+
+
+class HeteroHook:
+    """ReplicaHook of heterogeneous SparseLoCo. `hubs[r]` / `embeddings[r]`: replica r's hub and embedding
+    on this process (the distributed driver knows only its own replica; the simulated one knows all)."""
+
+    def __init__(self, cfg: Config, hubs: Dict[int, SubspaceHub],
+                 embeddings: Dict[int, Optional[AdaptedSplitEmbedding]],
+                 pp_pg: Optional[dist.ProcessGroup] = None) -> None:
+        self.cfg, self.hubs, self.embeddings, self.pp_pg = cfg, hubs, embeddings, pp_pg
+
+    def start(self, replica: int) -> None:
+        """The initial split (every replica computes the same one from the same initial T)."""
+        emb = self.embeddings[replica]
+        if emb is not None:
+            split_(emb, self.cfg.sparseloco.embedding_adaptation)
+        self._share_fixed(replica)
+
+    def __call__(self, replica: int, params: Sequence[torch.Tensor], moment: str) -> None:
+        if moment != "after_sync" or not self.cfg.sparseloco.embedding_adaptation:
+            return
+        emb = self.embeddings[replica]
+        if emb is not None:
+            adapt_(emb)
+        self._share_fixed(replica)
+
+    def _share_fixed(self, replica: int) -> None:
+        # later stages of a compressed pipeline decode with T_fixed: take the embedding stage's copy
+        if self.pp_pg is None or self.pp_pg.size() == 1 or replica not in self.cfg.sparseloco.compressed_replicas:
+            return
+        dist.broadcast(self.hubs[replica].fixed, src=dist.get_global_rank(self.pp_pg, 0), group=self.pp_pg)
+
+
+def hetero_hook(cfg: Config, models: Dict[int, nn.Module], pp_pg: Optional[dist.ProcessGroup] = None) -> HeteroHook:
+    """The hook for replicas `models` (replica -> this process's model of it), each built from
+    replica_model_config(cfg, replica), with the initial split done."""
+    hubs = {r: hub_for(m.cfg) for r, m in models.items()}
+    hook = HeteroHook(cfg, hubs, {r: find_embedding(m) for r, m in models.items()}, pp_pg)
+    for r in models:
+        hook.start(r)
+    return hook

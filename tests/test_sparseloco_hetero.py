@@ -1,0 +1,291 @@
+"""Heterogeneous SparseLoCo (sec. 2.3, 2.4): per-replica pipeline codec from YAML, embedding adaptation
+against plain-torch references, replicas bit-identical after every sync, the Table 4 switches."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from nanotron_ext.config.loader import load_config
+from nanotron_ext.config.schema import ConfigError
+from tests.helpers.dist import run_distributed
+from tests.test_trainer import TINY, _small_overrides
+
+HET = ["parallelism.dp_sync=sparseloco", "sparseloco.inner_steps=2", "sparseloco.topk=8",
+       "sparseloco.compressed_replicas=[0]", "model.subspace.k=8"]
+
+
+def _adapted(compressed: bool = True):
+    """A standalone adapted embedding (V = 64, d = 16, k = 4) with a random T_S and T_fixed."""
+    from nanotron_ext.config.schema import ModelConfig
+    from nanotron_ext.subspace.basis import hub_for
+    from nanotron_ext.subspace.embedding import AdaptedSplitEmbedding
+
+    cfg = ModelConfig(vocab_size=64, hidden_size=16, ffn_size=32, num_heads=2, num_kv_heads=2, num_layers=2,
+                      tie_embeddings=False)
+    cfg.subspace.k = 4
+    cfg.embedding.kind = "subspace_adapted"
+    emb = AdaptedSplitEmbedding(cfg, hub_for(cfg), compressed)
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        emb.table.weight.copy_(torch.randn(64, 16, generator=g))
+        emb.hub.fixed.copy_(torch.randn(64, 16, generator=g))
+    return emb
+
+
+def test_initial_split_and_adaptation_match_reference() -> None:
+    from nanotron_ext.sparseloco.hetero import adapt_, split_
+
+    emb = _adapted()
+    u = emb.hub.basis.double()
+    p = u @ u.T  # the reference projector, float64
+    t = emb.table.weight.detach().double().clone()
+    split_(emb, adaptation=True)
+    torch.testing.assert_close(emb.table.weight.double(), t @ p, rtol=0, atol=1e-5)
+    torch.testing.assert_close(emb.hub.fixed.double(), t - t @ p, rtol=0, atol=1e-5)
+    # an outer step moves T_S out of span(U); adaptation folds the out-of-span part into T_fixed
+    with torch.no_grad():
+        emb.table.weight.add_(torch.randn(64, 16, generator=torch.Generator().manual_seed(4)))
+    t_s, t_fixed = emb.table.weight.detach().double().clone(), emb.hub.fixed.double().clone()
+    assert (t_s - t_s @ p).abs().max() > 0.1  # the test can fail: T_S is really off the subspace
+    adapt_(emb)
+    new_s, new_fixed = emb.table.weight.double(), emb.hub.fixed.double()
+    torch.testing.assert_close(new_s + new_fixed, t_s + t_fixed, rtol=0, atol=1e-5)  # sum unchanged
+    torch.testing.assert_close(new_s @ p, new_s, rtol=0, atol=1e-5)  # T_S U U^T = T_S
+    torch.testing.assert_close(new_fixed, t_fixed + t_s - t_s @ p, rtol=0, atol=1e-5)
+
+
+def test_compressed_and_uncompressed_embeddings_agree_on_an_adapted_table() -> None:
+    from nanotron_ext.sparseloco.hetero import adapt_
+
+    comp, plain = _adapted(True), _adapted(False)
+    ids = torch.randint(0, 64, (2, 5), generator=torch.Generator().manual_seed(5))
+    assert not torch.allclose(comp(ids), plain(ids), atol=1e-3)  # T_S off span(U): the two forms differ
+    adapt_(comp)
+    adapt_(plain)
+    torch.testing.assert_close(comp(ids), plain(ids), rtol=0, atol=1e-5)
+    t = comp.table.weight + comp.hub.fixed  # the uncompressed replica's table: T_S + T_fixed
+    torch.testing.assert_close(plain(ids), t[ids], rtol=0, atol=1e-5)
+
+
+def test_replica_model_config_per_replica_codec_and_switches() -> None:
+    from nanotron_ext.models.build import replica_config
+
+    cfg = load_config(TINY, ["parallelism.dp=2", "parallelism.dp_sync=sparseloco", "model.tie_embeddings=false",
+                             "sparseloco.compressed_replicas=[0]", "sparseloco.weight_projection=true",
+                             "sparseloco.modified_adamw=true"])
+    c0, c1 = replica_config(cfg, 0), replica_config(cfg, 1)
+    assert (c0.model.codec.kind, c0.model.output_constraint.kind, c0.model.embedding.kind) == \
+        ("subspace", "subspace", "subspace_adapted")
+    assert (c1.model.codec.kind, c1.model.output_constraint.kind, c1.model.embedding.kind) == \
+        ("identity", "none", "subspace_adapted")
+    sub = c0.model.subspace
+    assert (sub.parameterisation, sub.reproject, sub.modified_adamw) == ("projection", True, True)
+    assert c0.model is not c1.model and cfg.model.codec.kind == "identity"  # the run's config is untouched
+    plain = load_config(TINY, ["parallelism.dp=2", "parallelism.dp_sync=sparseloco"])
+    assert replica_config(plain, 1) is plain  # no compressed replicas: plain SparseLoCo
+    defaults = replica_config(load_config(TINY, ["parallelism.dp=2", "parallelism.dp_sync=sparseloco",
+                                                 "model.tie_embeddings=false",
+                                                 "sparseloco.compressed_replicas=[1]"]), 1)
+    assert (defaults.model.subspace.reproject, defaults.model.subspace.modified_adamw) == (False, False)
+
+
+@pytest.mark.parametrize("extra,key", [
+    (["sparseloco.compressed_replicas=[2]"], "sparseloco.compressed_replicas"),
+    (["sparseloco.compressed_replicas=[0]", "model.codec.kind=subspace"], "model.codec.kind"),
+    (["sparseloco.grassmann_every=10"], "sparseloco.grassmann_every"),
+    (["sparseloco.compressed_replicas=[0]", "parallelism.dp_sync=allreduce"], "sparseloco.compressed_replicas"),
+])
+def test_config_errors_name_the_key(extra: list, key: str) -> None:
+    from nanotron_ext.models.build import replica_config
+
+    with pytest.raises((ConfigError, ValueError), match=key.replace(".", r"\.")):
+        base = ["parallelism.dp=2", "parallelism.dp_sync=sparseloco", "model.tie_embeddings=false"]
+        cfg = load_config(TINY, base + extra)
+        cfg.validate()
+        replica_config(cfg, 0)
+
+
+def _checksums(model: torch.nn.Module) -> dict:
+    """Every parameter and persistent buffer (T_S, T_fixed, U, ...) of one replica, by name."""
+    return {k: v.detach().double().sum().item() for k, v in model.state_dict().items() if v.is_floating_point()}
+
+
+def _sim_worker(overrides: list) -> dict:
+    """Simulated M = 2 heterogeneous run; records both replicas' checksums after every outer sync."""
+    from nanotron_ext.sparseloco.hetero import find_embedding
+    from nanotron_ext.sparseloco.simulate import SimulatedReplicas, run_simulated
+
+    after_sync, plain_init, plain_sync = [], SimulatedReplicas.__init__, SimulatedReplicas.sync
+
+    def init(self: SimulatedReplicas, models: list, cfg: object) -> None:
+        plain_init(self, models, cfg)
+        self.models = models  # the caller's modules: buffers (T_fixed, U) are checksummed too
+
+    def recording_sync(self: SimulatedReplicas) -> None:
+        plain_sync(self)
+        after_sync.append([_checksums(m) for m in self.models])
+
+    SimulatedReplicas.__init__, SimulatedReplicas.sync = init, recording_sync
+    out = run_simulated(load_config(TINY, overrides), 2, "sparseloco")
+    models = out["models"]
+    emb = [find_embedding(m) for m in models]
+    return {"after_sync": after_sync, "weights": out["weights"], "t_s": [e.table.weight.detach().clone() for e in emb],
+            "basis": emb[0].hub.basis.clone(), "compressed": [e.compressed for e in emb],
+            "codecs": [sorted(type(e).__name__ for e in m.codec_encoders.values()) for m in models]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("adaptation", [True, False])
+def test_simulated_heterogeneous_replicas_identical_after_every_sync(small_corpus: Path, tmp_path: Path,
+                                                                     adaptation: bool) -> None:
+    """M = 2, replica 0 compressed (subspace codec after layer 1, on one process), replica 1 not; 4 steps,
+    H = 2: after both syncs the replicas agree bit for bit on every parameter and buffer (T_fixed too)."""
+    ovr = _small_overrides(small_corpus, tmp_path, 2, 1, 1, 4) + HET + [
+        "model.codec.boundaries=[1]", f"sparseloco.embedding_adaptation={str(adaptation).lower()}"]
+    out = run_distributed(_sim_worker, 1, ovr)[0]
+    assert out["codecs"] == [["SubspaceEncoder"], ["IdentityEncoder"]] and out["compressed"] == [True, False]
+    assert len(out["after_sync"]) == 2
+    for r0, r1 in out["after_sync"]:  # the codec's modules exist on replica 0 only: compare the shared names
+        shared = sorted(set(r0) & set(r1))
+        assert len(shared) >= len(out["weights"][1]) + 2  # every parameter, U and T_fixed
+        assert {k: r0[k] for k in shared} == {k: r1[k] for k in shared}
+        assert r0["decoder.2.pp_block.boundary_decoder.hub.fixed"] == r1["token_embedding.pp_block.embedding.hub.fixed"]
+    t_s, u = out["t_s"][0], out["basis"]
+    off_span = (t_s - t_s @ u @ u.T).abs().max().item()
+    if adaptation:  # T_S re-projected after the last sync (step 4)
+        assert off_span < 1e-5
+    else:  # the control: without adaptation the averaged T_S leaves span(U)
+        assert off_span > 1e-4
+
+
+def _het_train_worker(overrides: list, stop_after, interval: int) -> dict:
+    """The trainer on this rank; returns its DP / PP coordinates and its full state (parameters and buffers)."""
+    from nanotron import distributed as dist
+
+    from nanotron_ext.train.trainer import Trainer
+
+    trainer = Trainer(load_config(TINY, overrides + [f"checkpoints.interval={interval}"]))
+    trainer.train(stop_after=stop_after)
+    return {"dp": dist.get_rank(trainer.ctx.dp_pg), "pp": dist.get_rank(trainer.ctx.pp_pg),
+            "codec": trainer.model.cfg.codec.kind,
+            "state": {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}}
+
+
+@pytest.mark.slow
+def test_heterogeneous_dp2_pp2_trains_and_resumes_bit_exactly(small_corpus: Path, tmp_path: Path) -> None:
+    """dp = 2 x pp = 2, replica 0 compressed (subspace codec at the stage boundary), replica 1 not, H = 2.
+    The run interrupted after the step-3 checkpoint (mid inner loop) and resumed equals the straight run
+    bit for bit (losses, parameters, T_fixed on both stages); after the last sync (step 6) the two replicas
+    hold the same parameters and T_fixed, and the decoding stage's T_fixed is the embedding stage's."""
+    from tests.test_trainer import _losses
+
+    n, world = 3, 4
+    ovr_a = _small_overrides(small_corpus, tmp_path / "a", 2, 1, 2, 2 * n) + HET
+    straight = run_distributed(_het_train_worker, world, ovr_a, None, 0)
+    ovr_b = _small_overrides(small_corpus, tmp_path / "b", 2, 1, 2, 2 * n) + HET
+    run_distributed(_het_train_worker, world, ovr_b, n, n)
+    resumed = run_distributed(_het_train_worker, world, ovr_b, None, n)
+    a, b = _losses(tmp_path / "a" / "tiny_llama"), _losses(tmp_path / "b" / "tiny_llama")
+    assert sorted(a) == list(range(1, 2 * n + 1)) and all(a[s] == b[s] for s in range(n + 1, 2 * n + 1))
+    for ra, rb in zip(straight, resumed):
+        assert sorted(ra["state"]) == sorted(rb["state"])
+        for k in ra["state"]:
+            assert torch.equal(ra["state"][k], rb["state"][k]), (ra["dp"], ra["pp"], k)
+    by = {(r["dp"], r["pp"]): r for r in straight}
+    assert by[0, 0]["codec"] == "subspace" and by[1, 0]["codec"] == "identity"
+    assert "decoder.2.pp_block.boundary_decoder.hub.fixed" in by[0, 1]["state"]  # the compressed pipeline decodes
+    for pp in (0, 1):
+        s0, s1 = by[0, pp]["state"], by[1, pp]["state"]
+        params = [k for k in s1 if k in s0 and "hub" not in k and "grad_gram" not in k]
+        assert len(params) >= 4
+        assert all(torch.equal(s0[k], s1[k]) for k in params), pp
+    emb_fixed = "token_embedding.pp_block.embedding.hub.fixed"
+    assert torch.equal(by[0, 0]["state"][emb_fixed], by[1, 0]["state"][emb_fixed])
+    assert torch.equal(by[0, 0]["state"][emb_fixed], by[0, 1]["state"]["decoder.2.pp_block.boundary_decoder.hub.fixed"])
+    t_s = by[0, 0]["state"]["token_embedding.pp_block.embedding.table.weight"]
+    u = by[0, 0]["state"]["token_embedding.pp_block.embedding.hub.basis"]
+    torch.testing.assert_close(t_s @ u @ u.T, t_s, rtol=0, atol=1e-5)  # adapted after the last sync
+
+
+def _sim_weights_worker(overrides: list) -> list:
+    from nanotron_ext.sparseloco.simulate import run_simulated
+
+    out = run_simulated(load_config(TINY, overrides), 2, "sparseloco")
+    return [{k: v.detach().clone() for k, v in m.state_dict().items()} for m in out["models"]]
+
+
+@pytest.mark.slow
+def test_heterogeneous_simulated_equals_distributed_dp2(small_corpus: Path, tmp_path: Path) -> None:
+    """dp = 2 (pp = 1, the subspace codec after layer 1 on replica 0): run_simulated gives the trainer's
+    per-replica parameters and buffers bit for bit, at step 5 (mid inner loop, after two syncs)."""
+    ovr = HET + ["model.codec.boundaries=[1]"]
+    dist_out = run_distributed(_het_train_worker, 2, _small_overrides(small_corpus, tmp_path / "t", 2, 1, 1, 5) + ovr,
+                               None, 0)
+    sim = run_distributed(_sim_weights_worker, 1, _small_overrides(small_corpus, tmp_path / "s", 2, 1, 1, 5) + ovr)[0]
+    for r in dist_out:
+        assert sorted(r["state"]) == sorted(sim[r["dp"]])
+        for k, v in r["state"].items():
+            assert torch.equal(sim[r["dp"]][k], v), (r["dp"], k)
+    assert "decoder.1.pp_block.boundary_encoder.hub.fixed" in sim[0]
+    assert not any("boundary_encoder.hub" in k for k in sim[1])
+    assert any(not torch.equal(sim[0][k], sim[1][k]) for k in sim[1])  # mid inner loop: the replicas differ
+
+
+@pytest.mark.slow
+def test_weight_projection_switch(small_corpus: Path, tmp_path: Path) -> None:
+    """sparseloco.weight_projection: the compressed replica's output projections sit in span(U) after an
+    inner step (re-projected), the uncompressed replica's do not; off, neither replica's do."""
+    in_span = {}
+    for on in (True, False):
+        ovr = _small_overrides(small_corpus, tmp_path / str(on), 2, 1, 1, 3) + HET + [
+            "model.codec.boundaries=[1]", f"sparseloco.weight_projection={str(on).lower()}"]
+        sim = run_distributed(_sim_weights_worker, 1, ovr)[0]
+        u = sim[0]["token_embedding.pp_block.embedding.hub.basis"]
+        w = [s["decoder.0.pp_block.attn.o_proj.weight"] for s in sim]
+        in_span[on] = [bool(torch.allclose(u @ (u.T @ x), x, rtol=0, atol=1e-6)) for x in w]
+    assert in_span == {True: [True, False], False: [False, False]}
+
+
+def _tags_worker(overrides: list) -> list:
+    """Build both replicas' models (no training) and return the optimiser tag of each o_proj weight."""
+    from nanotron_ext.models.build import build_model, replica_config
+    from nanotron_ext.optim.param_groups import parameter_tag
+    from nanotron_ext.parallel.context import build_parallel_context
+
+    cfg = load_config(TINY, overrides)
+    ctx = build_parallel_context(1, 1, 1, backend="gloo")
+    out = []
+    for r in range(2):
+        model = build_model(replica_config(cfg, r), ctx)
+        out.append(parameter_tag(dict(model.named_parameters())["decoder.0.pp_block.attn.o_proj.weight"]))
+    return out
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_modified_adamw_switch_tags_the_compressed_replica_only(on: bool) -> None:
+    from nanotron_ext.subspace.optim import SUBSPACE_ADAMW_TAG
+
+    ovr = ["parallelism.dp=2", "model.tie_embeddings=false", "model.codec.boundaries=[0]", "model.num_layers=2",
+           "model.hidden_size=32", "model.ffn_size=64"] + HET + [f"sparseloco.modified_adamw={str(on).lower()}"]
+    tags = run_distributed(_tags_worker, 1, ovr)[0]
+    assert tags == ([SUBSPACE_ADAMW_TAG, None] if on else [None, None])
+
+
+def _dense_worker(overrides: list) -> list:
+    from nanotron_ext.sparseloco.simulate import run_simulated
+
+    out = run_simulated(load_config(TINY, overrides), 2, "dense")
+    return [{k: v.detach().clone() for k, v in m.state_dict().items()} for m in out["models"]]
+
+
+@pytest.mark.slow
+def test_heterogeneous_replicas_under_per_step_averaging(small_corpus: Path, tmp_path: Path) -> None:
+    """Table 3's setting (AdamW, gradients averaged every step, no inner loop): replica 0 compressed, replica 1
+    not; the averaged gradient keeps both replicas' parameters equal after every step."""
+    ovr = _small_overrides(small_corpus, tmp_path, 2, 1, 1, 2) + HET + ["model.codec.boundaries=[1]"]
+    sim = run_distributed(_dense_worker, 1, ovr)[0]
+    shared = [k for k in sim[1] if k in sim[0] and "hub" not in k]
+    assert len(shared) >= 10 and all(torch.equal(sim[0][k], sim[1][k]) for k in shared)
+    assert "decoder.1.pp_block.boundary_encoder.hub.fixed" in sim[0]
