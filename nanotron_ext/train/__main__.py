@@ -5,6 +5,7 @@ import argparse
 import os
 import signal
 import sys
+import time
 from typing import List, NoReturn, Optional
 
 
@@ -16,6 +17,15 @@ def _say(line: str) -> None:
 
 def _interrupt(signum: int, frame: object) -> NoReturn:
     raise KeyboardInterrupt  # torchrun stops its workers with SIGTERM when the user presses Ctrl-C
+
+
+def _interrupted(cfg: object, trainer: object) -> int:
+    from nanotron_ext.train.checkpoint import latest_checkpoint
+
+    last = latest_checkpoint(cfg.checkpoints.dir) if cfg is not None else None
+    _say(f"interrupted at step {trainer.step if trainer is not None else 0}; last complete checkpoint: "
+         f"{last or 'none'}" + (" (launch again to resume from it)" if last else ""))
+    return 130
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -44,12 +54,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         _say(f"error: {e}; free space there or make it writable (or set general.output_dir / checkpoints.dir)")
         return 2
     except KeyboardInterrupt:
-        from nanotron_ext.train.checkpoint import latest_checkpoint
-
-        last = latest_checkpoint(cfg.checkpoints.dir) if cfg is not None else None
-        _say(f"interrupted at step {trainer.step if trainer is not None else 0}; last complete checkpoint: "
-             f"{last or 'none'}" + (" (launch again to resume from it)" if last else ""))
-        return 130
+        return _interrupted(cfg, trainer)
+    except Exception:
+        # Ctrl-C stops every rank at once: a collective can fail on a peer that stopped first before this
+        # rank's own stop signal is handled. Let a pending signal arrive, and report the stop, not the error.
+        try:
+            time.sleep(0.5)
+        except KeyboardInterrupt:
+            return _interrupted(cfg, trainer)
+        raise
     import torch.distributed as torch_dist
 
     if torch_dist.is_initialized():
