@@ -65,7 +65,7 @@ def wire_bytes_per_token(design: str, config: str) -> Optional[int]:
     d, r, tokens = cfg.model.hidden_size, cfg.model.codec.mapl.rank, cfg.tokens.micro_batch_size * cfg.tokens.sequence_length
     if design == "uncompressed":
         return d * 4
-    if design == "mapl":
+    if design in ("mapl", "ssn"):  # r (or k = r) fp32 coordinates and the int32 token id
         return (r + 1) * 4
     if design.startswith("mapl_vq"):
         g, k = (32, 16) if design == "mapl_vq_2x" else (4, 256)  # the VQ overrides above
