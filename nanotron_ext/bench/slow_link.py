@@ -102,10 +102,16 @@ def run_one(args: argparse.Namespace, name: str, overrides: List[str], mbps: flo
     shutil.rmtree(REPO / out_dir / run, ignore_errors=True)  # a repeated point must not read stale metrics
     t0 = time.time()
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"run {run} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     run_dir = REPO / out_dir / run
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary_file = run_dir / "summary.json"
+    finished = summary_file.exists() and json.loads(summary_file.read_text()).get("steps") == args.steps
+    if proc.returncode != 0 and not finished:
+        raise RuntimeError(f"run {run} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    if proc.returncode != 0:  # trained and wrote its summary, then failed on the way out: keep the row, say so
+        print(f"warning: run {run} finished all {args.steps} steps but exited with {proc.returncode}: "
+              f"{(proc.stderr.strip().splitlines() or ['?'])[0][:200]}", file=sys.stderr)
+    summary = json.loads(summary_file.read_text())
+    summary["exit_status"] = proc.returncode
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     cfg = _resolved(run_dir)
     tokens_per_step = cfg["tokens"]["micro_batch_size"] * cfg["tokens"]["sequence_length"] * \
@@ -122,6 +128,7 @@ def run_one(args: argparse.Namespace, name: str, overrides: List[str], mbps: flo
         "link_bound_tokens_per_s": link_bound_tokens_per_s(tokens_per_step, fwd, bwd, mbps, duplex),
         "loss_within_budget": loss_within(metrics, args.budget_s), "budget_s": args.budget_s,
         "final_train_loss": summary["final_train_loss"], "steps": summary["steps"], "wall_s": time.time() - t0,
+        "exit_status": summary["exit_status"],
     }
 
 
