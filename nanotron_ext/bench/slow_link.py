@@ -87,7 +87,7 @@ def run_one(args: argparse.Namespace, name: str, overrides: List[str], mbps: flo
             f"parallelism.link.enabled={'true' if emulate else 'false'}", f"parallelism.link.bandwidth_mbps={mbps}",
             f"parallelism.link.duplex={duplex}", f"general.run={run}", f"general.output_dir={out_dir}",
             f"tokens.train_steps={args.steps}", "tokens.val_check_interval=0", "tokens.val_steps=1",
-            f"checkpoints.dir={out_dir / 'checkpoints' / run}", "checkpoints.resume=never",
+            f"checkpoints.dir={out_dir / 'checkpoints' / run}", "checkpoints.resume=overwrite",
             "logging.progress_bar=false", *args.set, *overrides]
     train = ["-m", "nanotron_ext.train", "--config-file", args.config]
     if shaped:

@@ -40,7 +40,7 @@ def run(name: str, overrides: List[str], steps: int, extra: List[str]) -> dict:
     out_dir = "runs/resbm_table2"
     sets = [f"general.run={name}", f"general.output_dir={out_dir}", f"tokens.train_steps={steps}",
             "tokens.val_check_interval=0", "tokens.val_steps=16", f"checkpoints.dir={out_dir}/checkpoints/{name}",
-            "checkpoints.resume=never", "logging.progress_bar=false", *overrides, *extra]
+            "checkpoints.resume=overwrite", "logging.progress_bar=false", *overrides, *extra]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", "-m",
            "nanotron_ext.train", "--config-file", "reproduce/resbm/cpu_base.yaml"]
     for s in sets:

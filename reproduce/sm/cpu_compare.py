@@ -29,7 +29,7 @@ from typing import Dict, List
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ["parallelism.dp=1", "parallelism.pp=2", "model.tie_embeddings=false", "tokens.sequence_length=128",
         "tokens.micro_batch_size=8", "tokens.batch_accumulation_per_replica=2", "tokens.val_check_interval=50",
-        "tokens.val_steps=8", "checkpoints.interval=0", "checkpoints.resume=never", "logging.progress_bar=false",
+        "tokens.val_steps=8", "checkpoints.interval=0", "checkpoints.resume=overwrite", "logging.progress_bar=false",
         "parallelism.link.enabled=true", "general.output_dir=runs/sm"]
 SM = ["model.codec.kind=subspace", "model.embedding.kind=subspace", "model.output_constraint.kind=subspace",
       "model.subspace.k=16"]
