@@ -407,3 +407,14 @@ def test_atomic_writes_get_ordinary_file_permissions(tmp_path) -> None:
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "a.txt").stat().st_mode) == 0o644
     assert (tmp_path / "a.txt").read_text() == "x" and not list(tmp_path.glob(".a.txt.*"))
+
+
+def test_1f1b_needs_enough_micro_batches_for_the_pipeline() -> None:
+    # nanotron's engine asserted this only once training started, on one rank, inside a traceback
+    from nanotron_ext.config.loader import from_dict
+    from nanotron_ext.config.schema import Config, ConfigError
+
+    with pytest.raises(ConfigError, match=r"tokens.batch_accumulation_per_replica: 1 micro-batches cannot fill a 1F1B"):
+        from_dict(Config, {"parallelism": {"pp": 4}, "tokens": {"batch_accumulation_per_replica": 1}})
+    from_dict(Config, {"parallelism": {"pp": 4, "pp_engine": "afab"}, "tokens": {"batch_accumulation_per_replica": 1}})
+    from_dict(Config, {"parallelism": {"pp": 4}, "tokens": {"batch_accumulation_per_replica": 3}})
