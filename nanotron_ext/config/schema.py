@@ -351,10 +351,6 @@ class Config:
                 "runs only in the simulated mode (sparseloco.simulate.run_simulated, mode 'dense')")
         require(m.max_seq_len >= self.tokens.sequence_length, "tokens.sequence_length",
                  f"{self.tokens.sequence_length} exceeds model.max_seq_len={m.max_seq_len}")
-        acc = self.tokens.batch_accumulation_per_replica
-        require(p.pp_engine != "1f1b" or acc >= p.pp - 1, "tokens.batch_accumulation_per_replica",
-                f"{acc} micro-batches cannot fill a 1F1B pipeline of parallelism.pp={p.pp} (needs >= {p.pp - 1}); "
-                f"raise it or set parallelism.pp_engine=afab")
         if p.layers_per_stage is not None:
             require(sum(p.layers_per_stage) == m.num_layers, "parallelism.layers_per_stage",
                      f"sums to {sum(p.layers_per_stage)} but model.num_layers={m.num_layers}")
@@ -370,3 +366,8 @@ class Config:
             )
         except ParallelismError as e:
             raise ConfigError(str(e)) from None
+        # after the layout itself is known to be valid (e.g. enough layers for the stages)
+        acc = self.tokens.batch_accumulation_per_replica
+        require(p.pp_engine != "1f1b" or acc >= p.pp - 1, "tokens.batch_accumulation_per_replica",
+                f"{acc} micro-batches cannot fill a 1F1B pipeline of parallelism.pp={p.pp} (needs >= {p.pp - 1}); "
+                f"raise it or set parallelism.pp_engine=afab")
