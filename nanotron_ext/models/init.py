@@ -88,10 +88,11 @@ def init_weights_(model: nn.Module, seed: int, std: float, num_layers: int) -> N
 
     A module with a method `init_own_parameters_(seed)` initialises its own parameters (structured
     inits such as an orthonormal projection held identically on both sides of a boundary)."""
-    own = set()
-    for module in model.modules():
-        if hasattr(module, "init_own_parameters_"):
-            module.init_own_parameters_(seed)
+    own, done = set(), []
+    for name, module in model.named_modules():
+        if hasattr(module, "init_own_parameters_") and not any(name.startswith(d + ".") for d in done):
+            module.init_own_parameters_(seed)  # once: a self-initialising child is covered by its parent
+            done.append(name)
             own.update(id(p) for p in module.parameters())
     for name, param in model.named_parameters():
         if id(param) in own:
