@@ -94,7 +94,9 @@ def test_replica_model_config_per_replica_codec_and_switches() -> None:
 @pytest.mark.parametrize("extra,key", [
     (["sparseloco.compressed_replicas=[2]"], "sparseloco.compressed_replicas"),
     (["sparseloco.compressed_replicas=[0]", "model.codec.kind=subspace"], "model.codec.kind"),
-    (["sparseloco.grassmann_every=10"], "sparseloco.grassmann_every"),
+    (["sparseloco.grassmann_every=10"], "sparseloco.grassmann_every"),  # no compressed replica drives U
+    (["sparseloco.compressed_replicas=[0]", "sparseloco.grassmann_every=15"], "sparseloco.grassmann_every"),
+    (["sparseloco.compressed_replicas=[0]", "model.subspace.grassmann_every=10"], "model.subspace.grassmann_every"),
     (["sparseloco.compressed_replicas=[0]", "parallelism.dp_sync=allreduce"], "sparseloco.compressed_replicas"),
 ])
 def test_config_errors_name_the_key(extra: list, key: str) -> None:
@@ -137,13 +139,18 @@ def _sim_worker(overrides: list) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("adaptation", [True, False])
+@pytest.mark.parametrize("adaptation,grassmann", [(True, 0), (False, 0), (True, 2)])
 def test_simulated_heterogeneous_replicas_identical_after_every_sync(small_corpus: Path, tmp_path: Path,
-                                                                     adaptation: bool) -> None:
+                                                                     adaptation: bool, grassmann: int) -> None:
     """M = 2, replica 0 compressed (subspace codec after layer 1, on one process), replica 1 not; 4 steps,
-    H = 2: after both syncs the replicas agree bit for bit on every parameter and buffer (T_fixed too)."""
+    H = 2: after both syncs the replicas agree bit for bit on every parameter and buffer (T_fixed, U too).
+    With Grassmann updates at every sync, U has left the seeded basis, stays orthonormal, and T_S was
+    re-projected onto the new U."""
+    from nanotron_ext.subspace.basis import make_basis
+
     ovr = _small_overrides(small_corpus, tmp_path, 2, 1, 1, 4) + HET + [
-        "model.codec.boundaries=[1]", f"sparseloco.embedding_adaptation={str(adaptation).lower()}"]
+        "model.codec.boundaries=[1]", f"sparseloco.embedding_adaptation={str(adaptation).lower()}",
+        f"sparseloco.grassmann_every={grassmann}"]
     out = run_distributed(_sim_worker, 1, ovr)[0]
     assert out["codecs"] == [["SubspaceEncoder"], ["IdentityEncoder"]] and out["compressed"] == [True, False]
     assert len(out["after_sync"]) == 2
@@ -153,6 +160,9 @@ def test_simulated_heterogeneous_replicas_identical_after_every_sync(small_corpu
         assert {k: r0[k] for k in shared} == {k: r1[k] for k in shared}
         assert r0["decoder.2.pp_block.boundary_decoder.hub.fixed"] == r1["token_embedding.pp_block.embedding.hub.fixed"]
     t_s, u = out["t_s"][0], out["basis"]
+    torch.testing.assert_close(u.T @ u, torch.eye(u.shape[1]), rtol=0, atol=1e-6)
+    moved = (u - make_basis(u.shape[0], u.shape[1], 0)).abs().max().item()
+    assert (moved > 1e-4) if grassmann else (moved == 0)
     off_span = (t_s - t_s @ u @ u.T).abs().max().item()
     if adaptation:  # T_S re-projected after the last sync (step 4)
         assert off_span < 1e-5
@@ -178,13 +188,16 @@ def test_heterogeneous_dp2_pp2_trains_and_resumes_bit_exactly(small_corpus: Path
     """dp = 2 x pp = 2, replica 0 compressed (subspace codec at the stage boundary), replica 1 not, H = 2.
     The run interrupted after the step-3 checkpoint (mid inner loop) and resumed equals the straight run
     bit for bit (losses, parameters, T_fixed on both stages); after the last sync (step 6) the two replicas
-    hold the same parameters and T_fixed, and the decoding stage's T_fixed is the embedding stage's."""
+    hold the same parameters and T_fixed, and the decoding stage's T_fixed is the embedding stage's. One
+    Grassmann update (step 4) moved U, identically on every rank that holds it."""
+    from nanotron_ext.subspace.basis import make_basis
     from tests.test_trainer import _losses
 
     n, world = 3, 4
-    ovr_a = _small_overrides(small_corpus, tmp_path / "a", 2, 1, 2, 2 * n) + HET
+    grassmann = ["sparseloco.grassmann_every=4"]  # one shared-U update, at the step-4 sync (after the resume)
+    ovr_a = _small_overrides(small_corpus, tmp_path / "a", 2, 1, 2, 2 * n) + HET + grassmann
     straight = run_distributed(_het_train_worker, world, ovr_a, None, 0)
-    ovr_b = _small_overrides(small_corpus, tmp_path / "b", 2, 1, 2, 2 * n) + HET
+    ovr_b = _small_overrides(small_corpus, tmp_path / "b", 2, 1, 2, 2 * n) + HET + grassmann
     run_distributed(_het_train_worker, world, ovr_b, n, n)
     resumed = run_distributed(_het_train_worker, world, ovr_b, None, n)
     a, b = _losses(tmp_path / "a" / "tiny_llama"), _losses(tmp_path / "b" / "tiny_llama")
@@ -207,6 +220,9 @@ def test_heterogeneous_dp2_pp2_trains_and_resumes_bit_exactly(small_corpus: Path
     t_s = by[0, 0]["state"]["token_embedding.pp_block.embedding.table.weight"]
     u = by[0, 0]["state"]["token_embedding.pp_block.embedding.hub.basis"]
     torch.testing.assert_close(t_s @ u @ u.T, t_s, rtol=0, atol=1e-5)  # adapted after the last sync
+    assert (u - make_basis(u.shape[0], u.shape[1], 0)).abs().max() > 1e-4  # the Grassmann update moved U
+    bases = [v for r in straight for k, v in r["state"].items() if k.endswith("hub.basis")]
+    assert len(bases) >= 4 and all(torch.equal(b, u) for b in bases)
 
 
 def _sim_weights_worker(overrides: list) -> list:
@@ -217,10 +233,12 @@ def _sim_weights_worker(overrides: list) -> list:
 
 
 @pytest.mark.slow
-def test_heterogeneous_simulated_equals_distributed_dp2(small_corpus: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("grassmann", [0, 2])
+def test_heterogeneous_simulated_equals_distributed_dp2(small_corpus: Path, tmp_path: Path, grassmann: int) -> None:
     """dp = 2 (pp = 1, the subspace codec after layer 1 on replica 0): run_simulated gives the trainer's
-    per-replica parameters and buffers bit for bit, at step 5 (mid inner loop, after two syncs)."""
-    ovr = HET + ["model.codec.boundaries=[1]"]
+    per-replica parameters and buffers bit for bit, at step 5 (mid inner loop, after two syncs), with and
+    without Grassmann updates of the shared U at every sync."""
+    ovr = HET + ["model.codec.boundaries=[1]", f"sparseloco.grassmann_every={grassmann}"]
     dist_out = run_distributed(_het_train_worker, 2, _small_overrides(small_corpus, tmp_path / "t", 2, 1, 1, 5) + ovr,
                                None, 0)
     sim = run_distributed(_sim_weights_worker, 1, _small_overrides(small_corpus, tmp_path / "s", 2, 1, 1, 5) + ovr)[0]
@@ -289,3 +307,46 @@ def test_heterogeneous_replicas_under_per_step_averaging(small_corpus: Path, tmp
     shared = [k for k in sim[1] if k in sim[0] and "hub" not in k]
     assert len(shared) >= 10 and all(torch.equal(sim[0][k], sim[1][k]) for k in shared)
     assert "decoder.1.pp_block.boundary_encoder.hub.fixed" in sim[0]
+
+
+def test_shared_grassmann_update_matches_a_plain_torch_step_on_the_mean_gram() -> None:
+    """Two replicas' hubs (simulated mode): the update averages A over the decoders of the LAST boundary
+    (a decoder of an earlier boundary is ignored), both hubs take one U equal to a plain-torch Riemannian
+    step + QR retraction on that mean, U stays orthonormal, the objective decreases, A resets."""
+    from nanotron_ext.config.schema import ModelConfig
+    from nanotron_ext.subspace.basis import hub_for
+    from nanotron_ext.subspace.codec import SubspaceDecoder
+    from nanotron_ext.subspace.grassmann import grassmann_update
+
+    def cfg() -> ModelConfig:
+        c = ModelConfig(vocab_size=64, hidden_size=16, ffn_size=32, num_heads=2, num_kv_heads=2, num_layers=3,
+                        tie_embeddings=False)
+        c.subspace.k, c.subspace.grassmann_lr = 4, 0.3
+        return c
+
+    hubs = [hub_for(cfg()), hub_for(cfg())]
+    g = torch.Generator().manual_seed(5)
+    grams = []
+    for hub in hubs:
+        dec = SubspaceDecoder(hub, boundary=2, accumulate=True)
+        x = torch.randn(40, 16, generator=g, dtype=torch.float64)
+        dec.grad_gram.copy_((x.T @ x).float())
+        grams.append(dec.grad_gram.double().clone())
+    early = SubspaceDecoder(hubs[0], boundary=1, accumulate=True)
+    early.grad_gram.fill_(1e6)  # not the last boundary: must not count
+    u = hubs[0].basis.double().clone()
+    assert grassmann_update(hubs, move_weights=False)
+
+    a = (grams[0] + grams[1]) / 2
+    a = a / torch.linalg.eigvalsh(a)[-1]
+    egrad = -2 * a @ u
+    xi = egrad - u @ (u.T @ egrad)
+    q, r = torch.linalg.qr(u - 0.3 * xi)
+    want = q * torch.sign(torch.diagonal(r))
+    for hub in hubs:
+        torch.testing.assert_close(hub.basis.double(), want, rtol=0, atol=1e-6)
+        torch.testing.assert_close(hub.basis.T @ hub.basis, torch.eye(4), rtol=0, atol=1e-6)
+        assert all(not dec.grad_gram.any() for dec in hub.decoders)
+    assert torch.allclose(u.T @ xi, torch.zeros(4, 4, dtype=torch.float64), atol=1e-5)  # U is fp32-orthonormal
+    f = lambda b: torch.trace(a) - torch.trace(b.T @ a @ b)  # noqa: E731
+    assert f(hubs[0].basis.double()) < f(u)

@@ -301,14 +301,14 @@ class SparseLoCoConfig:
     modified_adamw: bool = False
     """Heterogeneous: compressed replicas step their output projections with the subspace modified AdamW."""
     grassmann_every: int = 0
-    """Heterogeneous: Grassmann updates of U every N inner steps (0 = fixed random U). Not supported yet."""
+    """Heterogeneous: Grassmann updates of the one U all replicas share, every N inner steps (a multiple of
+    inner_steps: the update runs at an outer sync, from A averaged over the compressed replicas; step size
+    and reset under model.subspace). 0 = the fixed random U (the paper's default)."""
 
     def __post_init__(self) -> None:
         k = "sparseloco"
         require(all(r >= 0 for r in self.compressed_replicas), f"{k}.compressed_replicas",
                 f"must list DP ranks >= 0, got {self.compressed_replicas}")
-        require(self.grassmann_every == 0, f"{k}.grassmann_every", "Grassmann updates are not supported with "
-                "SparseLoCo yet: each replica's U would follow its own gradients and the replicas would diverge")
         require(self.inner_steps >= 1, f"{k}.inner_steps", f"must be >= 1, got {self.inner_steps}")
         require(self.chunk >= 1 and int(self.chunk**0.5) ** 2 == self.chunk, f"{k}.chunk",
                  f"must be a perfect square (2-D tiles are square), got {self.chunk}")
@@ -319,6 +319,11 @@ class SparseLoCoConfig:
                  f"{self.index_bits} bits cannot address {k}.chunk={self.chunk} positions")
         require(self.outer_lr > 0, f"{k}.outer_lr", f"must be > 0, got {self.outer_lr}")
         require(0 <= self.outer_momentum < 1, f"{k}.outer_momentum", f"must be in [0, 1), got {self.outer_momentum}")
+        require(self.grassmann_every >= 0 and self.grassmann_every % self.inner_steps == 0, f"{k}.grassmann_every",
+                f"must be 0 or a multiple of {k}.inner_steps={self.inner_steps} (updates run at outer syncs), "
+                f"got {self.grassmann_every}")
+        require(not self.grassmann_every or self.compressed_replicas, f"{k}.grassmann_every",
+                f"needs {k}.compressed_replicas (the compressed replicas' gradients drive U)")
 
 
 @dataclasses.dataclass(kw_only=True)

@@ -24,7 +24,7 @@ Paper -> code:
 - sec. 2.4 embedding adaptation (T_S = T U U^T, T_fixed = T - T U U^T; after every sync fold
   T_S - T_S U U^T into T_fixed): hetero.split_, hetero.adapt_, run by hetero.HeteroHook (an
   outer.ReplicaHook) in both drivers; Table 4 switches sparseloco.embedding_adaptation / weight_projection /
-  modified_adamw (mapped onto model.subspace); Grassmann (sparseloco.grassmann_every) is rejected for now.
+  modified_adamw (mapped onto model.subspace); Grassmann (sparseloco.grassmann_every) updates one U shared by all replicas at outer syncs.
   Tables: reproduce/het_sparseloco/README.md
 """
 from nanotron_ext.sparseloco import hetero, outer  # noqa: F401  (register "sparseloco" and its replica configs)

@@ -11,15 +11,21 @@ all inside one SparseLoCo outer loop.
 - Embedding adaptation (sec. 2.4, `split_`, `adapt_`): at start T_S = T U U^T, T_fixed = T - T U U^T;
   after every outer sync T_fixed += T_S - T_S U U^T, T_S <- T_S U U^T. The sum is unchanged and, as the
   synced T_S is identical on every replica, so is T_fixed: every replica starts each inner loop identical.
-- `HeteroHook` runs the adaptation at "after_sync" in both drivers (SparseLoCoSync, SimulatedReplicas)
-  and copies T_fixed from the embedding's stage to the later stages of a compressed pipeline (their codec
+- Grassmann updates with one U shared by all replicas (`sparseloco.grassmann_every`, Table 4c): the
+  compressed replicas' last codec decoders accumulate A = sum G^T G during the inner steps; at every
+  outer sync that ends a multiple of grassmann_every inner steps, A is averaged over them (one world
+  all-reduce; in the simulated mode over the in-process hubs), every replica takes the same new U
+  (nanotron_ext.subspace.grassmann.grassmann_update without moving weights, which must stay identical
+  across replicas), and embedding adaptation then re-splits the synced table on the new U.
+- `HeteroHook` runs the Grassmann update and the adaptation at "after_sync" in both drivers (SparseLoCoSync,
+  SimulatedReplicas) and copies T_fixed from the embedding's stage to the later stages of a compressed pipeline (their codec
   decoders rebuild X = Z U^T + T_fixed[ids]): one dense V x d broadcast over the replica's pp group per
   outer sync, not counted in the SparseLoCo payload (a cost of this implementation, once per H steps).
 """
 from __future__ import annotations
 
 import copy
-from typing import Dict, Optional, Sequence
+from typing import Callable, Dict, Optional, Sequence
 
 import torch
 from nanotron import distributed as dist
@@ -29,6 +35,7 @@ from nanotron_ext.config.schema import Config, ConfigError
 from nanotron_ext.registry import REPLICA_CONFIGS
 from nanotron_ext.subspace.basis import SubspaceHub, hub_for
 from nanotron_ext.subspace.embedding import AdaptedSplitEmbedding
+from nanotron_ext.subspace.grassmann import grassmann_update
 
 
 @REPLICA_CONFIGS.register("sparseloco")
@@ -48,8 +55,8 @@ def replica_model_config(cfg: Config, replica: int) -> Config:
             raise ConfigError(f"{key}={value!r}: with sparseloco.compressed_replicas the per-replica model is set "
                               f"by sparseloco; leave {key} at {default!r}")
     if m.subspace.grassmann_every:
-        raise ConfigError("model.subspace.grassmann_every: not supported with sparseloco.compressed_replicas "
-                          "(each replica's U would follow its own gradients)")
+        raise ConfigError("model.subspace.grassmann_every: with sparseloco.compressed_replicas each replica's U "
+                          "would follow its own gradients; set sparseloco.grassmann_every (one U for all replicas)")
     out = copy.deepcopy(cfg)  # a new ModelConfig object: hub_for gives this replica its own hub
     om = out.model
     om.embedding.kind = "subspace_adapted"
@@ -59,6 +66,7 @@ def replica_model_config(cfg: Config, replica: int) -> Config:
         om.subspace.parameterisation = "projection"  # same parameter shapes as the uncompressed replicas
         om.subspace.reproject = s.weight_projection
         om.subspace.modified_adamw = s.modified_adamw
+        om.subspace.grassmann_every = s.grassmann_every  # its decoders accumulate A; HeteroHook times the update
     return out
 
 
@@ -95,8 +103,11 @@ class HeteroHook:
 
     def __init__(self, cfg: Config, hubs: Dict[int, SubspaceHub],
                  embeddings: Dict[int, Optional[AdaptedSplitEmbedding]],
-                 pp_pg: Optional[dist.ProcessGroup] = None) -> None:
-        self.cfg, self.hubs, self.embeddings, self.pp_pg = cfg, hubs, embeddings, pp_pg
+                 pp_pg: Optional[dist.ProcessGroup] = None, syncs: Optional[Callable[[], int]] = None) -> None:
+        """`syncs()`: outer syncs done so far, the one just applied included (the driver's SparseLoCoOuter.syncs)."""
+        self.cfg, self.hubs, self.embeddings, self.pp_pg, self.syncs = cfg, hubs, embeddings, pp_pg, syncs
+        for hub in hubs.values():
+            hub.grassmann_in_step = False  # updates happen at outer syncs, for all replicas at once
 
     def start(self, replica: int) -> None:
         """The initial split (every replica computes the same one from the same initial T)."""
@@ -106,12 +117,22 @@ class HeteroHook:
         self._share_fixed(replica)
 
     def __call__(self, replica: int, params: Sequence[torch.Tensor], moment: str) -> None:
-        if moment != "after_sync" or not self.cfg.sparseloco.embedding_adaptation:
+        if moment != "after_sync":
+            return
+        if replica == min(self.hubs) and self._grassmann_due():  # once per sync, before any replica adapts
+            grassmann_update(list(self.hubs.values()), move_weights=False)
+        if not self.cfg.sparseloco.embedding_adaptation:
             return
         emb = self.embeddings[replica]
         if emb is not None:
             adapt_(emb)
         self._share_fixed(replica)
+
+    def _grassmann_due(self) -> bool:
+        every = self.cfg.sparseloco.grassmann_every
+        if not every or self.syncs is None:
+            return False
+        return self.syncs() * self.cfg.sparseloco.inner_steps % every == 0
 
     def _share_fixed(self, replica: int) -> None:
         # later stages of a compressed pipeline decode with T_fixed: take the embedding stage's copy
@@ -120,11 +141,12 @@ class HeteroHook:
         dist.broadcast(self.hubs[replica].fixed, src=dist.get_global_rank(self.pp_pg, 0), group=self.pp_pg)
 
 
-def hetero_hook(cfg: Config, models: Dict[int, nn.Module], pp_pg: Optional[dist.ProcessGroup] = None) -> HeteroHook:
+def hetero_hook(cfg: Config, models: Dict[int, nn.Module], pp_pg: Optional[dist.ProcessGroup] = None,
+                syncs: Optional[Callable[[], int]] = None) -> HeteroHook:
     """The hook for replicas `models` (replica -> this process's model of it), each built from
-    replica_model_config(cfg, replica), with the initial split done."""
+    replica_model_config(cfg, replica), with the initial split done; `syncs` as in HeteroHook."""
     hubs = {r: hub_for(m.cfg) for r, m in models.items()}
-    hook = HeteroHook(cfg, hubs, {r: find_embedding(m) for r, m in models.items()}, pp_pg)
+    hook = HeteroHook(cfg, hubs, {r: find_embedding(m) for r, m in models.items()}, pp_pg, syncs)
     for r in models:
         hook.start(r)
     return hook

@@ -109,7 +109,8 @@ class SparseLoCoSync(DataParallelSync):
         self.hooks: List[ReplicaHook] = []
         if cfg is not None and cfg.sparseloco.compressed_replicas:  # heterogeneous: split the table first
             from nanotron_ext.sparseloco.hetero import hetero_hook
-            self.hooks.append(hetero_hook(cfg, {self.replica: model}, getattr(model, "_pp_pg", None)))
+            self.hooks.append(hetero_hook(cfg, {self.replica: model}, getattr(model, "_pp_pg", None),
+                                          syncs=lambda: self.outer.syncs))
         self.outer = SparseLoCoOuter(self.params, self.scfg)
         self.error = self.outer.new_error()
 

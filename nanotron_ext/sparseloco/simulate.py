@@ -92,7 +92,7 @@ def run_simulated(cfg: Config, replicas: int, mode: Literal["sparseloco", "dense
                 for m in models[1:]:
                     for p, p0 in zip(trainable(m), trainable(models[0])):
                         p.copy_(p0)
-        hook = hetero_hook(cfg, dict(enumerate(models)))
+        hook = hetero_hook(cfg, dict(enumerate(models)), syncs=lambda: sim.outer.syncs)
         if sim is not None:
             sim.outer = SparseLoCoOuter(sim.params[0], cfg.sparseloco)  # global weights after the split
             sim.hooks.append(hook)

@@ -49,6 +49,8 @@ class SubspaceHub(nn.Module):
         self.low_rank_tables: List[nn.Module] = []  # split embeddings: T_S [V, k] in U coordinates
         self.constrained: List[nn.Module] = []  # output projections in span(U) (full weight or W_small)
         self.decoders: List[nn.Module] = []  # codec decoders that accumulate A = sum G^T G
+        # False when another driver times the Grassmann updates (heterogeneous SparseLoCo: at outer syncs)
+        self.grassmann_in_step = True
 
     @property
     def k(self) -> int:

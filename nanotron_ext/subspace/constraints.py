@@ -99,5 +99,5 @@ class SubspaceConstraint(OutputConstraint):
         if layer_idx == max(self.layers):  # once per optimiser step on every rank
             self.hub.steps += 1
             every = self.sub.grassmann_every
-            if every and int(self.hub.steps) % every == 0:
-                grassmann_update(self.hub)
+            if every and self.hub.grassmann_in_step and int(self.hub.steps) % every == 0:
+                grassmann_update([self.hub])

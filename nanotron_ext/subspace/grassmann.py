@@ -13,7 +13,9 @@ Choices the paper leaves open (documented, and options in model.subspace):
 - A resets after each update (grassmann_reset) and is kept in checkpoints (each decoder's buffer);
 - agreement: A is summed over all ranks (ranks without that boundary add zeros; TP/DP copies are
   averaged) with one all-reduce, so every rank computes the same new U from the same numbers instead of
-  receiving a broadcast (d*d floats per update);
+  receiving a broadcast (d*d + 1 float64 per update, counted by the ledger as a world all-reduce). Several
+  hubs in one process (simulated replicas of heterogeneous SparseLoCo) are averaged the same way and all
+  take the one new U;
 - the model follows the new basis: W_small <- U_new^T U_old W_small, full W <- U_new U_new^T W,
   T_S <- T_S U_old^T U_new (each projection of the old in-span part onto the new span), so the
   compressed model stays exact (equal to the uncompressed model with the moved weights). Optimiser
@@ -21,8 +23,10 @@ Choices the paper leaves open (documented, and options in model.subspace):
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
-import torch.distributed as torch_dist
+from nanotron import distributed as dist
 
 from nanotron_ext.subspace.basis import SubspaceHub
 
@@ -53,21 +57,22 @@ def grassmann_step(a: torch.Tensor, u: torch.Tensor, lr: float) -> torch.Tensor:
     return retract(u.double() - lr * riemannian_grad(a / top, u.double())).to(u.dtype)
 
 
-def _agreed_gram(hub: SubspaceHub) -> torch.Tensor:
-    """A of the last codec boundary, identical on every rank (zeros when no boundary accumulates)."""
-    d = hub.basis.shape[0]
-    mine = max((dec.boundary for dec in hub.decoders), default=-1)
-    last = torch.tensor([mine], dtype=torch.int64)
-    distributed = torch_dist.is_available() and torch_dist.is_initialized() and torch_dist.get_world_size() > 1
+def agreed_gram(hubs: Sequence[SubspaceHub]) -> torch.Tensor:
+    """The mean A of the last codec boundary over every decoder of `hubs` on every rank, identical on
+    every rank (zeros when none accumulates). Sent through nanotron.distributed: the ledger counts it."""
+    d = hubs[0].basis.shape[0]
+    decoders = [dec for hub in hubs for dec in hub.decoders]
+    last = torch.tensor([max((dec.boundary for dec in decoders), default=-1)], dtype=torch.int64)
+    distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
     if distributed:
-        torch_dist.all_reduce(last, op=torch_dist.ReduceOp.MAX)
-    buf = torch.zeros(d * d + 1, dtype=torch.float64, device=hub.basis.device)
-    for dec in hub.decoders:
+        dist.all_reduce(last, op=dist.ReduceOp.MAX)
+    buf = torch.zeros(d * d + 1, dtype=torch.float64, device=hubs[0].basis.device)
+    for dec in decoders:
         if dec.boundary == int(last):
             buf[:-1] += dec.grad_gram.double().flatten()
             buf[-1] += 1
     if distributed:
-        torch_dist.all_reduce(buf)
+        dist.all_reduce(buf)
     count = float(buf[-1])
     return buf[:-1].view(d, d) / count if count else torch.zeros(d, d, dtype=torch.float64)
 
@@ -89,13 +94,21 @@ def move_onto(hub: SubspaceHub, u_new: torch.Tensor) -> None:
 
 
 @torch.no_grad()
-def grassmann_update(hub: SubspaceHub) -> bool:
-    """Every rank calls this at the same step; returns False when no boundary accumulated anything."""
-    a = _agreed_gram(hub)
-    if hub.cfg.subspace.grassmann_reset:
-        for dec in hub.decoders:
-            dec.grad_gram.zero_()
+def grassmann_update(hubs: Sequence[SubspaceHub], move_weights: bool = True) -> bool:
+    """Every rank calls this at the same step with its hubs (all holding the same U); returns False when no
+    decoder accumulated anything. `move_weights=False` replaces U only (heterogeneous SparseLoCo: the
+    replicas' weights must stay identical, and embedding adaptation re-splits the table on the new U)."""
+    a = agreed_gram(hubs)
+    for hub in hubs:
+        if hub.cfg.subspace.grassmann_reset:
+            for dec in hub.decoders:
+                dec.grad_gram.zero_()
     if not torch.any(a != 0):
         return False
-    move_onto(hub, grassmann_step(a.to(hub.basis.device), hub.basis, hub.cfg.subspace.grassmann_lr))
+    u_new = grassmann_step(a.to(hubs[0].basis.device), hubs[0].basis, hubs[0].cfg.subspace.grassmann_lr)
+    for hub in hubs:
+        if move_weights:
+            move_onto(hub, u_new)
+        else:
+            hub.basis.copy_(u_new)
     return True

@@ -1,0 +1,212 @@
+"""The shared harness of this folder's table scripts: each row is M simulated SparseLoCo (or dense) replicas
+in one process (nanotron_ext.sparseloco.simulate.run_simulated, equal to the distributed trainer bit for
+bit), trained once per seed; a table is a dict of rows, reported as the mean and spread of the final
+validation loss over seeds, with the paper's number beside ours.
+
+CPU_SCALE is the scale every table here runs at unless the command line overrides it: tiny Llama
+(d = 128, 4 layers, vocab 4096), the subspace codec after every layer but the last (a 4-stage pipeline on
+one process), M = 4 replicas, sequence 64, micro-batch 4, 300 inner steps with H = 10 (30 outer syncs),
+k = 32 of 4096, warm-up 30, cosine decay; about 45 s per run on one core.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Dict, List, Literal, Mapping, Optional, Sequence, Tuple
+
+from nanotron_ext.config.loader import load_config
+from nanotron_ext.sparseloco.simulate import run_simulated
+
+CONFIG_FILE = "examples/config_tiny_het_sparseloco.yaml"
+CPU_SCALE = ["tokens.train_steps=300", "sparseloco.inner_steps=10", "optimizer.warmup_steps=30",
+             "tokens.sequence_length=64", "tokens.micro_batch_size=4", "tokens.batch_accumulation_per_replica=1",
+             "tokens.val_steps=8", "model.codec.boundaries=every_layer"]
+Mode = Literal["sparseloco", "dense"]
+Row = Tuple[Mode, List[str]]  # (outer loop, overrides on top of the table's base)
+
+
+def parser(doc: str) -> argparse.ArgumentParser:
+    """The options every table script takes."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config-file", default=CONFIG_FILE)
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="on top of CPU_SCALE (see reproduce/het_sparseloco/sim_rows.py)")
+    p.add_argument("--replicas", type=int, default=4)
+    p.add_argument("--compressed", type=int, default=2, help="compressed replicas in the heterogeneous rows")
+    p.add_argument("--ratio", type=int, default=8, help="pipeline compression d/k of the compressed replicas")
+    p.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44])
+    p.add_argument("--rows", nargs="+", help="a subset of the table's rows (default: all)")
+    p.add_argument("--out", type=Path, required=True, help="writes <out>.json and <out>.png")
+    return p
+
+
+def base_overrides(args: argparse.Namespace) -> List[str]:
+    """CPU_SCALE + the command line + M replicas + k = d / ratio (names the key when d is not divisible)."""
+    base = CPU_SCALE + args.overrides + [f"parallelism.dp={args.replicas}"]
+    d = load_config(args.config_file, base).model.hidden_size
+    if d % args.ratio:
+        raise SystemExit(f"--ratio: model.hidden_size {d} is not divisible by {args.ratio}")
+    return base + [f"model.subspace.k={d // args.ratio}"]
+
+
+def replicas(n: int) -> str:
+    """The override that compresses the first n replicas."""
+    return f"sparseloco.compressed_replicas={list(range(n))}"
+
+
+def run_row(config_file: str, overrides: Sequence[str], n_replicas: int, mode: Mode = "sparseloco") -> Dict[str, object]:
+    """One training run: per-step mean train loss, final validation loss, bytes per replica per sync, wall time."""
+    cfg = load_config(config_file, list(overrides))
+    t0 = time.perf_counter()
+    out = run_simulated(cfg, n_replicas, mode, config_file)
+    return {"train_loss": out["train_loss"], "val_loss": out["val_loss"], "sync_bytes": out["sync_bytes"][:1],
+            "wall_s": time.perf_counter() - t0, "overrides": list(overrides), "mode": mode}
+
+
+def run_table(args: argparse.Namespace, rows: Mapping[str, Row], paper: Mapping[str, Optional[float]],
+              title: str, extra_meta: Optional[Dict[str, object]] = None) -> Dict[str, Dict[str, object]]:
+    """Every row x seed (a row already in <out>.json with the same overrides and seed is kept, so a stopped
+    sweep resumes); writes <out>.json after each run and <out>.png at the end; returns the summaries."""
+    base = base_overrides(args)
+    path = args.out.with_suffix(".json")
+    done = json.loads(path.read_text())["runs"] if path.exists() else {}
+    earlier = _runs_of_other_tables(path)
+    names = args.rows or list(rows)
+    unknown = sorted(set(names) - set(rows))
+    if unknown:
+        raise SystemExit(f"--rows: unknown {unknown}; this table has {list(rows)}")
+    for name in names:
+        mode, extra = rows[name]
+        for seed in args.seeds:
+            key = f"{name} | seed {seed}"
+            ovr = base + extra + [f"general.seed={seed}"]
+            if key in done and done[key]["overrides"] == ovr and done[key]["mode"] == mode:
+                continue
+            same = {**earlier, **{(r["mode"], tuple(r["overrides"])): r for r in done.values()}}
+            if (mode, tuple(ovr)) in same:  # the same run in another row or table here (Table 1's rows in 4)
+                done[key] = same[(mode, tuple(ovr))]
+                continue
+            done[key] = run_row(args.config_file, ovr, args.replicas, mode)
+            print(f"{name:<34} seed {seed}  val {done[key]['val_loss']:.4f}  ({done[key]['wall_s']:.0f} s)", flush=True)
+            _write(path, args, base, done, rows, paper, title, extra_meta)
+    summary = _write(path, args, base, done, rows, paper, title, extra_meta)
+    _print(summary, paper)
+    _plot(summary, paper, args.out.with_suffix(".png"), title)
+    return summary
+
+
+def _runs_of_other_tables(path: Path) -> Dict[Tuple[str, Tuple[str, ...]], Dict[str, object]]:
+    """Runs already stored by the other tables of this folder, by (mode, overrides)."""
+    found: Dict[Tuple[str, Tuple[str, ...]], Dict[str, object]] = {}
+    for other in sorted(path.parent.glob("*.json")):
+        if other == path:
+            continue
+        try:
+            runs = json.loads(other.read_text()).get("runs", {})
+        except (json.JSONDecodeError, AttributeError):
+            continue
+        for run in runs.values() if isinstance(runs, dict) else ():
+            if isinstance(run, dict) and "overrides" in run and "mode" in run:
+                found[(run["mode"], tuple(run["overrides"]))] = run
+    return found
+
+
+def summarise(runs: Mapping[str, Dict[str, object]], rows: Mapping[str, Row], seeds: Sequence[int]) -> Dict[str, Dict[str, object]]:
+    """Per row: validation losses per seed, their mean and sample standard deviation."""
+    out: Dict[str, Dict[str, object]] = {}
+    for name in rows:
+        vals = [runs[f"{name} | seed {s}"]["val_loss"] for s in seeds if f"{name} | seed {s}" in runs]
+        if vals:
+            out[name] = {"val_loss": vals, "mean": statistics.fmean(vals),
+                         "std": statistics.stdev(vals) if len(vals) > 1 else None, "seeds": len(vals)}
+    return out
+
+
+def paired_delta(runs: Mapping[str, Dict[str, object]], row: str, than: str, seeds: Sequence[int]) -> Optional[Tuple[float, float]]:
+    """Mean over seeds of val(row) - val(than), seed by seed (same data order and init), and its standard
+    error; None unless both rows ran on at least two common seeds."""
+    diffs = [runs[f"{row} | seed {s}"]["val_loss"] - runs[f"{than} | seed {s}"]["val_loss"] for s in seeds
+             if f"{row} | seed {s}" in runs and f"{than} | seed {s}" in runs]
+    if len(diffs) < 2:
+        return None
+    return statistics.fmean(diffs), statistics.stdev(diffs) / len(diffs) ** 0.5
+
+
+def print_deltas(args: argparse.Namespace, pairs: Sequence[Tuple[str, str, str]],
+                 paper: Mapping[str, Optional[float]]) -> List[Dict[str, object]]:
+    """For each (row, than, paper's ordering ">" / "<" / "="): our paired difference, the paper's, and whether
+    the ordering held ("=" holds when |mean| <= 2 s.e.); the lines are stored in <out>.json as "orderings"."""
+    path = args.out.with_suffix(".json")
+    data = json.loads(path.read_text())
+    out = []
+    for row, than, claim in pairs:
+        d = paired_delta(data["runs"], row, than, args.seeds)
+        p = None if paper.get(row) is None or paper.get(than) is None else round(paper[row] - paper[than], 4)
+        if d is None:
+            held = None
+        elif claim == "=":
+            held = abs(d[0]) <= 2 * d[1]
+        else:
+            held = d[0] > 2 * d[1] if claim == ">" else d[0] < -2 * d[1]
+        out.append({"row": row, "than": than, "paper_delta": p, "claimed": claim, "ours_delta": d and d[0],
+                    "ours_se": d and d[1], "held": held})
+        verdict = {True: "held", False: "NOT held", None: "not measured"}[held]
+        ours = "-" if d is None else f"{d[0]:+.4f} +- {d[1]:.4f} (s.e.)"
+        print(f"{row} vs {than}: paper {'-' if p is None else f'{p:+.2f}'}, ours {ours}; claimed {claim}: {verdict}")
+    data["orderings"] = out
+    path.write_text(json.dumps(data, indent=1))
+    return out
+
+
+def _write(path: Path, args: argparse.Namespace, base: List[str], runs: Dict[str, Dict[str, object]],
+           rows: Mapping[str, Row], paper: Mapping[str, Optional[float]], title: str,
+           extra_meta: Optional[Dict[str, object]]) -> Dict[str, Dict[str, object]]:
+    summary = summarise(runs, rows, args.seeds)
+    meta = {"title": title, "config_file": args.config_file, "base_overrides": base, "replicas": args.replicas,
+            "compressed_in_het": args.compressed, "ratio": args.ratio, "seeds": args.seeds,
+            "device": "CPU (2 cores), gloo", "date": datetime.date.today().isoformat(),
+            "rows": {n: {"mode": m, "overrides": o} for n, (m, o) in rows.items()}, "paper": dict(paper),
+            **(extra_meta or {})}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"meta": meta, "summary": summary, "runs": runs}, indent=1))
+    return summary
+
+
+def _print(summary: Mapping[str, Dict[str, object]], paper: Mapping[str, Optional[float]]) -> None:
+    print(f"{'row':<34} {'paper':>7} {'ours (mean)':>12} {'std':>8}  per seed")
+    for name, s in summary.items():
+        p = paper.get(name)
+        std = "-" if s["std"] is None else f"{s['std']:.4f}"
+        print(f"{name:<34} {'-' if p is None else f'{p:.2f}':>7} {s['mean']:>12.4f} {std:>8}  "
+              + " ".join(f"{v:.4f}" for v in s["val_loss"]))
+
+
+def _plot(summary: Mapping[str, Dict[str, object]], paper: Mapping[str, Optional[float]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(summary)
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 0.45 * len(names) + 2))
+    means = [summary[n]["mean"] for n in names]
+    ax.barh(names, means, xerr=[summary[n]["std"] or 0 for n in names], color="tab:blue")
+    for i, n in enumerate(names):
+        ax.plot(summary[n]["val_loss"], [i] * len(summary[n]["val_loss"]), "k.", ms=4)
+    lo = min(min(summary[n]["val_loss"]) for n in names)
+    ax.set_xlim(lo - 0.05, max(max(summary[n]["val_loss"]) for n in names) + 0.05)
+    ax.invert_yaxis()
+    ax.set_xlabel("ours: final validation loss (mean, std, seeds as dots)")
+    known = [n for n in names if paper.get(n) is not None]
+    bx.barh(known, [paper[n] for n in known], color="tab:gray")
+    bx.set_xlim(min(paper[n] for n in known) - 0.1, max(paper[n] for n in known) + 0.1)
+    bx.invert_yaxis()
+    bx.set_xlabel("paper: final training loss")
+    fig.suptitle(f"{title} - CPU (2 cores), gloo, {datetime.date.today().isoformat()}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
