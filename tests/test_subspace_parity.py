@@ -263,3 +263,31 @@ def test_grassmann_update_keeps_u_orthonormal_decreases_f_and_the_model_exact(pa
     assert r["saved_u"], "U is a checkpointed buffer"
     if parameterisation == "reparam":
         assert r["worst"] <= 1e-5, r
+
+
+def _state_worker() -> dict:
+    """Bytes of unique parameters and buffers of the uncompressed and the SM model (projection: same
+    output projections), single process, codec after every block but the last."""
+    from nanotron_ext.models.build import build_model
+    from nanotron_ext.parallel.context import build_parallel_context
+
+    ctx = build_parallel_context(dp=1, tp=1, pp=1, backend="gloo")
+    out = {}
+    for name, cfg in (("plain", _cfg(1, 1, "1f1b", {}, "every_layer", codec="identity")),
+                      ("sm", _cfg(1, 1, "1f1b", {"parameterisation": "projection"}, "every_layer"))):
+        if name == "plain":
+            cfg.model.embedding.kind, cfg.model.output_constraint.kind = "standard", "none"
+        model = build_model(cfg, ctx)
+        unique = lambda ts: {id(t): t for t in ts}.values()  # noqa: E731 - the hub is shared by many modules
+        out[name] = {kind: sum(t.numel() * t.element_size() for t in unique(ts))
+                     for kind, ts in (("params", model.parameters()), ("buffers", model.buffers()))}
+    return out
+
+
+def test_sm_memory_overhead_is_t_fixed_and_u_and_the_smaller_token_table() -> None:
+    """Table 3 (appendix 8.8) at its root: the state SM adds is the fixed table T_fixed (V x d) and U (d x k),
+    in buffers (and the hub's 8-byte step counter), nothing else; the trained token table shrinks from V x d to V x k (closed forms, fp32)."""
+    r = run_distributed(_state_worker, 1)[0]
+    v, d = MODEL["vocab_size"], MODEL["hidden_size"]
+    assert r["sm"]["buffers"] - r["plain"]["buffers"] == 4 * (v * d + d * K) + 8  # + the int64 step counter
+    assert r["plain"]["params"] - r["sm"]["params"] == 4 * v * (d - K)

@@ -1,7 +1,7 @@
 """Table 1 at CPU scale: SparseLoCo alone, with every replica's pipeline compressed (PP-Compress) and with
 half of the replicas compressed (Het-PP-Compress 1/2), at the paper's 87.5% compression (d/k = 8), plus the
 paper's "tuned" variants (outer lr 0.8 and a warm-up of 20% of the steps, the paper's 3910 of 19.5K).
-Simulated replicas (reproduce/het_sparseloco/sim_rows.py: M = 4, H = 3, 60 steps, several seeds).
+Simulated replicas (reproduce/het_sparseloco/common.py: M = 4, H = 3, 60 steps, several seeds).
 
     python reproduce/het_sparseloco/table1_main.py --out reproduce/het_sparseloco/table1_cpu
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 from nanotron_ext.config.loader import load_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sim_rows import base_overrides, parser, print_deltas, replicas, run_table  # noqa: E402
+from common import base_overrides, parser, print_deltas, replicas, run_table  # noqa: E402
 
 # Paper Table 1, 512M column (final training loss, DCLM); the 178M column is 3.07 / 3.14 / 3.12
 PAPER = {"SparseLoCo": 2.73, "+ PP-Compress": 2.84, "+ PP-Compress (tuned)": 2.82,

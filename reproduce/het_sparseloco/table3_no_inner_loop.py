@@ -1,7 +1,7 @@
 """Table 3 at CPU scale: the same pipeline compression without SparseLoCo's inner loop (AdamW, gradients
 averaged over the M replicas every step), uniform and heterogeneous (1/2) at d/k = 8; and Table 3(a): the
 compressed SparseLoCo rows with 20% more tokens (steps) than the SparseLoCo baseline of Table 1.
-Simulated replicas (reproduce/het_sparseloco/sim_rows.py). The paper's AdamW rows use lr 3e-4 against
+Simulated replicas (reproduce/het_sparseloco/common.py). The paper's AdamW rows use lr 3e-4 against
 SparseLoCo's inner 1e-3; here every row keeps the config's learning rate.
 
     python reproduce/het_sparseloco/table3_no_inner_loop.py --out reproduce/het_sparseloco/table3_cpu
@@ -14,7 +14,7 @@ from pathlib import Path
 from nanotron_ext.config.loader import load_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sim_rows import base_overrides, parser, print_deltas, replicas, run_table  # noqa: E402
+from common import base_overrides, parser, print_deltas, replicas, run_table  # noqa: E402
 
 # Paper Table 3 (512M) and 3(a) (token budget 10B -> 12B); SparseLoCo baseline 2.73 (Table 1)
 PAPER = {"AdamW": 2.75, "AdamW + PP-Compression": 2.81, "AdamW + Het PP-Compression (1/2)": 2.83,

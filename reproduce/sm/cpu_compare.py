@@ -6,6 +6,9 @@ the same tiny Llama over PP=2 on the embedded corpus, trained for the same numbe
     decentralised    uncompressed, emulated slow link (--mbps, default 10 Mbit/s: see SLOW)
     sm               subspace codec (W = U W_small, k = d/8), slow link
     sm_projection_modadamw_grassmann   full weights + sec. 5 AdamW + Grassmann every 50 steps, slow link
+    sm_projection / sm_projection_modadamw / sm_grassmann   the ablations one at a time: full weights
+                   re-projected after every plain AdamW step; the same with the sec. 5 AdamW; W = U W_small
+                   with Grassmann updates every 50 steps
     topk / int4 / lowrank   lossy baselines at about the same ratio (8x), slow link
 
     .venv/bin/python reproduce/sm/cpu_compare.py [--steps 200] [--rows sm,topk] [--out reproduce/sm]
@@ -43,6 +46,10 @@ ROWS: Dict[str, List[str]] = {
     "sm_projection_modadamw_grassmann": SM + ["model.subspace.parameterisation=projection",
                                               "model.subspace.modified_adamw=true", "model.subspace.grassmann_every=50",
                                               SLOW],
+    "sm_projection": SM + ["model.subspace.parameterisation=projection", SLOW],
+    "sm_projection_modadamw": SM + ["model.subspace.parameterisation=projection", "model.subspace.modified_adamw=true",
+                                    SLOW],
+    "sm_grassmann": SM + ["model.subspace.grassmann_every=50", SLOW],
     "topk": ["model.codec.kind=topk", "model.codec.ratio=8", SLOW],
     "int4": ["model.codec.kind=int4", SLOW],
     "lowrank": ["model.codec.kind=lowrank", "model.codec.ratio=8", SLOW],

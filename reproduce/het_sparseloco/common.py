@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Dict, List, Literal, Mapping, Optional, Sequence, Tuple
 
 from nanotron_ext.config.loader import load_config
+from nanotron_ext.fileio import write_text_atomic
 from nanotron_ext.sparseloco.simulate import run_simulated
 
 CONFIG_FILE = "examples/config_tiny_het_sparseloco.yaml"
@@ -34,7 +35,7 @@ def parser(doc: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config-file", default=CONFIG_FILE)
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="on top of CPU_SCALE (see reproduce/het_sparseloco/sim_rows.py)")
+                   help="on top of CPU_SCALE (see reproduce/het_sparseloco/common.py)")
     p.add_argument("--replicas", type=int, default=4)
     p.add_argument("--compressed", type=int, default=2, help="compressed replicas in the heterogeneous rows")
     p.add_argument("--ratio", type=int, default=8, help="pipeline compression d/k of the compressed replicas")
@@ -73,7 +74,7 @@ def run_table(args: argparse.Namespace, rows: Mapping[str, Row], paper: Mapping[
     sweep resumes); writes <out>.json after each run and <out>.png at the end; returns the summaries."""
     base = base_overrides(args)
     path = args.out.with_suffix(".json")
-    done = json.loads(path.read_text())["runs"] if path.exists() else {}
+    done = json.loads(path.read_text()).get("runs", {}) if path.exists() else {}  # an older format: start anew
     earlier = _runs_of_other_tables(path)
     names = args.rows or list(rows)
     unknown = sorted(set(names) - set(rows))
@@ -158,7 +159,7 @@ def print_deltas(args: argparse.Namespace, pairs: Sequence[Tuple[str, str, str]]
         ours = "-" if d is None else f"{d[0]:+.4f} +- {d[1]:.4f} (s.e.)"
         print(f"{row} vs {than}: paper {'-' if p is None else f'{p:+.2f}'}, ours {ours}; claimed {claim}: {verdict}")
     data["orderings"] = out
-    path.write_text(json.dumps(data, indent=1))
+    write_text_atomic(path, json.dumps(data, indent=1))
     return out
 
 
@@ -172,7 +173,7 @@ def _write(path: Path, args: argparse.Namespace, base: List[str], runs: Dict[str
             "rows": {n: {"mode": m, "overrides": o} for n, (m, o) in rows.items()}, "paper": dict(paper),
             **(extra_meta or {})}
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"meta": meta, "summary": summary, "runs": runs}, indent=1))
+    write_text_atomic(path, json.dumps({"meta": meta, "summary": summary, "runs": runs}, indent=1))
     return summary
 
 
