@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from nanotron_ext.bench.report import run_meta, write_rows
 
@@ -110,6 +110,24 @@ def add_run_args(parser: argparse.ArgumentParser, iters: int, warmup: int) -> No
     parser.add_argument("--configs", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--names", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--result-file", help=argparse.SUPPRESS)
+
+
+def early_phase(args: argparse.Namespace, worker: Callable[[argparse.Namespace], Optional[Dict[str, Any]]],
+                publish_saved: Callable[[Dict[str, Any]], int], check_iters: bool = True) -> Optional[int]:
+    """The phases every one-job script shares before it launches anything: under torchrun (--worker) run
+    `worker` and write what it returns (None: it wrote its own result); with --from-json re-render a saved
+    result; otherwise check --iters > --warmup. Returns the exit code when the script is done, None when
+    it should go on to launch the job."""
+    if args.worker:
+        result = worker(args)
+        if result is not None:
+            write_worker_result(args.result_file, result)
+        return 0
+    if args.from_json:
+        return publish_saved(read_result(args.from_json))
+    if check_iters and args.iters <= args.warmup:
+        raise SystemExit(f"--iters ({args.iters}) must exceed --warmup ({args.warmup})")
+    return None
 
 
 def run_job(script: str | Path, named_cfgs: Mapping[str, Any], worker_args: Sequence[str],

@@ -127,14 +127,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--peak-size", type=int, default=1024,
                    help="largest square reference GEMM (sizes halve down to 256); 100%% = best FLOP/s of any call")
     args = p.parse_args(own)
-    if args.worker:
-        bl.write_worker_result(args.result_file, measure_worker(args))
-        return 0
     if args.out is None:
         args.out = "runs/boost/fig7_compute.png"
-    if args.from_json:
-        saved = bl.read_result(args.from_json)
-        return publish(saved["rows"], saved["meta"], args.out)
+    done = bl.early_phase(args, measure_worker, lambda saved: publish(saved["rows"], saved["meta"], args.out),
+                          check_iters=False)
+    if done is not None:
+        return done
     registered = bw.require_strategies(list(DESIGNS.values()))
     shared = bw.shape_overrides(args) + list(args.overrides)
     kind = bc.base_low_rank_kind(args.config_file, shared, args.low_rank_kind)

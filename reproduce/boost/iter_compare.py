@@ -374,16 +374,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     own, torchrun_args = bl.split_argv(sys.argv[1:] if argv is None else argv)
     args = parse_args(own)
-    if args.worker:
-        worker(args)
-        return 0
-    if args.from_json:
-        saved = bl.read_result(args.from_json)
-        restore_summaries(saved["rows"])
-        add_sync_ratio(saved["rows"])
-        return publish(saved["rows"], saved["meta"], args.out)
-    if args.iters <= args.warmup:
-        raise SystemExit(f"--iters ({args.iters}) must exceed --warmup ({args.warmup})")
+    done = bl.early_phase(args, worker, lambda saved: republish(saved, args.out))
+    if done is not None:
+        return done
     results = orchestrate(args, torchrun_args)
     rows = build_rows(results, args.warmup)
     meta_src = next((r.get("meta") for r in results if r.get("meta")), None) or br.run_meta()
@@ -393,6 +386,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "rounds": args.rounds, "mode": args.mode, "torchrun_args": torchrun_args or ["--nproc_per_node", "2"]}
     publish(rows, meta, args.out)
     return 0 if all(r["status"] == "ok" or r["status"].startswith("not available") for r in rows) else 1
+
+
+def republish(saved: Dict[str, Any], out: Optional[str]) -> int:
+    """--from-json: the summaries and sync ratios a saved result keeps as plain values, then publish."""
+    restore_summaries(saved["rows"])
+    add_sync_ratio(saved["rows"])
+    return publish(saved["rows"], saved["meta"], out)
 
 
 def publish(rows: List[Dict[str, Any]], meta: Dict[str, Any], out: Optional[str]) -> int:

@@ -159,14 +159,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--batches", default="1,4", help="micro-batch sizes (default 1,4 as in the paper)")
     p.add_argument("--rmsnorm", choices=["online", "sync"], default=None, help="btp RMSNorm mode (default: config's)")
     args = p.parse_args(own)
-    if args.worker:
-        bl.write_worker_result(args.result_file, measure_worker(args))
-        return 0
-    if args.from_json:
-        saved = bl.read_result(args.from_json)
-        return publish(saved["rows"], saved["meta"], args.out)
-    if args.iters <= args.warmup:
-        raise SystemExit(f"--iters ({args.iters}) must exceed --warmup ({args.warmup})")
+    done = bl.early_phase(args, measure_worker, lambda saved: publish(saved["rows"], saved["meta"], args.out))
+    if done is not None:
+        return done
     if not bw.require_strategies(["btp"]):
         print("btp: not available (tp_strategy not registered): nothing to measure")
         return 0

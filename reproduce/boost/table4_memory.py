@@ -148,12 +148,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--strategies", default=",".join(STRATEGIES), help="rows (default: all three)")
     p.add_argument("--unit", choices=["KiB", "MiB", "GiB"], default="MiB")
     args = p.parse_args(own)
-    if args.worker:
-        worker(args)
-        return 0
-    if args.from_json:
-        saved = bl.read_result(args.from_json)
-        return publish(saved["rows"], saved["meta"], args.out, args.unit)
+    done = bl.early_phase(args, worker, lambda saved: publish(saved["rows"], saved["meta"], args.out, args.unit),
+                          check_iters=False)
+    if done is not None:
+        return done
     if args.config_file is None and args.micro_batch is None:
         args.micro_batch = 4  # the paper's Table 4 batch
     wanted = [s.strip() for s in args.strategies.split(",") if s.strip()]

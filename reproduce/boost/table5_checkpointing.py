@@ -177,14 +177,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     bl.add_run_args(p, iters=10, warmup=2)
     p.add_argument("--batches", default="4,8", help="micro-batch sizes (default 4,8 as in the paper)")
     args = p.parse_args(own)
-    if args.worker:
-        bl.write_worker_result(args.result_file, measure_worker(args))
-        return 0
-    if args.from_json:
-        saved = bl.read_result(args.from_json)
-        return publish(saved["rows"], saved["meta"], args.out)
-    if args.iters <= args.warmup:
-        raise SystemExit(f"--iters ({args.iters}) must exceed --warmup ({args.warmup})")
+    done = bl.early_phase(args, measure_worker, lambda saved: publish(saved["rows"], saved["meta"], args.out))
+    if done is not None:
+        return done
     strategies = bw.require_strategies(STRATEGIES)
     if not strategies:
         print("no low-rank TP strategy registered: nothing to measure")

@@ -160,7 +160,29 @@ def print_deltas(args: argparse.Namespace, pairs: Sequence[Tuple[str, str, str]]
         print(f"{row} vs {than}: paper {'-' if p is None else f'{p:+.2f}'}, ours {ours}; claimed {claim}: {verdict}")
     data["orderings"] = out
     write_text_atomic(path, json.dumps(data, indent=1))
+    write_text_atomic(args.out.with_suffix(".md"), markdown(data))
     return out
+
+
+def markdown(data: Mapping[str, object]) -> str:
+    """<out>.md: the rows (paper, ours mean / std / per seed) and the orderings, with device and date."""
+    meta, summary = data["meta"], data["summary"]
+    lines = [f"# {meta['title']}", "", f"{meta['device']}, {meta['date']}; M = {meta['replicas']} simulated replicas, "
+             f"{meta['compressed_in_het']} compressed in the heterogeneous rows, d/k = {meta['ratio']}, seeds "
+             f"{meta['seeds']}; base overrides: `{' '.join(meta['base_overrides'])}`", "",
+             "| row | paper (final train loss) | ours: val loss mean | std | per seed |", "|---|---|---|---|---|"]
+    for name, s in summary.items():
+        paper = meta["paper"].get(name)
+        std = "-" if s["std"] is None else f"{s['std']:.4f}"
+        seeds = ", ".join(f"{v:.4f}" for v in s["val_loss"])
+        lines.append(f"| {name} | {'-' if paper is None else paper} | {s['mean']:.4f} | {std} | {seeds} |")
+    lines += ["", "| ordering | paper | ours (paired over seeds, +- s.e.) | claimed | verdict |", "|---|---|---|---|---|"]
+    for o in data.get("orderings", []):
+        ours = "-" if o["ours_delta"] is None else f"{o['ours_delta']:+.4f} +- {o['ours_se']:.4f}"
+        paper = "-" if o["paper_delta"] is None else f"{o['paper_delta']:+.2f}"
+        verdict = {True: "held", False: "NOT held", None: "not measured"}[o["held"]]
+        lines.append(f"| {o['row']} - {o['than']} | {paper} | {ours} | {o['claimed']} | {verdict} |")
+    return "\n".join(lines) + "\n"
 
 
 def _write(path: Path, args: argparse.Namespace, base: List[str], runs: Dict[str, Dict[str, object]],

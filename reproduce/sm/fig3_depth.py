@@ -11,17 +11,20 @@ the comparison is about convergence, not links), same steps and data for every r
     sm             subspace codec, k = d/8 (W = U W_small)
     int4 / lowrank / topk   lossy baselines at about the same ratio (as reproduce/sm/cpu_compare.py)
 
-Reported per depth: final validation loss and its gap to the uncompressed model of that depth. The paper's
-ordering: SM's gap stays small at both depths; a lossy codec's gap grows with depth.
+Reported per depth and seed (--seeds: initialisation and data order): final validation loss and its gap to
+the uncompressed model of that depth and seed; then per row the mean over seeds of the gap's growth from
+the shallowest to the deepest model, with its standard error. The paper's ordering: SM's gap stays small
+at both depths; a lossy codec's gap grows with depth.
 
     .venv/bin/python reproduce/sm/fig3_depth.py                 # writes reproduce/sm/cpu_fig3_depth.{json,md,png}
 """
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -29,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 from nanotron_ext.bench.paper import PaperClaim, evaluate  # noqa: E402
 from nanotron_ext.bench.report import new_figure, run_meta, write_report  # noqa: E402
 from nanotron_ext.bench.training import run_training  # noqa: E402
+from nanotron_ext.config.loader import load_config  # noqa: E402
 
 CONFIG = "examples/config_tiny_llama.yaml"
 BASE = ["parallelism.dp=1", "parallelism.pp=1", "model.tie_embeddings=false", "tokens.sequence_length=128", "tokens.micro_batch_size=8",
@@ -50,49 +54,66 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
     p.add_argument("--out", type=Path, default=ROOT / "reproduce" / "sm" / "cpu_fig3_depth.json")
+    p.add_argument("--seeds", type=int, nargs="+", default=None, help="general.seed values (default: the config's)")
     args = p.parse_args()
+    base_seed = load_config(CONFIG, BASE).general.seed
+    seeds = args.seeds or [base_seed]
     rows = []
-    for depth in args.depths:
-        for name in ["uncompressed"] + [r for r in args.rows if r != "uncompressed"]:
-            ovr = BASE + ROWS[name] + [f"model.num_layers={depth}", f"tokens.train_steps={args.steps}"]
-            s = run_training(CONFIG, ovr, f"depth{depth}_{name}", root=ROOT / "runs" / "sm_depth", reuse=True)
-            rows.append({"depth": depth, "row": name, "val_loss": s["final_val_loss"], "train_loss": s["final_train_loss"],
-                         "val_curve": s["val_curve"], "overrides": ovr})
-            print(f"depth {depth:>2} {name:<13} val {s['final_val_loss']:.4f}", flush=True)
-    ref = {r["depth"]: r["val_loss"] for r in rows if r["row"] == "uncompressed"}
+    for seed in seeds:
+        for depth in args.depths:
+            for name in ["uncompressed"] + [r for r in args.rows if r != "uncompressed"]:
+                ovr = BASE + ROWS[name] + [f"model.num_layers={depth}", f"tokens.train_steps={args.steps}"]
+                run = f"depth{depth}_{name}"
+                if seed != base_seed:
+                    ovr, run = ovr + [f"general.seed={seed}"], f"{run}_seed{seed}"
+                s = run_training(CONFIG, ovr, run, root=ROOT / "runs" / "sm_depth", reuse=True)
+                rows.append({"depth": depth, "row": name, "seed": seed, "val_loss": s["final_val_loss"],
+                             "train_loss": s["final_train_loss"], "val_curve": s["val_curve"], "overrides": ovr})
+                print(f"seed {seed} depth {depth:>2} {name:<13} val {s['final_val_loss']:.4f}", flush=True)
+    ref = {(r["seed"], r["depth"]): r["val_loss"] for r in rows if r["row"] == "uncompressed"}
     for r in rows:
-        r["gap"] = r["val_loss"] - ref[r["depth"]]
+        r["gap"] = r["val_loss"] - ref[r["seed"], r["depth"]]
     lo, hi = min(args.depths), max(args.depths)
-    growth = {}
-    for name in args.rows:
-        gaps = {r["depth"]: r["gap"] for r in rows if r["row"] == name}
-        growth[name] = gaps[hi] - gaps[lo]
-    growth_rows = [{"row": n, "gap_growth": g, "growth_over_sm": g - growth["sm"] if "sm" in growth else None}
-                   for n, g in growth.items()]
+    gap = {(r["row"], r["seed"], r["depth"]): r["gap"] for r in rows}
+    growth = {n: [gap[n, s, hi] - gap[n, s, lo] for s in seeds] for n in args.rows}
+
+    def se(xs: List[float]) -> Optional[float]:
+        return statistics.stdev(xs) / len(xs) ** 0.5 if len(xs) > 1 else None
+
+    growth_rows = []
+    for n, g in growth.items():
+        over = [a - b for a, b in zip(g, growth["sm"])] if "sm" in growth else None
+        growth_rows.append({"row": n, "gap_growth": statistics.fmean(g), "gap_growth_se": se(g),
+                            "growth_over_sm": statistics.fmean(over) if over else None,
+                            "growth_over_sm_se": se(over) if over else None})
     lossy = [n for n in args.rows if n not in ("uncompressed", "sm")]
     claims = [PaperClaim(f"{n}: gap at {hi} layers - gap at {lo}", "gap_growth", None, ">", 0.0, where={"row": n},
-                         source="Fig. 3 / Thm. B.1", setting="8 vs 16 layers (2B / 3.5B), C4") for n in lossy]
+                         err_column="gap_growth_se", source="Fig. 3 / Thm. B.1",
+                         setting="8 vs 16 layers (2B / 3.5B), C4") for n in lossy]
     claims += [PaperClaim(f"{n}: its gap growth - SM's", "growth_over_sm", None, ">", 0.0, where={"row": n},
-                          source="Fig. 3", setting="SM on par with centralised at both depths") for n in lossy]
+                          err_column="growth_over_sm_se", source="Fig. 3",
+                          setting="SM on par with centralised at both depths") for n in lossy]
     claims += [PaperClaim(f"sm: gap at {hi} layers - gap at {lo} (value only)", "gap_growth", None, None,
-                          where={"row": "sm"}, source="Fig. 3")]
+                          where={"row": "sm"}, err_column="gap_growth_se", source="Fig. 3")]
     verdicts = evaluate(claims, growth_rows)
     for v in verdicts:
         print(v.line())
     fig, axes = new_figure(2)
     for name in args.rows:
-        pts = [(r["depth"], r["val_loss"], r["gap"]) for r in rows if r["row"] == name]
-        axes[0].plot([d for d, _, _ in pts], [v for _, v, _ in pts], "o-", label=name)
-        axes[1].plot([d for d, _, _ in pts], [g for _, _, g in pts], "o-", label=name)
-    axes[0].set(xlabel="layers (codec after every block but the last)", ylabel="final validation loss")
-    axes[1].set(xlabel="layers", ylabel="validation loss - uncompressed at that depth")
+        mean = {d: statistics.fmean(r["val_loss"] for r in rows if r["row"] == name and r["depth"] == d) for d in args.depths}
+        mgap = {d: statistics.fmean(r["gap"] for r in rows if r["row"] == name and r["depth"] == d) for d in args.depths}
+        axes[0].plot(args.depths, [mean[d] for d in args.depths], "o-", label=name)
+        axes[1].plot(args.depths, [mgap[d] for d in args.depths], "o-", label=name)
+    axes[0].set(xlabel="layers (codec after every block but the last)", ylabel=f"final validation loss (mean of {len(seeds)} seeds)")
+    axes[1].set(xlabel="layers", ylabel="validation loss - uncompressed at that depth (mean)")
     axes[1].axhline(0, color="k", lw=0.5)
     for ax in axes:
         ax.set_xticks(args.depths)
         ax.legend(fontsize=7)
-    meta = run_meta({"config": CONFIG, "steps": args.steps, "depths": args.depths})
-    headers = ["depth", "row", "val loss", "gap to uncompressed"]
-    body = [[r["depth"], r["row"], f"{r['val_loss']:.4f}", f"{r['gap']:+.4f}"] for r in rows]
+    meta = run_meta({"config": CONFIG, "steps": args.steps, "depths": args.depths, "seeds": seeds,
+                     "gap_growth": growth_rows})
+    headers = ["seed", "depth", "row", "val loss", "gap to uncompressed"]
+    body = [[r["seed"], r["depth"], r["row"], f"{r['val_loss']:.4f}", f"{r['gap']:+.4f}"] for r in rows]
     write_report(args.out, rows, meta, "Subspace Models, Fig. 3 scaled down: compression between every block vs depth",
                  headers, body, verdicts, fig)
     return 0
