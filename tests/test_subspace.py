@@ -135,12 +135,7 @@ def test_grassmann_step_is_a_riemannian_descent_step_on_the_stiefel_basis() -> N
 def test_configuration_errors_name_the_keys() -> None:
     from nanotron_ext.config.loader import from_dict
     from nanotron_ext.subspace.codec import SubspaceCodec
-    from nanotron_ext.subspace.embedding import split_embedding
 
-    tied = _model_cfg()
-    tied.tie_embeddings = True
-    with pytest.raises(ConfigError, match="model.tie_embeddings=true is not supported with model.embedding.kind='subspace'"):
-        split_embedding(tied, None)
     lone = from_dict(ModelConfig, {"codec": {"kind": "subspace"}})
     with pytest.raises(ConfigError, match="model.codec.kind='subspace' is exact only with model.embedding.kind"):
         SubspaceCodec(lone, None)

@@ -291,3 +291,39 @@ def test_sm_memory_overhead_is_t_fixed_and_u_and_the_smaller_token_table() -> No
     v, d = MODEL["vocab_size"], MODEL["hidden_size"]
     assert r["sm"]["buffers"] - r["plain"]["buffers"] == 4 * (v * d + d * K) + 8  # + the int64 step counter
     assert r["plain"]["params"] - r["sm"]["params"] == 4 * v * (d - K)
+
+
+def _tied_worker(tp: int) -> dict:
+    """pp = 1 (as every tied model), the subspace codec after every block but the last on one stage, the
+    head tied to the split table: loss and gradients against the float64 reference (which builds the
+    tied head from TE = T_fixed + T_S U^T by definition)."""
+    from nanotron_ext.models.build import build_model
+    from nanotron_ext.parallel.context import build_parallel_context
+    from nanotron_ext.subspace import hub_for
+    from nanotron_ext.train.pipeline_step import forward_backward, make_engine
+    from tests.helpers.compare import worst_grad_error
+    from tests.subspace_reference import subspace_reference
+
+    ctx = build_parallel_context(dp=1, tp=tp, pp=1, backend="gloo")
+    cfg = _cfg(tp, 1, "1f1b", {"parameterisation": "reparam"}, "every_layer")
+    cfg.model.tie_embeddings = True
+    model = build_model(cfg, ctx)
+    hub = hub_for(cfg.model)
+    rows = _rows(SEED)
+    loss = forward_backward(model, make_engine("1f1b"), _micro(rows), ctx)
+    ref = subspace_reference(cfg.model, cfg.general.seed, hub.basis, hub.fixed, rows)
+    worst, worst_name, names = worst_grad_error(model, ref)
+    return {"loss": loss.item(), "ref_loss": ref["__loss__"].item(), "worst": worst, "worst_name": worst_name,
+            "names": names}
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_tied_head_reads_the_split_table_and_equals_float64_reference(tp: int) -> None:
+    """model.tie_embeddings with the split embedding: logits = h (T_fixed + T_S U^T)^T over each TP rank's
+    vocabulary shard; the loss and every gradient (T_S receives both the embedding's and the head's) equal
+    the reference; the head holds no weight of its own."""
+    for r in run_distributed(_tied_worker, tp, tp):
+        assert abs(r["loss"] - r["ref_loss"]) / r["ref_loss"] <= 1e-5
+        assert r["worst"] <= 1e-5, (r["worst_name"], r["worst"])
+        assert "lm_head.pp_block.lm_head.weight" not in r["names"]
+        assert "token_embedding.pp_block.embedding.small.weight" in r["names"]

@@ -163,7 +163,11 @@ def get_tp_strategy(cfg: ModelConfig, tp_pg: dist.ProcessGroup) -> TPStrategy:
 
 
 def tie_head_to_embedding(head: nn.Module, embedding: nn.Module) -> None:
-    """Share one parameter between head and embedding: both are vocab-sharded on dim 0 over TP."""
+    """Share one parameter between head and embedding: both are vocab-sharded on dim 0 over TP. An
+    embedding that is not one table (e.g. a split table) ties itself through its `tie_head(head)`."""
+    if hasattr(embedding, "tie_head"):
+        embedding.tie_head(head)
+        return
     if not isinstance(getattr(embedding, "weight", None), nn.Parameter):
         raise ValueError(f"model.tie_embeddings needs an embedding with one table (.weight); "
                          f"model.embedding.kind built a {type(embedding).__name__}")

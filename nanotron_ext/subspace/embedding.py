@@ -5,9 +5,10 @@ trainable low-rank part in U coordinates, so T_S U^T lies in span(U) and the cod
 T_fixed[ids] and send k coordinates. Under TP, T_S is nanotron's vocab-sharded TensorParallelEmbedding
 (its k-wide output is all-reduced) and T_fixed is replicated (a lookup, no communication).
 
-Tied heads are rejected: the tied head would read the composed table T_fixed + T_S U^T, which is not one
-parameter (model.tie_embeddings needs a `.weight`), and training T_fixed through the head would break
-the identical-everywhere property the codec relies on.
+Tied heads (model.tie_embeddings, pp = 1 like every tied model here): the head reads the composed table,
+logits = h (T_fixed + T_S U^T)^T over this TP rank's vocabulary rows, rebuilt from T_S at every forward
+(`SplitEmbedding.tie_head`), so T_S is trained through both uses while T_fixed stays a seeded buffer,
+identical everywhere, as the codec needs.
 """
 from __future__ import annotations
 
@@ -37,13 +38,24 @@ class SplitEmbedding(nn.Module):
         low = self.small(input_ids)
         return self.hub.fixed[input_ids].to(low.dtype) + low @ self.hub.basis.to(low.dtype).T
 
+    def table_shard(self) -> torch.Tensor:
+        """T_fixed + T_S U^T on this TP rank's vocabulary rows [min_id, max_id) (the head's shard too)."""
+        t_s = self.small.weight
+        fixed = self.hub.fixed[self.small.min_id:self.small.max_id].to(t_s.dtype)
+        return fixed + t_s @ self.hub.basis.to(t_s.dtype).T
+
+    def tie_head(self, head: nn.Module) -> None:
+        """Make the vocab-sharded output projection `head.lm_head` read table_shard(): its own weight is
+        dropped and rebuilt before every forward (a fresh graph, so T_S gets the head's gradient)."""
+        lin = head.lm_head
+        if tuple(lin.weight.shape) != (self.small.max_id - self.small.min_id, self.hub.basis.shape[0]):
+            raise ValueError(f"tied head shard {tuple(lin.weight.shape)} does not match the split table's")
+        del lin._parameters["weight"]  # nn.Module keeps parameters in this dict; the weight is derived now
+        lin.register_forward_pre_hook(lambda module, args: setattr(module, "weight", self.table_shard()))
+
 
 @EMBEDDINGS.register("subspace")
 def split_embedding(cfg: ModelConfig, strategy: TPStrategy) -> nn.Module:
-    if cfg.tie_embeddings:
-        raise ConfigError("model.tie_embeddings=true is not supported with model.embedding.kind='subspace': the "
-                          "effective table T_fixed + T_S U^T is not one parameter a head can share; set "
-                          "model.tie_embeddings=false")
     if strategy.residual_sharded:
         raise ConfigError(f"model.embedding.kind='subspace' needs a replicated residual stream; "
                           f"model.boost.tp_strategy={cfg.boost.tp_strategy!r} shards it (use 'megatron')")
