@@ -129,6 +129,8 @@ def run_one(args: argparse.Namespace, name: str, overrides: List[str], mbps: flo
         "loss_within_budget": loss_within(metrics, args.budget_s), "budget_s": args.budget_s,
         "final_train_loss": summary["final_train_loss"], "steps": summary["steps"], "wall_s": time.time() - t0,
         "exit_status": summary["exit_status"],
+        # a run that trained but exited non-zero keeps what it printed last, so the cause can be traced
+        **({"exit_stderr_tail": proc.stderr[-2000:]} if proc.returncode != 0 else {}),
     }
 
 
