@@ -350,3 +350,12 @@ def test_shared_grassmann_update_matches_a_plain_torch_step_on_the_mean_gram() -
     assert torch.allclose(u.T @ xi, torch.zeros(4, 4, dtype=torch.float64), atol=1e-5)  # U is fp32-orthonormal
     f = lambda b: torch.trace(a) - torch.trace(b.T @ a @ b)  # noqa: E731
     assert f(hubs[0].basis.double()) < f(u)
+
+
+def test_dense_simulation_refuses_grassmann_updates_it_would_never_run() -> None:
+    from nanotron_ext.sparseloco.simulate import run_simulated
+
+    cfg = load_config(TINY, ["parallelism.dp=2", "parallelism.dp_sync=sparseloco", "model.tie_embeddings=false",
+                             "sparseloco.compressed_replicas=[0]", "sparseloco.inner_steps=2", "sparseloco.grassmann_every=2"])
+    with pytest.raises(ConfigError, match=r"sparseloco\.grassmann_every=2"):
+        run_simulated(cfg, 2, "dense")

@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Literal, Optional, Sequence
 import torch
 from torch import nn
 
-from nanotron_ext.config.schema import Config, SparseLoCoConfig
+from nanotron_ext.config.schema import Config, ConfigError, SparseLoCoConfig
 from nanotron_ext.sparseloco.outer import ReplicaHook, SparseLoCoOuter
 
 
@@ -72,6 +72,9 @@ def run_simulated(cfg: Config, replicas: int, mode: Literal["sparseloco", "dense
     from nanotron_ext.parallel.context import build_parallel_context
     from nanotron_ext.train.pipeline_step import evaluate, forward_backward, make_engine
 
+    if mode == "dense" and cfg.sparseloco.grassmann_every:  # its updates run at outer syncs: there are none
+        raise ConfigError(f"sparseloco.grassmann_every={cfg.sparseloco.grassmann_every}: Grassmann updates run at "
+                          "SparseLoCo outer syncs; the dense mode (gradients averaged every step) has none, set it to 0")
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
         os.environ.setdefault(key, value)
     os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
