@@ -42,6 +42,9 @@ def parser(doc: str) -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44])
     p.add_argument("--rows", nargs="+", help="a subset of the table's rows (default: all)")
     p.add_argument("--out", type=Path, required=True, help="writes <out>.json and <out>.png")
+    p.add_argument("--fresh", action="store_true",
+                   help="retrain every row and seed (by default a run stored here with the same overrides is reused: "
+                        "after a code or data change, pass --fresh)")
     return p
 
 
@@ -74,8 +77,8 @@ def run_table(args: argparse.Namespace, rows: Mapping[str, Row], paper: Mapping[
     sweep resumes); writes <out>.json after each run and <out>.png at the end; returns the summaries."""
     base = base_overrides(args)
     path = args.out.with_suffix(".json")
-    done = json.loads(path.read_text()).get("runs", {}) if path.exists() else {}  # an older format: start anew
-    earlier = _runs_of_other_tables(path)
+    done = json.loads(path.read_text()).get("runs", {}) if path.exists() and not args.fresh else {}
+    earlier = {} if args.fresh else _runs_of_other_tables(path)
     names = args.rows or list(rows)
     unknown = sorted(set(names) - set(rows))
     if unknown:
