@@ -51,3 +51,42 @@ def test_a_damaged_tokenizer_is_one_line_naming_the_file_from_both_entry_points(
         assert proc.returncode == 2, (module, proc.stderr)
         assert proc.stderr.startswith(f"error: tokenizer {tok} cannot be read (") and proc.stderr.count("\n") == 1, \
             (module, proc.stderr)
+
+
+def test_a_stop_signal_a_library_turned_into_another_error_is_still_reported_as_a_stop(tmp_path: Path, monkeypatch,
+                                                                                      capsys) -> None:
+    """Ctrl-C / SIGTERM while torch.save writes: its zip writer turns the KeyboardInterrupt into a RuntimeError,
+    and the next collective then fails on a peer that stopped. The launch must still say it was interrupted
+    (step, last checkpoint, exit 130), not print a gloo traceback (seen once in CI)."""
+    import signal
+    import time
+
+    import nanotron_ext.train.__main__ as entry
+    import nanotron_ext.train.trainer as trainer_module
+
+    class SavingWhenStopped:
+        step = 7
+
+        def __init__(self, *args, **kwargs) -> None:
+            pass
+
+        def train(self) -> None:
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)
+            except KeyboardInterrupt:
+                raise RuntimeError("[enforce fail at inline_container.cc] unexpected pos 64 vs 0") from None
+
+    monkeypatch.setattr(trainer_module, "Trainer", SavingWhenStopped)
+    monkeypatch.setattr(entry, "_STOP", {"requested": False})
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    monkeypatch.setenv("RANK", "0")
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        code = entry.main(["--config-file", str(Path(__file__).parents[1] / "examples" / "config_tiny_llama.yaml"),
+                           "--set", f"checkpoints.dir={tmp_path / 'ckpt'}"])
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+    assert code == 130
+    assert "interrupted at step 7; last complete checkpoint: none" in capsys.readouterr().err

@@ -15,7 +15,11 @@ def _say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
 
+_STOP = {"requested": False}  # set by the handler: a library may turn the KeyboardInterrupt into another error
+
+
 def _interrupt(signum: int, frame: object) -> NoReturn:
+    _STOP["requested"] = True
     raise KeyboardInterrupt  # torchrun stops its workers with SIGTERM when the user presses Ctrl-C
 
 
@@ -36,6 +40,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     add_config_args(parser)
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)  # Ctrl-C sent to the whole process group reaches workers too
     if "TORCHELASTIC_RUN_ID" in os.environ:  # launched by torchrun: do not outlive it
         from nanotron_ext.train.guard import exit_with_launcher
 
@@ -62,6 +67,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             time.sleep(0.5)
         except KeyboardInterrupt:
             return _interrupted(cfg, trainer)
+        if _STOP["requested"]:  # the signal came earlier and was turned into this error (torch.save's writer
+            return _interrupted(cfg, trainer)  # does that), or a peer stopped while this rank sat in a collective
         raise
     import torch.distributed as torch_dist
 
