@@ -27,9 +27,12 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from nanotron_ext.fileio import write_text_atomic  # noqa: E402
 BASE = ["parallelism.dp=1", "parallelism.pp=2", "model.tie_embeddings=false", "tokens.sequence_length=128",
         "tokens.micro_batch_size=8", "tokens.batch_accumulation_per_replica=2", "tokens.val_check_interval=50",
         "tokens.val_steps=8", "checkpoints.interval=0", "checkpoints.resume=overwrite", "logging.progress_bar=false",
@@ -62,15 +65,19 @@ PAPER_TABLE1 = {
 }
 
 
-def run_row(name: str, steps: int, nproc: int, mbps: float) -> Dict[str, object]:
-    sets = BASE + [o.format(mbps=mbps) for o in ROWS[name]] + [f"general.run={name}", f"tokens.train_steps={steps}", f"checkpoints.dir=runs/sm/ckpt_{name}"]
+def run_row(name: str, steps: int, nproc: int, mbps: float, seed: Optional[int] = None) -> Dict[str, object]:
+    """One row; with `seed`, the run (general.seed = seed) is named <name>_seed<seed>."""
+    run = name if seed is None else f"{name}_seed{seed}"
+    sets = BASE + [o.format(mbps=mbps) for o in ROWS[name]] + [f"general.run={run}", f"tokens.train_steps={steps}",
+                                                               f"checkpoints.dir=runs/sm/ckpt_{run}"]
+    sets += [] if seed is None else [f"general.seed={seed}"]
     cmd = ["torchrun", "--standalone", f"--nproc_per_node={nproc}", "-m", "nanotron_ext.train",
            "--config-file", "examples/config_tiny_llama.yaml"] + [a for s in sets for a in ("--set", s)]
     torchrun = Path(sys.executable).parent / "torchrun"
     cmd[0] = str(torchrun)
     t0 = datetime.datetime.now()
     subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-    run_dir = ROOT / "runs" / "sm" / name
+    run_dir = ROOT / "runs" / "sm" / run
     summary = json.loads((run_dir / "summary.json").read_text())
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     wall, curve = 0.0, []
@@ -109,19 +116,25 @@ def main() -> int:
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--mbps", type=float, default=10.0, help="slow-link bandwidth (Mbit/s) of the non-centralised rows")
     parser.add_argument("--out", default=str(ROOT / "reproduce" / "sm"))
+    parser.add_argument("--seed", type=int, default=None,
+                        help="another general.seed: rows are stored under 'seeds' (the main table keeps the config's seed)")
     args = parser.parse_args()
     out = Path(args.out)
     table_path = out / "cpu_table1.json"
     table = json.loads(table_path.read_text()) if table_path.exists() else {"rows": {}}
     for name in args.rows.split(","):
         print(f"== {name}", flush=True)
-        table["rows"][name] = run_row(name, args.steps, args.nproc, args.mbps)
-        s = table["rows"][name]["summary"]
+        row = run_row(name, args.steps, args.nproc, args.mbps, args.seed)
+        if args.seed is None:
+            table["rows"][name] = row
+        else:  # only the summary: the main table and its plot keep the config's seed
+            table.setdefault("seeds", {}).setdefault(name, {})[str(args.seed)] = row["summary"]
+        s = row["summary"]
         print(f"   train {s['final_train_loss']:.3f} val {s['final_val_loss']:.3f} ppl {s['final_val_ppl']:.1f} "
               f"tok/s {s['tokens_per_s']:.0f} pp bytes/step {s['comm_bytes_per_step'].get('pp')}", flush=True)
         table.update({"device": "CPU (2 cores), gloo", "date": datetime.date.today().isoformat(), "steps": args.steps, "slow_link_mbps": args.mbps,
                       "base_overrides": BASE, "paper_table1": PAPER_TABLE1})
-        table_path.write_text(json.dumps(table, indent=1))
+        write_text_atomic(table_path, json.dumps(table, indent=1))
     plot(table["rows"], out / "cpu_convergence.png", args.mbps)
     return 0
 
