@@ -96,20 +96,24 @@ def read_result(path: str | Path) -> Dict[str, Any]:
     return json.loads(Path(path).read_text())
 
 
-def add_run_args(parser: argparse.ArgumentParser, iters: int, warmup: int) -> None:
-    """Options every one-job script shares, the hidden worker-side ones, and --from-json."""
+def add_run_args(parser: argparse.ArgumentParser, iters: int, warmup: int, out: Optional[str] = None,
+                 out_help: str = "also write the table: JSON (+ markdown beside it), or CSV for a .csv name",
+                 worker: bool = True) -> None:
+    """Options every script that launches torchrun jobs shares, --from-json, and (with `worker`, for a
+    script that is its own torchrun worker) the hidden worker-side ones."""
     parser.add_argument("--iters", type=int, default=iters, help=f"timed iterations per variant (default {iters})")
     parser.add_argument("--warmup", type=int, default=warmup, help=f"leading iterations dropped (default {warmup})")
-    parser.add_argument("--out", help="also write the table: JSON (+ markdown beside it), or CSV for a .csv name")
+    parser.add_argument("--out", default=out, help=out_help)
     parser.add_argument("--from-json", metavar="JSON",
                         help="measure nothing: re-render the table and paper column of a result this script wrote")
     parser.add_argument("--log-dir", help="keep resolved configs, the worker log and raw JSON here (default: temp dir)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds for the torchrun job")
     parser.add_argument("--verbose", action="store_true", help="stream worker output")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--configs", nargs="+", help=argparse.SUPPRESS)
-    parser.add_argument("--names", nargs="+", help=argparse.SUPPRESS)
-    parser.add_argument("--result-file", help=argparse.SUPPRESS)
+    if worker:
+        parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+        parser.add_argument("--configs", nargs="+", help=argparse.SUPPRESS)
+        parser.add_argument("--names", nargs="+", help=argparse.SUPPRESS)
+        parser.add_argument("--result-file", help=argparse.SUPPRESS)
 
 
 def early_phase(args: argparse.Namespace, worker: Callable[[argparse.Namespace], Optional[Dict[str, Any]]],

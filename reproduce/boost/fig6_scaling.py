@@ -71,13 +71,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--micro-batch", type=int, default=2, help="micro-batch of the left and right panels")
     p.add_argument("--batches", default="1,2,4,8", help="micro-batch sizes of the middle panel")
     p.add_argument("--kinds", default="svd,cola,lax", help="low-rank architectures of the right panel")
-    p.add_argument("--iters", type=int, default=8)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--out", default="runs/boost/fig6_scaling.png", help="PNG path (JSON and markdown go beside it)")
-    p.add_argument("--from-json", metavar="JSON", help="measure nothing: re-plot and re-render a JSON this script wrote")
-    p.add_argument("--log-dir")
-    p.add_argument("--timeout", type=float, default=900)
-    p.add_argument("--verbose", action="store_true")
+    bl.add_run_args(p, iters=8, warmup=2, out="runs/boost/fig6_scaling.png",
+                    out_help="PNG path (JSON and markdown go beside it)", worker=False)
     args = p.parse_args(own)
     args.torchrun_extra = torchrun_extra
     if args.from_json:

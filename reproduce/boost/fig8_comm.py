@@ -38,13 +38,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     bw.add_model_args(p)
     p.add_argument("--batches", default="1,2,4,8", help="micro-batch sizes (left panel: the first)")
-    p.add_argument("--iters", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--out", default="runs/boost/fig8_comm.png", help="PNG path (JSON and markdown go beside it)")
-    p.add_argument("--from-json", metavar="JSON", help="measure nothing: re-plot and re-render a JSON this script wrote")
-    p.add_argument("--log-dir")
-    p.add_argument("--timeout", type=float, default=900)
-    p.add_argument("--verbose", action="store_true")
+    bl.add_run_args(p, iters=10, warmup=2, out="runs/boost/fig8_comm.png",
+                    out_help="PNG path (JSON and markdown go beside it)", worker=False)
     args = p.parse_args(own)
     if args.from_json:
         saved = bl.read_result(args.from_json)

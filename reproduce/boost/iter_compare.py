@@ -347,8 +347,7 @@ def worker(args: argparse.Namespace) -> None:
 # ------------------------------------------------------------------------------------------------
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--iters", type=int, default=12, help="training iterations per row (default 12)")
-    p.add_argument("--warmup", type=int, default=2, help="leading iterations dropped (default 2)")
+    bl.add_run_args(p, iters=12, warmup=2)
     p.add_argument("--strategies", default=",".join(STRATEGIES), help="rows to compare (default: all three)")
     p.add_argument("--rmsnorm", choices=["online", "sync", "both"], default="both",
                    help="RMSNorm mode(s) of the btp rows (default both: one row each)")
@@ -357,17 +356,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         "iterations alternate (fair on a machine whose load changes; CPU peak memory not split)")
     p.add_argument("--rounds", type=int, default=1,
                    help="repeat the comparison this many times (fresh launches, rotated order) and pool")
-    p.add_argument("--out", help="write the table as JSON + markdown beside it (or CSV when the name ends in .csv)")
-    p.add_argument("--from-json", metavar="JSON",
-                   help="measure nothing: re-render the table and paper column of a JSON this script wrote")
-    p.add_argument("--log-dir", help="keep resolved configs, worker logs and raw results here (default: a temp dir)")
-    p.add_argument("--timeout", type=float, default=900, help="seconds per torchrun job")
-    p.add_argument("--verbose", action="store_true", help="stream worker output")
     bw.add_model_args(p)
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--configs", nargs="+", help=argparse.SUPPRESS)
-    p.add_argument("--names", nargs="+", help=argparse.SUPPRESS)
-    p.add_argument("--result-file", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
