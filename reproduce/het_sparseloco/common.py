@@ -16,8 +16,9 @@ import json
 import statistics
 import time
 from pathlib import Path
-from typing import Dict, List, Literal, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Literal, Mapping, Optional, Sequence, Tuple
 
+from nanotron_ext.bench.report import new_figure, save_figure
 from nanotron_ext.config.loader import load_config
 from nanotron_ext.fileio import write_text_atomic
 from nanotron_ext.sparseloco.simulate import run_simulated
@@ -26,6 +27,7 @@ CONFIG_FILE = "examples/config_tiny_het_sparseloco.yaml"
 CPU_SCALE = ["tokens.train_steps=300", "sparseloco.inner_steps=10", "optimizer.warmup_steps=30",
              "tokens.sequence_length=64", "tokens.micro_batch_size=4", "tokens.batch_accumulation_per_replica=1",
              "tokens.val_steps=8", "model.codec.boundaries=every_layer"]
+DEVICE = "CPU (2 cores), gloo"
 Mode = Literal["sparseloco", "dense"]
 Row = Tuple[Mode, List[str]]  # (outer loop, overrides on top of the table's base)
 
@@ -72,13 +74,17 @@ def run_row(config_file: str, overrides: Sequence[str], n_replicas: int, mode: M
 
 
 def run_table(args: argparse.Namespace, rows: Mapping[str, Row], paper: Mapping[str, Optional[float]],
-              title: str, extra_meta: Optional[Dict[str, object]] = None) -> Dict[str, Dict[str, object]]:
+              title: str, extra_meta: Optional[Dict[str, object]] = None,
+              plot: Optional[Callable[[Mapping[str, Dict[str, object]], Path], None]] = None) -> Dict[str, Dict[str, object]]:
     """Every row x seed (a row already in <out>.json with the same overrides and seed is kept, so a stopped
-    sweep resumes); writes <out>.json after each run and <out>.png at the end; returns the summaries."""
+    sweep resumes); writes <out>.json after each run and <out>.png at the end (`plot(summary, png)`, default
+    bars of ours beside the paper's); returns the summaries."""
     base = base_overrides(args)
     path = args.out.with_suffix(".json")
     done = json.loads(path.read_text()).get("runs", {}) if path.exists() and not args.fresh else {}
-    earlier = {} if args.fresh else _runs_of_other_tables(path)
+    # the same run in another row or table here is reused (Table 1's rows in Tables 2 and 4)
+    known = {} if args.fresh else _runs_of_other_tables(path)
+    known.update({(r["mode"], tuple(r["overrides"])): r for r in done.values()})
     names = args.rows or list(rows)
     unknown = sorted(set(names) - set(rows))
     if unknown:
@@ -90,16 +96,19 @@ def run_table(args: argparse.Namespace, rows: Mapping[str, Row], paper: Mapping[
             ovr = base + extra + [f"general.seed={seed}"]
             if key in done and done[key]["overrides"] == ovr and done[key]["mode"] == mode:
                 continue
-            same = {**earlier, **{(r["mode"], tuple(r["overrides"])): r for r in done.values()}}
-            if (mode, tuple(ovr)) in same:  # the same run in another row or table here (Table 1's rows in 4)
-                done[key] = same[(mode, tuple(ovr))]
+            if (mode, tuple(ovr)) in known:
+                done[key] = known[(mode, tuple(ovr))]
                 continue
-            done[key] = run_row(args.config_file, ovr, args.replicas, mode)
+            done[key] = known[(mode, tuple(ovr))] = run_row(args.config_file, ovr, args.replicas, mode)
             print(f"{name:<34} seed {seed}  val {done[key]['val_loss']:.4f}  ({done[key]['wall_s']:.0f} s)", flush=True)
             _write(path, args, base, done, rows, paper, title, extra_meta)
     summary = _write(path, args, base, done, rows, paper, title, extra_meta)
     _print(summary, paper)
-    _plot(summary, paper, args.out.with_suffix(".png"), title)
+    png = args.out.with_suffix(".png")
+    if plot is None:
+        _bars(summary, paper, png, title)
+    else:
+        plot(summary, png)
     return summary
 
 
@@ -194,7 +203,7 @@ def _write(path: Path, args: argparse.Namespace, base: List[str], runs: Dict[str
     summary = summarise(runs, rows, args.seeds)
     meta = {"title": title, "config_file": args.config_file, "base_overrides": base, "replicas": args.replicas,
             "compressed_in_het": args.compressed, "ratio": args.ratio, "seeds": args.seeds,
-            "device": "CPU (2 cores), gloo", "date": datetime.date.today().isoformat(),
+            "device": DEVICE, "date": datetime.date.today().isoformat(),
             "rows": {n: {"mode": m, "overrides": o} for n, (m, o) in rows.items()}, "paper": dict(paper),
             **(extra_meta or {})}
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -211,14 +220,14 @@ def _print(summary: Mapping[str, Dict[str, object]], paper: Mapping[str, Optiona
               + " ".join(f"{v:.4f}" for v in s["val_loss"]))
 
 
-def _plot(summary: Mapping[str, Dict[str, object]], paper: Mapping[str, Optional[float]], path: Path, title: str) -> None:
-    import matplotlib
+def save_plot(fig: object, path: Path, title: str) -> None:
+    """The figure titled with what it shows, the device and today's date (bench.report.save_figure)."""
+    save_figure(fig, path, title, {"machine": DEVICE, "date": datetime.date.today().isoformat()})
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
+def _bars(summary: Mapping[str, Dict[str, object]], paper: Mapping[str, Optional[float]], path: Path, title: str) -> None:
     names = list(summary)
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 0.45 * len(names) + 2))
+    fig, (ax, bx) = new_figure(2, width=5.5, height=0.45 * len(names) + 2)
     means = [summary[n]["mean"] for n in names]
     ax.barh(names, means, xerr=[summary[n]["std"] or 0 for n in names], color="tab:blue")
     for i, n in enumerate(names):
@@ -232,7 +241,4 @@ def _plot(summary: Mapping[str, Dict[str, object]], paper: Mapping[str, Optional
     bx.set_xlim(min(paper[n] for n in known) - 0.1, max(paper[n] for n in known) + 0.1)
     bx.invert_yaxis()
     bx.set_xlabel("paper: final training loss")
-    fig.suptitle(f"{title} - CPU (2 cores), gloo, {datetime.date.today().isoformat()}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_plot(fig, path, title)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Dict, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import base_overrides, parser, print_deltas, replicas, run_table  # noqa: E402
+from common import base_overrides, new_figure, parser, print_deltas, replicas, run_table, save_plot  # noqa: E402
 
 from nanotron_ext.config.loader import load_config  # noqa: E402
 
@@ -39,24 +39,17 @@ def main() -> int:
             rows[f"{name} 1/{ratio}"] = ("sparseloco", [replicas(n)] + k)
             if ratio in PAPER_RATIOS:
                 paper[f"{name} 1/{ratio}"] = PAPER_RATIOS[ratio][i]
-    summary = run_table(args, rows, paper, "Heterogeneous SparseLoCo, Table 2 (compression-ratio sweep)",
-                        {"ratios": args.ratios, "paper_table2_512m": {str(r): v for r, v in PAPER_RATIOS.items()}})
+    run_table(args, rows, paper, "Heterogeneous SparseLoCo, Table 2 (compression-ratio sweep)",
+              {"ratios": args.ratios, "paper_table2_512m": {str(r): v for r, v in PAPER_RATIOS.items()}},
+              plot=lambda summary, png: _plot(summary, args.ratios, png, args.replicas, args.compressed))
     print_deltas(args, [(f"het 1/{r}", f"uniform 1/{r}", "<") for r in args.ratios]
                  + [(f"uniform 1/{r}", "SparseLoCo", ">") for r in args.ratios], paper)
-    _plot(summary, args.ratios, args.out.with_suffix(".png"), args.replicas, args.compressed)
     return 0
 
 
 def _plot(summary: Dict[str, Dict[str, object]], ratios: List[int], path: Path, m: int, c: int) -> None:
-    """Validation loss vs ratio (mean +- std over seeds) beside the paper's Table 2 (replaces the bar chart)."""
-    import datetime
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 4))
+    """Validation loss vs ratio (mean +- std over seeds) beside the paper's Table 2."""
+    fig, (ax, bx) = new_figure(2, width=5, height=4)
     for name, label in (("uniform", f"uniform ({m}/{m} compressed)"), ("het", f"heterogeneous ({c}/{m})")):
         s = [summary[f"{name} 1/{r}"] for r in ratios]
         ax.errorbar(ratios, [x["mean"] for x in s], yerr=[x["std"] or 0 for x in s], fmt="o-", capsize=3, label=f"ours: {label}")
@@ -71,10 +64,7 @@ def _plot(summary: Dict[str, Dict[str, object]], ratios: List[int], path: Path, 
     bx.set_xscale("log", base=2)
     bx.set(xlabel="compression d/k", ylabel="final loss (512M, DCLM)")
     bx.legend(fontsize=7)
-    fig.suptitle(f"Heterogeneous SparseLoCo, Table 2 - CPU (2 cores), gloo, {datetime.date.today().isoformat()}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_plot(fig, path, "Heterogeneous SparseLoCo, Table 2 (compression-ratio sweep)")
 
 
 if __name__ == "__main__":
