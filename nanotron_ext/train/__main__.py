@@ -70,11 +70,23 @@ def main(argv: Optional[List[str]] = None) -> int:
         if _STOP["requested"]:  # the signal came earlier and was turned into this error (torch.save's writer
             return _interrupted(cfg, trainer)  # does that), or a peer stopped while this rank sat in a collective
         raise
+    finally:
+        _release_process_group()
+    return 0
+
+
+def _release_process_group() -> None:
+    """Destroy the process group on every way out, errors included, as torch asks: an error path used to leave
+    it to interpreter shutdown, and once in CI such a launch printed its error line and then aborted
+    ("terminate called without an active exception", exit -6; not reproduced in isolation). Local for gloo;
+    a failure here must not replace the exit code."""
     import torch.distributed as torch_dist
 
-    if torch_dist.is_initialized():
-        torch_dist.destroy_process_group()
-    return 0
+    try:
+        if torch_dist.is_initialized():
+            torch_dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - best effort on the way out
+        pass
 
 
 if __name__ == "__main__":
