@@ -287,6 +287,8 @@ def test_workers_exit_when_torchrun_is_killed(small_corpus: Path, tmp_path: Path
 def test_ctrl_c_prints_one_line_with_the_step_and_the_last_checkpoint(small_corpus: Path, tmp_path: Path) -> None:
     # case 8: Ctrl-C (SIGINT to torchrun, which stops its workers with SIGTERM) prints the step reached and
     # the last complete checkpoint, once, before torchrun's own report
+    from nanotron_ext.train.checkpoint import latest_checkpoint
+
     overrides = _small_overrides(small_corpus, tmp_path, 2, 1, 1, 100000) + ["checkpoints.interval=2"]
     cmd = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc_per_node=2", "-m", "nanotron_ext.train",
            "--config-file", str(TINY)] + [a for o in overrides for a in ("--set", o)]
@@ -295,7 +297,7 @@ def test_ctrl_c_prints_one_line_with_the_step_and_the_last_checkpoint(small_corp
     try:
         ckpts = tmp_path / "ckpt"
         deadline = time.time() + 120
-        while not (ckpts.exists() and any(p.name.startswith("step_") for p in ckpts.iterdir())):
+        while latest_checkpoint(ckpts) is None:  # a COMPLETE one: step_N.tmp-* is a save still in progress
             assert time.time() < deadline and proc.poll() is None, "no checkpoint was written"
             time.sleep(0.5)
         os.killpg(proc.pid, signal.SIGINT)  # what the terminal sends on Ctrl-C
