@@ -40,6 +40,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--batches", default="1,2,4,8", help="micro-batch sizes (left panel: the first)")
     bl.add_run_args(p, iters=10, warmup=2, out="runs/boost/fig8_comm.png",
                     out_help="PNG path (JSON and markdown go beside it)", worker=False)
+    br.help_with_defaults(p)
     args = p.parse_args(own)
     if args.from_json:
         saved = bl.read_result(args.from_json)

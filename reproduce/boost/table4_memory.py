@@ -144,9 +144,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     own, torchrun_args = bl.split_argv(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     bw.add_model_args(p)
-    bl.add_run_args(p, iters=1, warmup=0)
+    bl.add_run_args(p, iters=1, warmup=0, out="runs/boost/table4.json")
     p.add_argument("--strategies", default=",".join(STRATEGIES), help="rows (default: all three)")
     p.add_argument("--unit", choices=["KiB", "MiB", "GiB"], default="MiB")
+    br.help_with_defaults(p)
     args = p.parse_args(own)
     done = bl.early_phase(args, worker, lambda saved: publish(saved["rows"], saved["meta"], args.out, args.unit),
                           check_iters=False)
