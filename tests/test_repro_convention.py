@@ -29,8 +29,12 @@ SCRIPTS = [
     ("boost/fig7_compute.py", "boost/cpu_fig7_compute.json"),
     ("boost/fig8_comm.py", "boost/cpu_fig8_comm.json"),
     ("resbm/table2_convergence.py", "resbm/cpu_table2.json"),
+    ("resbm/table3_throughput.py", "resbm/cpu_table3.json"),
+    ("mapl/main_table.py", "mapl/cpu_main_table.json"),
+    ("mapl/throughput.py", "mapl/cpu_throughput.json"),
+    ("sm/cpu_compare.py", "sm/cpu_table1.json"),
 ]
-CONVERGENCE = ["resbm/table2_convergence.py"]
+CONVERGENCE = ["resbm/table2_convergence.py", "mapl/main_table.py", "sm/cpu_compare.py"]
 
 
 def _load(script: str) -> Any:
