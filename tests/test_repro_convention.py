@@ -33,8 +33,26 @@ SCRIPTS = [
     ("mapl/main_table.py", "mapl/cpu_main_table.json"),
     ("mapl/throughput.py", "mapl/cpu_throughput.json"),
     ("sm/cpu_compare.py", "sm/cpu_table1.json"),
+    ("sm/table1_throughput.py", "sm/cpu_table1_throughput.json"),
+    ("sm/fig3_depth.py", "sm/cpu_fig3_depth.json"),
+    ("sm/table3_memory.py", "sm/cpu_table3_memory.json"),
+    ("het_sparseloco/table1_main.py", "het_sparseloco/table1_cpu.json"),
+    ("het_sparseloco/table2_ratio_sweep.py", "het_sparseloco/table2_cpu.json"),
+    ("het_sparseloco/table3_no_inner_loop.py", "het_sparseloco/table3_cpu.json"),
+    ("het_sparseloco/table4_ablations.py", "het_sparseloco/table4_cpu.json"),
+    ("het_sparseloco/sim_sweep.py", "het_sparseloco/cpu_sweep_m4.json"),
+    ("het_sparseloco/utilisation.py", "het_sparseloco/cpu_baseline.json"),
 ]
-CONVERGENCE = ["resbm/table2_convergence.py", "mapl/main_table.py", "sm/cpu_compare.py"]
+CONVERGENCE = ["resbm/table2_convergence.py", "mapl/main_table.py", "sm/cpu_compare.py",
+               "het_sparseloco/table1_main.py", "het_sparseloco/table2_ratio_sweep.py",
+               "het_sparseloco/table3_no_inner_loop.py", "het_sparseloco/table4_ablations.py"]
+
+
+def test_every_script_is_listed() -> None:
+    """A new reproduction script joins SCRIPTS (with its committed result) or says why not here."""
+    helpers = {"common.py", "make_configs.py", "__init__.py", "param_counts.py"}
+    found = {str(p.relative_to(R)) for p in R.glob("*/*.py") if p.name not in helpers}
+    assert found == {s for s, _ in SCRIPTS}
 
 
 def _load(script: str) -> Any:
@@ -93,6 +111,7 @@ def test_from_json_re_renders_the_committed_result(script: str, result: str, tmp
     assert data["meta"].get("machine") or data["meta"].get("device")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", CONVERGENCE)
 def test_gpu_preset_dry_run_prints_config_and_parameter_count(script: str) -> None:
     import subprocess

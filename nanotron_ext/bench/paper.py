@@ -30,6 +30,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 _RELATIONS: Dict[str, Callable[[float, float], bool]] = {
     ">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le,
     "==": lambda a, b: math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12),  # "identical" (e.g. FLOP counts)
+    "~": lambda a, b: True,  # "no difference": decided by the noise (Verdict: within 2 s.e. of `than`)
 }
 
 
@@ -92,9 +93,12 @@ class Verdict:
 
     @property
     def decided(self) -> bool:
-        """One measurement decides (exact quantity) or the margin exceeds 2 standard errors."""
+        """One measurement decides (exact quantity) or the margin exceeds 2 standard errors ('~':
+        any standard error decides: inside 2 s.e. holds, outside does not)."""
         if self.claim.exact or self.claim.relation == "==":
             return True
+        if self.claim.relation == "~":
+            return self.err is not None
         return self.err is not None and not self.within_noise
 
     @property
@@ -108,7 +112,7 @@ class Verdict:
         if not self.held:
             return "NOT held"
         effect = self.effect_vs_paper
-        if effect is not None and effect < 0.5:
+        if effect is not None and effect < 0.5 and self.claim.relation != "~":
             return "held in direction only"
         return "held"
 
@@ -156,8 +160,11 @@ def evaluate(claims: Sequence[PaperClaim], rows: Sequence[Mapping[str, Any]]) ->
     out = []
     for c in claims:
         v = measured_value(c, rows)
+        err = measured_value(c, rows, c.err_column) if c.err_column else None
         held = None if v is None or c.relation is None else _RELATIONS[c.relation](v, c.than)
-        out.append(Verdict(c, v, held, measured_value(c, rows, c.err_column) if c.err_column else None))
+        if c.relation == "~" and v is not None:
+            held = err is not None and abs(v - c.than) <= 2 * err
+        out.append(Verdict(c, v, held, err))
     return out
 
 

@@ -108,8 +108,8 @@ def read_saved(path: str | Path) -> Dict[str, Any]:
         data = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise SystemExit(f"--from-json {path}: cannot read a saved result ({e})") from None
-    if not isinstance(data, dict) or "rows" not in data:
-        raise SystemExit(f"--from-json {path}: not a result a reproduction script wrote (no 'rows')")
+    if not isinstance(data, dict) or not ({"rows", "meta", "utilisation_model"} & set(data)):
+        raise SystemExit(f"--from-json {path}: not a result a reproduction script wrote (no 'rows' or 'meta')")
     return data
 
 
