@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 from typing import Any, Dict, List
 
 from nanotron_ext.bench import report as br

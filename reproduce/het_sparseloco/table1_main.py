@@ -14,7 +14,7 @@ from typing import Optional, Sequence
 from nanotron_ext.config.loader import load_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import parse, base_overrides, parser, print_deltas, replicas, run_table  # noqa: E402
+from common import base_overrides, parse, parser, print_deltas, replicas, run_table  # noqa: E402
 
 # Paper Table 1, 512M column (final training loss, DCLM); the 178M column is 3.07 / 3.14 / 3.12
 PAPER = {"SparseLoCo": 2.73, "+ PP-Compress": 2.84, "+ PP-Compress (tuned)": 2.82,

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import parse, base_overrides, new_figure, parser, print_deltas, replicas, run_table, save_plot  # noqa: E402
+from common import base_overrides, new_figure, parse, parser, print_deltas, replicas, run_table, save_plot  # noqa: E402
 
 from nanotron_ext.config.loader import load_config  # noqa: E402
 

@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 from nanotron_ext.config.loader import load_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import parse, base_overrides, parser, print_deltas, replicas, run_table  # noqa: E402
+from common import base_overrides, parse, parser, print_deltas, replicas, run_table  # noqa: E402
 
 # Paper Table 3 (512M) and 3(a) (token budget 10B -> 12B); SparseLoCo baseline 2.73 (Table 1)
 PAPER = {"AdamW": 2.75, "AdamW + PP-Compression": 2.81, "AdamW + Het PP-Compression (1/2)": 2.83,
