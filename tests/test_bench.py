@@ -149,7 +149,7 @@ def test_paper_claims_held_not_held_and_not_measured() -> None:
     assert [v.held for v in paper.evaluate([same], [{"flops_ratio": 1.0}])] == [True]
     assert [v.held for v in paper.evaluate([same], [{"flops_ratio": 0.999}])] == [False]
     with pytest.raises(ValueError):
-        paper.PaperClaim("bad", "x", 1.0, relation="~")
+        paper.PaperClaim("bad", "x", 1.0, relation="!=")
 
 
 def test_annotate_puts_the_paper_value_beside_the_measured_column() -> None:
@@ -307,3 +307,10 @@ def test_run_training_reuses_only_a_finished_run_of_the_same_resolved_config(tmp
     assert not _finished_with(out, cfg_file, sets[:-1] + ["tokens.train_steps=8"])  # another config
     (out / "summary.json").write_text(json.dumps({"steps": 3}))
     assert not _finished_with(out, cfg_file, sets)  # stopped early
+
+
+def test_a_no_difference_claim_is_decided_by_the_noise() -> None:
+    c = paper.PaperClaim("Grassmann vs none", "delta", 0.0, "~", 0.0, err_column="se")
+    assert [v.status for v in paper.evaluate([c], [{"delta": 0.01, "se": 0.01}])] == ["held"]
+    assert [v.status for v in paper.evaluate([c], [{"delta": 0.05, "se": 0.01}])] == ["NOT held"]
+    assert [v.status for v in paper.evaluate([c], [{"delta": 0.0}])] == ["undetermined (1 run)"]

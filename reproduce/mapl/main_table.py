@@ -226,6 +226,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         rows = measure(config, args.steps, torchrun_args, reuse, extra, gpu, args.seeds)
         meta = br.run_meta({"config": config, "steps": args.steps or "config", "preset": args.preset,
                             "seeds": args.seeds})
+    for r in rows:  # the paper's Delta% as printed (results before this fix recomputed them from rounded losses)
+        r["paper_degradation_pct"] = PAPER_DELTA[r["design"]][0 if r["P"] == 4 else 1]
     headers = ["P", "design", "wire B/token", "val loss", "delta %", "paper (150M) val loss", "paper delta %"]
     body = [[r["P"], r["design"], r["wire_bytes_per_token"] or "-", _f(r["val_loss"]), _f(r["degradation_pct"], 2),
              r["paper_val_loss"], f"{PAPER_DELTA[r['design']][0 if r['P'] == 4 else 1]:+.2f}"] for r in rows]

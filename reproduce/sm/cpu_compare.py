@@ -112,6 +112,14 @@ def figure(results: Dict[str, Dict[str, Any]]) -> Any:
     return fig
 
 
+def as_table(saved: Dict[str, Any]) -> Dict[str, Any]:
+    """A saved result with its rows keyed by name (published results list them)."""
+    rows = saved.get("rows", {})
+    if isinstance(rows, list):
+        saved = {**saved, "rows": {r["name"]: {k: v for k, v in r.items() if k != "name"} for r in rows}}
+    return saved
+
+
 def val_losses(table: Dict[str, Any]) -> Dict[str, Dict[int, float]]:
     """Final validation loss per row and seed (the main rows ran with the config's seed, 42)."""
     out = {n: {42: r["summary"]["final_val_loss"]} for n, r in table["rows"].items()}
@@ -195,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     if args.from_json:
-        table = br.read_saved(args.from_json)
+        table = as_table(br.read_saved(args.from_json))
     elif args.preset == "gpu":
         if not args.dry_run:
             raise SystemExit("--preset gpu: run the printed configs with torchrun (this script's runner is the CPU one); "
@@ -203,7 +211,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return gpu_dry_run(args)
     else:
         out = Path(args.out)
-        table = json.loads(out.read_text()) if out.exists() else {"rows": {}}
+        table = as_table(json.loads(out.read_text())) if out.exists() else {"rows": {}}
         for name in args.rows.split(","):
             print(f"== {name}", flush=True)
             row = run_row(name, args.steps, args.nproc, args.mbps, args.seed)
