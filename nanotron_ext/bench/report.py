@@ -280,7 +280,7 @@ def verdict_figure(verdicts: Sequence[Verdict]) -> Any:
     ax.barh(labels, [v.ours_over_paper for v in shown], color=[colours.get(v.status, "tab:gray") for v in shown])
     ax.axvline(1.0, color="k", lw=0.8)
     ax.invert_yaxis()
-    ax.set_xlabel("ours / paper (green held, red NOT held, orange direction only, grey undetermined or value only)")
+    ax.set_xlabel("ours / paper\ngreen held, red NOT held, orange direction only, grey undetermined or value only")
     return fig
 
 
