@@ -180,11 +180,28 @@ def render(table: Dict[str, Any]) -> Dict[str, Any]:
             "figure": figure(table["rows"]), "extra": {**extra, "comparisons": comps}}
 
 
-def gpu_dry_run(args: argparse.Namespace) -> int:
+def gpu_runs(args: argparse.Namespace) -> Dict[str, Any]:
+    """The 2B rows on one GPU at equal steps: pp = 1, no emulated link, the codec after every block but the last."""
     common = presets.gpu_overrides(args) + ["parallelism.pp=1", "parallelism.link.enabled=false"]
-    runs = {"centralised": ("reproduce/sm/sm_2b_centralised.yaml", common),
+    return {"centralised": ("reproduce/sm/sm_2b_centralised.yaml", common),
             "sm": ("reproduce/sm/sm_2b_compressed.yaml", common + ["model.codec.boundaries=every_layer"])}
-    return presets.dry_run(presets.runs_for_seeds(runs, args.seeds))
+
+
+def gpu_table(args: argparse.Namespace) -> Dict[str, Any]:
+    """Train the GPU rows once per seed (seed 42 or the first: the main rows; others under 'seeds')."""
+    from nanotron_ext.bench.training import run_training
+
+    table: Dict[str, Any] = {"rows": {}, "seeds": {}}
+    for i, seed in enumerate(args.seeds):
+        for name, (config, overrides) in gpu_runs(args).items():
+            s = run_training(config, presets.with_seed(overrides, seed), f"sm_gpu_{name}_s{seed}", root=Path("runs/sm_gpu"))
+            if i == 0:
+                curve = [{"step": st, "loss": loss, "wall_s": 0.0} for st, loss in s["val_curve"]]
+                table["rows"][name] = {"overrides": overrides, "summary": s, "curve": curve, "train_wall_s": 0.0}
+            else:
+                table["seeds"].setdefault(name, {})[str(seed)] = s
+    table["meta"] = br.run_meta({"steps": "config", "slow_link_mbps": None, "preset": "gpu", "seeds": args.seeds})
+    return table
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -195,8 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--mbps", type=float, default=10.0, help="slow-link bandwidth (Mbit/s) of the non-centralised rows")
     parser.add_argument("--seed", type=int, default=None,
                         help="another general.seed: rows are stored under 'seeds' (the main table keeps the config's seed)")
-    presets.add_preset_args(parser, "the 2B sm_2b_*.yaml rows on one 80 GB GPU at equal steps (bf16, pp = 1); "
-                                    "only --dry-run here, the CPU runner is torchrun on 2 processes")
+    presets.add_preset_args(parser, "the 2B sm_2b_{centralised,compressed}.yaml rows on one 80 GB GPU at equal steps "
+                                    "(bf16, pp = 1, no emulated link; the curve is the validation loss)")
     return br.help_with_defaults(parser)
 
 
@@ -205,10 +222,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.from_json:
         table = as_table(br.read_saved(args.from_json))
     elif args.preset == "gpu":
-        if not args.dry_run:
-            raise SystemExit("--preset gpu: run the printed configs with torchrun (this script's runner is the CPU one); "
-                             "add --dry-run to print them")
-        return gpu_dry_run(args)
+        if args.dry_run:
+            return presets.dry_run(presets.runs_for_seeds(gpu_runs(args), args.seeds))
+        table = gpu_table(args)
     else:
         out = Path(args.out)
         table = as_table(json.loads(out.read_text())) if out.exists() else {"rows": {}}

@@ -30,6 +30,7 @@ from typing import Any, Dict, List, Optional, Sequence
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from nanotron_ext.bench import presets  # noqa: E402
 from nanotron_ext.bench.paper import PaperClaim, evaluate  # noqa: E402
 from nanotron_ext.bench.report import (  # noqa: E402
     help_with_defaults,
@@ -56,22 +57,37 @@ ROWS: Dict[str, List[str]] = {
 }
 
 
+# GPU preset: the paper's 2B model (d = 4096) at 8 and 16 layers (2B / 3.5B), one GPU, codec after every
+# block but the last, k = d/8 (the compressed file's), equal steps; lossy rows at the same ratio
+GPU_CONFIG = "reproduce/sm/sm_2b_centralised.yaml"
+GPU_BASE = ["parallelism.pp=1", "parallelism.link.enabled=false", "model.codec.boundaries=every_layer"]
+GPU_DEPTHS = [8, 16]
+
+
 def measure(args: argparse.Namespace) -> Dict[str, Any]:
+    gpu = args.preset == "gpu"
+    config, base = (GPU_CONFIG, GPU_BASE + presets.gpu_overrides(args)) if gpu else (CONFIG, BASE)
+    depths = GPU_DEPTHS if gpu and args.depths == [4, 8] else args.depths
     base_seed = load_config(CONFIG, BASE).general.seed
     seeds = args.seeds or [base_seed]
+    k = load_config(config, base).model.hidden_size // 8
+    rows_ovr = {n: [o if o != "model.subspace.k=16" else f"model.subspace.k={k}" for o in v] for n, v in ROWS.items()}
+    if args.dry_run:
+        return {"dry_run": presets.dry_run({f"depth{d}_{n} seed {s}": (config, base + rows_ovr[n] + [f"model.num_layers={d}",
+                                            f"general.seed={s}"]) for s in seeds for d in depths for n in args.rows})}
     rows = []
     for seed in seeds:
-        for depth in args.depths:
+        for depth in depths:
             for name in ["uncompressed"] + [r for r in args.rows if r != "uncompressed"]:
-                ovr = BASE + ROWS[name] + [f"model.num_layers={depth}", f"tokens.train_steps={args.steps}"]
+                ovr = base + rows_ovr[name] + [f"model.num_layers={depth}"] + ([] if gpu else [f"tokens.train_steps={args.steps}"])
                 run = f"depth{depth}_{name}"
                 if seed != base_seed:
                     ovr, run = ovr + [f"general.seed={seed}"], f"{run}_seed{seed}"
-                s = run_training(CONFIG, ovr, run, root=ROOT / "runs" / "sm_depth", reuse=True)
+                s = run_training(config, ovr, run, root=ROOT / "runs" / ("sm_depth_gpu" if gpu else "sm_depth"), reuse=True)
                 rows.append({"depth": depth, "row": name, "seed": seed, "val_loss": s["final_val_loss"],
                              "train_loss": s["final_train_loss"], "val_curve": s["val_curve"], "overrides": ovr})
                 print(f"seed {seed} depth {depth:>2} {name:<13} val {s['final_val_loss']:.4f}", flush=True)
-    meta = run_meta({"config": CONFIG, "steps": args.steps, "depths": args.depths, "seeds": seeds})
+    meta = run_meta({"config": config, "steps": "config" if gpu else args.steps, "depths": depths, "seeds": seeds})
     return {"meta": meta, "rows": rows}
 
 
@@ -129,9 +145,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--depths", type=int, nargs="+", default=[4, 8], help="layer counts compared")
     p.add_argument("--steps", type=int, default=200, help="training steps per run")
     p.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS), help="rows compared")
-    p.add_argument("--seeds", type=int, nargs="+", default=None, help="general.seed values (default: the config's)")
+    presets.add_preset_args(p, f"{GPU_CONFIG} at 8 and 16 layers (2B / 3.5B) on one 80 GB GPU, bf16", seeds=())
     args = help_with_defaults(p).parse_args(argv)
+    args.seeds = args.seeds or None
     saved = read_saved(args.from_json) if args.from_json else measure(args)
+    if "dry_run" in saved:
+        return saved["dry_run"]
     r = render(saved)
     publish(args.out, r["rows"], r["meta"], "Subspace Models, Fig. 3 scaled down: compression between every block vs depth",
             r["headers"], r["body"], r["verdicts"], r["figure"])
