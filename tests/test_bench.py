@@ -134,10 +134,12 @@ CLAIMS = [
 def test_paper_claims_held_not_held_and_not_measured() -> None:
     v = paper.evaluate(CLAIMS, ROWS)
     assert [x.held for x in v] == [True, False, None, True, None]
-    assert [x.status for x in v] == ["held", "NOT held", "not measured", "held", "not measured"]
+    # one measurement without a standard error decides nothing
+    assert [x.status for x in v] == ["undetermined (1 run)"] * 2 + ["not measured", "undetermined (1 run)", "not measured"]
+    assert [x.verdict for x in v] == [None] * 5
     assert v[0].measured == pytest.approx(1.19) and v[0].ours_over_paper == pytest.approx(1.19 / 1.16)
     assert v[2].ours_over_paper is None
-    assert "paper 1.16, ours 1.19" in v[0].line() and "NOT held" in v[1].line() and v[0].line().startswith("[Table 3]")
+    assert "paper 1.16, ours 1.19" in v[0].line() and "undetermined (1 run)" in v[1].line() and v[0].line().startswith("[Table 3]")
     d = v[3].as_dict()
     assert d["held"] is True and d["claimed"] == "< 1" and d["paper"] == pytest.approx(0.7205, abs=1e-4)
     # an ordering that holds only with equality
@@ -147,7 +149,7 @@ def test_paper_claims_held_not_held_and_not_measured() -> None:
     assert [v.held for v in paper.evaluate([same], [{"flops_ratio": 1.0}])] == [True]
     assert [v.held for v in paper.evaluate([same], [{"flops_ratio": 0.999}])] == [False]
     with pytest.raises(ValueError):
-        paper.PaperClaim("bad", "x", 1.0, relation="~")
+        paper.PaperClaim("bad", "x", 1.0, relation="!=")
 
 
 def test_annotate_puts_the_paper_value_beside_the_measured_column() -> None:
@@ -175,7 +177,7 @@ def test_write_report_writes_json_markdown_and_a_titled_png(tmp_path: Path) -> N
     assert [p["held"] for p in data["paper"]] == [True, False] and data["paper"][0]["paper"] == 1.16
     md = written["md"].read_text()
     assert md.startswith("# Table 3 grouping") and "| bz | speedup |" in md and "| 4 | 0.97x |" in md
-    assert "## Paper vs measured" in md and "NOT held" in md and "a note" in md
+    assert "## Paper vs measured" in md and "undetermined (1 run)" in md and "a note" in md
     title = fig._suptitle.get_text()
     assert "Table 3 grouping" in title and "CPU (test box, 2 cores)" in title and "2026-11-23" in title
     import matplotlib.image
@@ -268,9 +270,24 @@ def test_a_value_only_claim_is_shown_not_judged() -> None:
 def test_an_ordering_inside_two_standard_errors_is_flagged_as_noise() -> None:
     c = paper.PaperClaim("btp vs full rank", "speedup", 1.91, ">", 1.0, where={"n": "btp"}, err_column="speedup_err")
     (v,) = paper.evaluate([c], [{"n": "btp", "speedup": 1.05, "speedup_err": 0.04}])
-    assert v.held is True and v.within_noise and v.status == "held (within noise: 2 s.e.)"
+    assert v.held is True and v.within_noise and v.status == "undetermined (within 2 s.e.)" and v.verdict is None
+    # outside the noise but a third of the paper's effect (0.35 of 0.91): the direction only
     (v,) = paper.evaluate([c], [{"n": "btp", "speedup": 1.35, "speedup_err": 0.03}])
-    assert v.status == "held" and v.as_dict()["measured_err"] == 0.03
+    assert v.status == "held in direction only" and v.as_dict()["measured_err"] == 0.03 and v.verdict is True
+    assert v.effect_vs_paper == pytest.approx(0.35 / 0.91) and "ours/paper 0.707" in v.line() and "+- 0.03" in v.line()
+    (v,) = paper.evaluate([c], [{"n": "btp", "speedup": 1.8, "speedup_err": 0.03}])
+    assert v.status == "held"
+    (v,) = paper.evaluate([c], [{"n": "btp", "speedup": 0.8, "speedup_err": 0.03}])
+    assert v.status == "NOT held" and v.verdict is False
+
+
+def test_a_deterministic_quantity_is_decided_by_one_measurement() -> None:
+    c = paper.PaperClaim("volume vs full rank", "ratio", 0.875, "<", 1.0, exact=True)
+    (v,) = paper.evaluate([c], [{"ratio": 0.877}])
+    assert v.status == "held" and v.verdict is True
+    c = paper.PaperClaim("speedup", "speedup", 16.4, ">", 1.0, exact=True)
+    (v,) = paper.evaluate([c], [{"speedup": 1.24}])
+    assert v.status == "held in direction only" and "ours/paper 0.0756" in v.line()
 
 
 def test_run_training_reuses_only_a_finished_run_of_the_same_resolved_config(tmp_path) -> None:
@@ -290,3 +307,10 @@ def test_run_training_reuses_only_a_finished_run_of_the_same_resolved_config(tmp
     assert not _finished_with(out, cfg_file, sets[:-1] + ["tokens.train_steps=8"])  # another config
     (out / "summary.json").write_text(json.dumps({"steps": 3}))
     assert not _finished_with(out, cfg_file, sets)  # stopped early
+
+
+def test_a_no_difference_claim_is_decided_by_the_noise() -> None:
+    c = paper.PaperClaim("Grassmann vs none", "delta", 0.0, "~", 0.0, err_column="se")
+    assert [v.status for v in paper.evaluate([c], [{"delta": 0.01, "se": 0.01}])] == ["held"]
+    assert [v.status for v in paper.evaluate([c], [{"delta": 0.05, "se": 0.01}])] == ["NOT held"]
+    assert [v.status for v in paper.evaluate([c], [{"delta": 0.0}])] == ["undetermined (1 run)"]

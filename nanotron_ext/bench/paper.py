@@ -2,9 +2,18 @@
 
 A `PaperClaim` names one measured column of one row (`column`, `where`), the paper's value of that
 quantity (`paper`, None when the paper states only an ordering) and the ordering the paper claims
-for it (`relation` `than`, e.g. speedup > 1, activation ratio < 1). Our set-ups are smaller than the
-papers' (CPU, tiny models), so a claim "held" when the ORDERING holds on our numbers; the ratio of
-ours to the paper's is reported beside it, never used to pass or fail.
+for it (`relation` `than`, e.g. speedup > 1, activation ratio < 1).
+
+Verdicts are noise-aware, in one format (`Verdict.line`):
+- "held" / "NOT held": the ordering holds / fails by more than 2 standard errors of the measured
+  value (`err_column`: seeds or repeated iterations), or the quantity is deterministic (`exact`:
+  bytes, FLOPs, parameter counts; "==" claims);
+- "undetermined (1 run)": no standard error, so one run cannot tell the ordering from noise;
+- "undetermined (within 2 s.e.)": the margin is inside the noise;
+- "held in direction only": the ordering holds but a paper that states a number is not matched:
+  our effect (measured - than) is less than half of the paper's (paper - than), e.g. a 1.24x
+  speedup against the paper's 16.4x. `ours/paper` is printed beside every verdict with a number.
+Our set-ups are smaller than the papers' (CPU, tiny models), so the number itself is shown, never tuned.
 
     claims = [PaperClaim("grouping speedup, bz=1", "speedup", 1.16, ">", 1.0,
                          where={"micro_batch": 1, "part": "block"}, source="Table 3")]
@@ -21,6 +30,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 _RELATIONS: Dict[str, Callable[[float, float], bool]] = {
     ">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le,
     "==": lambda a, b: math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12),  # "identical" (e.g. FLOP counts)
+    "~": lambda a, b: True,  # "no difference": decided by the noise (Verdict: within 2 s.e. of `than`)
 }
 
 
@@ -35,6 +45,7 @@ class PaperClaim:
     than: float = 1.0
     where: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # selects the row: column == value
     err_column: Optional[str] = None  # the row's standard error of `column`, if measured: flags noise
+    exact: bool = False            # deterministic (bytes, FLOPs, counts): one measurement decides
     source: str = ""               # "Table 3", "Fig. 6 (left)"
     setting: str = ""              # the paper's set-up, e.g. "CoLA LLaMA-7B, TP=4, GPU"
 
@@ -73,27 +84,60 @@ class Verdict:
         return self.measured / p
 
     @property
+    def effect_vs_paper(self) -> Optional[float]:
+        """Our effect over the paper's, (measured - than) / (paper - than): 1 = the paper's size."""
+        c = self.claim
+        if self.measured is None or c.paper is None or c.relation is None or c.paper == c.than:
+            return None
+        return (self.measured - c.than) / (c.paper - c.than)
+
+    @property
+    def decided(self) -> bool:
+        """One measurement decides (exact quantity) or the margin exceeds 2 standard errors ('~':
+        any standard error decides: inside 2 s.e. holds, outside does not)."""
+        if self.claim.exact or self.claim.relation == "==":
+            return True
+        if self.claim.relation == "~":
+            return self.err is not None
+        return self.err is not None and not self.within_noise
+
+    @property
     def status(self) -> str:
-        if self.measured is not None and self.claim.relation is None:
+        if self.measured is None:
+            return "not measured"
+        if self.claim.relation is None:
             return "value only"
-        status = {True: "held", False: "NOT held", None: "not measured"}[self.held]
-        return status + (" (within noise: 2 s.e.)" if self.held is not None and self.within_noise else "")
+        if not self.decided:
+            return "undetermined (1 run)" if self.err is None else "undetermined (within 2 s.e.)"
+        if not self.held:
+            return "NOT held"
+        effect = self.effect_vs_paper
+        if effect is not None and effect < 0.5 and self.claim.relation != "~":
+            return "held in direction only"
+        return "held"
+
+    @property
+    def verdict(self) -> Optional[bool]:
+        """True / False only when decided (see `status`); None otherwise."""
+        return self.held if self.measured is not None and self.claim.relation is not None and self.decided else None
 
     def line(self) -> str:
-        """One printable line: paper value, ours, the ordering and whether it held."""
+        """One printable line: paper value, ours (+- s.e.), the ordering, the verdict and ours/paper."""
         c = self.claim
         paper = "-" if c.paper is None else f"{c.paper:.4g}"
-        ours = "-" if self.measured is None else f"{self.measured:.4g}"
+        ours = "-" if self.measured is None else f"{self.measured:.4g}" + ("" if self.err is None else f" +- {self.err:.2g}")
         src = f"[{c.source}] " if c.source else ""
         claimed = f"; claimed {c.column} {c.ordering}" if c.relation else ""
-        return f"{src}{c.name}: paper {paper}, ours {ours}{claimed}: {self.status}"
+        ratio = "" if self.ours_over_paper is None else f" (ours/paper {self.ours_over_paper:.3g})"
+        return f"{src}{c.name}: paper {paper}, ours {ours}{claimed}: {self.status}{ratio}"
 
     def as_dict(self) -> Dict[str, Any]:
         c = self.claim
         return {"name": c.name, "source": c.source, "setting": c.setting, "column": c.column,
                 "where": dict(c.where), "paper": c.paper, "measured": self.measured, "claimed": c.ordering,
                 "held": self.held, "measured_err": self.err, "within_noise": self.within_noise,
-                "ours_over_paper": self.ours_over_paper}
+                "ours_over_paper": self.ours_over_paper, "effect_vs_paper": self.effect_vs_paper,
+                "verdict": self.status}
 
 
 def _finite(v: Any) -> Optional[float]:
@@ -116,8 +160,11 @@ def evaluate(claims: Sequence[PaperClaim], rows: Sequence[Mapping[str, Any]]) ->
     out = []
     for c in claims:
         v = measured_value(c, rows)
+        err = measured_value(c, rows, c.err_column) if c.err_column else None
         held = None if v is None or c.relation is None else _RELATIONS[c.relation](v, c.than)
-        out.append(Verdict(c, v, held, measured_value(c, rows, c.err_column) if c.err_column else None))
+        if c.relation == "~" and v is not None:
+            held = err is not None and abs(v - c.than) <= 2 * err
+        out.append(Verdict(c, v, held, err))
     return out
 
 
@@ -136,10 +183,11 @@ def annotate(rows: Sequence[Dict[str, Any]], claims: Sequence[PaperClaim]) -> Se
 
 def verdict_table(verdicts: Sequence[Verdict]) -> Tuple[List[str], List[List[Any]]]:
     """(headers, body) of the paper-vs-measured table."""
-    headers = ["source", "quantity", "paper setting", "paper", "ours", "claimed", "ordering"]
+    headers = ["source", "quantity", "paper setting", "paper", "ours", "ours/paper", "claimed", "verdict"]
     body = [[v.claim.source, v.claim.name, v.claim.setting or "-",
              "-" if v.claim.paper is None else f"{v.claim.paper:.4g}",
-             "-" if v.measured is None else f"{v.measured:.4g}",
+             "-" if v.measured is None else f"{v.measured:.4g}" + ("" if v.err is None else f" +- {v.err:.2g}"),
+             "-" if v.ours_over_paper is None else f"{v.ours_over_paper:.3g}",
              f"{v.claim.column} {v.claim.ordering}" if v.claim.relation else "-", v.status]
             for v in verdicts]
     return headers, body

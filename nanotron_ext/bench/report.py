@@ -1,12 +1,18 @@
 """Reports: text and markdown tables, JSON/CSV rows, PNG figures titled with device and date.
 
-`write_report(out, ...)` is what a script calls at the end: `<out>.json` ({"meta", "rows", "paper"}),
-`<out stem>.md` (the table and the paper-vs-measured verdicts) and, given a figure, `<out stem>.png`
-whose title names the machine and the date of the measurement (from `meta`, so a re-render of an
-old result keeps the date it was measured).
+The convention every reproduction script follows (tests/test_repro_convention.py checks each one):
+- options from `script_parser` / `add_output_args`: `--out` defaults to a path under runs/ (a
+  committed result is only overwritten when --out names it), `--from-json` re-renders a saved result
+  without measuring, and every option's help states its default (`help_with_defaults`);
+- `publish(out, ...)` prints a header (title, device from the run's meta, date), the table and the
+  paper verdicts (bench.paper, one format), then writes `<out>.json` ({"meta", "rows", "paper"}),
+  `<out stem>.md` and `<out stem>.png` (the script's figure, or ours-vs-paper bars when it has none)
+  and prints the paths it wrote. Figures are titled with the machine and the date of the
+  measurement (from `meta`, so a re-render of an old result keeps the date it was measured).
 """
 from __future__ import annotations
 
+import argparse
 import csv
 import dataclasses
 import datetime
@@ -35,16 +41,97 @@ def machine_label() -> str:
     return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
 
 
+def default_backend() -> str:
+    """The process-group backend a run on this machine uses ("nccl" with CUDA, "gloo" otherwise)."""
+    try:
+        import torch
+
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    except Exception:  # noqa: BLE001 - a label must never fail a run
+        return "gloo"
+
+
 def run_meta(extra: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
-    """Date, host, machine label and 1-minute load average (a shared machine's load explains noise)."""
+    """Date, host, machine label, backend and 1-minute load average (a shared machine's load explains
+    noise)."""
     meta: Dict[str, Any] = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "host": platform.node(),
         "machine": machine_label(),
+        "backend": default_backend(),
         "loadavg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
     }
     meta.update(extra or {})
     return meta
+
+
+def device_label(meta: Mapping[str, Any]) -> str:
+    """'CPU (x86_64, 2 cores), gloo' from a result's meta (what it ran on, not what re-renders it)."""
+    machine = meta.get("machine") or meta.get("device") or "device not recorded"
+    backend = meta.get("backend")
+    return f"{machine}, {backend}" if backend and backend not in str(machine) else str(machine)
+
+
+# ------------------------------------------------------------------------------------------------
+# the command line every reproduction script shares
+# ------------------------------------------------------------------------------------------------
+def help_with_defaults(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Every visible option's help ends with its default (argparse fills %(default)s)."""
+    for action in parser._actions:  # noqa: SLF001 - argparse has no public iterator over its actions
+        if action.help == argparse.SUPPRESS or isinstance(action, argparse._HelpAction):  # noqa: SLF001
+            continue
+        action.help = action.help or action.dest.replace("_", " ")
+        if "%(default)" not in action.help and "default" not in action.help:
+            action.help += " (default: %(default)s)"
+    return parser
+
+
+def add_output_args(parser: argparse.ArgumentParser, default_out: str) -> None:
+    """--out (under runs/ by default) and --from-json."""
+    parser.add_argument("--out", default=default_out,
+                        help="the result's JSON; the markdown and PNG are written beside it (default: %(default)s; "
+                             "the committed result under reproduce/ is only rewritten when --out names it)")
+    parser.add_argument("--from-json", metavar="JSON",
+                        help="measure nothing: re-render a result this script wrote (its JSON) to --out")
+
+
+def script_parser(description: Optional[str], default_out: str) -> argparse.ArgumentParser:
+    """The parser of a reproduction script: its docstring as help text, --out and --from-json."""
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_output_args(p, default_out)
+    return p
+
+
+def read_saved(path: str | Path) -> Dict[str, Any]:
+    """A result a script wrote (--from-json), with the file named in the error when it is not one."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise SystemExit(f"--from-json {path}: cannot read a saved result ({e})") from None
+    if not isinstance(data, dict) or not ({"rows", "meta", "utilisation_model"} & set(data)):
+        raise SystemExit(f"--from-json {path}: not a result a reproduction script wrote (no 'rows' or 'meta')")
+    return data
+
+
+def print_header(title: str, meta: Mapping[str, Any], *details: str) -> None:
+    """The lines printed before a script's rows: what, on which device, when."""
+    print(f"{title}\n{device_label(meta)}, {str(meta.get('date', '?'))[:19]}" + "".join(f"\n{d}" for d in details))
+
+
+def publish(out: str | Path, rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any], title: str,
+            headers: Sequence[Any], body: Sequence[Sequence[Any]], verdicts: Sequence[Verdict] = (),
+            figure: Any = None, notes: Sequence[str] = (), extra: Optional[Mapping[str, Any]] = None) -> Dict[str, Path]:
+    """Print header, table and verdicts; write JSON + markdown + PNG (see the module docstring); print
+    the paths written."""
+    print_header(title, meta)
+    print(format_table(headers, body))
+    if verdicts:
+        print("\npaper vs ours:")
+        for v in verdicts:
+            print("  " + v.line())
+    for n in notes:
+        print(n)
+    return write_report(out, rows, meta, title, headers, body, verdicts, figure, notes, extra)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -151,7 +238,7 @@ def figure_title(what: str, meta: Mapping[str, Any]) -> str:
 def markdown_report(title: str, meta: Mapping[str, Any], headers: Sequence[Any], body: Sequence[Sequence[Any]],
                     verdicts: Sequence[Verdict] = (), notes: Sequence[str] = ()) -> str:
     """The markdown page of one result: title, machine and date, table, paper vs measured."""
-    parts = [f"# {title}", "", f"{meta.get('machine', '?')}, {meta.get('date', '?')}"
+    parts = [f"# {title}", "", f"{device_label(meta)}, {meta.get('date', '?')}"
              + (f", tp={meta['tp']}" if "tp" in meta else ""), "", markdown_table(headers, body)]
     if verdicts:
         parts += ["", "## Paper vs measured", "", markdown_table(*verdict_table(verdicts))]
@@ -161,18 +248,51 @@ def markdown_report(title: str, meta: Mapping[str, Any], headers: Sequence[Any],
 
 def write_report(out: str | Path, rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any], title: str,
                  headers: Sequence[Any], body: Sequence[Sequence[Any]], verdicts: Sequence[Verdict] = (),
-                 figure: Any = None, notes: Sequence[str] = ()) -> Dict[str, Path]:
-    """Write the JSON (or CSV), the markdown beside it and, with `figure`, the PNG beside it
-    (titled `title` + machine + date). Returns {"json"|"csv", "md", "png"?: path}."""
+                 figure: Any = None, notes: Sequence[str] = (), extra: Optional[Mapping[str, Any]] = None) -> Dict[str, Path]:
+    """Write the JSON (or CSV; `extra`: more top-level JSON keys), the markdown beside it and the PNG
+    beside it (titled `title` + machine + date): `figure`, or ours-vs-paper bars of the verdicts (the
+    table itself when no verdict has a paper number). Prints and returns {"json"|"csv", "md", "png"}."""
     out = Path(out)
+    if out.suffix.lower() not in (".json", ".csv"):
+        out = out.with_suffix(".json")
     written: Dict[str, Path] = {}
     key = "csv" if out.suffix.lower() == ".csv" else "json"
-    written[key] = write_rows(out, rows, meta, {"paper": [v.as_dict() for v in verdicts]} if key == "json" else None)
+    written[key] = write_rows(out, rows, meta, {**dict(extra or {}), "paper": [v.as_dict() for v in verdicts]}
+                              if key == "json" else None)
     md = markdown_report(title, meta, headers, body, verdicts, notes)
     written["md"] = _atomic_write(out.with_suffix(".md"), lambda f: f.write(md))
-    if figure is not None:
-        written["png"] = save_figure(figure, out.with_suffix(".png"), title, meta)
+    if figure is None:
+        figure = verdict_figure(verdicts) or table_figure(headers, body)
+    written["png"] = save_figure(figure, out.with_suffix(".png"), title, meta)
+    print("wrote " + ", ".join(str(p) for p in written.values()))
     return written
+
+
+def verdict_figure(verdicts: Sequence[Verdict]) -> Any:
+    """Ours / paper per claim with a paper number (1 = the paper's value), coloured by verdict; None
+    when no claim has both numbers."""
+    shown = [v for v in verdicts if v.ours_over_paper is not None]
+    if not shown:
+        return None
+    colours = {"held": "tab:green", "NOT held": "tab:red", "held in direction only": "tab:orange"}
+    fig, ax = new_figure(1, width=9.0, height=0.4 * len(shown) + 1.8)
+    labels = [f"{v.claim.source}: {v.claim.name}"[:70] for v in shown]
+    ax.barh(labels, [v.ours_over_paper for v in shown], color=[colours.get(v.status, "tab:gray") for v in shown])
+    ax.axvline(1.0, color="k", lw=0.8)
+    ax.invert_yaxis()
+    ax.set_xlabel("ours / paper\ngreen held, red NOT held, orange direction only, grey undetermined or value only")
+    return fig
+
+
+def table_figure(headers: Sequence[Any], body: Sequence[Sequence[Any]]) -> Any:
+    """The table as a picture (results without a paper number to plot against)."""
+    fig, ax = new_figure(1, width=min(16.0, 1.4 * len(headers) + 2), height=0.3 * len(body) + 1.2)
+    ax.axis("off")
+    cells = _cells(headers, body)
+    table = ax.table(cellText=cells[1:] or [["-"] * len(headers)], colLabels=cells[0], loc="center")
+    table.auto_set_font_size(False)
+    table.set_fontsize(7)
+    return fig
 
 
 def save_figure(fig: Any, png: str | Path, title: str, meta: Mapping[str, Any]) -> Path:
@@ -183,6 +303,9 @@ def save_figure(fig: Any, png: str | Path, title: str, meta: Mapping[str, Any]) 
     fig.tight_layout()
     fig.savefig(png, dpi=90)
     os.chmod(png, 0o644)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
     return png
 
 

@@ -32,7 +32,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -153,13 +153,11 @@ def format_rows(rows: Sequence[dict]) -> str:
     return "\n".join(lines)
 
 
-def plot(rows: Sequence[dict], path: Path, title: str) -> None:
-    import matplotlib
+def figure(rows: Sequence[dict]) -> Any:
+    """tokens/s against link bandwidth, one line per (setting, duplex)."""
+    from nanotron_ext.bench.report import new_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, ax = new_figure(1, width=6.4, height=4.2)
     for (setting, duplex) in sorted({(r["setting"], r["duplex"]) for r in rows}):
         pts = sorted((r["bandwidth_mbps"], r["tokens_per_s"]) for r in rows
                      if r["setting"] == setting and r["duplex"] == duplex and r["bandwidth_mbps"] > 0)
@@ -168,12 +166,38 @@ def plot(rows: Sequence[dict], path: Path, title: str) -> None:
     ax.set_xscale("log")
     ax.set_xlabel("link bandwidth (Mbit/s)")
     ax.set_ylabel("tokens/s")
-    ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    return fig
+
+
+def plot(rows: Sequence[dict], path: Path, title: str) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = figure(rows)
+    fig.axes[0].set_title(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def table(rows: Sequence[dict]) -> Tuple[List[str], List[List[Any]]]:
+    """(headers, body) of the benchmark's rows for bench.report."""
+    headers = ["setting", "Mbit/s", "duplex", "tokens/s", "link-bound tokens/s", "fwd B/step", "bwd B/step", "loss@budget"]
+    body = [[r["setting"], f"{r['bandwidth_mbps']:g}", r["duplex"], f"{r['tokens_per_s']:.0f}",
+             f"{r['link_bound_tokens_per_s']:.0f}" if r["link_bound_tokens_per_s"] else "inf",
+             f"{r['bytes_per_step_per_boundary']['fwd']:,.0f}", f"{r['bytes_per_step_per_boundary']['bwd']:,.0f}",
+             f"{r['loss_within_budget']:.3f}" if r["loss_within_budget"] else "-"] for r in rows]
+    return headers, body
+
+
+def legacy_meta(saved: Dict[str, Any]) -> Dict[str, Any]:
+    """meta of a result written before bench.report's convention ({"device": "<what> - <machine>, <date>"})."""
+    if "meta" in saved:
+        return saved["meta"]
+    device = str(saved.get("device", "")).split(" - ", 1)[-1]
+    machine, _, date = device.rpartition(", ")
+    return {"machine": machine, "date": date, **{k: saved[k] for k in ("slow_mbps", "fast_mbps") if k in saved}}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -207,7 +231,10 @@ def run_grid(args: argparse.Namespace, grid: Optional[Sequence[Tuple[str, List[s
 
 
 def device_title(what: str) -> str:
-    return f"{what} - CPU ({os.cpu_count()} cores), gloo, {datetime.date.today().isoformat()}"
+    """`what` - the machine and backend this runs on (bench.report), today's date."""
+    from nanotron_ext.bench.report import default_backend, machine_label
+
+    return f"{what} - {machine_label()}, {default_backend()}, {datetime.date.today().isoformat()}"
 
 
 def main(argv: Optional[Sequence[str]] = None) -> List[dict]:

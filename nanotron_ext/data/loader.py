@@ -143,6 +143,20 @@ class SequenceLoader:
             self.epoch, self.position = self.epoch + 1, 0
         return batch
 
+    def epochs_for(self, micro_batches: int) -> float:
+        """How many times `micro_batches` micro-batches of this replica read the training split."""
+        return micro_batches / self.steps_per_epoch
+
+    def epoch_note(self, train_steps: int, accumulation: int) -> Optional[str]:
+        """One line for the start of a run that reads its training split more than once (a long run on
+        a small corpus, e.g. billions of tokens from the embedded one); None within one epoch."""
+        epochs = self.epochs_for(train_steps * accumulation)
+        if epochs <= 1:
+            return None
+        tokens = self.steps_per_epoch * self.micro_batch_size * self.dp_size * self.dataset.sequence_length
+        return (f"data: {train_steps:,} steps read the training split ({tokens:,} tokens per epoch, "
+                f"{self.dataset.split_dir}) {epochs:,.1f} times; for a long run name a larger corpus in data.paths")
+
     def state_dict(self) -> Dict[str, int]:
         """Where the next batch comes from, plus what must match to resume (JSON-serialisable)."""
         return {"epoch": self.epoch, "position": self.position, "seed": self.seed, "dp_size": self.dp_size,

@@ -63,6 +63,9 @@ class Trainer:
         self.dp_sync: DataParallelSync = DP_SYNCS.get(p.dp_sync)(self.model, self.ctx.dp_pg, self.model_cfg)
         self.train_loader = build_train_loader(cfg, dp_rank=dp_rank, dp_size=p.dp, config_file=config_file)
         self.val_loader = build_validation_loader(cfg, dp_rank=dp_rank, dp_size=p.dp, config_file=config_file)
+        note = self.train_loader.epoch_note(cfg.tokens.train_steps, cfg.tokens.batch_accumulation_per_replica)
+        if note and self.is_main:
+            print(note)
         self.ledger = get_ledger()
 
         self.step = 0

@@ -73,6 +73,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--kinds", default="svd,cola,lax", help="low-rank architectures of the right panel")
     bl.add_run_args(p, iters=8, warmup=2, out="runs/boost/fig6_scaling.png",
                     out_help="PNG path (JSON and markdown go beside it)", worker=False)
+    br.help_with_defaults(p)
     args = p.parse_args(own)
     args.torchrun_extra = torchrun_extra
     if args.from_json:

@@ -347,7 +347,7 @@ def worker(args: argparse.Namespace) -> None:
 # ------------------------------------------------------------------------------------------------
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    bl.add_run_args(p, iters=12, warmup=2)
+    bl.add_run_args(p, iters=12, warmup=2, out="runs/boost/iter_compare.json")
     p.add_argument("--strategies", default=",".join(STRATEGIES), help="rows to compare (default: all three)")
     p.add_argument("--rmsnorm", choices=["online", "sync", "both"], default="both",
                    help="RMSNorm mode(s) of the btp rows (default both: one row each)")
@@ -357,6 +357,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=1,
                    help="repeat the comparison this many times (fresh launches, rotated order) and pool")
     bw.add_model_args(p)
+    br.help_with_defaults(p)
     return p.parse_args(argv)
 
 

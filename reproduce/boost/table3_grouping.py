@@ -155,9 +155,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     own, torchrun_args = bl.split_argv(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     bw.add_model_args(p)
-    bl.add_run_args(p, iters=20, warmup=3)
+    bl.add_run_args(p, iters=20, warmup=3, out="runs/boost/table3.json")
     p.add_argument("--batches", default="1,4", help="micro-batch sizes (default 1,4 as in the paper)")
     p.add_argument("--rmsnorm", choices=["online", "sync"], default=None, help="btp RMSNorm mode (default: config's)")
+    br.help_with_defaults(p)
     args = p.parse_args(own)
     done = bl.early_phase(args, measure_worker, lambda saved: publish(saved["rows"], saved["meta"], args.out))
     if done is not None:

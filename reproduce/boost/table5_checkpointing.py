@@ -174,8 +174,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     own, torchrun_args = bl.split_argv(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     bw.add_model_args(p)
-    bl.add_run_args(p, iters=10, warmup=2)
+    bl.add_run_args(p, iters=10, warmup=2, out="runs/boost/table5.json")
     p.add_argument("--batches", default="4,8", help="micro-batch sizes (default 4,8 as in the paper)")
+    br.help_with_defaults(p)
     args = p.parse_args(own)
     done = bl.early_phase(args, measure_worker, lambda saved: publish(saved["rows"], saved["meta"], args.out))
     if done is not None:

@@ -11,14 +11,15 @@ k = 32 of 4096, warm-up 30, cosine decay; about 45 s per run on one core.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import statistics
 import time
 from pathlib import Path
 from typing import Callable, Dict, List, Literal, Mapping, Optional, Sequence, Tuple
 
-from nanotron_ext.bench.report import new_figure, save_figure
+from nanotron_ext.bench import presets
+from nanotron_ext.bench.paper import PaperClaim, evaluate
+from nanotron_ext.bench.report import help_with_defaults, new_figure, publish, read_saved, run_meta, save_figure
 from nanotron_ext.config.loader import load_config
 from nanotron_ext.fileio import write_text_atomic
 from nanotron_ext.sparseloco.simulate import run_simulated
@@ -27,32 +28,54 @@ CONFIG_FILE = "examples/config_tiny_het_sparseloco.yaml"
 CPU_SCALE = ["tokens.train_steps=300", "sparseloco.inner_steps=10", "optimizer.warmup_steps=30",
              "tokens.sequence_length=64", "tokens.micro_batch_size=4", "tokens.batch_accumulation_per_replica=1",
              "tokens.val_steps=8", "model.codec.boundaries=every_layer"]
-DEVICE = "CPU (2 cores), gloo"
+GPU_CONFIG = "reproduce/het_sparseloco/sparseloco_512m.yaml"
+# the GPU preset simulates the M replicas in one process too (run_simulated): the 512M model of Table 1 at
+# the paper's batch per replica, bf16, k = d / ratio on the compressed replicas, whose codec sits at the
+# ends of the paper's 4 pipeline stages (12 layers: after layers 3, 6 and 9)
+GPU_SCALE = ["model.codec.boundaries=[2, 5, 8]"]
 Mode = Literal["sparseloco", "dense"]
 Row = Tuple[Mode, List[str]]  # (outer loop, overrides on top of the table's base)
 
 
-def parser(doc: str) -> argparse.ArgumentParser:
-    """The options every table script takes."""
+def parser(doc: str, name: str) -> argparse.ArgumentParser:
+    """The options every table script takes (`name`: the default result runs/het_sparseloco/<name>)."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config-file", default=CONFIG_FILE)
+    p.add_argument("--config-file", default=CONFIG_FILE, help="CPU preset: the base config")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="on top of CPU_SCALE (see reproduce/het_sparseloco/common.py)")
-    p.add_argument("--replicas", type=int, default=4)
-    p.add_argument("--compressed", type=int, default=2, help="compressed replicas in the heterogeneous rows")
+    p.add_argument("--replicas", type=int, default=None, help="M simulated replicas (default: 4; GPU preset: the paper's 8)")
+    p.add_argument("--compressed", type=int, default=None,
+                   help="compressed replicas in the heterogeneous rows (default: half of --replicas)")
     p.add_argument("--ratio", type=int, default=8, help="pipeline compression d/k of the compressed replicas")
-    p.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44])
     p.add_argument("--rows", nargs="+", help="a subset of the table's rows (default: all)")
-    p.add_argument("--out", type=Path, required=True, help="writes <out>.json and <out>.png")
+    p.add_argument("--out", type=Path, default=Path(f"runs/het_sparseloco/{name}"),
+                   help="writes <out>.json, <out>.md and <out>.png (default: %(default)s; a committed result under "
+                        "reproduce/ is only extended or rewritten when --out names it)")
+    p.add_argument("--from-json", metavar="JSON", help="train nothing: re-render a result this script wrote to --out")
     p.add_argument("--fresh", action="store_true",
                    help="retrain every row and seed (by default a run stored here with the same overrides is reused: "
                         "after a code or data change, pass --fresh)")
+    presets.add_preset_args(p, f"{GPU_CONFIG} (512M, the paper's batch per replica, bf16), M replicas simulated "
+                               "in one process on one 80 GB GPU", seeds=(42, 43, 44))
     return p
 
 
+def parse(p: argparse.ArgumentParser, argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """Parse; the GPU preset switches the base config and scale (CPU_SCALE is for the tiny model)."""
+    args = help_with_defaults(p).parse_args(argv)
+    args.replicas = args.replicas or (8 if args.preset == "gpu" else 4)
+    args.compressed = args.compressed if args.compressed is not None else args.replicas // 2
+    if args.preset == "gpu":
+        args.config_file = GPU_CONFIG
+        args.overrides = GPU_SCALE + presets.gpu_overrides(args) + args.overrides
+    return args
+
+
 def base_overrides(args: argparse.Namespace) -> List[str]:
-    """CPU_SCALE + the command line + M replicas + k = d / ratio (names the key when d is not divisible)."""
-    base = CPU_SCALE + args.overrides + [f"parallelism.dp={args.replicas}"]
+    """CPU_SCALE (CPU preset) + the command line + M replicas (pp = 1: the pipeline is simulated by codec
+    boundaries in one process) + k = d / ratio (names the key when d is not divisible)."""
+    scale = CPU_SCALE if args.preset == "cpu" else ["parallelism.pp=1"]
+    base = scale + args.overrides + [f"parallelism.dp={args.replicas}"]
     d = load_config(args.config_file, base).model.hidden_size
     if d % args.ratio:
         raise SystemExit(f"--ratio: model.hidden_size {d} is not divisible by {args.ratio}")
@@ -79,7 +102,16 @@ def run_table(args: argparse.Namespace, rows: Mapping[str, Row], paper: Mapping[
     """Every row x seed (a row already in <out>.json with the same overrides and seed is kept, so a stopped
     sweep resumes); writes <out>.json after each run and <out>.png at the end (`plot(summary, png)`, default
     bars of ours beside the paper's); returns the summaries."""
+    if args.from_json:
+        data = read_saved(args.from_json)
+        args.seeds = data["meta"]["seeds"]
+        args.saved = data
+        return data["summary"]
     base = base_overrides(args)
+    if args.dry_run:
+        presets.dry_run({f"{name} seed {seed}": (args.config_file, base + extra + [f"general.seed={seed}"])
+                         for name, (mode, extra) in rows.items() if name in (args.rows or rows) for seed in args.seeds})
+        raise SystemExit(0)
     path = args.out.with_suffix(".json")
     done = json.loads(path.read_text()).get("runs", {}) if path.exists() and not args.fresh else {}
     # the same run in another row or table here is reused (Table 1's rows in Tables 2 and 4)
@@ -103,12 +135,7 @@ def run_table(args: argparse.Namespace, rows: Mapping[str, Row], paper: Mapping[
             print(f"{name:<34} seed {seed}  val {done[key]['val_loss']:.4f}  ({done[key]['wall_s']:.0f} s)", flush=True)
             _write(path, args, base, done, rows, paper, title, extra_meta)
     summary = _write(path, args, base, done, rows, paper, title, extra_meta)
-    _print(summary, paper)
-    png = args.out.with_suffix(".png")
-    if plot is None:
-        _bars(summary, paper, png, title)
-    else:
-        plot(summary, png)
+    args.saved = json.loads(path.read_text())
     return summary
 
 
@@ -150,51 +177,41 @@ def paired_delta(runs: Mapping[str, Dict[str, object]], row: str, than: str, see
 
 
 def print_deltas(args: argparse.Namespace, pairs: Sequence[Tuple[str, str, str]],
-                 paper: Mapping[str, Optional[float]]) -> List[Dict[str, object]]:
-    """For each (row, than, paper's ordering ">" / "<" / "="): our paired difference, the paper's, and whether
-    the ordering held ("=" holds when |mean| <= 2 s.e.); the lines are stored in <out>.json as "orderings"."""
-    path = args.out.with_suffix(".json")
-    data = json.loads(path.read_text())
-    out = []
+                 paper: Mapping[str, Optional[float]],
+                 plot: Optional[Callable[[Mapping[str, Dict[str, object]], Path], None]] = None) -> List[Dict[str, object]]:
+    """For each (row, than, paper's ordering ">" / "<" / "="): our paired difference (mean over seeds +- s.e.),
+    the paper's, and the verdict (bench.paper: ">" / "<" beyond 2 s.e., "=" within 2 s.e. of zero; one seed
+    is undetermined). Prints header, rows and verdicts, writes <out>.json (+ "orderings", "paper") and
+    <out>.md / <out>.png (`plot(summary, png)`, default bars of ours beside the paper's)."""
+    data = args.saved
+    meta = data["meta"]
+    seeds = meta["seeds"]
+    comps, claims = [], []
     for row, than, claim in pairs:
-        d = paired_delta(data["runs"], row, than, args.seeds)
+        d = paired_delta(data["runs"], row, than, seeds)
         p = None if paper.get(row) is None or paper.get(than) is None else round(paper[row] - paper[than], 4)
-        if d is None:
-            held = None
-        elif claim == "=":
-            held = abs(d[0]) <= 2 * d[1]
-        else:
-            held = d[0] > 2 * d[1] if claim == ">" else d[0] < -2 * d[1]
-        out.append({"row": row, "than": than, "paper_delta": p, "claimed": claim, "ours_delta": d and d[0],
-                    "ours_se": d and d[1], "held": held})
-        verdict = {True: "held", False: "NOT held", None: "not measured"}[held]
-        ours = "-" if d is None else f"{d[0]:+.4f} +- {d[1]:.4f} (s.e.)"
-        print(f"{row} vs {than}: paper {'-' if p is None else f'{p:+.2f}'}, ours {ours}; claimed {claim}: {verdict}")
-    data["orderings"] = out
-    write_text_atomic(path, json.dumps(data, indent=1))
-    write_text_atomic(args.out.with_suffix(".md"), markdown(data))
-    return out
-
-
-def markdown(data: Mapping[str, object]) -> str:
-    """<out>.md: the rows (paper, ours mean / std / per seed) and the orderings, with device and date."""
-    meta, summary = data["meta"], data["summary"]
-    lines = [f"# {meta['title']}", "", f"{meta['device']}, {meta['date']}; M = {meta['replicas']} simulated replicas, "
-             f"{meta['compressed_in_het']} compressed in the heterogeneous rows, d/k = {meta['ratio']}, seeds "
-             f"{meta['seeds']}; base overrides: `{' '.join(meta['base_overrides'])}`", "",
-             "| row | paper (final train loss) | ours: val loss mean | std | per seed |", "|---|---|---|---|---|"]
-    for name, s in summary.items():
-        paper = meta["paper"].get(name)
-        std = "-" if s["std"] is None else f"{s['std']:.4f}"
-        seeds = ", ".join(f"{v:.4f}" for v in s["val_loss"])
-        lines.append(f"| {name} | {'-' if paper is None else paper} | {s['mean']:.4f} | {std} | {seeds} |")
-    lines += ["", "| ordering | paper | ours (paired over seeds, +- s.e.) | claimed | verdict |", "|---|---|---|---|---|"]
-    for o in data.get("orderings", []):
-        ours = "-" if o["ours_delta"] is None else f"{o['ours_delta']:+.4f} +- {o['ours_se']:.4f}"
-        paper = "-" if o["paper_delta"] is None else f"{o['paper_delta']:+.2f}"
-        verdict = {True: "held", False: "NOT held", None: "not measured"}[o["held"]]
-        lines.append(f"| {o['row']} - {o['than']} | {paper} | {ours} | {o['claimed']} | {verdict} |")
-    return "\n".join(lines) + "\n"
+        key = f"{row} - {than}"
+        comps.append({"key": key, "value": d and d[0], "err": d and d[1]})
+        claims.append(PaperClaim(f"{row} minus {than}, val loss (paired over {len(seeds)} seeds)", "value", p,
+                                 {">": ">", "<": "<", "=": "~"}[claim], 0.0, where={"key": key}, err_column="err",
+                                 source=meta["title"].split(", ")[-1].split(" (")[0], setting="512M, DCLM, final train loss"))
+    verdicts = evaluate(claims, comps)
+    data["orderings"] = [{"row": row, "than": than, "paper_delta": c.paper, "claimed": claim, "ours_delta": v.measured,
+                          "ours_se": v.err, "held": v.verdict, "verdict": v.status}
+                         for (row, than, claim), c, v in zip(pairs, claims, verdicts)]
+    summary = data["summary"]
+    headers = ["row", "paper (final train loss)", "ours: val loss mean", "std", "per seed"]
+    body = [[name, paper.get(name, "-") if paper.get(name) is not None else "-", f"{s['mean']:.4f}",
+             "-" if s["std"] is None else f"{s['std']:.4f}", ", ".join(f"{v:.4f}" for v in s["val_loss"])]
+            for name, s in summary.items()]
+    rows = [{"row": name, **s, "paper": paper.get(name)} for name, s in summary.items()]
+    notes = [f"M = {meta['replicas']} simulated replicas, {meta['compressed_in_het']} compressed in the heterogeneous "
+             f"rows, d/k = {meta['ratio']}, seeds {seeds}; base overrides: `{' '.join(meta['base_overrides'])}`"]
+    extra = {k: data[k] for k in ("summary", "runs", "orderings")}
+    publish(args.out.with_suffix(".json"), rows, meta, meta["title"], headers, body, verdicts, notes=notes, extra=extra)
+    png = args.out.with_suffix(".png")
+    (plot or (lambda s, path: _bars(s, paper, path, meta["title"], meta)))(summary, png)
+    return data["orderings"]
 
 
 def _write(path: Path, args: argparse.Namespace, base: List[str], runs: Dict[str, Dict[str, object]],
@@ -202,8 +219,8 @@ def _write(path: Path, args: argparse.Namespace, base: List[str], runs: Dict[str
            extra_meta: Optional[Dict[str, object]]) -> Dict[str, Dict[str, object]]:
     summary = summarise(runs, rows, args.seeds)
     meta = {"title": title, "config_file": args.config_file, "base_overrides": base, "replicas": args.replicas,
-            "compressed_in_het": args.compressed, "ratio": args.ratio, "seeds": args.seeds,
-            "device": DEVICE, "date": datetime.date.today().isoformat(),
+            "compressed_in_het": args.compressed, "ratio": args.ratio, "seeds": args.seeds, "preset": args.preset,
+            **run_meta(),
             "rows": {n: {"mode": m, "overrides": o} for n, (m, o) in rows.items()}, "paper": dict(paper),
             **(extra_meta or {})}
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -211,21 +228,13 @@ def _write(path: Path, args: argparse.Namespace, base: List[str], runs: Dict[str
     return summary
 
 
-def _print(summary: Mapping[str, Dict[str, object]], paper: Mapping[str, Optional[float]]) -> None:
-    print(f"{'row':<34} {'paper':>7} {'ours (mean)':>12} {'std':>8}  per seed")
-    for name, s in summary.items():
-        p = paper.get(name)
-        std = "-" if s["std"] is None else f"{s['std']:.4f}"
-        print(f"{name:<34} {'-' if p is None else f'{p:.2f}':>7} {s['mean']:>12.4f} {std:>8}  "
-              + " ".join(f"{v:.4f}" for v in s["val_loss"]))
+def save_plot(fig: object, path: Path, title: str, meta: Mapping[str, object]) -> None:
+    """The figure titled with what it shows, the device and date of the runs (bench.report.save_figure)."""
+    save_figure(fig, path, title, meta)
 
 
-def save_plot(fig: object, path: Path, title: str) -> None:
-    """The figure titled with what it shows, the device and today's date (bench.report.save_figure)."""
-    save_figure(fig, path, title, {"machine": DEVICE, "date": datetime.date.today().isoformat()})
-
-
-def _bars(summary: Mapping[str, Dict[str, object]], paper: Mapping[str, Optional[float]], path: Path, title: str) -> None:
+def _bars(summary: Mapping[str, Dict[str, object]], paper: Mapping[str, Optional[float]], path: Path, title: str,
+          meta: Mapping[str, object]) -> None:
     names = list(summary)
     fig, (ax, bx) = new_figure(2, width=5.5, height=0.45 * len(names) + 2)
     means = [summary[n]["mean"] for n in names]
@@ -241,4 +250,4 @@ def _bars(summary: Mapping[str, Dict[str, object]], paper: Mapping[str, Optional
     bx.set_xlim(min(paper[n] for n in known) - 0.1, max(paper[n] for n in known) + 0.1)
     bx.invert_yaxis()
     bx.set_xlabel("paper: final training loss")
-    save_plot(fig, path, title)
+    save_plot(fig, path, title, meta)

@@ -7,29 +7,23 @@ in one process (nanotron_ext.sparseloco.simulate.run_simulated, equal to the tra
 
 A variant is "dense" (gradients averaged every step: the paper's AdamW rows) or comma-separated
 `sparseloco.*` overrides. Writes <out>.json (per-step mean train loss, final validation loss, bytes per
-replica per sync) and <out>.png (train loss curves).
+replica per sync) and <out>.png (train loss curves). No paper number sits beside these sweeps (a
+harness check: SparseLoCo variants against dense replicas); `--from-json` re-renders one.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
-from pathlib import Path
-from typing import List
+from typing import Any, Dict, List
 
+from nanotron_ext.bench import report as br
 from nanotron_ext.config.loader import load_config
 from nanotron_ext.sparseloco.simulate import run_simulated
 
 
-def main(argv: List[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config-file", required=True)
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--replicas", type=int, default=4)
-    p.add_argument("--variant", action="append", required=True)
-    p.add_argument("--out", type=Path, required=True)
-    args = p.parse_args(argv)
+def measure(args: Any) -> Dict[str, Any]:
+    if not args.variant:
+        raise SystemExit("--variant: give at least one (dense, or comma-separated sparseloco.* overrides)")
     results = {}
     for variant in args.variant:
         extra = [] if variant == "dense" else [f"sparseloco.{kv}" for kv in variant.split(",") if kv]
@@ -40,24 +34,34 @@ def main(argv: List[str] | None = None) -> int:
         out.pop("models", None)  # modules are not JSON
         out["wall_s"] = time.perf_counter() - t0
         results[variant] = out
-        print(f"{variant:<40} final train {out['train_loss'][-1]:.4f}  val {out['val_loss']:.4f}  "
-              f"bytes/sync/replica {out['sync_bytes'][:1]}  ({out['wall_s']:.0f} s)", flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"config_file": args.config_file, "overrides": args.overrides, "replicas": args.replicas}
-    args.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
-    import matplotlib
+    meta = br.run_meta({"config_file": args.config_file, "overrides": args.overrides, "replicas": args.replicas})
+    return {"meta": meta, "results": results}
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+def main(argv: List[str] | None = None) -> int:
+    p = br.script_parser(__doc__, "runs/het_sparseloco/sweep.json")
+    p.add_argument("--config-file", default="examples/config_tiny_sparseloco.yaml", help="the base config")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="config overrides")
+    p.add_argument("--replicas", type=int, default=4, help="M simulated replicas")
+    p.add_argument("--variant", action="append", default=[], help="dense, or comma-separated sparseloco.* overrides")
+    args = br.help_with_defaults(p).parse_args(argv)
+    saved = br.read_saved(args.from_json) if args.from_json else measure(args)
+    results, meta = saved["results"], saved["meta"]
+    rows = [{"variant": v, "final_train_loss": o["train_loss"][-1], "val_loss": o["val_loss"],
+             "bytes_per_sync_per_replica": (o["sync_bytes"] or [None])[0], "wall_s": o.get("wall_s")}
+            for v, o in results.items()]
+    headers = ["variant", "final train loss", "val loss", "bytes / sync / replica"]
+    body = [[r["variant"], f"{r['final_train_loss']:.4f}", f"{r['val_loss']:.4f}", r["bytes_per_sync_per_replica"]]
+            for r in rows]
+    fig, ax = br.new_figure(1, width=6, height=4)
     for variant, out in results.items():
         ax.plot(range(1, len(out["train_loss"]) + 1), out["train_loss"], label=f"{variant} (val {out['val_loss']:.3f})")
     ax.set_xlabel("inner step")
-    ax.set_ylabel(f"train loss (mean of {args.replicas} replicas)")
+    ax.set_ylabel(f"train loss (mean of {meta.get('replicas')} replicas)")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(args.out.with_suffix(".png"), dpi=120)
+    br.publish(args.out, rows, {"machine": "not recorded (before the shared convention)", **meta},
+               f"SparseLoCo simulated sweep, M = {meta.get('replicas')}", headers, body, figure=fig,
+               extra={"results": results}, notes=["no paper number: a harness sweep"])
     return 0
 
 

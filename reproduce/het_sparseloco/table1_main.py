@@ -9,19 +9,20 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Optional, Sequence
 
 from nanotron_ext.config.loader import load_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import base_overrides, parser, print_deltas, replicas, run_table  # noqa: E402
+from common import base_overrides, parse, parser, print_deltas, replicas, run_table  # noqa: E402
 
 # Paper Table 1, 512M column (final training loss, DCLM); the 178M column is 3.07 / 3.14 / 3.12
 PAPER = {"SparseLoCo": 2.73, "+ PP-Compress": 2.84, "+ PP-Compress (tuned)": 2.82,
          "+ Het-PP-Compress (1/2)": 2.82, "+ Het-PP-Compress (1/2) (tuned)": 2.80}
 
 
-def main() -> int:
-    args = parser(__doc__).parse_args()
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse(parser(__doc__, "table1"), argv)
     steps = load_config(args.config_file, base_overrides(args)).tokens.train_steps
     tuned = ["sparseloco.outer_lr=0.8", f"optimizer.warmup_steps={steps // 5}"]
     rows = {"SparseLoCo": ("sparseloco", [replicas(0)]),

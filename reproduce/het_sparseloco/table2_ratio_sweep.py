@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import base_overrides, new_figure, parser, print_deltas, replicas, run_table, save_plot  # noqa: E402
+from common import base_overrides, new_figure, parse, parser, print_deltas, replicas, run_table, save_plot  # noqa: E402
 
 from nanotron_ext.config.loader import load_config  # noqa: E402
 
@@ -24,10 +24,10 @@ PAPER_RATIOS = {8: (2.84, 2.82), 24: (2.89, 2.88), 96: (2.96, 2.94), 192: (3.03,
                 768: (3.07, 3.00)}
 
 
-def main() -> int:
-    p = parser(__doc__)
-    p.add_argument("--ratios", type=int, nargs="+", default=[8, 32, 128])
-    args = p.parse_args()
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = parser(__doc__, "table2")
+    p.add_argument("--ratios", type=int, nargs="+", default=[8, 32, 128], help="compression ratios d/k swept")
+    args = parse(p, argv)
     d = load_config(args.config_file, base_overrides(args)).model.hidden_size
     rows = {"SparseLoCo": ("sparseloco", [replicas(0)])}
     paper = {"SparseLoCo": 2.73}
@@ -40,15 +40,18 @@ def main() -> int:
             if ratio in PAPER_RATIOS:
                 paper[f"{name} 1/{ratio}"] = PAPER_RATIOS[ratio][i]
     run_table(args, rows, paper, "Heterogeneous SparseLoCo, Table 2 (compression-ratio sweep)",
-              {"ratios": args.ratios, "paper_table2_512m": {str(r): v for r, v in PAPER_RATIOS.items()}},
-              plot=lambda summary, png: _plot(summary, args.ratios, png, args.replicas, args.compressed))
-    print_deltas(args, [(f"het 1/{r}", f"uniform 1/{r}", "<") for r in args.ratios]
-                 + [(f"uniform 1/{r}", "SparseLoCo", ">") for r in args.ratios], paper)
+              {"ratios": args.ratios, "paper_table2_512m": {str(r): v for r, v in PAPER_RATIOS.items()}})
+    meta = args.saved["meta"]
+    ratios = meta.get("ratios", args.ratios)
+    print_deltas(args, [(f"het 1/{r}", f"uniform 1/{r}", "<") for r in ratios]
+                 + [(f"uniform 1/{r}", "SparseLoCo", ">") for r in ratios], paper,
+                 plot=lambda summary, png: _plot(summary, ratios, png, meta))
     return 0
 
 
-def _plot(summary: Dict[str, Dict[str, object]], ratios: List[int], path: Path, m: int, c: int) -> None:
+def _plot(summary: Dict[str, Dict[str, object]], ratios: List[int], path: Path, meta: Dict[str, object]) -> None:
     """Validation loss vs ratio (mean +- std over seeds) beside the paper's Table 2."""
+    m, c = meta["replicas"], meta["compressed_in_het"]
     fig, (ax, bx) = new_figure(2, width=5, height=4)
     for name, label in (("uniform", f"uniform ({m}/{m} compressed)"), ("het", f"heterogeneous ({c}/{m})")):
         s = [summary[f"{name} 1/{r}"] for r in ratios]
@@ -64,7 +67,7 @@ def _plot(summary: Dict[str, Dict[str, object]], ratios: List[int], path: Path, 
     bx.set_xscale("log", base=2)
     bx.set(xlabel="compression d/k", ylabel="final loss (512M, DCLM)")
     bx.legend(fontsize=7)
-    save_plot(fig, path, "Heterogeneous SparseLoCo, Table 2 (compression-ratio sweep)")
+    save_plot(fig, path, "Heterogeneous SparseLoCo, Table 2 (compression-ratio sweep)", meta)
 
 
 if __name__ == "__main__":

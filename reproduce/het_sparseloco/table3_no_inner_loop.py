@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Optional, Sequence
 
 from nanotron_ext.config.loader import load_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import base_overrides, parser, print_deltas, replicas, run_table  # noqa: E402
+from common import base_overrides, parse, parser, print_deltas, replicas, run_table  # noqa: E402
 
 # Paper Table 3 (512M) and 3(a) (token budget 10B -> 12B); SparseLoCo baseline 2.73 (Table 1)
 PAPER = {"AdamW": 2.75, "AdamW + PP-Compression": 2.81, "AdamW + Het PP-Compression (1/2)": 2.83,
@@ -22,8 +23,8 @@ PAPER = {"AdamW": 2.75, "AdamW + PP-Compression": 2.81, "AdamW + Het PP-Compress
          "SparseLoCo + Het-PP-Compress (1/2), +20% tokens": 2.75}
 
 
-def main() -> int:
-    args = parser(__doc__).parse_args()
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse(parser(__doc__, "table3"), argv)
     steps = load_config(args.config_file, base_overrides(args)).tokens.train_steps
     more = [f"tokens.train_steps={round(steps * 1.2)}"]
     rows = {"AdamW": ("dense", [replicas(0)]),

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Optional, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import parser, print_deltas, replicas, run_table  # noqa: E402
+from common import parse, parser, print_deltas, replicas, run_table  # noqa: E402
 
 # Paper Table 4 (512M, 1/8; final training loss): the defaults are 2.84 (uniform) and 2.82 (het)
 PAPER = {"uniform": 2.84, "het": 2.82, "het: no embedding adaptation": 2.89,
@@ -21,10 +22,10 @@ PAPER = {"uniform": 2.84, "het": 2.82, "het: no embedding adaptation": 2.89,
          "uniform: modified AdamW": 2.84, "het: modified AdamW": 2.82}
 
 
-def main() -> int:
-    p = parser(__doc__)
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = parser(__doc__, "table4")
     p.add_argument("--grassmann-every", type=int, default=50, help="inner steps between Grassmann updates")
-    args = p.parse_args()
+    args = parse(p, argv)
     switches = {"no embedding adaptation": ["sparseloco.embedding_adaptation=false"],
                 "weight projection": ["sparseloco.weight_projection=true"],
                 "Grassmann": [f"sparseloco.grassmann_every={args.grassmann_every}"],

@@ -1,23 +1,25 @@
 """Compute utilisation over inter-replica bandwidth from a measured run (the SparseLoCo-vs-dense part of
 figs. 2 and 3b of "Heterogeneous Low-Bandwidth Pre-Training of LLMs").
 
-    python reproduce/het_sparseloco/utilisation.py --sparseloco runs/tiny_sparseloco --dense runs/tiny_dense \
-        [--json out.json]
+    python reproduce/het_sparseloco/utilisation.py --sparseloco runs/tiny_sparseloco --dense runs/tiny_dense
+    python reproduce/het_sparseloco/utilisation.py --from-json reproduce/het_sparseloco/cpu_baseline.json
 
 Reads each run's metrics.jsonl: the inner step time (median over steps that are not outer syncs, first
 step dropped), the ledger's DP bytes per sync step (SparseLoCo: payload per replica = the extra DP bytes
 of a sync step over an inner step, divided by dp) and per step (dense: gradient all-reduce bytes per
-replica), then evaluates nanotron_ext.sparseloco.accounting's time model at each bandwidth.
+replica), then evaluates nanotron_ext.sparseloco.accounting's time model at each bandwidth. This is the
+DP link (between replicas); the paper's Figs. 2 / 3(b) vary the link between pipeline stages.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
 from pathlib import Path
-from typing import Dict, List
+from typing import Any, Dict, List
 
+from nanotron_ext.bench import report as br
+from nanotron_ext.bench.paper import PaperClaim, evaluate
 from nanotron_ext.sparseloco.accounting import compute_utilisation
 
 BANDWIDTHS = [1e6, 1e7, 1e8, 1e9, 1e10]  # bit/s
@@ -39,13 +41,9 @@ def measured(run_dir: Path) -> Dict[str, float]:
             "sync_bytes": sync_bytes - (inner_bytes if h > 1 else 0), "inner_bytes": inner_bytes}
 
 
-def main(argv: List[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sparseloco", type=Path, required=True)
-    p.add_argument("--dense", type=Path, required=True)
-    p.add_argument("--replicas", type=int, default=None, help="M for the model (default: the runs' dp)")
-    p.add_argument("--json", type=Path, default=None)
-    args = p.parse_args(argv)
+def measure(args: Any) -> Dict[str, Any]:
+    if not (args.sparseloco and args.dense):
+        raise SystemExit("--sparseloco and --dense: give both run folders (or --from-json)")
     sl, dn = measured(args.sparseloco), measured(args.dense)
     m = args.replicas or int(sl["dp"])
     rows = []
@@ -53,12 +51,36 @@ def main(argv: List[str] | None = None) -> int:
         rows.append({"bandwidth_bps": b,
                      "sparseloco": compute_utilisation(sl["step_time_s"], int(sl["inner_steps"]), sl["sync_bytes"], m, b, "all_gather"),
                      "dense_dp": compute_utilisation(dn["step_time_s"], 1, dn["sync_bytes"], m, b, "all_reduce")})
-    print(f"measured: sparseloco {sl}\n          dense      {dn}\nM = {m}")
-    print(f"{'bandwidth':>12}  {'SparseLoCo':>10}  {'dense DP':>10}")
+    return {"meta": br.run_meta({"replicas": m}), "measured": {"sparseloco": sl, "dense": dn}, "replicas": m, "rows": rows}
+
+
+def main(argv: List[str] | None = None) -> int:
+    p = br.script_parser(__doc__, "runs/het_sparseloco/utilisation.json")
+    p.add_argument("--sparseloco", type=Path, default=None, help="the SparseLoCo run folder")
+    p.add_argument("--dense", type=Path, default=None, help="the dense (AdamW every step) run folder")
+    p.add_argument("--replicas", type=int, default=None, help="M for the model (default: the runs' dp)")
+    args = br.help_with_defaults(p).parse_args(argv)
+    saved = br.read_saved(args.from_json) if args.from_json else measure(args)
+    if "utilisation_model" in saved:  # cpu_baseline.json: the baseline runs and this model in one file
+        meta = {"device": saved.get("what"), "date": saved.get("date"), "commands": saved.get("commands")}
+        saved = {**saved["utilisation_model"], "meta": meta}
+    rows, meta = saved["rows"], saved["meta"]
+    headers = ["bandwidth between replicas", "SparseLoCo utilisation", "dense DP utilisation"]
+    body = [[f"{r['bandwidth_bps'] / 1e6:g} Mbit/s", f"{r['sparseloco']:.4f}", f"{r['dense_dp']:.4f}"] for r in rows]
     for r in rows:
-        print(f"{r['bandwidth_bps'] / 1e6:>8g} Mb/s  {r['sparseloco']:>10.4f}  {r['dense_dp']:>10.4f}")
-    if args.json:
-        args.json.write_text(json.dumps({"measured": {"sparseloco": sl, "dense": dn}, "replicas": m, "rows": rows}, indent=2))
+        r["key"] = f"{r['bandwidth_bps'] / 1e6:g} Mbit/s"
+    claims = [PaperClaim("SparseLoCo compute utilisation at 100 Mbit/s (paper: > 97% at 100 Mbit/s - 1 Gbit/s)",
+                         "sparseloco", 0.97, ">=", 0.97, where={"key": "100 Mbit/s"}, source="Fig. 2",
+                         setting="512M, link between pipeline stages (ours: between replicas)")]
+    fig, ax = br.new_figure(1, width=6, height=4)
+    bw = [r["bandwidth_bps"] / 1e6 for r in rows]
+    ax.plot(bw, [r["sparseloco"] for r in rows], "o-", label="SparseLoCo")
+    ax.plot(bw, [r["dense_dp"] for r in rows], "o-", label="dense DP (all-reduce every step)")
+    ax.set(xscale="log", xlabel="bandwidth between replicas (Mbit/s)", ylabel="compute utilisation")
+    ax.legend(fontsize=8)
+    br.publish(args.out, rows, meta, f"Compute utilisation over the DP link, M = {saved.get('replicas')}", headers, body,
+               evaluate(claims, rows), fig, extra={"measured": saved.get("measured")},
+               notes=[f"measured: {saved.get('measured')}"])
     return 0
 
 

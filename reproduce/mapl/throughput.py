@@ -10,19 +10,20 @@ its compute rate) and the fast link is 125x faster (10 Gbit/s / 80 Mbit/s); the 
 pair is measured too. The SSN row is the Subspace Models codec at k = r (its issue's SM rows; paper Table 1:
 SM over 80 Mbit/s at 592 TPS vs uncompressed over 100 Gbit/s at 603).
 
-    .venv/bin/python reproduce/mapl/throughput.py      # writes reproduce/mapl/cpu_throughput.json / .png
+    .venv/bin/python reproduce/mapl/throughput.py      # writes runs/mapl/throughput.{json,md,png}
+    .venv/bin/python reproduce/mapl/throughput.py --from-json reproduce/mapl/cpu_throughput.json
 """
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
+from nanotron_ext.bench import report as br  # noqa: E402
 from nanotron_ext.bench import slow_link  # noqa: E402
 
 SETTINGS = {
@@ -37,12 +38,7 @@ SETTINGS = {
 }
 
 
-def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--slow-mbps", type=float, default=1.2)
-    ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--out", type=Path, default=HERE / "cpu_throughput.json")
-    ns = ap.parse_args(argv)
+def measure(ns: argparse.Namespace) -> Dict[str, object]:
     fast = ns.slow_mbps * 125
     args = slow_link.build_parser().parse_args(
         ["--config", "reproduce/mapl/cpu_small.yaml", "--setting", "x:", "--bandwidth", "0", "--steps", str(ns.steps),
@@ -50,21 +46,30 @@ def main(argv: Optional[Sequence[str]] = None) -> List[Dict[str, object]]:
     grid = [(name, o, bw, "full") for bw in (ns.slow_mbps, 80.0) for name, o in SETTINGS.items()]
     grid += [("uncompressed", SETTINGS["uncompressed"], bw, "full") for bw in (fast, 10_000.0)]
     rows = slow_link.run_grid(args, grid)
-    table = slow_link.format_rows(rows)
-    print(table)
     # each row against the uncompressed model over the link 125x faster than its own
     reference = {ns.slow_mbps: rows[-2]["tokens_per_s"], 80.0: rows[-1]["tokens_per_s"]}
     for r in rows[:-2]:
         r["relative_to_uncompressed_125x_faster"] = r["tokens_per_s"] / reference[r["bandwidth_mbps"]]
-        print(f"{r['setting']:>13} @ {r['bandwidth_mbps']:g} Mbit/s: {r['relative_to_uncompressed_125x_faster']:.2f}x "
-              f"the uncompressed model's tokens/s over a 125x faster link")
-    ns.out.write_text(json.dumps({"device": slow_link.device_title("MAPL slow-link rows"), "slow_mbps": ns.slow_mbps,
-                                  "fast_mbps": fast, "rows": rows, "paper": "no throughput in the MAPL paper"},
-                                 indent=1))
-    slow_link.plot(rows, ns.out.with_suffix(".png"),
-                   slow_link.device_title("MAPL / MAPL+VQ vs uncompressed: tokens/s vs link (PP=2, full duplex)"))
-    return rows
+    return {"meta": br.run_meta({"slow_mbps": ns.slow_mbps, "fast_mbps": fast}), "rows": rows}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = br.script_parser(__doc__, "runs/mapl/throughput.json")
+    ap.add_argument("--slow-mbps", type=float, default=1.2, help="the CPU-scale stand-in for 80 Mbit/s")
+    ap.add_argument("--steps", type=int, default=8, help="training steps per point")
+    ns = br.help_with_defaults(ap).parse_args(argv)
+    saved = br.read_saved(ns.from_json) if ns.from_json else measure(ns)
+    rows, meta = saved["rows"], slow_link.legacy_meta(saved)
+    headers, body = slow_link.table(rows)
+    headers.append("/ uncompressed over a 125x faster link")
+    for r, line in zip(rows, body):
+        rel = r.get("relative_to_uncompressed_125x_faster")
+        line.append("-" if rel is None else f"{rel:.2f}x")
+    br.publish(ns.out, rows, meta, "MAPL / MAPL+VQ / SSN vs uncompressed: tokens/s over a slow link (PP = 2, full duplex)",
+               headers, body, figure=slow_link.figure(rows),
+               notes=["no paper number: the MAPL paper reports no throughput (no verdicts)"])
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

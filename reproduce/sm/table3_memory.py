@@ -12,7 +12,8 @@ the same output-projection sizes as the uncompressed model). The split embedding
 V x d, so SM also holds fewer embedding parameters (and their gradients and Adam moments) than the
 uncompressed model: the net difference is reported beside the buffers SM adds.
 
-    .venv/bin/python reproduce/sm/table3_memory.py      # writes reproduce/sm/cpu_table3_memory.{json,md,png}
+    .venv/bin/python reproduce/sm/table3_memory.py      # writes runs/sm/table3_memory.{json,md,png}
+    .venv/bin/python reproduce/sm/table3_memory.py --from-json reproduce/sm/cpu_table3_memory.json
 """
 from __future__ import annotations
 
@@ -23,12 +24,20 @@ import resource
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional, Sequence
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from nanotron_ext.bench.report import new_figure, run_meta, write_report  # noqa: E402
+from nanotron_ext.bench.paper import PaperClaim, evaluate  # noqa: E402
+from nanotron_ext.bench.report import (  # noqa: E402
+    help_with_defaults,
+    new_figure,
+    publish,
+    read_saved,
+    run_meta,
+    script_parser,
+)
 
 MODEL = ["model.vocab_size=32768", "model.hidden_size=512", "model.ffn_size=1536", "model.num_layers=4",
          "model.num_heads=8", "model.num_kv_heads=4", "model.max_seq_len=4096", "model.tie_embeddings=false",
@@ -78,28 +87,34 @@ def worker(row: str, seq: int) -> Dict[str, float]:
             "t_fixed_mb": cfg.model.vocab_size * cfg.model.hidden_size * 4 / 2**20 if row == "sm" else 0.0}
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seqs", type=int, nargs="+", default=[512, 1024, 2048])
-    p.add_argument("--worker", nargs=2, metavar=("ROW", "SEQ"), help=argparse.SUPPRESS)
-    p.add_argument("--out", type=Path, default=ROOT / "reproduce" / "sm" / "cpu_table3_memory.json")
-    args = p.parse_args()
-    if args.worker:
-        print(json.dumps(worker(args.worker[0], int(args.worker[1]))))
-        return 0
+def measure(seqs: List[int]) -> Dict[str, object]:
     rows = []
-    for seq in args.seqs:
+    for seq in seqs:
         for row in ROWS:
             out = subprocess.run([sys.executable, __file__, "--worker", row, str(seq)], check=True, capture_output=True,
                                  text=True, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
             rows.append({"row": row, "seq": seq, **json.loads(out.stdout.strip().splitlines()[-1])})
             print(rows[-1], flush=True)
-    for seq in args.seqs:
+    for seq in seqs:
         base, sm = (next(r for r in rows if r["seq"] == seq and r["row"] == n) for n in ROWS)
         sm["peak_overhead_mb"] = sm["peak_rss_mb"] - base["peak_rss_mb"]
         sm["relative_overhead"] = sm["peak_overhead_mb"] / base["peak_rss_mb"]
         sm["added_buffers_mb"] = sm["buffers_mb"] - base["buffers_mb"]
         sm["state_difference_mb"] = sum(sm[k] - base[k] for k in ("params_mb", "buffers_mb", "grads_mb", "optimizer_mb"))
+    return {"meta": run_meta({"model": MODEL, "paper_overhead_mb": PAPER_OVERHEAD_MB}), "rows": rows}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = script_parser(__doc__, "runs/sm/table3_memory.json")
+    p.add_argument("--seqs", type=int, nargs="+", default=[512, 1024, 2048], help="sequence lengths")
+    p.add_argument("--worker", nargs=2, metavar=("ROW", "SEQ"), help=argparse.SUPPRESS)
+    args = help_with_defaults(p).parse_args(argv)
+    if args.worker:
+        print(json.dumps(worker(args.worker[0], int(args.worker[1]))))
+        return 0
+    saved = read_saved(args.from_json) if args.from_json else measure(args.seqs)
+    rows, meta = saved["rows"], saved["meta"]
+    seqs = sorted({r["seq"] for r in rows})
     headers = ["seq", "row", "peak RSS MB", "params MB", "buffers MB", "grads MB", "Adam MB",
                "peak overhead MB (relative)", "added buffers MB (T_fixed)", "state difference MB"]
     body = [[r["seq"], r["row"], f"{r['peak_rss_mb']:.0f}", f"{r['params_mb']:.1f}", f"{r['buffers_mb']:.1f}",
@@ -109,18 +124,26 @@ def main() -> int:
              f"{r['state_difference_mb']:+.1f}" if "state_difference_mb" in r else "-"] for r in rows]
     fig, (ax, bx) = new_figure(2)
     for name in ROWS:
-        ax.plot(args.seqs, [r["peak_rss_mb"] for r in rows if r["row"] == name], "o-", label=name)
-    bx.plot(args.seqs, [r["peak_overhead_mb"] for r in rows if r["row"] == "sm"], "o-", label="SM peak - uncompressed peak")
-    bx.plot(args.seqs, [r["added_buffers_mb"] for r in rows if r["row"] == "sm"], "s--", label="buffers SM adds (T_fixed + U)")
+        ax.plot(seqs, [r["peak_rss_mb"] for r in rows if r["row"] == name], "o-", label=name)
+    bx.plot(seqs, [r["peak_overhead_mb"] for r in rows if r["row"] == "sm"], "o-", label="SM peak - uncompressed peak")
+    bx.plot(seqs, [r["added_buffers_mb"] for r in rows if r["row"] == "sm"], "s--", label="buffers SM adds (T_fixed + U)")
     bx.axhline(0, color="k", lw=0.5)
     ax.set(xlabel="sequence length", ylabel="peak resident memory (MB)")
     bx.set(xlabel="sequence length", ylabel="MB")
     for a in (ax, bx):
         a.legend(fontsize=7)
-    meta = run_meta({"model": MODEL, "paper_overhead_mb": PAPER_OVERHEAD_MB})
-    write_report(args.out, rows, meta, "Subspace Models, Table 3 at CPU scale: memory vs sequence length", headers,
-                 body, figure=fig, notes=[f"Paper: ~{PAPER_OVERHEAD_MB} MB (T_fixed, 50,304 x 4,096 in bf16) at every "
-                                          "sequence length on a 2B model; relative overhead 4.0% -> 0.6% from 8k to 24k."])
+    sm = {r["seq"]: r for r in rows if r["row"] == "sm"}
+    growth = [{"key": "overhead growth", "value": sm[seqs[-1]]["peak_overhead_mb"] - sm[seqs[0]]["peak_overhead_mb"]},
+              {"key": "added buffers - T_fixed", "value": sm[seqs[0]]["added_buffers_mb"] - sm[seqs[0]]["t_fixed_mb"]}]
+    claims = [PaperClaim(f"SM peak overhead, {seqs[-1]} minus {seqs[0]} tokens (MB; paper: constant, ~{PAPER_OVERHEAD_MB} MB "
+                         "at every length)", "value", 0.0, "<=", 0.0, where={"key": "overhead growth"},
+                         source="Table 3 (app. 8.8)", setting="2B, 8 x H100, 8k-24k tokens"),
+              PaperClaim("SM's added buffers minus T_fixed (MB; U only: d x k)", "value", None, ">=", 0.0,
+                         where={"key": "added buffers - T_fixed"}, exact=True, source="Table 3 (app. 8.8)")]
+    publish(args.out, rows, meta, "Subspace Models, Table 3 at CPU scale: memory vs sequence length", headers,
+            body, evaluate(claims, growth), figure=fig,
+            notes=[f"Paper: ~{PAPER_OVERHEAD_MB} MB (T_fixed, 50,304 x 4,096 in bf16) at every "
+                   "sequence length on a 2B model; relative overhead 4.0% -> 0.6% from 8k to 24k."])
     return 0
 
 

@@ -1,0 +1,85 @@
+"""Parameter counts of paper-scale configs, built on the meta device (exact shapes, no memory).
+
+Every paper-scale YAML under reproduce/ states its size in one header line,
+
+    # parameters: 512,404,992 (uncompressed model); paper: 512M
+
+which `header_size` reads back and tests compare with `count_params` (so a config whose size drifts
+from the paper's, e.g. a "500m" that builds 695M, fails a test). "uncompressed model" counts the
+config with its codec, split embedding and output constraint switched off (the papers size the base
+LLaMA); "as configured" counts everything the file builds (ResBM's sizes include the bottlenecks).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import socket
+from pathlib import Path
+from typing import Any, Optional, Tuple
+
+HEADER = re.compile(r"^# parameters: ([\d,]+) \((uncompressed model|as configured)\); paper: ([\d,.]*\d)([MB]?)",
+                    re.MULTILINE)
+# the overrides that turn a technique's config into the base model the papers size
+UNCOMPRESSED = ("model.codec.kind=identity", "model.embedding.kind=standard", "model.output_constraint.kind=none",
+                "sparseloco.compressed_replicas=[]")
+
+
+def _ensure_process_group_env() -> None:
+    """LlamaForTraining needs (1-rank) process groups even on the meta device: point a lone
+    rank at a free local port when no launcher did."""
+    import torch.distributed as torch_dist
+
+    if torch_dist.is_initialized() or "MASTER_PORT" in os.environ:
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+
+
+def count_params(cfg: Any) -> int:
+    """Distinct parameters of the whole model of `cfg` (one process, tp = pp = 1), built on the
+    meta device. With codec boundaries at `stages` and pp > 1 the boundaries sit where pp stages
+    would end, so the count is that of the pipelined model."""
+    import torch
+
+    from nanotron_ext.models.llama import LlamaForTraining
+    from nanotron_ext.parallel.context import build_parallel_context
+    from nanotron_ext.parallel.p2p import AccountedP2P
+
+    _ensure_process_group_env()
+    ctx = build_parallel_context(dp=1, tp=1, pp=1, backend="gloo")
+    model_cfg = cfg.model
+    if model_cfg.codec.boundaries == "stages" and cfg.parallelism.pp > 1:
+        stage_ends = [(i + 1) * model_cfg.num_layers // cfg.parallelism.pp - 1 for i in range(cfg.parallelism.pp - 1)]
+        model_cfg = dataclasses.replace(model_cfg, codec=dataclasses.replace(model_cfg.codec, boundaries=stage_ends))
+    with torch.device("meta"):
+        model = LlamaForTraining(model_cfg, ctx, AccountedP2P(ctx.pp_pg, device=torch.device("meta")))
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def count_config_file(path: str | Path, uncompressed: bool = False) -> int:
+    """count_params of a YAML file (with `uncompressed`, of its base model: UNCOMPRESSED overrides)."""
+    from nanotron_ext.config.loader import load_config
+
+    return count_params(load_config(path, list(UNCOMPRESSED) if uncompressed else []))
+
+
+def header_line(ours: int, uncompressed: bool, paper: str) -> str:
+    """The size line of a config header; `paper` as the paper writes it ("512M", "1,896,751,104")."""
+    return f"# parameters: {ours:,} ({'uncompressed model' if uncompressed else 'as configured'}); paper: {paper}"
+
+
+def header_size(text: str) -> Optional[Tuple[int, bool, float]]:
+    """(our count, counted uncompressed, the paper's count) from a config's size line, or None."""
+    m = HEADER.search(text)
+    if m is None:
+        return None
+    scale = {"": 1, "M": 1e6, "B": 1e9}[m.group(4)]
+    return int(m.group(1).replace(",", "")), m.group(2) == "uncompressed model", float(m.group(3).replace(",", "")) * scale
+
+
+def fmt_count(n: float) -> str:
+    """1,896,751,104 -> '1.90B'; 512,404,992 -> '512.4M'."""
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"

@@ -1,0 +1,125 @@
+"""Every reproduction script follows one convention (nanotron_ext/bench/report.py): every option has a
+help text that states its default, --out defaults to runs/ (a documented command never overwrites a
+committed result), and `--from-json <its committed JSON>` re-renders in seconds, printing a header,
+the rows and the paths it wrote: JSON + markdown + PNG. Convergence scripts also take
+`--preset gpu --dry-run`, which resolves every run of the paper-scale experiment and prints its
+config and parameter count without training."""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import io
+import json
+from pathlib import Path
+from typing import Any, List
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+R = REPO / "reproduce"
+
+# (script, its committed result)
+SCRIPTS = [
+    ("boost/table3_grouping.py", "boost/cpu_table3.json"),
+    ("boost/table4_memory.py", "boost/cpu_table4.json"),
+    ("boost/table5_checkpointing.py", "boost/cpu_table5.json"),
+    ("boost/iter_compare.py", "boost/cpu_iter_compare_interleaved.json"),
+    ("boost/fig6_scaling.py", "boost/cpu_fig6_scaling.json"),
+    ("boost/fig7_compute.py", "boost/cpu_fig7_compute.json"),
+    ("boost/fig8_comm.py", "boost/cpu_fig8_comm.json"),
+    ("resbm/table2_convergence.py", "resbm/cpu_table2.json"),
+    ("resbm/table3_throughput.py", "resbm/cpu_table3.json"),
+    ("mapl/main_table.py", "mapl/cpu_main_table.json"),
+    ("mapl/throughput.py", "mapl/cpu_throughput.json"),
+    ("sm/cpu_compare.py", "sm/cpu_table1.json"),
+    ("sm/table1_throughput.py", "sm/cpu_table1_throughput.json"),
+    ("sm/fig3_depth.py", "sm/cpu_fig3_depth.json"),
+    ("sm/table3_memory.py", "sm/cpu_table3_memory.json"),
+    ("het_sparseloco/table1_main.py", "het_sparseloco/table1_cpu.json"),
+    ("het_sparseloco/table2_ratio_sweep.py", "het_sparseloco/table2_cpu.json"),
+    ("het_sparseloco/table3_no_inner_loop.py", "het_sparseloco/table3_cpu.json"),
+    ("het_sparseloco/table4_ablations.py", "het_sparseloco/table4_cpu.json"),
+    ("het_sparseloco/sim_sweep.py", "het_sparseloco/cpu_sweep_m4.json"),
+    ("het_sparseloco/utilisation.py", "het_sparseloco/cpu_baseline.json"),
+]
+CONVERGENCE = ["resbm/table2_convergence.py", "mapl/main_table.py", "sm/cpu_compare.py",
+               "het_sparseloco/table1_main.py", "het_sparseloco/table2_ratio_sweep.py",
+               "het_sparseloco/table3_no_inner_loop.py", "het_sparseloco/table4_ablations.py", "sm/fig3_depth.py"]
+
+
+def test_every_script_is_listed() -> None:
+    """A new reproduction script joins SCRIPTS (with its committed result) or says why not here."""
+    helpers = {"common.py", "make_configs.py", "__init__.py", "param_counts.py"}
+    found = {str(p.relative_to(R)) for p in R.glob("*/*.py") if p.name not in helpers}
+    assert found == {s for s, _ in SCRIPTS}
+
+
+def _load(script: str) -> Any:
+    path = R / script
+    spec = importlib.util.spec_from_file_location(f"repro_{path.parent.name}_{path.stem}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _parsers(mod: Any, argv: List[str], monkeypatch: pytest.MonkeyPatch) -> List[argparse.ArgumentParser]:
+    """Run main(argv) and return every parser it parsed with."""
+    seen: List[argparse.ArgumentParser] = []
+    original = argparse.ArgumentParser.parse_known_args
+
+    def spy(self, *a, **k):
+        seen.append(self)
+        return original(self, *a, **k)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", spy)
+    with contextlib.redirect_stdout(io.StringIO()), pytest.raises(SystemExit) as e:
+        mod.main(argv)
+    assert e.value.code == 0
+    return seen
+
+
+@pytest.mark.parametrize("script,result", SCRIPTS, ids=[s for s, _ in SCRIPTS])
+def test_every_option_has_help_with_its_default_and_out_goes_to_runs(script: str, result: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    parser = _parsers(_load(script), ["--help"], monkeypatch)[0]
+    options = {a.dest: a for a in parser._actions if a.help != argparse.SUPPRESS and a.dest != "help"}
+    assert {"out", "from_json"} <= set(options), f"{script}: no --out / --from-json"
+    for dest, a in options.items():
+        assert a.help and "default" in a.help, f"{script}: --{dest} has no help text with its default"
+    out = options["out"].default
+    assert out and str(out).startswith("runs/"), f"{script}: --out defaults to {out!r}, not a path under runs/"
+
+
+@pytest.mark.parametrize("script,result", SCRIPTS, ids=[s for s, _ in SCRIPTS])
+def test_from_json_re_renders_the_committed_result(script: str, result: str, tmp_path: Path) -> None:
+    mod = _load(script)
+    out = tmp_path / "result.json"
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = mod.main(["--from-json", str(R / result), "--out", str(out)])
+    assert rc in (0, None)
+    for suffix in (".json", ".md", ".png"):
+        assert out.with_suffix(suffix).exists(), f"{script}: no {suffix} written"
+    printed = buf.getvalue()
+    assert f"wrote {out}" in printed
+    header = printed.splitlines()[0]
+    assert header and not header.startswith(("|", "-")), f"{script}: no header before the rows"
+    data = json.loads(out.read_text())
+    assert "meta" in data and "rows" in data and "paper" in data
+    # the device comes from the run's meta, not from whoever re-renders it
+    assert data["meta"].get("machine") or data["meta"].get("device")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", CONVERGENCE)
+def test_gpu_preset_dry_run_prints_config_and_parameter_count(script: str) -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, str(R / script), "--preset", "gpu", "--data", "/nonexistent/corpus.jsonl",
+                           "--seeds", "1", "2", "--dry-run"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    out = proc.stdout
+    assert "nothing trained" in out and "parameters " in out and "dtype=bf16" in out
+    assert "/nonexistent/corpus.jsonl" in out and "seed 1" in out and "seed 2" in out
