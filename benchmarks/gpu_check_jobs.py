@@ -182,7 +182,8 @@ def run_throughput(item: Dict[str, Any], plan: Dict[str, Any]) -> Dict[str, Any]
     seq = cfg.tokens.sequence_length
     flops = {"nanotron_ext": flops_per_token(cfg.model, matmul_weights(ours.model.named_parameters(),
                                                                        cfg.model.tie_embeddings), seq),
-             "plain": flops_per_token(cfg.model, sum(p.numel() for p in plain.parameters() if p.ndim == 2), seq)}
+             "plain": flops_per_token(cfg.model, sum(p.numel() for n, p in plain.named_parameters()  # lookup: no matmul
+                                                     if p.ndim == 2 and (n != "embed.weight" or plain.tied)), seq)}
     peak = device_peak_tflops(cfg.logging.peak_tflops) if device.type == "cuda" else None
     steps = {"nanotron_ext": lambda: bw.train_iteration(ours, ctx, batches),
              "plain": lambda: pl.train_step(plain, plain_opt, batches, cfg.optimizer.clip_grad, bf16)}
