@@ -411,6 +411,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     unknown = [n for n in (args.only or "").split(",") if n and n not in known]
     if unknown:
         raise SystemExit(f"--only: unknown {unknown}; techniques and codecs: {', '.join(dict.fromkeys(known))}")
+    if args.dry_run:  # one thread per job: OpenMP threads spinning on a shared 2-core machine cost 5x here
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
     run = Run(args)
     if not run.dry and not run.cuda:
         raise SystemExit("no CUDA device: this is the GPU check; run `make gpu-check DRY_RUN=1` for the CPU dry run")

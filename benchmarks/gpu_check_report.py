@@ -286,6 +286,7 @@ def figure(result: Mapping[str, Any]) -> Any:
                         {k: [r[f"{k}_ns_per_token"] for r in rows] for k in ("encode", "decode", "fwd_bwd")},
                         ylabel="ns per token")
         ax.tick_params(axis="x", labelsize=7)
+        ax.set_yscale("log")
         ax.legend(fontsize=8)
     ax.set_title("codec overhead per token (one boundary)", fontsize=9)
     ax = axes[1][1]
@@ -298,7 +299,8 @@ def figure(result: Mapping[str, Any]) -> Any:
         val = {(r["design"], r["linear"]): r["seconds"] * 1e3 for r in at}
         br.grouped_bars(ax, linears, {d: [val.get((d, lin)) for lin in linears] for d in designs}, ylabel="GEMM ms")
         ax.legend(fontsize=7)
-        ax.set_title(f"BOOST Fig. 7: per-linear GEMM time, LLaMA-1B layer, bz={mb}", fontsize=9)
+        model = "tiny layer (dry run)" if result["meta"].get("dry_run") else "LLaMA-1B layer (Table 8)"
+        ax.set_title(f"BOOST Fig. 7: per-linear forward GEMM time, {model}, bz={mb}", fontsize=9)
     return fig
 
 

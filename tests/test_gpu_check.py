@@ -157,7 +157,9 @@ def test_dry_run_runs_the_whole_plan(tmp_path: Path) -> None:
     only = "full_rank,muon,boost_lax_btp,resbm,mapl_rvq,subspace_grassmann,int4,het_sparseloco_sim"
     out = tmp_path / "results"
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks/gpu_check.py"), "--dry-run", "--only", only,
-                           "--work", str(tmp_path / "work"), "--out", str(out), "--steps", "2"],
+                           "--work", str(tmp_path / "work"), "--out", str(out), "--steps", "2",
+                           # the GPU budgets are for GPU sessions; a loaded CI machine must not skip anything
+                           *[f"--budget={stage}=600" for stage in gpu_check.STAGES]],
                           capture_output=True, text=True, cwd=REPO, timeout=880)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads((out / "gpu_check.json").read_text())
