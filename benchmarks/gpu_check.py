@@ -52,6 +52,8 @@ A GPU session (this workplace's GPU machines: no network, torch preinstalled, on
             then         make gpu-check STAGES=throughput GPU_CHECK_ARGS="--copy-to $OUT"
     Each call merges into benchmarks/results/gpu/gpu_check.json; copy the returned files into that folder before
     the next call (a fresh machine starts from the working tree), then commit the JSON, markdown and PNG.
+    Without make: python3 scripts/gpu_wheels.py install --dest .whl --site /tmp/site &&
+                  PYTHONPATH=$PWD:/tmp/site python3 benchmarks/gpu_check.py --stages ... --copy-to $OUT
 Outputs: <out>/gpu_check.json (+ .md, .png; device, driver, torch, CUDA, date), work files in runs/gpu_check/.
 """
 from __future__ import annotations

@@ -94,7 +94,20 @@ def install(dest: Path, site: Path) -> int:
     if missing:
         sys.exit("requirements not met (add them to CARRIED in scripts/gpu_wheels.py and run make gpu-wheels): "
                  + "; ".join(missing))
+    _check_entry_points(site)
     return 0
+
+
+def _check_entry_points(site: Path) -> None:
+    """The carried nanotron_ext wheel registers the techniques pyproject.toml declares (else it is stale)."""
+    import tomllib
+
+    want = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"]["nanotron_ext.techniques"]
+    dists = [d for d in importlib.metadata.distributions(path=[str(site)]) if canonical(d.metadata["Name"]) == "nanotron-ext"]
+    have = {ep.name: ep.value for d in dists for ep in d.entry_points if ep.group == "nanotron_ext.techniques"}
+    if have != want:
+        sys.exit(f"the nanotron_ext wheel in {site} registers {have}, pyproject.toml declares {want}: "
+                 "run make gpu-wheels again")
 
 
 def main(argv: List[str] | None = None) -> int:
