@@ -233,10 +233,8 @@ class Run:
             self.s["steps"] = args.steps
         self.cuda = torch.cuda.is_available() and not self.dry
         self.budgets = dict(DRY_BUDGET_S if self.dry else BUDGET_S)
-        for spec in args.budget:
+        for spec in args.budget:  # checked in main
             stage, _, seconds = spec.partition("=")
-            if stage not in self.budgets:
-                raise SystemExit(f"--budget {spec}: unknown stage {stage!r}; stages: {', '.join(STAGES)}")
             self.budgets[stage] = float(seconds)
 
     def select(self, items: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -408,16 +406,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     stages = [s for s in args.stages.split(",") if s]
     unknown = [s for s in stages if s not in STAGES]
     if unknown:
-        raise SystemExit(f"--stages: unknown {unknown}; stages: {', '.join(STAGES)}")
+        p.error(f"--stages: unknown {unknown}; stages: {', '.join(STAGES)}")
     known = [it["name"] for it in technique_items()] + list(CODECS)
     unknown = [n for n in (args.only or "").split(",") if n and n not in known]
     if unknown:
-        raise SystemExit(f"--only: unknown {unknown}; techniques and codecs: {', '.join(dict.fromkeys(known))}")
+        p.error(f"--only: unknown {unknown}; techniques and codecs: {', '.join(dict.fromkeys(known))}")
+    for spec in args.budget:
+        stage, _, seconds = spec.partition("=")
+        if stage not in STAGES or not seconds.replace(".", "", 1).isdigit():
+            p.error(f"--budget {spec}: expected STAGE=SECONDS with STAGE one of {', '.join(STAGES)}")
     if args.dry_run:  # one thread per job: OpenMP threads spinning on a shared 2-core machine cost 5x here
         os.environ.setdefault("OMP_NUM_THREADS", "1")
     run = Run(args)
     if not run.dry and not run.cuda:
-        raise SystemExit("no CUDA device: this is the GPU check; run `make gpu-check DRY_RUN=1` for the CPU dry run")
+        print("error: no CUDA device: this is the GPU check; `make gpu-check DRY_RUN=1` runs its CPU dry run",
+              file=sys.stderr)
+        return 2
     result = {"meta": {}, "stages": {}} if args.fresh else load_existing(out / "gpu_check.json", run.dry)
     meta = environment_meta(run.dry)
     result["meta"] = meta
