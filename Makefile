@@ -7,7 +7,7 @@ TORCH_CPU ?= torch==2.13.0
 NPROC ?= 2
 CONFIG ?= examples/config_tiny_llama.yaml
 
-.PHONY: setup train-tiny test test-quick clean-venv
+.PHONY: setup train-tiny test test-quick clean-venv gpu-wheels gpu-check
 
 setup: $(VENV)/.installed
 
@@ -32,3 +32,24 @@ test-quick: setup
 
 clean-venv:
 	rm -rf $(VENV)
+
+# GPU check (benchmarks/gpu_check.py; README "GPU check"). Here, with network: fill .whl/ for a GPU machine that
+# has none. There: make gpu-check [STAGES=techniques,codecs,boost,throughput] [GPU_CHECK_ARGS="--copy-to DIR"],
+# with the machine's own python3 + torch, the carried wheels installed into $(GPU_SITE) and the patches applied.
+# DRY_RUN=1: the same plan on CPU with tiny shapes, in .venv (CI runs it through tests/test_gpu_check.py).
+GPU_SITE ?= /tmp/site
+STAGES ?=
+GPU_CHECK_ARGS ?=
+GPU_CHECK = benchmarks/gpu_check.py $(if $(STAGES),--stages $(STAGES)) $(GPU_CHECK_ARGS)
+
+gpu-wheels: setup
+	$(BIN)/python scripts/gpu_wheels.py fill --dest .whl
+
+ifneq ($(filter 1 yes true,$(DRY_RUN)),)
+gpu-check: setup
+	$(BIN)/python $(GPU_CHECK) --dry-run
+else
+gpu-check:
+	$(PYTHON) scripts/gpu_wheels.py install --dest .whl --site $(GPU_SITE)
+	PYTHONPATH="$(CURDIR):$(GPU_SITE)$${PYTHONPATH:+:$$PYTHONPATH}" $(PYTHON) $(GPU_CHECK)
+endif

@@ -332,6 +332,32 @@ def test_apply_refuses_a_tree_it_cannot_patch(pristine_root: Path, workdir: Path
     assert not (root / "nanotron" / STAMP_NAME).exists()
 
 
+def test_apply_without_gnu_patch_gives_the_same_tree(pristine_root: Path, patched_root: Path, workdir: Path) -> None:
+    """Where GNU patch is not installed (a minimal GPU image), apply.py's own applier makes the same tree,
+    recognises it as patched, and refuses a tree its hunks do not match."""
+    empty_bin = workdir / "no-patch-bin"
+    empty_bin.mkdir(exist_ok=True)
+    env = dict(os.environ, PATH=str(empty_bin))
+
+    def run(root: Path) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(PATCH_DIR / "apply.py"), "--target", str(root)],
+                              capture_output=True, text=True, timeout=60, env=env)
+
+    root = workdir / "apply-python"
+    shutil.copytree(pristine_root, root)
+    first = run(root)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert tree_hashes(root) == tree_hashes(patched_root)
+    second = run(root)
+    assert [line.split()[-1] for line in second.stdout.splitlines() if "already applied" in line] == SERIES
+    foreign = workdir / "apply-python-foreign"
+    shutil.copytree(pristine_root, foreign)
+    engine = foreign / "nanotron" / "parallel" / "pipeline_parallel" / "engine.py"
+    engine.write_text(engine.read_text().replace("# Add output as activations", "# (edited locally)"))
+    refused = run(foreign)
+    assert refused.returncode != 0 and "0005" in refused.stderr
+
+
 def _import_nanotron_ext(root: Path) -> subprocess.CompletedProcess:
     # cwd=REPO puts this checkout's nanotron_ext first; PYTHONPATH picks the nanotron copy.
     env = dict(os.environ, PYTHONPATH=str(root), CUDA_VISIBLE_DEVICES="")

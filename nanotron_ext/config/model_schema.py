@@ -219,6 +219,9 @@ class ModelConfig:
     """Compute precision: bf16 autocast over fp32 master weights, or plain fp32."""
     attention: Literal["auto", "sdpa", "flash"] = "auto"
     """auto: flash-attn when installed and on CUDA, else torch SDPA."""
+    compile: bool = False
+    """torch.compile each decoder layer in place (one compiled graph serves every layer of the same shape;
+    parameter names and checkpoints are unchanged); the first steps pay the compile time."""
     low_rank: LowRankConfig = field(default_factory=LowRankConfig)
     boost: BoostConfig = field(default_factory=BoostConfig)
     codec: CodecConfig = field(default_factory=CodecConfig)

@@ -1,7 +1,7 @@
 """Communication volume of a step across all ranks, from each rank's ledger."""
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, Optional
 
 import torch
 from nanotron import distributed as dist
@@ -27,10 +27,12 @@ def sent_bytes_by_group(ledger: CommLedger) -> Dict[str, int]:
     return out
 
 
-def total_sent_bytes(ledger: CommLedger, world_pg: dist.ProcessGroup) -> Dict[str, int]:
-    """Sum over all ranks of `sent_bytes_by_group` (one tiny all-reduce, itself counted under "world")."""
+def total_sent_bytes(ledger: CommLedger, world_pg: dist.ProcessGroup,
+                     device: Optional[torch.device] = None) -> Dict[str, int]:
+    """Sum over all ranks of `sent_bytes_by_group` (one tiny all-reduce, itself counted under "world").
+    `device`: the process group's device (NCCL reduces CUDA tensors only; default CPU, gloo)."""
     mine = sent_bytes_by_group(ledger)
-    vec = torch.tensor([mine[g] for g in KEYS], dtype=torch.float64)
+    vec = torch.tensor([mine[g] for g in KEYS], dtype=torch.float64, device=device)
     if world_pg.size() > 1:
         dist.all_reduce(vec, group=world_pg)
     return {g: int(v) for g, v in zip(KEYS, vec.tolist()) if v}

@@ -18,6 +18,11 @@ def build_model(cfg: Config, parallel_context: ParallelContext, link: LinkEmulat
     model.to(parallel_context.device)
     init_weights_(model, seed=cfg.general.seed, std=cfg.model.init_std, num_layers=cfg.model.num_layers)
     model.apply_constraints()
+    if cfg.model.compile:
+        for block in model.decoder:
+            layer = getattr(block, "pp_block", None)  # only this stage's layers exist here
+            if layer is not None:
+                layer.compile()  # in place (nn.Module.compile): state_dict names stay as they are
     return model
 
 

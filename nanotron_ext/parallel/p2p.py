@@ -42,6 +42,10 @@ class AccountedP2P(P2P):
         futures = []
         me = dist.get_rank(self.pg)
         if self.link is not None and self.link.delays(me, to_rank):
+            if self.device.type == "cuda":
+                # the host queues kernels ahead of the GPU: stamp the departure once the data exists,
+                # else the emulated link starts sending before the tensor is computed
+                torch.cuda.current_stream(self.device).synchronize()
             arrival = self.link.schedule_send(me, to_rank, sum(t.numel() * t.element_size() for t in tensors))
             # on the P2P's device: an NCCL group cannot send a CPU tensor
             clock = torch.tensor([arrival], dtype=torch.float64, device=self.device)

@@ -78,7 +78,8 @@ def run_simulated(cfg: Config, replicas: int, mode: Literal["sparseloco", "dense
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
         os.environ.setdefault(key, value)
     os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
-    ctx = build_parallel_context(1, 1, 1, backend="gloo")
+    # general.backend as the trainer reads it: auto = NCCL on CUDA (the replicas then train on the GPU)
+    ctx = build_parallel_context(1, 1, 1, backend=None if cfg.general.backend == "auto" else cfg.general.backend)
     engine = make_engine(cfg.parallelism.pp_engine)
     models, opts, scheds, loaders = [], [], [], []
     for r in range(replicas):

@@ -62,11 +62,12 @@ def agreed_gram(hubs: Sequence[SubspaceHub]) -> torch.Tensor:
     every rank (zeros when none accumulates). Sent through nanotron.distributed: the ledger counts it."""
     d = hubs[0].basis.shape[0]
     decoders = [dec for hub in hubs for dec in hub.decoders]
-    last = torch.tensor([max((dec.boundary for dec in decoders), default=-1)], dtype=torch.int64)
+    device = hubs[0].basis.device  # NCCL reduces CUDA tensors only
+    last = torch.tensor([max((dec.boundary for dec in decoders), default=-1)], dtype=torch.int64, device=device)
     distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
     if distributed:
         dist.all_reduce(last, op=dist.ReduceOp.MAX)
-    buf = torch.zeros(d * d + 1, dtype=torch.float64, device=hubs[0].basis.device)
+    buf = torch.zeros(d * d + 1, dtype=torch.float64, device=device)
     for dec in decoders:
         if dec.boundary == int(last):
             buf[:-1] += dec.grad_gram.double().flatten()
@@ -74,7 +75,7 @@ def agreed_gram(hubs: Sequence[SubspaceHub]) -> torch.Tensor:
     if distributed:
         dist.all_reduce(buf)
     count = float(buf[-1])
-    return buf[:-1].view(d, d) / count if count else torch.zeros(d, d, dtype=torch.float64)
+    return buf[:-1].view(d, d) / count if count else torch.zeros(d, d, dtype=torch.float64, device=device)
 
 
 @torch.no_grad()

@@ -107,7 +107,7 @@ class Trainer:
     def matmul_params(self) -> int:
         """Matmul weights of the whole model (all stages, unsharded), embedding lookups excluded."""
         local = matmul_weights(self.model.named_parameters(), tied_head=self.cfg.model.tie_embeddings)
-        total = torch.tensor([local], dtype=torch.float64)
+        total = torch.tensor([local], dtype=torch.float64, device=self.ctx.device)  # NCCL: CUDA tensors only
         if self.ctx.pp_pg.size() > 1:  # stages hold different layers; TP ranks already see full shapes
             dist.all_reduce(total, group=self.ctx.pp_pg)
         return int(total.item())
@@ -187,7 +187,7 @@ class Trainer:
                 t0 = time.perf_counter()
                 out = self.train_step()
                 elapsed = time.perf_counter() - t0
-                comm = total_sent_bytes(self.ledger, self.ctx.world_pg)  # this step's bytes, all ranks
+                comm = total_sent_bytes(self.ledger, self.ctx.world_pg, self.ctx.device)  # this step's, all ranks
                 self.step += 1
                 tps = self.tokens_per_step / elapsed
                 record = {

@@ -1,0 +1,345 @@
+"""The report of benchmarks/gpu_check.py: the CUDA-vs-CPU comparison, stage verdicts, one JSON, one markdown
+page and one PNG (bench.report writes them atomically; the figure's title names the device and the date)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from nanotron_ext.bench import report as br
+from nanotron_ext.fileio import write_text_atomic
+
+MIB = 2**20
+
+
+# ------------------------------------------------------------------------------------------------
+# the CUDA-vs-CPU check
+# ------------------------------------------------------------------------------------------------
+def _worst_rel(a: Sequence[float], b: Sequence[float]) -> float:
+    return max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b))
+
+
+def compare_halves(device_rows: Sequence[Mapping[str, Any]], cpu_rows: Sequence[Mapping[str, Any]],
+                   tolerance: Mapping[str, float]) -> List[Dict[str, Any]]:
+    """Per technique: worst relative loss difference over the steps against the dtype's tolerance, and
+    whether ledger bytes, codec wire bytes and SparseLoCo payload bytes are identical."""
+    cpu = {r["name"]: r for r in cpu_rows}
+    out = []
+    for d in device_rows:
+        c = cpu.get(d["name"], {"status": "missing"})
+        row: Dict[str, Any] = {"name": d["name"], "device_status": d["status"], "cpu_status": c["status"]}
+        if d["status"] != "ok" or c["status"] != "ok":
+            row["verdict"] = "not compared"
+            out.append(row)
+            continue
+        tol = tolerance[d["dtype"]]
+        same_len = len(d["losses"]) == len(c["losses"]) > 0
+        worst = _worst_rel(d["losses"], c["losses"]) if same_len else float("inf")
+        drop = c["losses"][0] - c["losses"][-1] if same_len else 0.0
+        bytes_same = all(d.get(k) == c.get(k) for k in ("comm_bytes", "wire_bytes_per_step", "sync_bytes"))
+        row.update(dtype=d["dtype"], tolerance=tol, worst_rel=worst, first_rel=_worst_rel(d["losses"][:1], c["losses"][:1]),
+                   loss_device=d["losses"][-1],
+                   loss_cpu=c["losses"][-1], drop=drop, drop_in_tol=drop / (tol * abs(c["losses"][0])) if same_len else 0,
+                   bytes_identical=bytes_same, misplaced=d.get("misplaced", []),
+                   wire_bytes_per_step=d.get("wire_bytes_per_step"), sync_bytes=d.get("sync_bytes"),
+                   peak_memory_bytes=d.get("peak_memory_bytes"))
+        ok = same_len and worst <= tol and bytes_same and not row["misplaced"]
+        row["verdict"] = "pass" if ok else "FAIL"
+        out.append(row)
+    by = {r["name"]: r for r in cpu_rows if r.get("status") == "ok"}
+    if "bf16_autocast" in by and "full_rank" in by:  # for scale: what bf16 alone changes on the CPU
+        for row in out:
+            if row["name"] == "bf16_autocast":
+                row["cpu_bf16_vs_fp32_rel"] = _worst_rel(by["bf16_autocast"]["losses"], by["full_rank"]["losses"])
+    return out
+
+
+def stage_status(stage: str, body: Mapping[str, Any]) -> str:
+    """ok: everything ran and every check held; partial: something was skipped (time budget); failed:
+    an error or a failed check."""
+    if "error" in body:
+        return "failed"
+    if stage == "techniques":
+        rows = list(body["rows"]["device"]) + list(body["rows"]["cpu"])
+        verdicts = [r["verdict"] for r in body["comparison"]]
+    elif stage == "boost":
+        rows = []
+        verdicts = ["FAIL" if "failed" in n else "skipped" for n in body.get("notes", [])]
+    else:
+        rows, verdicts = list(body["rows"]), []
+    if stage != "boost" and not rows:
+        return "skipped"
+    if any(r["status"] == "failed" for r in rows) or "FAIL" in verdicts:
+        return "failed"
+    if any(r["status"] == "skipped" for r in rows) or "skipped" in verdicts or "not compared" in verdicts:
+        return "partial"
+    return "ok"
+
+
+# ------------------------------------------------------------------------------------------------
+# markdown
+# ------------------------------------------------------------------------------------------------
+def _f(v: Optional[float], fmt: str = "{:.4f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def _mib(v: Optional[float]) -> str:
+    return "-" if v is None else f"{v / MIB:,.0f}"
+
+
+def _techniques_md(body: Mapping[str, Any]) -> List[str]:
+    tol = body["tolerance"]
+    lines = ["## Every technique on the device vs CPU/gloo", "",
+             f"{body['steps']} training steps each at world size 1; loss after every step compared (worst relative "
+             f"difference; tolerance fp32 {tol['fp32']:g}, bf16 {tol['bf16']:g}; why: benchmarks/gpu_check.py). "
+             "'drop / tol' is the loss decrease over the run in units of the tolerance: how far a wrong result could "
+             "move and still be caught. Bytes: ledger bytes per step, codec wire bytes per step, SparseLoCo payloads.", ""]
+    headers = ["technique", "precision", "loss (device)", "loss (CPU)", "step-1 rel diff", "worst rel diff", "tol", "drop / tol",
+               "bytes identical", "wire B/step", "peak MiB", "off-device", "verdict"]
+    body_rows = []
+    for r in body["comparison"]:
+        if r["verdict"] == "not compared":
+            body_rows.append([r["name"], "-", r["device_status"], r["cpu_status"], "-", "-", "-", "-", "-", "-", "-",
+                              "-", "not compared"])
+            continue
+        body_rows.append([r["name"], r["dtype"], _f(r["loss_device"]), _f(r["loss_cpu"]), f"{r['first_rel']:.1e}",
+                          f"{r['worst_rel']:.1e}",
+                          f"{r['tolerance']:g}", f"{r['drop_in_tol']:.0f}", "yes" if r["bytes_identical"] else "NO",
+                          r["wire_bytes_per_step"] or "-", _mib(r["peak_memory_bytes"]),
+                          ", ".join(r["misplaced"]) or "none", r["verdict"]])
+    lines.append(br.markdown_table(headers, body_rows))
+    scale = [r for r in body["comparison"] if "cpu_bf16_vs_fp32_rel" in r]
+    if scale:
+        lines += ["", f"For scale: on the CPU, bf16 autocast alone moves the loss by {scale[0]['cpu_bf16_vs_fp32_rel']:.1e} "
+                      "(worst relative, bf16_autocast vs full_rank)."]
+    lines += _problems(list(body["rows"]["device"]) + list(body["rows"]["cpu"]))
+    return lines
+
+
+def _problems(rows: Sequence[Mapping[str, Any]]) -> List[str]:
+    bad = [r for r in rows if r.get("status") in ("failed", "skipped")]
+    if not bad:
+        return []
+    return ["", "Not run or failed:", ""] + [f"- {r['name']}: {r['status']}: {r.get('error') or r.get('note', '')}"
+                                            for r in bad]
+
+
+def _throughput_md(body: Mapping[str, Any]) -> List[str]:
+    t = body["targets"]
+    lines = ["## 125M throughput: nanotron_ext vs a plain-PyTorch loop of the same shape", "",
+             f"{body['config']} with random tokens, iterations of the two interleaved, median of the timed iterations "
+             f"(first ones dropped). Targets (issue 23): ours / plain >= {t['ratio']}, MFU >= {t['mfu']:.0%} with "
+             "flash + compile on an H100 in bf16. First loss: both models on the first batch before any step "
+             "(same weights: they must agree).", ""]
+    headers = ["setting", "ours tok/s", "plain tok/s", "ours / plain", "MFU ours", "MFU plain", "1st iter s (ours/plain)",
+               "peak MiB (ours/plain)", "first loss (ours/plain)", "targets"]
+    rows = []
+    for r in body["rows"]:
+        if r["status"] != "ok":
+            rows.append([r["name"], "-", "-", "-", "-", "-", "-", "-", "-", f"{r['status']}: {r.get('error') or r.get('note')}"])
+            continue
+        o, p = r["models"]["nanotron_ext"], r["models"]["plain"]
+        target = "-"
+        if r["name"] == "flash_compile" and o["mfu"] is not None:
+            met = r["ratio"] >= t["ratio"] and o["mfu"] >= t["mfu"]
+            target = "met" if met else "NOT met"
+        rows.append([r["name"], f"{o['tokens_per_s']:,.0f}", f"{p['tokens_per_s']:,.0f}", f"{r['ratio']:.3f}",
+                     _f(o["mfu"], "{:.1%}"), _f(p["mfu"], "{:.1%}"),
+                     f"{o['first_iteration_s']:.1f} / {p['first_iteration_s']:.1f}",
+                     f"{_mib(o['peak_memory_bytes'])} / {_mib(p['peak_memory_bytes'])}",
+                     f"{r['first_loss']['nanotron_ext']:.4f} / {r['first_loss']['plain']:.4f}", target])
+    return lines + [br.markdown_table(headers, rows)]
+
+
+def _codecs_md(body: Mapping[str, Any]) -> List[str]:
+    lines = ["## Codec overhead per token (one boundary, throughput shape)", ""]
+    headers = ["codec", "encode ns/token", "decode ns/token", "enc+dec fwd+bwd ns/token", "wire B/token", "wire dtype",
+               "vs fp32 hidden", "off-device"]
+    rows = []
+    for r in body["rows"]:
+        if r["status"] != "ok":
+            rows.append([r["name"], "-", "-", "-", "-", "-", "-", f"{r['status']}: {r.get('error') or r.get('note')}"])
+            continue
+        rows.append([r["name"], f"{r['encode_ns_per_token']:.1f}", f"{r['decode_ns_per_token']:.1f}",
+                     f"{r['fwd_bwd_ns_per_token']:.1f}", f"{r['wire_bytes_per_token']:.1f}", r["wire_dtype"],
+                     f"{r['hidden_bytes_per_token'] / r['wire_bytes_per_token']:.1f}x smaller",
+                     ", ".join(r["misplaced"]) or "none"])
+    return lines + [br.markdown_table(headers, rows)]
+
+
+def _fig7_md(name: str, res: Mapping[str, Any], peak_tflops: Optional[float]) -> List[str]:
+    meta = res["meta"]
+    mb = meta.get("micro_batch")
+    lines = [f"### {name}: BOOST Figure 7, per-linear forward GEMMs ({meta.get('machine')}, micro-batch {mb})", ""]
+    headers = ["design", "linear", "GFLOP", "ms", "TFLOP/s", "util (best GEMM)", "util (datasheet)", "time / vanilla"]
+    rows = []
+    for r in res["rows"]:
+        if r["micro_batch"] != mb:
+            continue
+        ds = r["flops_per_s"] / (peak_tflops * 1e12) if peak_tflops else None
+        rows.append([r["design"], r["linear"], f"{r['flops'] / 1e9:.2f}", f"{r['seconds'] * 1e3:.3f}",
+                     f"{r['flops_per_s'] / 1e12:.1f}", f"{r['utilisation']:.0%}", _f(ds, "{:.0%}"),
+                     br.fmt_x(r.get("seconds_vs_vanilla"))])
+    return lines + [br.markdown_table(headers, rows)] + _verdicts(res)
+
+
+def _table3_md(res: Mapping[str, Any]) -> List[str]:
+    lines = [f"### BOOST Table 3: grouped vs ungrouped linears under BTP ({res['meta'].get('machine')})", ""]
+    headers = ["bz", "part", "ungrouped ms", "grouped ms", "speedup", "paper"]
+    rows = [[r["micro_batch"], r["part"], f"{r['total_ungrouped_s'] * 1e3:.3f}", f"{r['total_grouped_s'] * 1e3:.3f}",
+             f"{r['speedup']:.2f}x +- {r['speedup_err']:.2f}", br.fmt_x(r.get("paper_speedup"))] for r in res["rows"]]
+    return lines + [br.markdown_table(headers, rows)] + _verdicts(res)
+
+
+def _verdicts(res: Mapping[str, Any]) -> List[str]:
+    claims = res.get("paper") or []
+    if not claims:
+        return []
+    def verdict(c: Mapping[str, Any]) -> str:
+        if c.get("measured") is None:  # e.g. a collective's time at TP=1, where there is no collective
+            return "not measured here"
+        return "within noise" if c.get("within_noise") else ("held" if c.get("held") else "NOT held")
+
+    rows = [[c["name"], c["source"], _f(c.get("paper"), "{:.2f}"), _f(c.get("measured"), "{:.2f}"), c["claimed"],
+             verdict(c)] for c in claims]
+    return ["", br.markdown_table(["paper claim", "source", "paper", "ours", "claimed", "on our numbers"], rows)]
+
+
+def _boost_md(body: Mapping[str, Any], peak: Optional[float]) -> List[str]:
+    lines = ["## BOOST's single-GPU parts (reproduce/boost scripts, one rank)", "",
+             "LLaMA-1B of Table 8 (its Table 8 layout is one GPU, so these are its shard shapes), one decoder layer "
+             "built; 'util (datasheet)' divides by the GPU's dense bf16 peak; '7B layer' is one unsharded LLaMA-7B "
+             "layer (Table 8 runs 7B at TP=4: its shards are 4x smaller).", ""]
+    if "fig7" in body:
+        lines += _fig7_md("1B", body["fig7"], peak) + [""]
+    if "table3" in body:
+        lines += _table3_md(body["table3"]) + [""]
+    if "fig7_7b_layer" in body:
+        lines += _fig7_md("7B layer", body["fig7_7b_layer"], peak) + [""]
+    return lines + [f"- {n}" for n in body.get("notes", [])]
+
+
+def markdown(result: Mapping[str, Any]) -> str:
+    meta, stages = result["meta"], result["stages"]
+    peak = None
+    if "throughput" in stages:
+        peak = next((r.get("peak_tflops") for r in stages["throughput"].get("rows", []) if r.get("peak_tflops")), None)
+    head = ["# GPU check" + (" (CPU dry run: tiny shapes, timings meaningless)" if meta.get("dry_run") else ""), "",
+            f"{meta.get('gpu') or meta.get('machine')}, driver {meta.get('driver', '-')}, torch {meta.get('torch')} "
+            f"(CUDA {meta.get('cuda') or '-'}, NCCL {meta.get('nccl', '-')}), nanotron {meta.get('nanotron', '-')}, "
+            f"commit {meta.get('commit') or '-'}, {meta.get('date')}", "",
+            "Made by `make gpu-check` (benchmarks/gpu_check.py, whose docstring says what each number means).", "",
+            br.markdown_table(["stage", "status", "measured on", "date", "seconds (budget)"],
+                              [[s, b.get("status"), b["meta"].get("gpu") or b["meta"].get("machine"), b["meta"].get("date"),
+                                f"{b['meta'].get('seconds')} ({b['meta'].get('budget_s'):.0f})"] for s, b in stages.items()])]
+    parts = [head]
+    for name, fn in (("techniques", _techniques_md), ("throughput", _throughput_md), ("codecs", _codecs_md)):
+        if name in stages:
+            parts.append([""] + (fn(stages[name]) if "error" not in stages[name] else
+                                 [f"## {name}", "", f"failed: {stages[name]['error']}"]))
+    if "boost" in stages:
+        b = stages["boost"]
+        parts.append([""] + (_boost_md(b, peak) if "error" not in b else ["## boost", "", f"failed: {b['error']}"]))
+    return "\n".join(line for part in parts for line in part) + "\n"
+
+
+# ------------------------------------------------------------------------------------------------
+# figure
+# ------------------------------------------------------------------------------------------------
+def figure(result: Mapping[str, Any]) -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    stages = result["stages"]
+    fig, axes = plt.subplots(2, 2, figsize=(14, 9))
+    ax = axes[0][0]
+    comp = [r for r in stages.get("techniques", {}).get("comparison", []) if "worst_rel" in r]
+    if comp:
+        ys = range(len(comp))
+        ax.barh(list(ys), [max(r["worst_rel"], 1e-9) for r in comp],
+                color=["tab:green" if r["verdict"] == "pass" else "tab:red" for r in comp])
+        for y, r in zip(ys, comp):
+            ax.plot([r["tolerance"]] * 2, [y - 0.4, y + 0.4], "k-")
+        ax.set_xscale("log")
+        ax.set_yticks(list(ys))
+        ax.set_yticklabels([r["name"] for r in comp], fontsize=7)
+        ax.invert_yaxis()
+    ax.set_title("device vs CPU: worst relative loss difference (black: tolerance)", fontsize=9)
+    ax = axes[0][1]
+    rows = [r for r in stages.get("throughput", {}).get("rows", []) if r["status"] == "ok"]
+    if rows:
+        br.grouped_bars(ax, [r["name"] for r in rows],
+                        {m: [r["models"][m]["tokens_per_s"] / 1e3 for r in rows] for m in ("nanotron_ext", "plain")},
+                        ylabel="k tokens/s")
+        for i, r in enumerate(rows):
+            mfu = r["models"]["nanotron_ext"]["mfu"]
+            ax.annotate(f"{r['ratio']:.2f}x" + (f"\nMFU {mfu:.0%}" if mfu else ""), (i, 0), ha="center", va="bottom",
+                        fontsize=8)
+        ax.legend(fontsize=8)
+    ax.set_title("125M training throughput (ours / plain, MFU)", fontsize=9)
+    ax = axes[1][0]
+    rows = [r for r in stages.get("codecs", {}).get("rows", []) if r["status"] == "ok"]
+    if rows:
+        br.grouped_bars(ax, [r["name"] for r in rows],
+                        {k: [r[f"{k}_ns_per_token"] for r in rows] for k in ("encode", "decode", "fwd_bwd")},
+                        ylabel="ns per token")
+        ax.tick_params(axis="x", labelsize=7)
+        ax.set_yscale("log")
+        ax.legend(fontsize=8)
+    ax.set_title("codec overhead per token (one boundary)", fontsize=9)
+    ax = axes[1][1]
+    fig7 = stages.get("boost", {}).get("fig7")
+    if fig7:
+        mb = fig7["meta"].get("micro_batch")
+        at = [r for r in fig7["rows"] if r["micro_batch"] == mb]
+        designs = list(dict.fromkeys(r["design"] for r in at))
+        linears = list(dict.fromkeys(r["linear"] for r in at))
+        val = {(r["design"], r["linear"]): r["seconds"] * 1e3 for r in at}
+        br.grouped_bars(ax, linears, {d: [val.get((d, lin)) for lin in linears] for d in designs}, ylabel="GEMM ms")
+        ax.legend(fontsize=7)
+        model = "tiny layer (dry run)" if result["meta"].get("dry_run") else "LLaMA-1B layer (Table 8)"
+        ax.set_title(f"BOOST Fig. 7: per-linear forward GEMM time, {model}, bz={mb}", fontsize=9)
+    return fig
+
+
+# ------------------------------------------------------------------------------------------------
+# files
+# ------------------------------------------------------------------------------------------------
+def _slim(result: Mapping[str, Any]) -> Dict[str, Any]:
+    """The result without bulky per-iteration lists the sub-scripts keep in their meta."""
+    out = json.loads(json.dumps(result, default=str))
+    for res in out.get("stages", {}).get("boost", {}).values():
+        if isinstance(res, dict):
+            res.get("meta", {}).pop("raw", None)
+    return out
+
+
+def write(result: Mapping[str, Any], out: Path) -> List[Path]:
+    """gpu_check.json, gpu_check.md and gpu_check.png in `out` (each written atomically)."""
+    result = _slim(result)
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / "gpu_check.json", out / "gpu_check.md"]
+    write_text_atomic(written[0], json.dumps(result, indent=1) + "\n")
+    write_text_atomic(written[1], markdown(result))
+    title = "GPU check" + (" (CPU dry run)" if result["meta"].get("dry_run") else "")
+    written.append(br.save_figure(figure(result), out / "gpu_check.png", title, result["meta"]))
+    return written
+
+
+def summary_text(result: Mapping[str, Any]) -> str:
+    lines = ["", "== gpu check =="]
+    for stage, body in result["stages"].items():
+        lines.append(f"{stage:<11} {body.get('status')}")
+        if stage == "techniques" and "comparison" in body:
+            bad = [r["name"] for r in body["comparison"] if r["verdict"] != "pass"]
+            lines.append(f"            {len(body['comparison']) - len(bad)} of {len(body['comparison'])} techniques "
+                         f"agree with CPU" + (f"; not: {', '.join(bad)}" if bad else ""))
+        if stage == "throughput":
+            for r in body.get("rows", []):
+                if r["status"] == "ok":
+                    o = r["models"]["nanotron_ext"]
+                    lines.append(f"            {r['name']:<14} ours/plain {r['ratio']:.3f}  ours {o['tokens_per_s']:,.0f} "
+                                 f"tok/s" + (f"  MFU {o['mfu']:.1%}" if o["mfu"] else ""))
+    return "\n".join(lines)

