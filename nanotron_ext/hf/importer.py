@@ -1,0 +1,146 @@
+"""`model.init_from: hf:DIR`: start a run of any layout from a transformers Llama (or Qwen3) folder.
+
+nanotron_ext.models.build calls `load_init_from_` after the seeded init and before the model's constraints, so a
+constraint sees the imported weights the way it sees initialised ones (Subspace Models: W_small = U^T W, or W
+projected onto span(U)). Each rank reads only the tensors of its own stage, one at a time, and keeps its shard;
+modules that implement nanotron_ext.models.dense.DenseEquivalent turn the dense weights into their own
+parameters (BOOST's factor pairs: a rank-r truncated SVD; Subspace Models' split table: T_S = (E - T_fixed) U).
+Parameters with no counterpart in a Llama (boundary codecs: ResBM, MAPL) keep their seeded init.
+
+After the constraints, `ImportedWeights.report` compares the model's dense equivalent with the folder's tensors
+(relative Frobenius error per tensor, all stages) and prints it per layer on rank 0.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Dict, Iterator, List, Tuple
+
+import torch
+import torch.distributed as torch_dist
+from nanotron.parallel import ParallelContext
+from torch import nn
+
+from nanotron_ext.config.checks import ConfigError
+from nanotron_ext.config.schema import ModelConfig
+from nanotron_ext.hf.names import FUSED, from_hf_name, split_fused
+from nanotron_ext.models.dense import dense_state_dict, load_dense_state_dict_
+
+
+def safetensors_files(folder: Path) -> List[Path]:
+    """The safetensors files of a transformers folder (one file, or the shards its index lists)."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        return [folder / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    single = folder / "model.safetensors"
+    if single.is_file():
+        return [single]
+    raise ConfigError(f"model.init_from: {folder} has no model.safetensors (or index); re-save the model with "
+                      "save_pretrained(..., safe_serialization=True)")
+
+
+class FolderTensors(Mapping):
+    """A transformers folder's tensors under our standard names, fp32, read one at a time on access; the megatron
+    strategy's fused names (`attn.qkv_proj.weight`, `mlp.gate_up_proj.weight`) are concatenations."""
+
+    def __init__(self, folder: Path) -> None:
+        from safetensors import safe_open
+
+        self.folder = folder
+        self._where: Dict[str, Tuple[Path, str]] = {}
+        for file in safetensors_files(folder):
+            with safe_open(str(file), framework="pt") as f:
+                for hf_name in f.keys():
+                    try:
+                        ours = from_hf_name(hf_name)
+                    except ValueError as e:
+                        raise ConfigError(f"model.init_from: {file}: {e}") from None
+                    if ours is not None:
+                        self._where[ours] = (file, hf_name)
+        self._fused: Dict[str, List[str]] = {}
+        for fused, parts in FUSED.items():
+            module = fused.split(".")[0]  # attn.qkv_proj.weight -> attn
+            first = f"{module}.{parts[0]}_proj.weight"
+            for name in [n for n in self._where if n.endswith(first)]:
+                base = name[: -len(first)]
+                members = [f"{base}{module}.{p}_proj.weight" for p in parts]
+                if all(m in self._where for m in members):
+                    self._fused[base + fused] = members
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name in self._fused:
+            return torch.cat([self[m] for m in self._fused[name]])
+        from safetensors import safe_open
+
+        file, hf_name = self._where[name]
+        with safe_open(str(file), framework="pt") as f:
+            return f.get_tensor(hf_name).float()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([*self._where, *self._fused])
+
+    def __len__(self) -> int:
+        return len(self._where) + len(self._fused)
+
+
+class ImportedWeights:
+    """What `load_init_from_` loaded on this rank; `report` (collective) prints how close the model came."""
+
+    def __init__(self, folder: Path, tensors: FolderTensors, kept: List[str]) -> None:
+        self.folder, self.tensors, self.kept = folder, tensors, kept
+
+    def report(self, model: nn.Module, cfg: ModelConfig, ctx: ParallelContext) -> Dict[str, float]:
+        """Relative error ||W_model - W_folder|| / ||W_folder|| of every imported tensor, all stages, known on
+        every rank (0 = exact; a factorised linear shows its truncated-SVD loss, a Subspace Models projection
+        the part of W outside span(U)); printed per layer on global rank 0. Collective over the world."""
+        ours = split_fused(dense_state_dict(model, ctx.tp_pg, exact=False), cfg)
+        errors = {}
+        for name, value in ours.items():
+            if name in self.tensors:
+                ref = self.tensors[name].double()
+                errors[name] = float((value.double() - ref).norm() / ref.norm().clamp_min(1e-30))
+        merged: Dict[str, float] = {}
+        kept: List[str] = []
+        everyone = [None] * torch_dist.get_world_size()
+        torch_dist.all_gather_object(everyone, (errors, self.kept))
+        for errs, k in everyone:
+            merged.update(errs)
+            kept += [n for n in k if n not in kept]
+        if torch_dist.get_rank() == 0:
+            print(format_report(merged, kept, self.folder), flush=True)
+        return merged
+
+
+def format_report(errors: Dict[str, float], kept: List[str], folder: Path) -> str:
+    """Per layer: each imported tensor's relative error (norms and exact copies show 0)."""
+    rows: Dict[str, List[str]] = {}
+    for name, err in sorted(errors.items(), key=lambda kv: _order(kv[0])):
+        parts = name.split(".")
+        row = f"layer {parts[1]}" if parts[0] == "decoder" else "embedding/head"
+        short = parts[-2].replace("_proj", "") if parts[0] == "decoder" else parts[-2]
+        if parts[0] == "decoder" and parts[-2] == "norm":
+            short = f"{parts[-3]}_norm"
+        rows.setdefault(row, []).append(f"{short} {err:.3g}")
+    lines = [f"init_from {folder}: relative error ||W - W_hf|| / ||W_hf|| of each imported weight (0 = exact)"]
+    lines += [f"  {row:<15} " + "  ".join(cells) for row, cells in rows.items()]
+    if kept:
+        lines.append(f"  kept as initialised (no counterpart in a Llama): {len(kept)} parameters, e.g. {kept[0]}")
+    return "\n".join(lines)
+
+
+def _order(name: str) -> Tuple[int, str]:
+    parts = name.split(".")
+    return (int(parts[1]) + 1 if parts[0] == "decoder" else (0 if parts[0] == "token_embedding" else 10**9), name)
+
+
+@torch.no_grad()
+def load_init_from_(model: nn.Module, cfg: ModelConfig) -> ImportedWeights:
+    """Load `cfg.init_from` (hf:DIR, checked at config load) into this rank's stage."""
+    folder = Path(cfg.init_from[3:]).expanduser()
+    tensors = FolderTensors(folder)
+    try:
+        _, kept = load_dense_state_dict_(model, tensors)
+    except KeyError as e:
+        raise ConfigError(f"model.init_from: {folder} has no tensor for our parameter {e.args[0]}") from None
+    return ImportedWeights(folder, tensors, kept)
