@@ -11,6 +11,7 @@ works, because nothing here knows a layout: the model built per rank does.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import socket
 import tempfile
@@ -152,6 +153,7 @@ def _worker(rank: int, world: int, port: int, job: Dict[str, Any]) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    logging.disable(logging.WARNING)  # build-time notes (fallbacks, grouping) were shown when the run trained
     out = Path(job["out"])
     try:
         _gather_rank(job, out)
