@@ -112,26 +112,35 @@ class ImportedWeights:
         return merged
 
 
+_COLUMNS = ("q", "k", "v", "o", "attn_norm", "q_norm", "k_norm", "gate", "up", "down", "mlp_norm",
+            "embedding", "final_norm", "lm_head")
+
+
+def _cell(name: str) -> Tuple[str, str]:
+    """(row, column) of a standard name: ('layer 3', 'q') for decoder.3.pp_block.attn.q_proj.weight."""
+    parts = name.split(".")
+    if parts[0] != "decoder":
+        return "embedding/head", parts[-2]
+    leaf = parts[-2]
+    column = f"{parts[-3]}_norm" if leaf == "norm" else leaf.replace("_proj", "")
+    return f"layer {parts[1]}", column
+
+
 def format_report(errors: Dict[str, float], kept: List[str], folder: Path) -> str:
-    """Per layer: each imported tensor's relative error (norms and exact copies show 0)."""
-    rows: Dict[str, List[str]] = {}
-    for name, err in sorted(errors.items(), key=lambda kv: _order(kv[0])):
-        parts = name.split(".")
-        row = f"layer {parts[1]}" if parts[0] == "decoder" else "embedding/head"
-        short = parts[-2].replace("_proj", "") if parts[0] == "decoder" else parts[-2]
-        if parts[0] == "decoder" and parts[-2] == "norm":
-            short = f"{parts[-3]}_norm"
-        rows.setdefault(row, []).append(f"{short} {err:.3g}")
+    """One row per layer: each imported tensor's relative error (0 = copied exactly)."""
+    rows: Dict[str, Dict[str, float]] = {}
+    for name, err in errors.items():
+        row, column = _cell(name)
+        rows.setdefault(row, {})[column] = err
+    order = sorted(rows, key=lambda r: -1 if not r.startswith("layer") else int(r.split()[1]))
+    rank = {c: i for i, c in enumerate(_COLUMNS)}
     lines = [f"init_from {folder}: relative error ||W - W_hf|| / ||W_hf|| of each imported weight (0 = exact)"]
-    lines += [f"  {row:<15} " + "  ".join(cells) for row, cells in rows.items()]
+    for row in order:
+        cells = sorted(rows[row].items(), key=lambda kv: rank.get(kv[0], len(rank)))
+        lines.append(f"  {row:<15} " + "  ".join(f"{c} {e:.3g}" for c, e in cells))
     if kept:
         lines.append(f"  kept as initialised (no counterpart in a Llama): {len(kept)} parameters, e.g. {kept[0]}")
     return "\n".join(lines)
-
-
-def _order(name: str) -> Tuple[int, str]:
-    parts = name.split(".")
-    return (int(parts[1]) + 1 if parts[0] == "decoder" else (0 if parts[0] == "token_embedding" else 10**9), name)
 
 
 @torch.no_grad()

@@ -125,11 +125,12 @@ def read_hf_config(folder: Path) -> Dict[str, Any]:
 
 
 def _rope_theta(hf: Dict[str, Any]) -> float:
-    params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    kind = params.get("rope_type", params.get("type", "default"))
-    if kind != "default":
-        raise ConfigError(f"model.init_from: rope_type {kind!r} (scaled RoPE) is not our RoPE; only 'default' imports")
-    return float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    for key in ("rope_parameters", "rope_scaling"):  # transformers 5 / 4 spell it differently
+        kind = (hf.get(key) or {}).get("rope_type", (hf.get(key) or {}).get("type", "default"))
+        if kind != "default":
+            raise ConfigError(f"model.init_from: {key}.rope_type={kind!r} (scaled RoPE) is not our RoPE; only "
+                              "'default' imports")
+    return float((hf.get("rope_parameters") or {}).get("rope_theta", hf.get("rope_theta", 10000.0)))
 
 
 def check_hf_config(hf: Dict[str, Any], cfg: "ModelConfig", folder: str) -> None:
