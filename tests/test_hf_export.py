@@ -201,3 +201,50 @@ def _greedy_from_checkpoint(run: Path, prompt: List[int]) -> List[int]:
         if token == EOS:
             break
     return seq[len(prompt):]
+
+
+LM_EVAL_TASK = """task: nanotron_ext_local_text
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: loglikelihood_rolling
+doc_to_text: ""
+doc_to_target: "{{{{text}}}}"
+metric_list:
+  - metric: word_perplexity
+  - metric: byte_perplexity
+  - metric: bits_per_byte
+"""
+
+
+def test_lm_eval_reads_the_export_on_a_local_task(corpus: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The documented path `lm_eval --model hf --model_args pretrained=DIR` on a task built from a local jsonl (no hub):
+    its bits per byte agree with eval's on the same documents (not exactly: lm-eval scores each document alone with up
+    to max_seq_len tokens of context, eval the trainer's 17-token windows over the stream, separators included)."""
+    lm_eval = pytest.importorskip("lm_eval")
+    from lm_eval.tasks import TaskManager
+
+    from nanotron_ext.data.prepare import validation_indices
+    from nanotron_ext.eval import main as eval_main
+    from nanotron_ext.export import export
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    run = _trained("full_rank", corpus)
+    folder = run["out"] / "hf"
+    if not (folder / "config.json").exists():
+        export(str(run["run"]), str(folder))
+    docs = corpus["docs"]
+    data = tmp_path / "val.jsonl"
+    data.write_text("".join(json.dumps({"text": docs[i]}) + "\n" for i in sorted(validation_indices(len(docs), 42, 0.2))))
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "local.yaml").write_text(LM_EVAL_TASK.format(data=data))
+    results = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={folder},dtype=float32",
+                                      tasks=["nanotron_ext_local_text"], device="cpu", batch_size=1,
+                                      task_manager=TaskManager(include_path=str(tmp_path / "tasks")))
+    theirs = results["results"]["nanotron_ext_local_text"]["bits_per_byte,none"]
+    assert eval_main(["--run", str(run["run"]), "--data", str(data), "--json", str(tmp_path / "ours.json")]) == 0
+    ours = json.loads((tmp_path / "ours.json").read_text())["bits_per_byte"]
+    assert theirs == pytest.approx(ours, rel=0.02), (theirs, ours)
