@@ -166,6 +166,13 @@ def test_a_folder_that_does_not_match_fails_at_config_load(hf_folder: Path, tmp_
     with pytest.raises(ConfigError, match=r"model.hidden_size=64 but .*config.json has hidden_size=32; set "
                                           r"model.hidden_size: 32"):
         load_config(TINY, good + ["model.hidden_size=64"])
+    with pytest.raises(ConfigError, match="model.tie_embeddings=true but .* has a head of its own"):
+        load_config(TINY, good + ["model.tie_embeddings=true"])
+    tied = tmp_path / "tied"
+    tied.mkdir()
+    cfg = json.loads((hf_folder / "config.json").read_text())
+    (tied / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": True}))
+    load_config(TINY, MODEL + [f"model.init_from=hf:{tied}", "tokenizer.vocab_size=300"])  # untied head = a copy
     with pytest.raises(ConfigError, match="model.qk_norm=True but .* holds a llama model"):
         load_config(TINY, good + ["model.qk_norm=true"])
     with pytest.raises(ConfigError, match="expected 'hf:DIR'"):
@@ -174,7 +181,6 @@ def test_a_folder_that_does_not_match_fails_at_config_load(hf_folder: Path, tmp_
         load_config(TINY, MODEL + [f"model.init_from=hf:{tmp_path / 'missing'}"])
     bad = tmp_path / "scaled"
     bad.mkdir()
-    cfg = json.loads((hf_folder / "config.json").read_text())
     scaled = {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
     (bad / "config.json").write_text(json.dumps({**cfg, "rope_parameters": scaled, "rope_scaling": scaled}))
     with pytest.raises(ConfigError, match="scaled RoPE"):

@@ -42,7 +42,8 @@ def safetensors_files(folder: Path) -> List[Path]:
 
 class FolderTensors(Mapping):
     """A transformers folder's tensors under our standard names, fp32, read one at a time on access; the megatron
-    strategy's fused names (`attn.qkv_proj.weight`, `mlp.gate_up_proj.weight`) are concatenations."""
+    strategy's fused names (`attn.qkv_proj.weight`, `mlp.gate_up_proj.weight`) are concatenations, and a tied
+    folder's token table also serves as an untied head."""
 
     def __init__(self, folder: Path) -> None:
         from safetensors import safe_open
@@ -58,6 +59,9 @@ class FolderTensors(Mapping):
                         raise ConfigError(f"model.init_from: {file}: {e}") from None
                     if ours is not None:
                         self._where[ours] = (file, hf_name)
+        head, table = "lm_head.pp_block.lm_head.weight", "token_embedding.pp_block.embedding.weight"
+        if head not in self._where and table in self._where:  # a tied folder: an untied head starts as the table
+            self._where[head] = self._where[table]
         self._fused: Dict[str, List[str]] = {}
         for fused, parts in FUSED.items():
             module = fused.split(".")[0]  # attn.qkv_proj.weight -> attn

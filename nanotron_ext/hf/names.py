@@ -149,8 +149,10 @@ def check_hf_config(hf: Dict[str, Any], cfg: "ModelConfig", folder: str) -> None
         "num_layers": ("num_hidden_layers", hf.get("num_hidden_layers")), "num_heads": ("num_attention_heads", heads),
         "num_kv_heads": ("num_key_value_heads", hf.get("num_key_value_heads") or heads),
         "rms_norm_eps": ("rms_norm_eps", hf.get("rms_norm_eps")), "rope_theta": ("rope_theta", _rope_theta(hf)),
-        "tie_embeddings": ("tie_word_embeddings", bool(hf.get("tie_word_embeddings", False))),
     }
+    if cfg.tie_embeddings and not hf.get("tie_word_embeddings", False):  # the other way round, the head starts as a copy
+        raise ConfigError(f"model.tie_embeddings=true but {folder} has a head of its own (tie_word_embeddings=false); "
+                          "set model.tie_embeddings: false")
     for ours, (theirs, value) in expected.items():
         if getattr(cfg, ours) != value:
             raise ConfigError(f"model.{ours}={getattr(cfg, ours)!r} but {folder}/config.json has {theirs}={value!r}; "
