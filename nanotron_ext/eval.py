@@ -11,15 +11,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import List, Optional
 
 from nanotron_ext.export import add_run_args
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    from nanotron_ext.data.sources import input_files
     from nanotron_ext.errors import UserFacingError
     from nanotron_ext.fileio import write_text_atomic
-    from nanotron_ext.inference.model import load_single_process_model
+    from nanotron_ext.inference.model import load_single_process_model, one_process_group
     from nanotron_ext.inference.perplexity import data_config, score_text
     from nanotron_ext.inference.run import gather, open_run
 
@@ -36,10 +38,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         ckpt = open_run(args.run, args.step, args.checkpoints)
         tok_path = ckpt.tokenizer_path(args.tokenizer)
+        if not Path(args.data).expanduser().exists():
+            raise UserFacingError(f"--data {args.data} does not exist")
         data = data_config(args.data, args.text_key, args.source)
-        model = load_single_process_model(ckpt, gather(ckpt, replica=args.replica).raw, args.replica)
+        input_files(data)  # the reader's checks (extra packages, folder contents) before the model is loaded
+        raw = gather(ckpt, replica=args.replica).raw
         tokens = ckpt.config.tokens
-        score = score_text(model, data, tok_path, tokens.sequence_length, args.batch_size or tokens.micro_batch_size)
+        with one_process_group():
+            model = load_single_process_model(ckpt, raw, args.replica)
+            score = score_text(model, data, tok_path, tokens.sequence_length, args.batch_size or tokens.micro_batch_size)
     except UserFacingError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

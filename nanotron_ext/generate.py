@@ -34,7 +34,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.max_new_tokens < 1 or args.temperature < 0 or not 0 < args.top_p <= 1:
             raise UserFacingError(f"need --max-new-tokens >= 1 (got {args.max_new_tokens}), --temperature >= 0 (got "
                                   f"{args.temperature}), --top-p in (0, 1] (got {args.top_p})")
-        run_generation(args)
+        from nanotron_ext.inference.model import one_process_group
+
+        with one_process_group():
+            run_generation(args)
     except UserFacingError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

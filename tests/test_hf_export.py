@@ -248,3 +248,59 @@ def test_lm_eval_reads_the_export_on_a_local_task(corpus: dict, tmp_path: Path, 
     assert eval_main(["--run", str(run["run"]), "--data", str(data), "--json", str(tmp_path / "ours.json")]) == 0
     ours = json.loads((tmp_path / "ours.json").read_text())["bits_per_byte"]
     assert theirs == pytest.approx(ours, rel=0.02), (theirs, ours)
+
+
+def test_the_one_process_model_equals_the_trained_layout(corpus: dict) -> None:
+    """What generate --backend native and eval run: the checkpoint reassembled into one process, codec boundaries
+    kept where the pipeline had them (Subspace Models at pp=2, BOOST btp at tp=2): same logits as the trained layout."""
+    for name in ("sm_reparam", "svd_btp"):
+        run = _trained(name, corpus)
+        ours = run_distributed(_one_process_logits, 1, run["run"], _check_ids())[0]
+        diff = (ours - run["logits"]).abs().max().item()
+        assert diff <= 1e-5, f"{name}: max |logit difference| {diff:.3g}"
+
+
+def _one_process_logits(run: Path, ids: torch.Tensor) -> torch.Tensor:
+    from nanotron_ext.inference.model import load_single_process_model, logits, one_process_group
+    from nanotron_ext.inference.run import gather, open_run
+
+    ckpt = open_run(run)
+    raw = gather(ckpt).raw
+    with one_process_group():
+        return logits(load_single_process_model(ckpt, raw), ids)
+
+
+NO_DENSE = {  # overrides -> what the one-line refusal names
+    "resbm": (["model.codec.kind=resbm", "model.codec.boundaries=every_layer"], "model.codec.kind='resbm'"),
+    "int8": (["model.codec.kind=int8", "model.codec.boundaries=[1]"], "model.codec.kind='int8'"),
+    "sm_drifting": (SM + ["model.codec.boundaries=every_layer", "model.subspace.parameterisation=projection",
+                          "model.subspace.reproject=false"], "model.subspace.reproject=false"),
+    "lax": (["model.low_rank.kind=lax", "model.low_rank.rank=8", "model.boost.tp_strategy=vanilla"], "cola or lax"),
+}
+
+
+def _refusals(cases: Dict[str, List[str]]) -> Dict[str, str]:
+    from nanotron_ext.config.loader import load_config
+    from nanotron_ext.models.build import build_model
+    from nanotron_ext.models.dense import NoDenseEquivalent, dense_state_dict
+    from nanotron_ext.parallel.context import build_parallel_context
+    from tests.helpers.runs import TINY
+
+    small = ["model.vocab_size=320", "model.hidden_size=32", "model.ffn_size=64", "model.max_seq_len=64",
+             "tokenizer.vocab_size=300", "tokens.sequence_length=16", "parallelism.dp=1"]
+    ctx = build_parallel_context(1, 1, 1, backend="gloo")
+    out = {}
+    for name, overrides in cases.items():
+        model = build_model(load_config(TINY, small + overrides), ctx)
+        try:
+            dense_state_dict(model, ctx.tp_pg)
+            out[name] = ""
+        except NoDenseEquivalent as e:
+            out[name] = str(e)
+    return out
+
+
+def test_models_without_a_dense_equivalent_say_why() -> None:
+    got = run_distributed(_refusals, 1, {name: o for name, (o, _) in NO_DENSE.items()})[0]
+    for name, (_, reason) in NO_DENSE.items():
+        assert reason in got[name] and "\n" not in got[name], (name, got[name])

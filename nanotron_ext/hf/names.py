@@ -71,13 +71,15 @@ def split_fused(state: Dict[str, torch.Tensor], cfg: "ModelConfig") -> Dict[str,
 
 
 def to_hf_names(state: Dict[str, torch.Tensor], cfg: "ModelConfig") -> Dict[str, torch.Tensor]:
-    """Our standard-layout tensors under transformers' names; a tensor without one is a NoDenseEquivalent-style
-    refusal (ValueError naming it)."""
+    """Our standard-layout tensors under transformers' names; a parameter without one (a module that states no
+    dense equivalent) is refused naming it."""
+    from nanotron_ext.models.dense import NoDenseEquivalent
+
     out = {}
     for name, value in split_fused(state, cfg).items():
         hit = next(((m, hf) for rx, hf in _TO_HF if (m := rx.match(name))), None)
         if hit is None:
-            raise ValueError(f"parameter {name} has no place in a {architecture(cfg)}")
+            raise NoDenseEquivalent(f"parameter {name} has no place in a {architecture(cfg)}")
         out[_fill(hit[1], hit[0])] = value
     return out
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+from typing import Iterator
 
 import torch
 
@@ -32,27 +33,41 @@ def single_process_config(ckpt: RunCheckpoint, replica: int = 0) -> Config:
                                parallelism=ParallelismConfig(dp=1, tp=1, pp=1, pp_engine=p.pp_engine))
 
 
-def _single_process_group() -> None:
-    """A world of one (gloo) for nanotron's ParallelContext; reused when this process already has one."""
+@contextlib.contextmanager
+def one_process_group() -> Iterator[None]:
+    """A world of one (gloo) for nanotron's ParallelContext while the one-process model is in use; destroyed on
+    the way out when this opened it (a process that already has a world of one keeps it)."""
     import torch.distributed as torch_dist
 
     if torch_dist.is_initialized():
         if torch_dist.get_world_size() != 1:
             raise RunError("generate/eval run on one process; this one is part of a larger process group")
+        yield
         return
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    env = dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        if torch_dist.is_initialized():
+            torch_dist.destroy_process_group()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 @torch.no_grad()
 def load_single_process_model(ckpt: RunCheckpoint, raw: dict, replica: int = 0) -> LlamaForTraining:
     """Build the single-process model and load the reassembled tensors into it (every parameter and every
-    persistent buffer must be found)."""
+    persistent buffer must be found); inside `one_process_group()`."""
     from nanotron_ext.models.build import build_model
     from nanotron_ext.models.init import load_full_state_dict_
     from nanotron_ext.parallel.context import build_parallel_context
 
     cfg = single_process_config(ckpt, replica)
-    _single_process_group()
     ctx = build_parallel_context(1, 1, 1, backend="gloo")
     model = build_model(cfg, ctx)
     try:
