@@ -6,16 +6,20 @@ BIN := $(VENV)/bin
 TORCH_CPU ?= torch==2.13.0
 NPROC ?= 2
 CONFIG ?= examples/config_tiny_llama.yaml
+# Optional extras on top of the test set-up, one flag: make setup EXTRAS=eval (lm-eval), EXTRAS=eval,flash, ...
+EXTRAS ?=
+comma := ,
+STAMP := $(VENV)/.installed$(if $(EXTRAS),-$(subst $(comma),-,$(EXTRAS)))
 
 .PHONY: setup train-tiny test test-quick clean-venv gpu-wheels gpu-check
 
-setup: $(VENV)/.installed
+setup: $(STAMP)
 
-$(VENV)/.installed: pyproject.toml patches/series $(wildcard patches/*.patch)
+$(STAMP): pyproject.toml patches/series $(wildcard patches/*.patch)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	if ! command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/pip install -q "$(TORCH_CPU)"; fi
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev$(if $(EXTRAS),$(comma)$(EXTRAS))]'
 	$(BIN)/python patches/apply.py
 	touch $@
 

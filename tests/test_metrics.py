@@ -52,7 +52,30 @@ def test_tensorboard_option(tmp_path: Path) -> None:
         with pytest.raises(RuntimeError, match=r"pip install -e '\.\[tensorboard\]'"):
             MetricsLogger(tmp_path, cfg, total_steps=1, start_step=0, is_main=True)
         return
-    log = MetricsLogger(tmp_path, cfg, total_steps=1, start_step=0, is_main=True)
-    log.log({"step": 1, "loss": 1.0, "comm_bytes": {"tp": 4}})
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    log = MetricsLogger(tmp_path, cfg, total_steps=2, start_step=0, is_main=True)
+    log.log({"step": 1, "loss": 1.5, "comm_bytes": {"tp": 4}})
+    log.log({"step": 2, "loss": 1.25, "val_loss": 2.0, "comm_bytes": {"tp": 8}})
     log.close()
-    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    read = {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+    assert read["loss"] == [(1, 1.5), (2, 1.25)]
+    assert read["comm_bytes/tp"] == [(1, 4.0), (2, 8.0)] and read["val_loss"] == [(2, 2.0)]
+
+
+def test_the_final_progress_line_is_drawn_once(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The trainer's order at the last step: progress, the validation line, close. The final line used to come
+    three times (update, the redraw after the validation line, close: in a log file or a wrapping terminal each
+    is a line), the first with the previous step's loss."""
+    log = MetricsLogger(tmp_path, LoggingConfig(progress_bar=True), total_steps=3, start_step=0, is_main=True)
+    log._bar.mininterval = 0  # draw on every update, as steps seconds apart do
+    for loss in (3.0, 2.5, 2.0):
+        log.progress(1, loss=loss)
+    log.write("step 3: validation loss 1.9")
+    log.close()
+    out = capsys.readouterr()
+    finals = [seg for seg in out.err.replace("\n", "\r").split("\r") if "3/3" in seg]
+    assert len(finals) == 1 and "loss=2" in finals[0], finals
+    assert out.out == "step 3: validation loss 1.9\n"

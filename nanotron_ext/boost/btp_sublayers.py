@@ -78,7 +78,8 @@ class _BTPSublayer(Sublayer):
         pg = self.tp_pg
         if not spec.factorised:
             return RowParallelLinear(spec.in_features, spec.out_features, pg)
-        return LowRankPair(RowParallelLinear(spec.in_features, spec.rank, pg), ColumnParallelLinear(spec.rank, spec.out_features, pg))
+        return LowRankPair(RowParallelLinear(spec.in_features, spec.rank, pg),
+                           ColumnParallelLinear(spec.rank, spec.out_features, pg), self._exact_product(spec.name))
 
     def _partials(self, names: Sequence[str], x: torch.Tensor, rms_local=None, s_local=None) -> _BTPPending:
         """Row-parallel GEMMs of the linears reading the sharded `x` (one GEMM when grouped), folded

@@ -17,16 +17,49 @@ from nanotron_ext.boost.lowrank import (
     warn_once,
 )
 from nanotron_ext.config.schema import ModelConfig
+from nanotron_ext.models.dense import FullTensor, NoDenseEquivalent
+from nanotron_ext.models.init import full_shape, local_shard
 from nanotron_ext.models.layers import RMSNorm, RotaryEmbedding, causal_attention
 
 Tensors = Dict[str, torch.Tensor]
 
 class LowRankPair(nn.Module):
-    """The two factors of one factorised linear, each laid out by the TP strategy."""
+    """The two factors of one factorised linear, each laid out by the TP strategy. `exact_product`: the linear
+    computes up(down(x)) exactly (SVD; a LaX linear without a crossing); CoLA's silu and LaX's added latent
+    of another linear do not.
 
-    def __init__(self, down: nn.Module, up: nn.Module) -> None:
+    As a nanotron_ext.models.dense.DenseEquivalent: its dense weight is up @ down (export) and a dense weight W
+    becomes the balanced factors of its rank-r truncated SVD, up = U_r S_r^1/2, down = S_r^1/2 V_r^T (import,
+    the Eckart-Young optimum of ||W - up @ down||)."""
+
+    def __init__(self, down: nn.Module, up: nn.Module, exact_product: bool) -> None:
         super().__init__()
         self.down, self.up = down, up
+        self.exact_product = exact_product
+
+    def dense_equivalent(self, full: FullTensor, exact: bool = True) -> Dict[str, torch.Tensor]:
+        if exact and not self.exact_product:
+            raise NoDenseEquivalent("model.low_rank.kind is cola or lax: y = up(h(down(x))) with a nonlinearity or another "
+                                    "linear's latent in h has no single dense weight")
+        up, down = full(self.up.weight).double(), full(self.down.weight).double()
+        return {"weight": (up @ down).float()}
+
+    @torch.no_grad()
+    def load_dense_(self, dense: Dict[str, torch.Tensor]) -> Dict[str, float]:
+        w = dense["weight"].double()
+        u, s, vh = torch.linalg.svd(w, full_matrices=False)
+        r = full_shape(self.down.weight)[0]
+        # fix each singular pair's sign (largest |entry| of u positive): every TP rank must cut the same factors
+        sign = torch.sign(u.gather(0, u.abs().argmax(0, keepdim=True))).squeeze(0)
+        sign[sign == 0] = 1
+        u, vh = u * sign, vh * sign[:, None]
+        root = s[:r].sqrt()
+        factors = {"up": u[:, :r] * root, "down": root[:, None] * vh[:r]}
+        for name, value in factors.items():
+            param = getattr(self, name).weight
+            param.copy_(local_shard(value.float(), param).to(param.dtype))
+        dropped = s[r:].pow(2).sum().sqrt() / s.pow(2).sum().sqrt().clamp_min(1e-30)
+        return {"weight": float(dropped)}
 
 
 # -- grouped GEMMs -------------------------------------------------------------------------------------
@@ -125,6 +158,10 @@ class Sublayer(nn.Module):
     # helpers
     def _mod(self, name: str) -> nn.Module:
         return getattr(self, f"{name}_proj")
+
+    def _exact_product(self, name: str) -> bool:
+        """Whether up(down(x)) is linear `name`'s whole function: SVD, or LaX where no latent crosses into it."""
+        return self.kind == "svd" or (self.kind == "lax" and name not in self.previous)
 
     def _first_gemm(self, name: str) -> nn.Module:
         """The GEMM that reads a linear's input: its down factor, or the whole full-rank weight."""

@@ -1,19 +1,30 @@
 """The identity codec: the hidden state crosses the boundary unchanged."""
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
 from nanotron_ext.codecs.base import BoundaryCodec, BoundaryDecoder, BoundaryEncoder, register_codec
 
 
-class IdentityEncoder(BoundaryEncoder):
+class Transparent:
+    """nanotron_ext.models.dense.DenseEquivalent of a codec module that passes the hidden state on exactly: it
+    adds nothing to a standard model."""
+
+    def dense_equivalent(self, full: Callable, exact: bool = True) -> Dict[str, torch.Tensor]:
+        return {}
+
+    def load_dense_(self, dense: Dict[str, torch.Tensor]) -> Dict[str, float]:
+        return {}
+
+
+class IdentityEncoder(Transparent, BoundaryEncoder):
     def forward(self, residual: torch.Tensor, branch: torch.Tensor, input_ids: Optional[torch.Tensor]) -> torch.Tensor:
         return residual + branch
 
 
-class IdentityDecoder(BoundaryDecoder):
+class IdentityDecoder(Transparent, BoundaryDecoder):
     def forward(self, wire: torch.Tensor, input_ids: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
         return wire, wire
 

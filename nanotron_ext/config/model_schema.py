@@ -228,6 +228,10 @@ class ModelConfig:
     embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
     output_constraint: OutputConstraintConfig = field(default_factory=OutputConstraintConfig)
     subspace: SubspaceConfig = field(default_factory=SubspaceConfig)
+    init_from: Optional[str] = None
+    """hf:DIR starts the run from a transformers Llama folder (Qwen3 when qk_norm) instead of the seeded init;
+    its config.json must match this section. Factorised linears start from a truncated SVD of the dense weights;
+    the per-layer reconstruction error is printed. A resumed run loads its checkpoint instead."""
 
     def __post_init__(self) -> None:
         for key in ("vocab_size", "hidden_size", "ffn_size", "num_layers", "num_heads", "num_kv_heads", "max_seq_len"):
@@ -256,6 +260,10 @@ class ModelConfig:
                  f"{g} does not divide the wire width r={r or self.hidden_size // 4}")
         require(self.subspace.k is None or self.subspace.k <= self.hidden_size, "model.subspace.k",
                  f"{self.subspace.k} exceeds model.hidden_size={self.hidden_size}")
+        if self.init_from is not None:
+            from nanotron_ext.hf.names import check_init_from  # reads the folder's config.json
+
+            check_init_from(self)
 
     @property
     def head_dim(self) -> int:

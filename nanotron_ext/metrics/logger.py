@@ -46,9 +46,17 @@ class MetricsLogger:
                     self._tb.add_scalar(key, value, record["step"])
 
     def progress(self, steps: int, **shown: Any) -> None:
-        if self._bar is not None:
+        """Advance the bar by `steps`, showing `shown` (set first, so the drawn line carries this step's values)."""
+        if self._bar is None or self._bar.disable:
+            return
+        self._bar.set_postfix({k: _short(v) for k, v in shown.items() if v is not None}, refresh=False)
+        if self._bar.n + steps >= self._bar.total:
+            # the last step: close() draws the final line, once (an update would draw it a second time, and every
+            # redraw is a line of its own in a log file or when the line wraps in a narrow terminal)
+            self._bar.n += steps
+            self._bar.close()
+        else:
             self._bar.update(steps)
-            self._bar.set_postfix({k: _short(v) for k, v in shown.items() if v is not None}, refresh=False)
 
     def write(self, text: str) -> None:
         """Print without breaking the progress bar."""

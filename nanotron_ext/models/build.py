@@ -12,12 +12,19 @@ from nanotron_ext.registry import REPLICA_CONFIGS, load_techniques
 
 
 def build_model(cfg: Config, parallel_context: ParallelContext, link: LinkEmulator | None = None) -> LlamaForTraining:
-    """The model for this rank's stage and TP shard, initialised from `general.seed`."""
+    """The model for this rank's stage and TP shard, initialised from `general.seed` (or `model.init_from`)."""
     p2p = AccountedP2P(parallel_context.pp_pg, device=parallel_context.device, link=link)
     model = LlamaForTraining(cfg.model, parallel_context, p2p, cfg.parallelism.layers_per_stage)
     model.to(parallel_context.device)
     init_weights_(model, seed=cfg.general.seed, std=cfg.model.init_std, num_layers=cfg.model.num_layers)
+    imported = None
+    if cfg.model.init_from is not None:  # before the constraints, which then see the imported weights
+        from nanotron_ext.hf.importer import load_init_from_
+
+        imported = load_init_from_(model, cfg.model)
     model.apply_constraints()
+    if imported is not None:
+        imported.report(model, cfg.model, parallel_context)
     if cfg.model.compile:
         for block in model.decoder:
             layer = getattr(block, "pp_block", None)  # only this stage's layers exist here

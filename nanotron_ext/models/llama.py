@@ -217,9 +217,13 @@ class LlamaForTraining(nn.Module):
         for layer_idx, projections in self._projections.items():
             self.constraint.after_step(layer_idx, projections)
 
-    def forward(self, input_ids: Maybe, label_ids: Maybe) -> Dict[str, Maybe]:
+    def sharded_logits(self, input_ids: Maybe) -> Maybe:
+        """Vocab-sharded logits [b, s, V / tp] on the last stage (a TensorPointer elsewhere). Outside a pipeline
+        engine (inference, nanotron_ext.inference) stages hand activations on directly, without gradients."""
         state = self.token_embedding(input_ids=input_ids)
         for layer in self.decoder:
             state = layer(**state)
-        logits = self.lm_head(hidden_states=state["hidden_states"])["sharded_logits"]
-        return self.loss(sharded_logits=logits, label_ids=label_ids)
+        return self.lm_head(hidden_states=state["hidden_states"])["sharded_logits"]
+
+    def forward(self, input_ids: Maybe, label_ids: Maybe) -> Dict[str, Maybe]:
+        return self.loss(sharded_logits=self.sharded_logits(input_ids), label_ids=label_ids)

@@ -14,17 +14,36 @@ of the receiving stage) when Grassmann updates are on; the update uses the last 
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 from nanotron import distributed as dist
 
 from nanotron_ext.codecs.base import BoundaryCodec, BoundaryDecoder, BoundaryEncoder, register_codec
 from nanotron_ext.config.schema import ConfigError, ModelConfig
+from nanotron_ext.models.dense import FullTensor, NoDenseEquivalent
 from nanotron_ext.subspace.basis import SubspaceHub, hub_for
 
 
-class SubspaceEncoder(BoundaryEncoder):
+class _ExactBoundary:
+    """nanotron_ext.models.dense.DenseEquivalent: the boundary rebuilds X exactly (the identity of a standard
+    model) while the output projections stay in span(U): always under `reparam`, under `projection` only with
+    re-projection after every step."""
+
+    hub: SubspaceHub
+
+    def dense_equivalent(self, full: FullTensor, exact: bool = True) -> Dict[str, torch.Tensor]:
+        sub = self.hub.cfg.subspace
+        if exact and sub.parameterisation == "projection" and not sub.reproject:
+            raise NoDenseEquivalent("model.subspace.reproject=false: the output projections drift out of span(U), so the "
+                                    "subspace codec drops part of what crosses each boundary")
+        return {}
+
+    def load_dense_(self, dense: Dict[str, torch.Tensor]) -> Dict[str, float]:
+        return {}
+
+
+class SubspaceEncoder(_ExactBoundary, BoundaryEncoder):
     def __init__(self, hub: SubspaceHub) -> None:
         super().__init__()
         self.hub = hub
@@ -34,7 +53,7 @@ class SubspaceEncoder(BoundaryEncoder):
         return (x - self.hub.fixed[input_ids].to(x.dtype)) @ self.hub.basis.to(x.dtype)
 
 
-class SubspaceDecoder(BoundaryDecoder):
+class SubspaceDecoder(_ExactBoundary, BoundaryDecoder):
     def __init__(self, hub: SubspaceHub, boundary: int, accumulate: bool) -> None:
         super().__init__()
         self.hub, self.boundary = hub, boundary

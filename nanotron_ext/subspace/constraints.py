@@ -18,7 +18,7 @@ nanotron_ext.subspace.grassmann.grassmann_update (a collective over all ranks; e
 """
 from __future__ import annotations
 
-from typing import List
+from typing import Dict, List
 
 import torch
 from nanotron import distributed as dist
@@ -28,6 +28,8 @@ from torch import nn
 
 from nanotron_ext.config.schema import ConfigError, ModelConfig
 from nanotron_ext.models.constraints import OutputConstraint, Projections
+from nanotron_ext.models.dense import FullTensor
+from nanotron_ext.models.init import local_shard
 from nanotron_ext.optim.param_groups import tag_parameter
 from nanotron_ext.registry import OUTPUT_CONSTRAINTS
 from nanotron_ext.subspace.basis import SubspaceHub, hub_for
@@ -46,6 +48,19 @@ class SubspaceRowLinear(TensorParallelRowLinear):
     @property
     def weight(self) -> torch.Tensor:  # type: ignore[override]
         return self.hub.basis.to(self.weight_small.dtype) @ self.weight_small
+
+    # nanotron_ext.models.dense.DenseEquivalent: the row linear with weight W = U W_small
+    def dense_equivalent(self, full: FullTensor, exact: bool = True) -> Dict[str, torch.Tensor]:
+        return {"weight": (self.hub.basis.double() @ full(self.weight_small).double()).float()}
+
+    @torch.no_grad()
+    def load_dense_(self, dense: Dict[str, torch.Tensor]) -> Dict[str, float]:
+        """W_small = U^T W: the span(U) part of W (the rest is lost; its relative size is returned)."""
+        w = dense["weight"].double()
+        u = self.hub.basis.double().cpu()
+        small = u.T @ w
+        self.weight_small.copy_(local_shard(small.float(), self.weight_small).to(self.weight_small.dtype))
+        return {"weight": float((w - u @ small).norm() / w.norm().clamp_min(1e-30))}
 
 
 @torch.no_grad()

@@ -12,12 +12,16 @@ identical everywhere, as the codec needs.
 """
 from __future__ import annotations
 
+from typing import Dict
+
 import torch
 from nanotron.parallel.tensor_parallel.enum import TensorParallelLinearMode
 from nanotron.parallel.tensor_parallel.nn import TensorParallelEmbedding
 from torch import nn
 
 from nanotron_ext.config.schema import ConfigError, ModelConfig
+from nanotron_ext.models.dense import FullTensor
+from nanotron_ext.models.init import local_shard
 from nanotron_ext.models.tp_strategy import TPStrategy
 from nanotron_ext.registry import EMBEDDINGS
 from nanotron_ext.subspace.basis import SubspaceHub, hub_for
@@ -43,6 +47,21 @@ class SplitEmbedding(nn.Module):
         t_s = self.small.weight
         fixed = self.hub.fixed[self.small.min_id:self.small.max_id].to(t_s.dtype)
         return fixed + t_s @ self.hub.basis.to(t_s.dtype).T
+
+    # nanotron_ext.models.dense.DenseEquivalent: the one token table T_fixed + T_S U^T
+    def dense_equivalent(self, full: FullTensor, exact: bool = True) -> Dict[str, torch.Tensor]:
+        table = self.hub.fixed.double().cpu() + full(self.small.weight).double() @ self.hub.basis.double().cpu().T
+        return {"weight": table.float()}
+
+    @torch.no_grad()
+    def load_dense_(self, dense: Dict[str, torch.Tensor]) -> Dict[str, float]:
+        """T_S = (E - T_fixed) U, the closest composed table to E (T_fixed is seeded, not state); returns how much
+        of E is lost, ||(E - T_fixed)(I - U U^T)|| / ||E||."""
+        e = dense["weight"].double()
+        u, fixed = self.hub.basis.double().cpu(), self.hub.fixed.double().cpu()
+        small = (e - fixed) @ u
+        self.small.weight.copy_(local_shard(small.float(), self.small.weight).to(self.small.weight.dtype))
+        return {"weight": float((e - fixed - small @ u.T).norm() / e.norm().clamp_min(1e-30))}
 
     def tie_head(self, head: nn.Module) -> None:
         """Make the vocab-sharded output projection `head.lm_head` read table_shard(): its own weight is
@@ -74,6 +93,24 @@ class AdaptedSplitEmbedding(nn.Module):
         super().__init__()
         self.hub, self.compressed = hub, compressed
         self.table = nn.Embedding(cfg.vocab_size, cfg.hidden_size)  # init_weights_ draws it like a standard table
+
+    def _composed(self, t_s: torch.Tensor) -> torch.Tensor:
+        if self.compressed:
+            u = self.hub.basis.to(t_s.dtype)
+            t_s = (t_s @ u) @ u.T
+        return self.hub.fixed.to(t_s.dtype) + t_s
+
+    # nanotron_ext.models.dense.DenseEquivalent: the one token table this replica embeds with
+    def dense_equivalent(self, full: FullTensor, exact: bool = True) -> Dict[str, torch.Tensor]:
+        return {"weight": self._composed(self.table.weight.detach().double().cpu()).float()}
+
+    @torch.no_grad()
+    def load_dense_(self, dense: Dict[str, torch.Tensor]) -> Dict[str, float]:
+        """T_S = E - T_fixed (tp = 1 here: whole rows); a compressed replica embeds its span(U) part only."""
+        e = dense["weight"].double()
+        t_s = e - self.hub.fixed.double().cpu()
+        self.table.weight.copy_(t_s.to(self.table.weight.dtype))
+        return {"weight": float((self._composed(t_s) - e).norm() / e.norm().clamp_min(1e-30))}
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         low = self.table(input_ids)

@@ -190,6 +190,7 @@ class Trainer:
                 comm = total_sent_bytes(self.ledger, self.ctx.world_pg, self.ctx.device)  # this step's, all ranks
                 self.step += 1
                 tps = self.tokens_per_step / elapsed
+                log.progress(1, loss=out["loss"], tok_s=tps, lr=out["lr"])  # before validation: its line follows
                 record = {
                     "step": self.step, **out, "tokens_per_s": tps, "step_time_s": elapsed,
                     "peak_memory_bytes": peak_memory_bytes(), "comm_bytes": comm,
@@ -206,7 +207,6 @@ class Trainer:
                 if self.step % cfg.logging.log_interval == 0 or "val_loss" in record:
                     log.log(record)
                 history.append(record)
-                log.progress(1, loss=out["loss"], tok_s=tps, lr=out["lr"])
                 every = cfg.checkpoints.interval
                 if (every and self.step % every == 0) or self.step == total:
                     self.save()

@@ -1,0 +1,64 @@
+"""python -m nanotron_ext.eval --run runs/<run> --data FILE.jsonl [--text-key text] [--json OUT]
+
+Loss, perplexity and bits per byte of a run's checkpoint (any layout, any technique; on one process) on local
+text: jsonl, parquet or a dataset saved with `save_to_disk`. Windows, tokenisation and loss are the trainer's, so
+on the run's own validation documents the loss equals its validation loss; bits per byte compare runs with
+different tokenizers. For lm-eval's tasks, export the run (python -m nanotron_ext.export) and run
+`lm_eval --model hf --model_args pretrained=DIR ...` (README, "After training").
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+from nanotron_ext.export import add_run_args
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    from nanotron_ext.data.sources import input_files
+    from nanotron_ext.errors import UserFacingError
+    from nanotron_ext.fileio import write_text_atomic
+    from nanotron_ext.inference.model import load_single_process_model, one_process_group
+    from nanotron_ext.inference.perplexity import data_config, score_text
+    from nanotron_ext.inference.run import gather, open_run
+
+    parser = argparse.ArgumentParser(prog="python -m nanotron_ext.eval", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_run_args(parser)
+    parser.add_argument("--data", required=True, help="a jsonl or parquet file, or a save_to_disk folder")
+    parser.add_argument("--source", choices=("jsonl", "parquet", "hf_disk"), default=None,
+                        help="reader (default: from the name)")
+    parser.add_argument("--text-key", default="text", help="field holding each document's text")
+    parser.add_argument("--batch-size", type=int, default=None, help="windows per forward (default: the run's micro-batch)")
+    parser.add_argument("--json", default=None, help="also write the numbers to this JSON file")
+    args = parser.parse_args(argv)
+    try:
+        ckpt = open_run(args.run, args.step, args.checkpoints)
+        tok_path = ckpt.tokenizer_path(args.tokenizer)
+        if not Path(args.data).expanduser().exists():
+            raise UserFacingError(f"--data {args.data} does not exist")
+        data = data_config(args.data, args.text_key, args.source)
+        input_files(data)  # the reader's checks (extra packages, folder contents) before the model is loaded
+        raw = gather(ckpt, replica=args.replica).raw
+        tokens = ckpt.config.tokens
+        with one_process_group():
+            model = load_single_process_model(ckpt, raw, args.replica)
+            score = score_text(model, data, tok_path, tokens.sequence_length, args.batch_size or tokens.micro_batch_size)
+    except UserFacingError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    result = {"run": str(ckpt.run_dir), "step": ckpt.step, "data": args.data, **score.as_dict()}
+    print(f"{ckpt.run_dir} step {ckpt.step} on {args.data}: {score.documents} documents, {score.bytes:,} bytes, "
+          f"{score.tokens:,} tokens ({score.scored_tokens:,} scored in {score.windows} windows of "
+          f"{tokens.sequence_length + 1})")
+    print(f"loss {score.loss:.4f} nats/token   perplexity {score.perplexity:.2f}   bits per byte {score.bits_per_byte:.4f}")
+    if args.json:
+        write_text_atomic(args.json, json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

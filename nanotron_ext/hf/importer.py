@@ -1,0 +1,159 @@
+"""`model.init_from: hf:DIR`: start a run of any layout from a transformers Llama (or Qwen3) folder.
+
+nanotron_ext.models.build calls `load_init_from_` after the seeded init and before the model's constraints, so a
+constraint sees the imported weights the way it sees initialised ones (Subspace Models: W_small = U^T W, or W
+projected onto span(U)). Each rank reads only the tensors of its own stage, one at a time, and keeps its shard;
+modules that implement nanotron_ext.models.dense.DenseEquivalent turn the dense weights into their own
+parameters (BOOST's factor pairs: a rank-r truncated SVD; Subspace Models' split table: T_S = (E - T_fixed) U).
+Parameters with no counterpart in a Llama (boundary codecs: ResBM, MAPL) keep their seeded init.
+
+After the constraints, `ImportedWeights.report` compares the model's dense equivalent with the folder's tensors
+(relative Frobenius error per tensor, all stages) and prints it per layer on rank 0.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Dict, Iterator, List, Tuple
+
+import torch
+import torch.distributed as torch_dist
+from nanotron.parallel import ParallelContext
+from torch import nn
+
+from nanotron_ext.config.checks import ConfigError
+from nanotron_ext.config.schema import ModelConfig
+from nanotron_ext.hf.names import FUSED, from_hf_name, split_fused
+from nanotron_ext.models.dense import dense_state_dict, load_dense_state_dict_
+
+
+def safetensors_files(folder: Path) -> List[Path]:
+    """The safetensors files of a transformers folder (one file, or the shards its index lists)."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        return [folder / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    single = folder / "model.safetensors"
+    if single.is_file():
+        return [single]
+    raise ConfigError(f"model.init_from: {folder} has no model.safetensors (or index); re-save the model with "
+                      "save_pretrained(..., safe_serialization=True)")
+
+
+class FolderTensors(Mapping):
+    """A transformers folder's tensors under our standard names, fp32, read one at a time on access; the megatron
+    strategy's fused names (`attn.qkv_proj.weight`, `mlp.gate_up_proj.weight`) are concatenations, and a tied
+    folder's token table also serves as an untied head."""
+
+    def __init__(self, folder: Path) -> None:
+        from safetensors import safe_open
+
+        self.folder = folder
+        self._where: Dict[str, Tuple[Path, str]] = {}
+        for file in safetensors_files(folder):
+            with safe_open(str(file), framework="pt") as f:
+                for hf_name in f.keys():
+                    try:
+                        ours = from_hf_name(hf_name)
+                    except ValueError as e:
+                        raise ConfigError(f"model.init_from: {file}: {e}") from None
+                    if ours is not None:
+                        self._where[ours] = (file, hf_name)
+        head, table = "lm_head.pp_block.lm_head.weight", "token_embedding.pp_block.embedding.weight"
+        if head not in self._where and table in self._where:  # a tied folder: an untied head starts as the table
+            self._where[head] = self._where[table]
+        self._fused: Dict[str, List[str]] = {}
+        for fused, parts in FUSED.items():
+            module = fused.split(".")[0]  # attn.qkv_proj.weight -> attn
+            first = f"{module}.{parts[0]}_proj.weight"
+            for name in [n for n in self._where if n.endswith(first)]:
+                base = name[: -len(first)]
+                members = [f"{base}{module}.{p}_proj.weight" for p in parts]
+                if all(m in self._where for m in members):
+                    self._fused[base + fused] = members
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name in self._fused:
+            return torch.cat([self[m] for m in self._fused[name]])
+        from safetensors import safe_open
+
+        file, hf_name = self._where[name]
+        with safe_open(str(file), framework="pt") as f:
+            return f.get_tensor(hf_name).float()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([*self._where, *self._fused])
+
+    def __len__(self) -> int:
+        return len(self._where) + len(self._fused)
+
+
+class ImportedWeights:
+    """What `load_init_from_` loaded on this rank; `report` (collective) prints how close the model came."""
+
+    def __init__(self, folder: Path, tensors: FolderTensors, kept: List[str]) -> None:
+        self.folder, self.tensors, self.kept = folder, tensors, kept
+
+    def report(self, model: nn.Module, cfg: ModelConfig, ctx: ParallelContext) -> Dict[str, float]:
+        """Relative error ||W_model - W_folder|| / ||W_folder|| of every imported tensor, all stages, known on
+        every rank (0 = exact; a factorised linear shows its truncated-SVD loss, a Subspace Models projection
+        the part of W outside span(U)); printed per layer on global rank 0. Collective over the world."""
+        ours = split_fused(dense_state_dict(model, ctx.tp_pg, exact=False), cfg)
+        errors = {}
+        for name, value in ours.items():
+            if name in self.tensors:
+                ref = self.tensors[name].double()
+                errors[name] = float((value.double() - ref).norm() / ref.norm().clamp_min(1e-30))
+        merged: Dict[str, float] = {}
+        kept: List[str] = []
+        everyone = [None] * torch_dist.get_world_size()
+        torch_dist.all_gather_object(everyone, (errors, self.kept))
+        for errs, k in everyone:
+            merged.update(errs)
+            kept += [n for n in k if n not in kept]
+        if torch_dist.get_rank() == 0:
+            print(format_report(merged, kept, self.folder), flush=True)
+        return merged
+
+
+_COLUMNS = ("q", "k", "v", "o", "attn_norm", "q_norm", "k_norm", "gate", "up", "down", "mlp_norm",
+            "embedding", "final_norm", "lm_head")
+
+
+def _cell(name: str) -> Tuple[str, str]:
+    """(row, column) of a standard name: ('layer 3', 'q') for decoder.3.pp_block.attn.q_proj.weight."""
+    parts = name.split(".")
+    if parts[0] != "decoder":
+        return "embedding/head", parts[-2]
+    leaf = parts[-2]
+    column = f"{parts[-3]}_norm" if leaf == "norm" else leaf.replace("_proj", "")
+    return f"layer {parts[1]}", column
+
+
+def format_report(errors: Dict[str, float], kept: List[str], folder: Path) -> str:
+    """One row per layer: each imported tensor's relative error (0 = copied exactly)."""
+    rows: Dict[str, Dict[str, float]] = {}
+    for name, err in errors.items():
+        row, column = _cell(name)
+        rows.setdefault(row, {})[column] = err
+    order = sorted(rows, key=lambda r: -1 if not r.startswith("layer") else int(r.split()[1]))
+    rank = {c: i for i, c in enumerate(_COLUMNS)}
+    lines = [f"init_from {folder}: relative error ||W - W_hf|| / ||W_hf|| of each imported weight (0 = exact)"]
+    for row in order:
+        cells = sorted(rows[row].items(), key=lambda kv: rank.get(kv[0], len(rank)))
+        lines.append(f"  {row:<15} " + "  ".join(f"{c} {e:.3g}" for c, e in cells))
+    if kept:
+        lines.append(f"  kept as initialised (no counterpart in a Llama): {len(kept)} parameters, e.g. {kept[0]}")
+    return "\n".join(lines)
+
+
+@torch.no_grad()
+def load_init_from_(model: nn.Module, cfg: ModelConfig) -> ImportedWeights:
+    """Load `cfg.init_from` (hf:DIR, checked at config load) into this rank's stage."""
+    folder = Path(cfg.init_from[3:]).expanduser()
+    tensors = FolderTensors(folder)
+    try:
+        _, kept = load_dense_state_dict_(model, tensors)
+    except KeyError as e:
+        raise ConfigError(f"model.init_from: {folder} has no tensor for our parameter {e.args[0]}") from None
+    return ImportedWeights(folder, tensors, kept)

@@ -1,0 +1,216 @@
+"""A finished (or running) training run as something to read: its config, a checkpoint, the full tensors.
+
+`open_run(runs/<run>)` finds the checkpoint (the newest complete one, or `step`) and the config its weights were
+trained with (the copy in the checkpoint's meta.json, else the run's config.yaml). `gather` reassembles the
+checkpoint's shards: a checkpoint holds one file per rank and nanotron's ShardedInfo on each parameter of the
+model built for that rank says which slice the file holds, so the run's layout (tp x pp, one DP replica) is
+spawned as gloo CPU processes that build their model, load their file and sum their slices into full tensors over
+TP; each stage's TP rank 0 writes them to a temporary folder this process reads. Any TP strategy and technique
+works, because nothing here knows a layout: the model built per rank does.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import socket
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import torch
+import torch.distributed as torch_dist
+
+from nanotron_ext.config.loader import config_to_dict, from_dict, load_config
+from nanotron_ext.config.schema import Config
+from nanotron_ext.errors import UserFacingError
+from nanotron_ext.fileio import sha256_file
+from nanotron_ext.train.checkpoint_store import list_checkpoints, read_meta
+
+
+class RunError(UserFacingError, ValueError):
+    """A run folder, checkpoint or file that cannot be used; the message names it and what to do."""
+
+
+@dataclasses.dataclass
+class RunCheckpoint:
+    run_dir: Path
+    config: Config
+    """The run's configuration as its checkpoint was trained with (model.init_from cleared: weights come from here)."""
+    path: Path
+    """The checkpoint folder step_<N>."""
+    step: int
+    meta: Dict[str, Any]
+
+    @property
+    def layout(self) -> Dict[str, int]:
+        return {k: int(self.meta["layout"][k]) for k in ("dp", "tp", "pp")}
+
+    def tokenizer_path(self, override: Optional[str] = None) -> Path:
+        path = Path(override or self.config.tokenizer.path).expanduser()
+        if not path.is_file():
+            raise RunError(f"tokenizer {path} (tokenizer.path of {self.run_dir}) does not exist here: run from the folder "
+                           "you trained in, or pass --tokenizer PATH")
+        return path
+
+
+def _without_init_from(config: Dict[str, Any]) -> Dict[str, Any]:
+    out = {**config, "model": dict(config.get("model", {}))}
+    out["model"].pop("init_from", None)  # the checkpoint holds the weights; the source folder may be gone
+    return out
+
+
+def open_run(run: str | Path, step: Optional[int] = None, checkpoints: Optional[str] = None) -> RunCheckpoint:
+    """The run at `run` (general.output_dir/general.run) and its checkpoint `step` (default: the newest complete)."""
+    run_dir = Path(run).expanduser()
+    config_file = run_dir / "config.yaml"
+    if not config_file.is_file():
+        raise RunError(f"{run_dir} is not a run folder (no config.yaml): pass runs/<run>, the folder a training run "
+                       "writes its metrics and config to")
+    config = load_config(config_file, ["model.init_from=null"])
+    root = Path(checkpoints or config.checkpoints.dir).expanduser()
+    found = list_checkpoints(root)
+    if not found:
+        hint = " (a relative path: run from the folder you trained in, or pass --checkpoints DIR)" \
+            if not Path(config.checkpoints.dir).is_absolute() and not checkpoints else ""
+        raise RunError(f"no complete checkpoint in {root} (checkpoints.dir of {config_file}){hint}")
+    steps = {s: p for s, p in found}
+    if step is None:
+        step = found[-1][0]
+    elif step not in steps:
+        raise RunError(f"{root} has no complete checkpoint of step {step}; it has steps {sorted(steps)}")
+    meta = read_meta(steps[step])
+    if meta.get("config"):
+        config = from_dict(Config, _without_init_from(meta["config"]))
+    return RunCheckpoint(run_dir, config, steps[step], step, meta)
+
+
+@dataclasses.dataclass
+class Gathered:
+    raw: Dict[str, torch.Tensor]
+    """Every parameter as its full tensor and every persistent buffer, under our layout-independent names."""
+    dense: Optional[Dict[str, torch.Tensor]]
+    """The standard layout (nanotron_ext.models.dense), when asked for and the model has one."""
+    refusal: Optional[str]
+    """Why there is no dense equivalent (one line), when asked for and there is none."""
+    logits: Optional[torch.Tensor]
+    """Logits [1, s, V] of `check_ids`, computed in the run's own layout, when asked for."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def gather(ckpt: RunCheckpoint, *, replica: int = 0, dense: bool = False,
+           check_ids: Optional[torch.Tensor] = None) -> Gathered:
+    """Reassemble DP replica `replica` of `ckpt` (see the module doc); with `dense`, also its dense equivalent; with
+    `check_ids` [1, s], also the logits the run's layout computes for them."""
+    layout = ckpt.layout
+    if not 0 <= replica < layout["dp"]:
+        raise RunError(f"--replica {replica}: the run has parallelism.dp={layout['dp']} replicas (0..{layout['dp'] - 1})")
+    world = layout["tp"] * layout["pp"]
+    with tempfile.TemporaryDirectory(prefix="nanotron_ext-gather-") as tmp:
+        job = {"config": config_to_dict(ckpt.config), "path": str(ckpt.path), "meta": ckpt.meta, "replica": replica,
+               "dense": dense, "check_ids": check_ids, "out": tmp, "tp": layout["tp"], "pp": layout["pp"]}
+        try:
+            torch.multiprocessing.spawn(_worker, args=(world, free_port(), job), nprocs=world, join=True)
+        except Exception:  # the failing rank wrote a user-facing reason first, when it had one
+            reasons = sorted(Path(tmp).glob("error_*.txt"))
+            if reasons:
+                raise RunError(reasons[0].read_text()) from None
+            raise
+        stages = range(layout["pp"])
+        raw: Dict[str, torch.Tensor] = {}
+        for s in stages:
+            raw.update(torch.load(Path(tmp) / f"raw_pp{s}.pt", weights_only=True))
+        out = Gathered(raw=raw, dense=None, refusal=None, logits=None)
+        if dense:
+            refusals = [p.read_text() for s in stages if (p := Path(tmp) / f"refusal_pp{s}.txt").exists()]
+            if refusals:
+                out.refusal = refusals[0]
+            else:
+                out.dense = {}
+                for s in stages:
+                    out.dense.update(torch.load(Path(tmp) / f"dense_pp{s}.pt", weights_only=True))
+        if check_ids is not None:
+            out.logits = torch.load(Path(tmp) / "logits.pt", weights_only=True)
+        return out
+
+
+def _read_shard(path: Path, meta: Dict[str, Any], name: str) -> Dict[str, Any]:
+    entry = next((e for e in meta["files"] if e["name"] == name), None)
+    if entry is None:
+        raise RunError(f"{path}/meta.json lists no file {name}")
+    file = path / name
+    if file.stat().st_size != entry["bytes"] or sha256_file(file) != entry["sha256"]:
+        raise RunError(f"{file} does not match its size/sha256 in {path}/meta.json (damaged?); use another --step")
+    return torch.load(file, map_location="cpu", weights_only=True)
+
+
+def _worker(rank: int, world: int, port: int, job: Dict[str, Any]) -> None:
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    logging.disable(logging.WARNING)  # build-time notes (fallbacks, grouping) were shown when the run trained
+    out = Path(job["out"])
+    try:
+        _gather_rank(job, out)
+    except UserFacingError as e:
+        (out / f"error_{rank}.txt").write_text(str(e))
+        raise
+    finally:
+        if torch_dist.is_initialized():
+            torch_dist.destroy_process_group()
+
+
+def _gather_rank(job: Dict[str, Any], out: Path) -> None:
+    from nanotron.parallel.pipeline_parallel.tensor_pointer import TensorPointer
+
+    from nanotron_ext.models.build import build_model, replica_config
+    from nanotron_ext.models.dense import NoDenseEquivalent, dense_state_dict, full_tensor
+    from nanotron_ext.parallel.context import build_parallel_context
+
+    cfg = replica_config(from_dict(Config, job["config"]), job["replica"])
+    ctx = build_parallel_context(1, job["tp"], job["pp"], backend="gloo")
+    model = build_model(cfg, ctx)
+    pp_rank, _, tp_rank = (int(r) for r in ctx.get_3d_ranks(torch_dist.get_rank()))
+    path = Path(job["path"])
+    name = f"pp{pp_rank}_dp{job['replica']}_tp{tp_rank}.pt"
+    error: Optional[str] = None
+    try:
+        model.load_state_dict(_read_shard(path, job["meta"], name)["model"])
+    except (RunError, OSError, RuntimeError) as e:  # every rank learns, so none waits in a collective below
+        error = f"{path / name}: {e}"
+    errors: List[Optional[str]] = [None] * torch_dist.get_world_size()
+    torch_dist.all_gather_object(errors, error)
+    if any(errors):
+        raise RunError(next(e for e in errors if e))
+
+    raw = {n: full_tensor(p, ctx.tp_pg) for n, p in model.named_parameters()}
+    persistent = set(model.state_dict())
+    raw.update({n: b.detach().cpu().clone() for n, b in model.named_buffers(remove_duplicate=False) if n in persistent})
+    dense = refusal = None
+    if job["dense"]:
+        try:
+            dense = dense_state_dict(model, ctx.tp_pg)
+        except NoDenseEquivalent as e:  # the same module on every TP rank of this stage: no collective is left open
+            refusal = str(e)
+    logits = None
+    if job["check_ids"] is not None:
+        with torch.no_grad():
+            ids = job["check_ids"] if pp_rank == 0 else TensorPointer(group_rank=0)
+            sharded = model.sharded_logits(ids)
+        if pp_rank == job["pp"] - 1:
+            shards = [torch.empty_like(sharded) for _ in range(job["tp"])]
+            torch_dist.all_gather(shards, sharded.contiguous(), group=ctx.tp_pg)
+            logits = torch.cat(shards, dim=-1)
+    if tp_rank == 0:
+        torch.save(raw, out / f"raw_pp{pp_rank}.pt")
+        if dense is not None:
+            torch.save(dense, out / f"dense_pp{pp_rank}.pt")
+        if refusal is not None:
+            (out / f"refusal_pp{pp_rank}.txt").write_text(refusal)
+        if logits is not None:
+            torch.save(logits, out / "logits.pt")
