@@ -2,6 +2,7 @@
 
 - PolarExpress equals U p(S) V^T with p the scalar composition of its published quintics (float64
   SVD of the input), and is as close to U V^T as those polynomials promise on the input's spectrum;
+  with more than the five published steps it converges to the SVD polar factor U V^T;
 - the Riemannian gradient is tangent (A^T g + g^T A = 0); SPEL keeps A^T A = I to 1e-5 over 100
   steps and decreases an objective; the anchor basis has orthonormal rows;
 - the MAPL codec at PP=2 (both engines) and TP=2 x PP=2 gives the loss and every gradient of a
@@ -34,6 +35,23 @@ def test_polar_express_is_the_scalar_polynomial_on_the_singular_values() -> None
     promised = (scalar_map(s / (SAFETY * x.norm() + EPS)) - 1).abs().max()
     err = torch.linalg.matrix_norm(polar_express(x) - u @ vh, ord=2)
     assert err <= promised + 1e-10 and promised < 0.35
+
+
+@pytest.mark.parametrize("steps", [8, 12, 20])
+def test_polar_express_beyond_the_published_steps_converges_to_the_svd_polar_factor(steps: int) -> None:
+    """More steps than the five published ones must approach U V^T (torch.linalg.svd), not the last published
+    polynomial's fixed point (~1.035 U V^T): float64, a well- and an ill-conditioned input; fp32 to its precision."""
+    from nanotron_ext.optim.polar_express import polar_express, scalar_map
+
+    gen = torch.Generator().manual_seed(0)
+    for x in (torch.randn(24, 40, generator=gen, dtype=torch.float64),  # condition ~7
+              torch.randn(64, 64, generator=gen, dtype=torch.float64)):  # condition ~1300
+        u, s, vh = torch.linalg.svd(x, full_matrices=False)
+        err = torch.linalg.matrix_norm(polar_express(x, steps=steps) - u @ vh, ord=2).item()
+        assert err <= (1e-10 if steps >= 12 or s[0] / s[-1] < 100 else 0.2), (steps, err)
+    err32 = torch.linalg.matrix_norm(polar_express(x.float(), steps=steps).double() - u @ vh, ord=2).item()
+    assert err32 <= (1e-4 if steps >= 12 else 0.2), err32
+    assert scalar_map(torch.tensor(1.0, dtype=torch.float64), steps).item() == pytest.approx(1.0, abs=1e-12)
 
 
 def test_riemannian_gradient_is_tangent_and_spel_stays_on_the_manifold() -> None:
