@@ -8,8 +8,9 @@ Paper -> code:
   replica with no DP traffic: outer.SparseLoCoSync.after_backward (does nothing), after_step
 - pseudo-gradient delta = theta_global - theta_local, error feedback e = beta e + delta, e -= transmitted:
   compress.compress_with_feedback_, driven by outer.SparseLoCoOuter.encode
-- chunked top-k (64 x 64 tiles of 2-D tensors, runs of 4096 of 1-D ones, k = 32): compress.chunk_spec,
-  to_chunks / from_chunks, topk_indices
+- chunked top-k (64 x 64 tiles of 2-D tensors, k = 32; other and ragged tensors in equal zero-padded runs
+  of <= 4096, so the density stays near k / 4096; per-tensor density reported, a warning above 2x):
+  compress.chunk_spec, to_chunks / from_chunks, topk_indices, density_warning, outer.SparseLoCoOuter.report_density
 - optional n-bit quantisation (public SparseLoCo code's 2-bit option): compress.quantize / dequantize
 - compact indices (12 bits): compress.pack_bits / unpack_bits, the payload: encode_payload /
   decode_payload, its size in closed form: payload_nbytes

@@ -13,6 +13,7 @@ Because both decode the same bytes in the same replica order with the same ops, 
 """
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
@@ -23,19 +24,37 @@ from nanotron_ext.config.schema import SparseLoCoConfig
 from nanotron_ext.parallel.data_parallel import DataParallelSync
 from nanotron_ext.registry import DP_SYNCS
 from nanotron_ext.sparseloco.compress import (
-    ChunkSpec, chunk_spec, compress_with_feedback_, decode_payload, encode_payload, from_chunks, payload_nbytes,
+    ChunkSpec, chunk_spec, compress_with_feedback_, decode_payload, density_warning, encode_payload, from_chunks,
+    payload_nbytes,
 )
+
+logger = logging.getLogger(__name__)
 
 
 class SparseLoCoOuter:
     """Outer-loop state shared by all replicas (global weights, momentum) and the outer step's math."""
 
-    def __init__(self, params: Sequence[torch.Tensor], cfg: SparseLoCoConfig) -> None:
+    def __init__(self, params: Sequence[torch.Tensor], cfg: SparseLoCoConfig,
+                 names: Optional[Sequence[str]] = None) -> None:
         self.cfg = cfg
         self.specs: List[ChunkSpec] = [chunk_spec(p.shape, cfg.chunk, cfg.topk) for p in params]
+        self.names = list(names) if names is not None else [f"param{i}" for i in range(len(self.specs))]
         self.global_params = [p.detach().float().clone() for p in params]
         self.momentum = [torch.zeros_like(g) for g in self.global_params] if cfg.outer_momentum else []
         self.syncs = 0
+
+    def densities(self) -> Dict[str, float]:
+        """Effective density (entries sent / elements) of each tensor, by name."""
+        return {n: s.density for n, s in zip(self.names, self.specs)}
+
+    def report_density(self) -> None:
+        """Log each tensor's effective density; warn when the overall one exceeds twice k / chunk."""
+        for n, s in zip(self.names, self.specs):
+            logger.info("sparseloco chunks of %s %s: %d x %s, density %.3f%%", n, s.shape, s.n_chunks, s.tile,
+                        100 * s.density)
+        message = density_warning(self.names, self.specs, self.cfg.chunk, self.cfg.topk)
+        if message:
+            logger.warning(message)
 
     def new_error(self) -> List[torch.Tensor]:
         """A fresh error-feedback buffer for one replica (each replica keeps its own)."""
@@ -111,8 +130,10 @@ class SparseLoCoSync(DataParallelSync):
             from nanotron_ext.sparseloco.hetero import hetero_hook
             self.hooks.append(hetero_hook(cfg, {self.replica: model}, getattr(model, "_pp_pg", None),
                                           syncs=lambda: self.outer.syncs))
-        self.outer = SparseLoCoOuter(self.params, self.scfg)
+        self.outer = SparseLoCoOuter(self.params, self.scfg, self.names)
         self.error = self.outer.new_error()
+        if self.replica == 0:
+            self.outer.report_density()
 
     @torch.no_grad()
     def _start_identical(self) -> None:
@@ -152,7 +173,7 @@ class SparseLoCoSync(DataParallelSync):
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         if not state:  # a checkpoint without outer state (e.g. from dp_sync=allreduce): start from the loaded weights
-            self.outer = SparseLoCoOuter(self.params, self.scfg)
+            self.outer = SparseLoCoOuter(self.params, self.scfg, self.names)
             self.error = self.outer.new_error()
             return
         missing = set(self.names) - set(state["global"])
