@@ -23,7 +23,15 @@ import torch
 from nanotron import distributed as dist
 from torch import nn
 
-from nanotron_ext.codecs.base import BoundaryCodec, BoundaryDecoder, BoundaryEncoder, register_codec
+from nanotron_ext.codecs.base import (
+    BoundaryCodec,
+    BoundaryDecoder,
+    BoundaryEncoder,
+    from_wire,
+    register_codec,
+    to_wire,
+    wire_dtype,
+)
 from nanotron_ext.config.schema import ModelConfig
 from nanotron_ext.mapl.rvq import ResidualQuantizer, decode_from_wire, encode_to_wire
 from nanotron_ext.mapl.spel import TAG as SPEL_TAG
@@ -79,6 +87,7 @@ class _Side(nn.Module):
         self.quantizer = (ResidualQuantizer(self.r, mapl.vq_groups, mapl.vq_rounds, mapl.vq_codebook, mapl.vq_decay)
                           if mapl.vq_groups else None)
         self.codebook_scale = cfg.init_std
+        self.wire_dtype = wire_dtype(cfg)
 
     def init_own_parameters_(self, seed: int) -> None:
         self.projection.init_own_parameters_(seed)
@@ -92,15 +101,15 @@ class MaplEncoder(_Side, BoundaryEncoder):
         p = self.projection
         z = (residual + branch - p.anchor(input_ids)) @ p.A
         if self.quantizer is None:
-            return z
+            return to_wire(z, self.wire_dtype)
         return encode_to_wire(self.quantizer, z, self.grad_bits, learn=self.training)
 
 
 class MaplDecoder(_Side, BoundaryDecoder):
     def forward(self, wire: torch.Tensor, input_ids: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
         p = self.projection
-        z = wire if self.quantizer is None else decode_from_wire(self.quantizer, wire, self.r, self.grad_bits)
-        x = z @ p.A.T + p.anchor(input_ids)
+        z = from_wire(wire) if self.quantizer is None else decode_from_wire(self.quantizer, wire, self.r, self.grad_bits)
+        x = (z @ p.A.T).float() + p.anchor(input_ids).float()  # fp32 residual stream (autocast: bf16 products)
         return x, x
 
 

@@ -19,7 +19,7 @@ from nanotron.parallel.tensor_parallel.functional import sharded_cross_entropy
 from torch import nn
 
 from nanotron_ext.codecs import BoundaryCodec, get_codec
-from nanotron_ext.codecs.base import BoundaryDecoder, BoundaryEncoder, pack_ids, unpack_ids
+from nanotron_ext.codecs.base import BoundaryDecoder, BoundaryEncoder, pack_ids, unpack_ids, wire_dtype
 from nanotron_ext.codecs.identity import IdentityDecoder, IdentityEncoder
 from nanotron_ext.config.schema import ModelConfig
 from nanotron_ext.models.constraints import Projections, get_output_constraint
@@ -191,7 +191,7 @@ class LlamaForTraining(nn.Module):
         sent, received = layer_idx, layer_idx - 1
         encoder = decoder = None
         if ends:
-            encoder = IdentityEncoder()
+            encoder = IdentityEncoder(wire_dtype(self.cfg))  # a plain stage boundary sends the compute dtype too
             if sent in self.codec_after:
                 encoder = self.codec_encoders[sent] = self.codec.encoder(sent)
         if starts:
