@@ -30,8 +30,8 @@ residual stream's dtype), so the gradient crosses back in the wire dtype too. Co
 
 Asymmetric wires. The gradient of the wire has the wire's shape, so a codec whose backward payload is
 wider than its forward one (MAPL's RVQ: indices forward, a quantised gradient back) emits the wider
-tensor and marks how many leading columns carry the forward payload (`mark_forward_columns`); the
-pipeline's P2P (nanotron_ext.parallel.p2p) sends only those columns forward and the receiver pads the
+tensor and marks how many leading columns carry the forward payload (`mark_forward_columns`, from
+nanotron_ext.parallel.p2p); the pipeline's P2P sends only those columns forward and the receiver pads the
 rest with zeros, so each direction costs its own payload.
 """
 from __future__ import annotations
@@ -43,6 +43,7 @@ from nanotron import distributed as dist
 from torch import nn
 
 from nanotron_ext.config.schema import ModelConfig
+from nanotron_ext.parallel.p2p import forward_columns, mark_forward_columns
 from nanotron_ext.registry import CODECS
 
 register_codec = CODECS.register
@@ -100,20 +101,6 @@ def to_wire(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def from_wire(wire: torch.Tensor) -> torch.Tensor:
     """A received value wire as fp32, the dtype of the residual stream (fp32 master weights)."""
     return wire.float()
-
-
-FORWARD_COLUMNS = "nanotron_ext_forward_columns"  # tensor attribute read by the pipeline's P2P
-
-
-def mark_forward_columns(wire: torch.Tensor, columns: int) -> torch.Tensor:
-    """Declare that only wire[..., :columns] carries the forward payload (the rest is room for the gradient)."""
-    setattr(wire, FORWARD_COLUMNS, columns)
-    return wire
-
-
-def forward_columns(wire: torch.Tensor) -> Optional[int]:
-    """The forward payload columns declared by `mark_forward_columns` (None: the whole wire)."""
-    return getattr(wire, FORWARD_COLUMNS, None)
 
 
 def _id_slots(dtype: torch.dtype) -> int:
