@@ -40,6 +40,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 from nanotron import distributed as dist
+from nanotron.parallel.pipeline_parallel.p2p import P2P
 from torch import nn
 
 from nanotron_ext.config.schema import ModelConfig
@@ -77,11 +78,12 @@ class BoundaryCodec:
         raise NotImplementedError
 
     def after_backward(
-        self, encoders: Dict[int, BoundaryEncoder], decoders: Dict[int, BoundaryDecoder], pp_pg: dist.ProcessGroup
+        self, encoders: Dict[int, BoundaryEncoder], decoders: Dict[int, BoundaryDecoder], p2p: P2P
     ) -> None:
         """Gradients of this rank's codec modules are complete (called before clipping and the DP sync).
         A codec whose encoder and decoder hold copies of one shared parameter combines their gradients
-        here (across the pipeline boundary when the two sides live on different stages)."""
+        here (across the pipeline boundary, through the pipeline's `p2p` on `p2p.pg`, when the two sides
+        live on different stages: emulated links and the ledger see it)."""
 
 
 def get_codec(cfg: ModelConfig, tp_pg: dist.ProcessGroup) -> BoundaryCodec:

@@ -139,6 +139,7 @@ class LlamaForTraining(nn.Module):
         self.codec_encoders: Dict[int, BoundaryEncoder] = {}  # this rank's codec modules by boundary
         self.codec_decoders: Dict[int, BoundaryDecoder] = {}
         self._pp_pg = parallel_context.pp_pg
+        self._p2p = p2p  # the codec's once-per-step exchanges travel the pipeline's own links
 
         build_embedding = EMBEDDINGS.get(cfg.embedding.kind)
         self.token_embedding = PipelineBlock(
@@ -202,7 +203,7 @@ class LlamaForTraining(nn.Module):
 
     def after_backward(self) -> None:
         """The step's gradients are complete on this rank: let the codec combine shared-parameter gradients."""
-        self.codec.after_backward(self.codec_encoders, self.codec_decoders, self._pp_pg)
+        self.codec.after_backward(self.codec_encoders, self.codec_decoders, self._p2p)
 
     @torch.no_grad()
     def apply_constraints(self) -> None:
