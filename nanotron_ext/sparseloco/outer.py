@@ -24,7 +24,13 @@ from nanotron_ext.config.schema import SparseLoCoConfig
 from nanotron_ext.parallel.data_parallel import DataParallelSync
 from nanotron_ext.registry import DP_SYNCS
 from nanotron_ext.sparseloco.compress import (
-    ChunkSpec, chunk_spec, compress_with_feedback_, decode_payload, density_warning, encode_payload, from_chunks,
+    ChunkSpec,
+    chunk_spec,
+    compress_with_feedback_,
+    decode_payload,
+    density_warning,
+    encode_payload,
+    from_chunks,
     payload_nbytes,
 )
 
@@ -107,11 +113,13 @@ class SparseLoCoOuter:
 
 
 ReplicaHook = Callable[[int, Sequence[torch.Tensor], str], None]
-"""Per-replica hook `(replica, params, moment)`, moment in ("before_encode", "after_sync"), called by both
-drivers (SparseLoCoSync.hooks, SimulatedReplicas.hooks) for each replica with that replica's parameters.
+"""Hook `(replica, params, moment)` called by both drivers (SparseLoCoSync.hooks, SimulatedReplicas.hooks):
+"before_encode" and "after_sync" for each replica with that replica's parameters; "after_apply" once per sync
+with the global copies (SparseLoCoOuter.global_params) after the outer step, before any replica takes them
+(replica = -1 in the simulated driver); "global_loaded" with the global copies after a checkpoint replaced them.
 The heterogeneous variant plugs in here (nanotron_ext.sparseloco.hetero.HeteroHook): embedding adaptation
-(after every sync: T_fixed += T_S - T_S U U^T, T_S <- T_S U U^T) runs at "after_sync"; the per-replica
-pipeline codec is chosen when that replica's model is built (hetero.replica_model_config)."""
+projects the global T_S at "after_apply" and folds the residual into each replica's T_fixed at "after_sync";
+the per-replica pipeline codec is chosen when that replica's model is built (hetero.replica_model_config)."""
 
 
 @DP_SYNCS.register("sparseloco")
@@ -162,6 +170,8 @@ class SparseLoCoSync(DataParallelSync):
         gathered = [torch.empty_like(payload) for _ in range(self.dp_pg.size())]
         dist.all_gather(gathered, payload, group=self.dp_pg)
         self.outer.apply(gathered)
+        for hook in self.hooks:
+            hook(self.replica, self.outer.global_params, "after_apply")
         self.outer.load_into(self.params)
         for hook in self.hooks:
             hook(self.replica, self.params, "after_sync")
@@ -175,6 +185,7 @@ class SparseLoCoSync(DataParallelSync):
         if not state:  # a checkpoint without outer state (e.g. from dp_sync=allreduce): start from the loaded weights
             self.outer = SparseLoCoOuter(self.params, self.scfg, self.names)
             self.error = self.outer.new_error()
+            self._global_loaded()
             return
         missing = set(self.names) - set(state["global"])
         if missing:
@@ -188,3 +199,8 @@ class SparseLoCoSync(DataParallelSync):
                     raise ValueError("sparseloco.outer_momentum > 0 but the checkpoint has no outer momentum")
                 o.momentum[i].copy_(state["momentum"][n])
         o.syncs = int(state["syncs"])
+        self._global_loaded()
+
+    def _global_loaded(self) -> None:
+        for hook in self.hooks:
+            hook(self.replica, self.outer.global_params, "global_loaded")

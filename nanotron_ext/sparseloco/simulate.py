@@ -52,6 +52,8 @@ class SimulatedReplicas:
             payloads.append(self.outer.encode(ps, e))
         self.sent_bytes.append(payloads[0].numel())
         self.outer.apply(payloads)
+        for hook in self.hooks:
+            hook(-1, self.outer.global_params, "after_apply")
         for r, ps in enumerate(self.params):
             self.outer.load_into(ps)
             for hook in self.hooks:
