@@ -53,14 +53,20 @@ class SparseLoCoOuter:
         """Effective density (entries sent / elements) of each tensor, by name."""
         return {n: s.density for n, s in zip(self.names, self.specs)}
 
-    def report_density(self) -> None:
-        """Log each tensor's effective density; warn when the overall one exceeds twice k / chunk."""
+    def report_density(self) -> str:
+        """Log each tensor's effective density, warn when the overall one exceeds twice k / chunk, and return
+        a one-line summary (printed by the drivers)."""
         for n, s in zip(self.names, self.specs):
             logger.info("sparseloco chunks of %s %s: %d x %s, density %.3f%%", n, s.shape, s.n_chunks, s.tile,
                         100 * s.density)
         message = density_warning(self.names, self.specs, self.cfg.chunk, self.cfg.topk)
         if message:
             logger.warning(message)
+        kept, numel = sum(s.n_kept for s in self.specs), sum(s.numel for s in self.specs)
+        densest = max(zip(self.names, self.specs), key=lambda ns: ns[1].density)
+        return (f"sparseloco: {len(self.specs)} tensors, {kept:,} of {numel:,} entries per sync ({kept / numel:.2%}; "
+                f"k / chunk = {self.cfg.topk / self.cfg.chunk:.2%}); densest {densest[0]} {densest[1].shape} "
+                f"{densest[1].density:.2%}")
 
     def new_error(self) -> List[torch.Tensor]:
         """A fresh error-feedback buffer for one replica (each replica keeps its own)."""
@@ -141,7 +147,7 @@ class SparseLoCoSync(DataParallelSync):
         self.outer = SparseLoCoOuter(self.params, self.scfg, self.names)
         self.error = self.outer.new_error()
         if self.replica == 0:
-            self.outer.report_density()
+            print(self.outer.report_density(), flush=True)
 
     @torch.no_grad()
     def _start_identical(self) -> None:

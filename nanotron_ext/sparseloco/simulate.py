@@ -34,7 +34,7 @@ class SimulatedReplicas:
                     p.copy_(p0)
         self.names = [n for n, p in models[0].named_parameters() if p.requires_grad]
         self.outer = SparseLoCoOuter(self.params[0], cfg, self.names)
-        self.outer.report_density()
+        print(self.outer.report_density(), flush=True)
         self.errors = [self.outer.new_error() for _ in models]
         self.sent_bytes: List[int] = []  # per sync: bytes each replica would send (its payload)
         self.hooks: List[ReplicaHook] = []
