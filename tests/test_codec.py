@@ -88,3 +88,67 @@ def test_pack_ids_is_bit_exact_for_every_wire_dtype() -> None:
         assert torch.equal(got, ids) and torch.equal(back, wire)
         back.sum().backward()
         assert torch.equal(wire.grad, torch.ones_like(wire))
+
+
+# Wire bytes per token per direction at each compute dtype (e = element size: 4 fp32, 2 bf16), d = 32, one
+# micro-batch of MB x SEQ = 16 tokens: every codec's values cross in the run's compute dtype, ids as int32.
+_D = MODEL["hidden_size"]
+_CODECS = {
+    "identity": ({}, lambda e: _D * e),
+    "resbm": ({"resbm": {"h": 8}}, lambda e: 8 * e),
+    "subspace": ({}, lambda e: 4 * e + 4),  # k = d / 8
+    "mapl": ({"mapl": {"rank": 8, "anchor_width": 4}}, lambda e: 8 * e + 4),
+    "topk": ({"ratio": 8.0}, lambda e: 2 * (e + 4)),  # k = round(d / 16) values + int32 indices
+    "int8": ({}, lambda e: _D + 4),  # codes + an fp32 scale: independent of the dtype
+    "int4": ({}, lambda e: _D // 2 + 4),
+    "lowrank": ({"ratio": 8.0}, lambda e: (4 + -(-_D * 4 // (MB * SEQ))) * e),  # q = 4 + the d x q basis
+}
+
+
+def _dtype_worker() -> dict:
+    import torch
+
+    from nanotron_ext.config.loader import from_dict
+    from nanotron_ext.config.schema import Config
+    from nanotron_ext.models.build import build_model
+    from nanotron_ext.parallel.comm import get_ledger
+    from nanotron_ext.parallel.context import build_parallel_context
+    from nanotron_ext.train.pipeline_step import forward_backward, make_engine
+    from tests.test_parallel_parity import _global_batch
+
+    ctx = build_parallel_context(dp=1, tp=1, pp=2, backend="gloo")
+    rows = _global_batch(1)
+    micro = [{"input_ids": rows[i * MB:(i + 1) * MB, :-1], "label_ids": rows[i * MB:(i + 1) * MB, 1:]}
+             for i in range(N_MICRO)]
+    out = {}
+    for kind, (options, _) in _CODECS.items():
+        for dtype in ("fp32", "bf16"):
+            model_cfg = {**MODEL, "dtype": dtype, "codec": {"kind": kind, **options}}
+            if kind == "subspace":
+                model_cfg.update(embedding={"kind": "subspace"}, output_constraint={"kind": "subspace"})
+            cfg = from_dict(Config, {"model": model_cfg, "parallelism": {"pp": 2}, "tokenizer": {"vocab_size": 260},
+                                     "tokens": {"sequence_length": SEQ, "micro_batch_size": MB,
+                                                "batch_accumulation_per_replica": N_MICRO}})
+            model = build_model(cfg, ctx)
+            get_ledger().reset()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"):
+                loss = forward_backward(model, make_engine("1f1b"), micro, ctx)
+            pp = get_ledger().snapshot().get("pp", {})
+            out[kind, dtype] = {d: pp.get(f"send:{d}", {}).get("bytes", 0) / (N_MICRO * MB * SEQ)
+                                for d in ("fwd", "bwd")} | {"loss": loss.item()}
+    return out
+
+
+@pytest.mark.slow
+def test_every_codec_sends_the_compute_dtype_both_ways() -> None:
+    """Under model.dtype bf16 (autocast over fp32 weights) each codec's wire and its gradient cross in bf16
+    (ResBM appendix A.3: 2 B per value), at fp32 in fp32; bytes per token per direction = the closed form."""
+    import math
+
+    sender, receiver = run_distributed(_dtype_worker, 2)
+    for (kind, dtype), sent in sender.items():
+        e = {"fp32": 4, "bf16": 2}[dtype]
+        expected = _CODECS[kind][1](e)
+        got = {"fwd": sent["fwd"], "bwd": receiver[kind, dtype]["bwd"]}
+        assert got == {"fwd": expected, "bwd": expected}, (kind, dtype, got, expected)
+        assert math.isfinite(sent["loss"]), (kind, dtype)

@@ -2,12 +2,15 @@
 
 - PolarExpress equals U p(S) V^T with p the scalar composition of its published quintics (float64
   SVD of the input), and is as close to U V^T as those polynomials promise on the input's spectrum;
+  with more than the five published steps it converges to the SVD polar factor U V^T;
 - the Riemannian gradient is tangent (A^T g + g^T A = 0); SPEL keeps A^T A = I to 1e-5 over 100
   steps and decreases an objective; the anchor basis has orthonormal rows;
 - the MAPL codec at PP=2 (both engines) and TP=2 x PP=2 gives the loss and every gradient of a
   single-process float64 model that applies X' = (X - a) A A^T + a at the boundary (shared copies'
   gradients summed), with wire bytes mbs * seq * (r * 4 + 4) per direction and the copies' gradient
-  exchange (d r + V m) * 4 bytes.
+  exchange: d r * 4 forward and (d r + U m) * 4 backward (U distinct ids of the step) by default,
+  (d r + V m) * 4 each way with shared_sync: dense;
+- over optimiser steps at PP=2 (fp32 and bf16) both copies of A and the anchor table stay bit-identical.
 """
 from __future__ import annotations
 
@@ -34,6 +37,23 @@ def test_polar_express_is_the_scalar_polynomial_on_the_singular_values() -> None
     promised = (scalar_map(s / (SAFETY * x.norm() + EPS)) - 1).abs().max()
     err = torch.linalg.matrix_norm(polar_express(x) - u @ vh, ord=2)
     assert err <= promised + 1e-10 and promised < 0.35
+
+
+@pytest.mark.parametrize("steps", [8, 12, 20])
+def test_polar_express_beyond_the_published_steps_converges_to_the_svd_polar_factor(steps: int) -> None:
+    """More steps than the five published ones must approach U V^T (torch.linalg.svd), not the last published
+    polynomial's fixed point (~1.035 U V^T): float64, a well- and an ill-conditioned input; fp32 to its precision."""
+    from nanotron_ext.optim.polar_express import polar_express, scalar_map
+
+    gen = torch.Generator().manual_seed(0)
+    for x in (torch.randn(24, 40, generator=gen, dtype=torch.float64),  # condition ~7
+              torch.randn(64, 64, generator=gen, dtype=torch.float64)):  # condition ~1300
+        u, s, vh = torch.linalg.svd(x, full_matrices=False)
+        err = torch.linalg.matrix_norm(polar_express(x, steps=steps) - u @ vh, ord=2).item()
+        assert err <= (1e-10 if steps >= 12 or s[0] / s[-1] < 100 else 0.2), (steps, err)
+    err32 = torch.linalg.matrix_norm(polar_express(x.float(), steps=steps).double() - u @ vh, ord=2).item()
+    assert err32 <= (1e-4 if steps >= 12 else 0.2), err32
+    assert scalar_map(torch.tensor(1.0, dtype=torch.float64), steps).item() == pytest.approx(1.0, abs=1e-12)
 
 
 def test_riemannian_gradient_is_tangent_and_spel_stays_on_the_manifold() -> None:
@@ -83,7 +103,7 @@ def _anchor_values(boundary: int) -> torch.Tensor:
     return 0.1 * torch.randn(MODEL["vocab_size"], M, generator=torch.Generator().manual_seed(100 + boundary))
 
 
-def _mapl_worker(tp: int, pp: int, engine: str) -> dict:
+def _mapl_worker(tp: int, pp: int, engine: str, sync: str = "rows") -> dict:
     import nanotron.distributed as dist
 
     from nanotron_ext.config.loader import from_dict
@@ -98,7 +118,8 @@ def _mapl_worker(tp: int, pp: int, engine: str) -> dict:
 
     ctx = build_parallel_context(dp=1, tp=tp, pp=pp, backend="gloo")
     cfg = from_dict(Config, {
-        "model": {**MODEL, "codec": {"kind": "mapl", "boundaries": "stages", "mapl": {"rank": R, "anchor_width": M}}},
+        "model": {**MODEL, "codec": {"kind": "mapl", "boundaries": "stages",
+                                     "mapl": {"rank": R, "anchor_width": M, "shared_sync": sync}}},
         "parallelism": {"tp": tp, "pp": pp, "pp_engine": engine}, "tokenizer": {"vocab_size": 260},
         "tokens": {"sequence_length": SEQ, "micro_batch_size": MB, "batch_accumulation_per_replica": N_MICRO}})
     model = build_model(cfg, ctx)
@@ -138,11 +159,16 @@ def _mapl_worker(tp: int, pp: int, engine: str) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("tp,pp,engine", [(1, 2, "1f1b"), (1, 2, "afab"), (2, 2, "1f1b")])
-def test_mapl_codec_matches_the_float64_reference(tp: int, pp: int, engine: str) -> None:
-    results = run_distributed(_mapl_worker, tp * pp, tp, pp, engine)
+@pytest.mark.parametrize("tp,pp,engine,sync", [(1, 2, "1f1b", "rows"), (1, 2, "afab", "rows"), (2, 2, "1f1b", "rows"),
+                                               (1, 2, "1f1b", "dense")])
+def test_mapl_codec_matches_the_float64_reference(tp: int, pp: int, engine: str, sync: str) -> None:
+    results = run_distributed(_mapl_worker, tp * pp, tp, pp, engine, sync)
     wire = MB * SEQ * (R * 4 + 4)  # r fp32 columns + one int32 id column, per micro-batch
-    exchange = (MODEL["hidden_size"] * R + MODEL["vocab_size"] * M) * 4
+    d, v = MODEL["hidden_size"], MODEL["vocab_size"]
+    distinct = _global_batch(1)[:, :-1].unique().numel()  # U: the rows of the anchor table this step touched
+    assert distinct < v
+    exchange = ({"fwd": d * R * 4, "bwd": (d * R + distinct * M) * 4} if sync == "rows"
+                else {"fwd": (d * R + v * M) * 4, "bwd": (d * R + v * M) * 4})
     for r in results:
         assert abs(r["loss"] - r["ref_loss"]) <= 1e-5 * r["ref_loss"]
         assert r["worst"] <= 1e-5, (r["worst_name"], r["worst"])
@@ -150,7 +176,53 @@ def test_mapl_codec_matches_the_float64_reference(tp: int, pp: int, engine: str)
         pp_comm = r["comm"]["pp"]
         assert pp_comm.get("send:fwd", {}).get("bytes", 0) == (N_MICRO * wire if r["pp_rank"] == 0 else 0)
         assert pp_comm.get("send:bwd", {}).get("bytes", 0) == (N_MICRO * wire if r["pp_rank"] == 1 else 0)
-        assert pp_comm["send:codec_grads"]["bytes"] == exchange
+        direction = "fwd" if r["pp_rank"] == 0 else "bwd"  # the sender's message goes forward
+        assert {k: v["bytes"] for k, v in pp_comm.items() if k.startswith("send:codec_grads")} == \
+            {f"send:codec_grads:{direction}": exchange[direction]}, pp_comm
+
+
+def _copies_worker(dtype: str, steps: int) -> dict:
+    """PP=2, the paper's hybrid optimiser (SPEL on A, AdamW on the anchor table): both copies after each step."""
+    import nanotron.distributed as dist
+
+    from nanotron_ext.config.loader import from_dict
+    from nanotron_ext.config.schema import Config
+    from nanotron_ext.mapl.codec import BoundaryProjection
+    from nanotron_ext.models.build import build_model
+    from nanotron_ext.optim.build import build_optimizer
+    from nanotron_ext.parallel.context import build_parallel_context
+    from nanotron_ext.train.pipeline_step import forward_backward, make_engine
+
+    ctx = build_parallel_context(dp=1, tp=1, pp=2, backend="gloo")
+    cfg = from_dict(Config, {
+        "model": {**MODEL, "dtype": dtype, "codec": {"kind": "mapl", "mapl": {"rank": R, "anchor_width": M}}},
+        "parallelism": {"pp": 2}, "tokenizer": {"vocab_size": 260}, "optimizer": {"name": "muon"},
+        "tokens": {"sequence_length": SEQ, "micro_batch_size": MB, "batch_accumulation_per_replica": N_MICRO}})
+    model = build_model(cfg, ctx)
+    opt = build_optimizer(model, cfg.optimizer, ctx.tp_pg)
+    copy = next(m for m in model.modules() if isinstance(m, BoundaryProjection))
+    rows = _global_batch(1)
+    micro = [{"input_ids": rows[i * MB:(i + 1) * MB, :-1], "label_ids": rows[i * MB:(i + 1) * MB, 1:]}
+             for i in range(N_MICRO)]
+    states = []
+    for _ in range(steps):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"):
+            forward_backward(model, make_engine("1f1b"), micro, ctx)
+        opt.step()
+        opt.zero_grad()
+        states.append({"A": copy.A.detach().clone(), "table": copy.anchor_table.detach().clone()})
+    return {"pp_rank": dist.get_rank(ctx.pp_pg), "states": states}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_both_copies_stay_bit_identical_over_steps(dtype: str) -> None:
+    sender, receiver = run_distributed(_copies_worker, 2, dtype, 3)
+    for step, (a, b) in enumerate(zip(sender["states"], receiver["states"])):
+        assert torch.equal(a["A"], b["A"]) and torch.equal(a["table"], b["table"]), step
+        torch.testing.assert_close(a["A"].T @ a["A"], torch.eye(R), atol=1e-5, rtol=0)
+    first, last = sender["states"][0], sender["states"][-1]
+    assert not torch.equal(first["A"], last["A"]) and last["table"].abs().sum() > 0  # both trained
 
 
 def test_muon_with_polar_express_takes_the_polar_express_step() -> None:

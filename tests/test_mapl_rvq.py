@@ -75,13 +75,12 @@ def test_receiver_decodes_exactly_and_streamed_codebooks_match_after_k_micro_bat
     assert not torch.equal(sender.learning, _quantizer().learning)  # it did learn
 
 
-def _rvq_worker(steps: int) -> dict:
+def _rvq_worker(steps: int, grad_bits: int = 8) -> dict:
     import nanotron.distributed as dist
 
     from nanotron_ext.config.loader import from_dict
     from nanotron_ext.config.schema import Config
     from nanotron_ext.mapl.codec import MaplDecoder, MaplEncoder
-    from nanotron_ext.mapl.rvq import WireLayout
     from nanotron_ext.models.build import build_model
     from nanotron_ext.optim.build import build_optimizer
     from nanotron_ext.parallel.comm import get_ledger
@@ -92,7 +91,8 @@ def _rvq_worker(steps: int) -> dict:
     ctx = build_parallel_context(dp=1, tp=1, pp=2, backend="gloo")
     cfg = from_dict(Config, {
         "model": {**MODEL, "codec": {"kind": "mapl", "mapl": {"rank": 8, "anchor_width": 4, "vq_groups": 2,
-                                                                 "vq_rounds": 2, "vq_codebook": 16}}},
+                                                                 "vq_rounds": 2, "vq_codebook": 16,
+                                                                 "grad_bits": grad_bits}}},
         "parallelism": {"pp": 2}, "tokenizer": {"vocab_size": 260},
         "tokens": {"sequence_length": SEQ, "micro_batch_size": MB, "batch_accumulation_per_replica": N_MICRO}})
     model = build_model(cfg, ctx)
@@ -108,22 +108,26 @@ def _rvq_worker(steps: int) -> dict:
         comm = get_ledger().snapshot()
         opt.step()
         opt.zero_grad()
-    lay = WireLayout(MB * SEQ, 8, side.quantizer, 8)
-    return {"losses": losses, "comm": comm, "pp_rank": dist.get_rank(ctx.pp_pg), "width": lay.width,
-            "index_words": lay.index_words, "A": side.projection.A.detach().clone(),
+    return {"losses": losses, "comm": comm, "pp_rank": dist.get_rank(ctx.pp_pg), "A": side.projection.A.detach().clone(),
             "table": side.projection.anchor_table.detach().clone(), "shared": side.quantizer.shared.clone()}
 
 
 @pytest.mark.slow
-def test_rvq_codec_trains_at_pp2_with_identical_copies_and_counted_bytes() -> None:
+@pytest.mark.parametrize("grad_bits", [8, 16])
+def test_rvq_codec_trains_at_pp2_with_identical_copies_and_counted_bytes(grad_bits: int) -> None:
+    """Forward bytes follow the VQ closed form (ids, indices, the streamed codebook row) whatever the
+    gradient's width; the backward carries the quantised gradient (the wire's gradient, so its width is
+    the larger of the two): r = 8, G = 2, R = 2, K = 16, 16 tokens per micro-batch."""
     from tests.test_parallel_parity import MB, N_MICRO, SEQ
 
-    sender, receiver = run_distributed(_rvq_worker, 2, 3)
+    sender, receiver = run_distributed(_rvq_worker, 2, 3, grad_bits)
     assert all(math.isfinite(x) for x in sender["losses"])
     assert torch.equal(sender["A"], receiver["A"]) and torch.equal(sender["table"], receiver["table"])
     assert torch.equal(sender["shared"], receiver["shared"])
-    # G * R = 4 indices of 4 bits: one int32 word per token; the 8-wide gradient at 8 bits needs 2 + 1 words
-    assert sender["index_words"] == 1 and sender["width"] == 3
-    per_micro = MB * SEQ * (sender["width"] + 1) * 4  # + the int32 token-id column
-    assert sender["comm"]["pp"]["send:fwd"]["bytes"] == N_MICRO * per_micro
-    assert receiver["comm"]["pp"]["send:bwd"]["bytes"] == N_MICRO * per_micro
+    tokens, r, groups, rounds, k = MB * SEQ, 8, 2, 2, 16
+    index_words = math.ceil(groups * rounds / (32 // math.ceil(math.log2(k))))  # 4 indices of 4 bits: 1 word
+    stream_words = math.ceil((1 + rounds * r) / tokens)  # row number + one row of every codebook: 17 fp32
+    forward_words = index_words + stream_words
+    grad_words = math.ceil(r / (32 // grad_bits)) + 1  # codes + the fp32 scale
+    assert sender["comm"]["pp"]["send:fwd"]["bytes"] == N_MICRO * tokens * 4 * (1 + forward_words)  # + int32 ids
+    assert receiver["comm"]["pp"]["send:bwd"]["bytes"] == N_MICRO * tokens * 4 * (1 + max(forward_words, grad_words))

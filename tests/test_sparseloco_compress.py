@@ -1,6 +1,7 @@
 """SparseLoCo's compressor against plain-torch / plain-Python references written here: chunking into
-64 x 64 tiles and runs of 4096, exactly k kept per chunk, the error-feedback identity, 12-bit index
-packing, the n-bit quantiser, and the payload's closed-form size."""
+64 x 64 tiles and runs of at most 4096 (ragged tensors zero-padded, so awkward shapes keep the configured
+density), exactly k kept per chunk, the error-feedback identity, 12-bit index packing, the n-bit quantiser,
+and the payload's closed-form size."""
 from __future__ import annotations
 
 import pytest
@@ -30,10 +31,51 @@ def test_chunking_tiles_2d_and_runs_1d() -> None:
     v = torch.randn(3 * 4096)
     s1 = chunk_spec(v.shape, 4096, 32)
     assert s1.tile == (4096,) and torch.equal(to_chunks(v, s1), v.reshape(3, 4096))
-    # a 2-D dimension that 64 does not divide gets the largest divisor below 64 (full chunks, no padding)
+    # a 2-D tensor with a dimension 64 does not divide: equal runs over the flattened tensor (no tiles)
     s2 = chunk_spec((96, 100), 4096, 32)
-    assert s2.tile == (48, 50) and s2.n_chunks == 4
-    assert torch.equal(to_chunks(torch.arange(9600.).reshape(96, 100), s2), _tiles_reference(torch.arange(9600.).reshape(96, 100), 48, 50))
+    assert s2.tile == (3200,) and s2.n_chunks == 3 and s2.padding == 0
+    assert torch.equal(to_chunks(torch.arange(9600.).reshape(96, 100), s2), torch.arange(9600.).reshape(3, 3200))
+
+
+def _runs_reference(t: torch.Tensor, chunk: int) -> torch.Tensor:
+    """ceil(numel / chunk) equal runs of the flattened tensor, the last one zero-padded (Python slicing)."""
+    flat = t.reshape(-1).tolist()
+    n = -(-len(flat) // chunk)
+    run = -(-len(flat) // n)
+    return torch.tensor([(flat[i * run:(i + 1) * run] + [0.0] * run)[:run] for i in range(n)])
+
+
+@pytest.mark.parametrize("shape,chunks", [((10007,), 3), ((257, 96), 7), ((1536, 4103), 1539), ((3, 5, 7), 1)])
+def test_ragged_tensors_are_padded_to_whole_chunks_at_the_configured_density(shape: tuple, chunks: int) -> None:
+    """The issue's shapes: the public code's largest-divisor rule gives them chunk 1 (100%), 67% and 4.5%;
+    padded runs keep every chunk near 4096 elements, so the density stays within 1.25x of 32 / 4096."""
+    spec = chunk_spec(shape, 4096, 32)
+    numel = 1
+    for n in shape:
+        numel *= n
+    assert spec.n_chunks == chunks and spec.chunk_size <= 4096 and 0 <= spec.padding < chunks
+    assert spec.density == chunks * min(32, spec.chunk_size) / numel
+    if numel >= 4096:
+        assert spec.density <= 1.25 * 32 / 4096
+    t = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+    if numel < 10**5:
+        assert torch.equal(to_chunks(t, spec), _runs_reference(t, 4096))
+    assert torch.equal(from_chunks(to_chunks(t, spec), spec), t)
+    # error feedback on a padded tensor: k real entries per chunk, e + sent == acc bit for bit
+    e, delta = torch.zeros(shape), t
+    c = compress_with_feedback_(e, delta, spec, 0.95, 0, "fp32")
+    sent = densify(c.indices, c.transmitted, spec)
+    assert sent.shape == t.shape and torch.equal(e + sent, delta)
+    assert int((sent != 0).sum()) == spec.n_kept
+
+
+def test_density_warning_names_the_dense_tensors() -> None:
+    from nanotron_ext.sparseloco.compress import density_warning
+
+    big, small = chunk_spec((4096, 64), 4096, 32), chunk_spec((64,), 4096, 32)
+    assert density_warning(["w", "norm"], [big, small], 4096, 32) is None  # 2080 kept of 262208: 0.79%
+    msg = density_warning(["w", "norm", "bias"], [chunk_spec((64, 64), 4096, 32), small, small], 4096, 32)
+    assert msg is not None and "sparseloco.topk=32" in msg and "norm (64,) 50.00%" in msg and "w (" not in msg
 
 
 @pytest.mark.parametrize("quant_bits,value_dtype", [(0, "fp32"), (0, "bf16"), (2, "fp32")])
@@ -116,7 +158,7 @@ def test_payload_round_trip_and_closed_form_size(quant_bits: int, value_dtype: s
     parts = [compress_with_feedback_(torch.zeros(s), torch.randn(s, generator=g), sp, 0.95, quant_bits, value_dtype)
              for s, sp in zip(shapes, specs)]
     payload = encode_payload(parts, 12, quant_bits)
-    n = sum(sp.n_chunks * min(32, sp.chunk_size) for sp in specs)  # 2*32 + 32 + 2*32 + 4*32
+    n = 2 * 32 + 32 + 2 * 32 + 3 * 32  # two tiles, one run of 64 (k = 32), two runs, three runs of 3200
     values = (n * quant_bits + 7) // 8 + 4 * 4 * 2**quant_bits if quant_bits else n * {"fp32": 4, "bf16": 2}[value_dtype]
     assert payload.numel() == payload_nbytes(specs, 12, quant_bits, value_dtype) == (n * 12 + 7) // 8 + values
     for (idx, val), part in zip(decode_payload(payload, specs, 12, quant_bits, value_dtype), parts):

@@ -359,3 +359,148 @@ def test_dense_simulation_refuses_grassmann_updates_it_would_never_run() -> None
                              "sparseloco.compressed_replicas=[0]", "sparseloco.inner_steps=2", "sparseloco.grassmann_every=2"])
     with pytest.raises(ConfigError, match=r"sparseloco\.grassmann_every=2"):
         run_simulated(cfg, 2, "dense")
+
+
+class _Replica(torch.nn.Module):
+    """A stand-in for one replica's model: its adapted table and config (what hetero_hook reads)."""
+
+    def __init__(self, compressed: bool) -> None:
+        super().__init__()
+        from nanotron_ext.config.schema import ModelConfig
+        from nanotron_ext.subspace.basis import hub_for
+        from nanotron_ext.subspace.embedding import AdaptedSplitEmbedding
+
+        self.cfg = ModelConfig(vocab_size=64, hidden_size=128, ffn_size=32, num_heads=2, num_kv_heads=2,
+                               num_layers=2, tie_embeddings=False)
+        self.cfg.subspace.k = 16
+        self.cfg.embedding.kind = "subspace_adapted"
+        self.embedding = AdaptedSplitEmbedding(self.cfg, hub_for(self.cfg), compressed)
+        with torch.no_grad():
+            self.embedding.table.weight.copy_(torch.randn(64, 128, generator=torch.Generator().manual_seed(9)))
+
+
+def _plain_sparseloco_reference(table: torch.Tensor, changes: list, k: int, beta: float, lr: float) -> list:
+    """Plain SparseLoCo on one [64, 128] table in float64, written out: two 64 x 64 chunks, per replica error
+    feedback and top-k by magnitude, the mean of what was sent over all replicas, outer SGD. `changes[s][r]`:
+    replica r's inner-loop change before sync s. Returns the global table after every sync."""
+    def chunks(t: torch.Tensor) -> torch.Tensor:
+        return torch.stack([t[:, :64].reshape(-1), t[:, 64:].reshape(-1)])
+
+    def unchunk(c: torch.Tensor) -> torch.Tensor:
+        return torch.cat([c[0].view(64, 64), c[1].view(64, 64)], dim=1)
+
+    w = table.double().clone()
+    errors = [torch.zeros(2, 4096, dtype=torch.float64) for _ in changes[0]]
+    out = []
+    for per_replica in changes:
+        sent = []
+        for r, change in enumerate(per_replica):
+            acc = beta * errors[r] + chunks(-change.double())  # delta = global - local = -change
+            idx = acc.abs().topk(k, dim=1).indices
+            t = torch.zeros_like(acc).scatter(1, idx, acc.gather(1, idx))
+            errors[r] = acc - t
+            sent.append(t)
+        w = w - lr * unchunk(sum(sent) / len(sent))
+        out.append(w.clone())
+    return out
+
+
+def test_effective_embedding_follows_plain_sparseloco_after_every_sync() -> None:
+    """Sec. 2.4 with the global copy of T_S projected too: given the same inner-loop changes, T_fixed + T_S
+    after each of 10 syncs equals plain SparseLoCo's table (float64 reference), T_S stays in span(U) on every
+    replica and in the global copy, and both replicas hold the same T_fixed. Projecting only the replicas'
+    copies folds the out-of-span residual again at every sync and drifts away."""
+    from nanotron_ext.config.loader import from_dict
+    from nanotron_ext.config.schema import Config
+    from nanotron_ext.sparseloco.hetero import hetero_hook
+    from nanotron_ext.sparseloco.outer import SparseLoCoOuter
+    from nanotron_ext.sparseloco.simulate import SimulatedReplicas
+
+    k, beta, lr = 8, 0.95, 0.8
+    cfg = from_dict(Config, {"parallelism": {"dp": 2, "dp_sync": "sparseloco"}, "model": {"tie_embeddings": False},
+                             "sparseloco": {"compressed_replicas": [0], "topk": k, "beta": beta, "outer_lr": lr,
+                                            "value_dtype": "fp32", "inner_steps": 1}})
+    models = {0: _Replica(True), 1: _Replica(False)}
+    sim = SimulatedReplicas(list(models.values()), cfg.sparseloco)
+    hook = hetero_hook(cfg, models, syncs=lambda: sim.outer.syncs)
+    sim.outer = SparseLoCoOuter(sim.params[0], cfg.sparseloco)  # the global copy after the split
+    sim.hooks.append(hook)
+    embs = [m.embedding for m in models.values()]
+    start = (embs[0].table.weight + embs[0].hub.fixed).detach().clone()  # T, split in two
+    u = embs[0].hub.basis.double()
+    gen = torch.Generator().manual_seed(11)
+    changes = [[torch.randn(64, 128, generator=gen) * 0.1 for _ in models] for _ in range(10)]
+    reference = _plain_sparseloco_reference(start, changes, k, beta, lr)
+    for per_replica, want in zip(changes, reference):
+        with torch.no_grad():
+            for emb, change in zip(embs, per_replica):
+                emb.table.weight.add_(change)  # an inner loop's change (T_S leaves span(U))
+        sim.sync()
+        for emb in embs:
+            t_s, fixed = emb.table.weight.double(), emb.hub.fixed.double()
+            torch.testing.assert_close(t_s + fixed, want, rtol=0, atol=1e-4)
+            assert (t_s - t_s @ u @ u.T).abs().max() < 1e-5
+        global_t_s = sim.outer.global_params[0].double()
+        assert (global_t_s - global_t_s @ u @ u.T).abs().max() < 1e-5
+        assert torch.equal(embs[0].hub.fixed, embs[1].hub.fixed)
+
+
+def _fold_worker() -> dict:
+    """pp = 2 of one compressed replica: stage 0 holds T_S (and T_fixed), stage 1 only T_fixed (its decoders').
+    One outer step u with a known number of nonzero entries, then the hook's fold on both stages."""
+    import nanotron.distributed as dist
+
+    from nanotron_ext.config.loader import from_dict
+    from nanotron_ext.config.schema import Config
+    from nanotron_ext.parallel.comm import get_ledger
+    from nanotron_ext.parallel.context import build_parallel_context
+    from nanotron_ext.sparseloco.hetero import FOLD_TAG, HeteroHook
+
+    ctx = build_parallel_context(dp=1, tp=1, pp=2, backend="gloo")
+    stage = dist.get_rank(ctx.pp_pg)
+    cfg = from_dict(Config, {"parallelism": {"pp": 2, "dp_sync": "sparseloco"}, "model": {"tie_embeddings": False},
+                             "sparseloco": {"compressed_replicas": [0], "inner_steps": 1}})
+    replica = _Replica(True)
+    hub = replica.embedding.hub
+    emb = replica.embedding if stage == 0 else None
+    ledger = get_ledger()
+    ledger.reset()
+    hook = HeteroHook(cfg, {0: hub}, {0: emb}, ctx.pp_pg, syncs=lambda: 1, table_index=0 if stage == 0 else None)
+    hook.start(0)
+    start_bytes = ledger.bytes("pp", f"broadcast:{FOLD_TAG}")
+    fixed_before = hub.fixed.clone()
+    table = replica.embedding.table.weight.detach().clone()  # the global copy of T_S after the split
+    step = torch.zeros(64, 128)
+    step.view(-1)[torch.randperm(64 * 128, generator=torch.Generator().manual_seed(2))[:300]] = 0.5
+    table -= step  # an outer step with 300 nonzero entries
+    ledger.reset()
+    with torch.no_grad():
+        hook(0, [table], "after_apply")
+        if emb is not None:
+            emb.table.weight.copy_(table)  # load_into: the replica takes the global copy
+        hook(0, [replica.embedding.table.weight], "after_sync")
+    return {"stage": stage, "start_bytes": start_bytes, "fold_bytes": ledger.bytes("pp", f"broadcast:{FOLD_TAG}"),
+            "fixed_before": fixed_before, "fixed": hub.fixed.clone(), "table": table, "step": step,
+            "basis": hub.basis.clone()}
+
+
+@pytest.mark.slow
+def test_fold_reaches_the_later_stages_as_the_steps_nonzeros() -> None:
+    """The later stage of a compressed pipeline gets the fold as the outer step's nonzero entries and ends with
+    T_fixed bit-identical to the embedding stage's, equal to T_fixed + (u U U^T - u) on the changed rows (float64
+    reference); bytes on the pp group: V d x 4 once at start, then 8 + 8 x nnz(u) per sync."""
+    from nanotron_ext.sparseloco.hetero import fold_nbytes
+
+    s0, s1 = run_distributed(_fold_worker, 2)
+    vocab, d = 64, 128
+    assert s0["start_bytes"] == s1["start_bytes"] == vocab * d * 4 == fold_nbytes(None, vocab, d)
+    assert s0["fold_bytes"] == s1["fold_bytes"] == 8 + 8 * 300 == fold_nbytes(300, vocab, d)
+    assert torch.equal(s0["fixed"], s1["fixed"]) and torch.equal(s0["fixed_before"], s1["fixed_before"])
+    u, step = s0["basis"].double(), s0["step"].double()
+    rows = step.ne(0).any(dim=1)
+    want = s0["fixed_before"].double()
+    want[rows] += step[rows] @ u @ u.T - step[rows]
+    torch.testing.assert_close(s0["fixed"].double(), want, rtol=0, atol=1e-6)
+    assert torch.equal(s0["fixed"][~rows], s0["fixed_before"][~rows])  # rows the step did not touch: unchanged
+    t = s0["table"].double()
+    assert (t - t @ u @ u.T).abs().max() < 1e-5  # the global T_S is back in span(U)

@@ -104,7 +104,8 @@ def test_replicas_identical_after_each_sync_and_bytes_under_one_percent() -> Non
     cfg = {"inner_steps": 2, "chunk": 4096, "topk": 32, "value_dtype": "bf16", "index_bits": 12}
     a, b = run_distributed(_train, 2, TILED, "sparseloco", cfg, 4, "adamw")
     n_params = len(a["shapes"])
-    assert b["hooks"] == [(1, "before_encode", n_params), (1, "after_sync", n_params)] * 2  # per-replica hooks, per sync
+    # per sync: this replica before encoding, the global copies after the outer step, this replica synced
+    assert b["hooks"] == [(1, "before_encode", n_params), (1, "after_apply", n_params), (1, "after_sync", n_params)] * 2
     for step in range(4):
         same = a["checksum"][step] == b["checksum"][step]
         assert same == (step % 2 == 1), (step, a["checksum"][step], b["checksum"][step])

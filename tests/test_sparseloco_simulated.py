@@ -88,4 +88,6 @@ def test_hooks_see_each_replica_before_encode_and_after_sync() -> None:
     sim.after_step(1)
     assert calls == []
     sim.after_step(2)
-    assert calls == [(0, "before_encode"), (1, "before_encode"), (0, "after_sync"), (1, "after_sync")]
+    # "after_apply" once with the global copies, before any replica takes them
+    assert calls == [(0, "before_encode"), (1, "before_encode"), (-1, "after_apply"), (0, "after_sync"),
+                     (1, "after_sync")]

@@ -41,7 +41,7 @@ def test_codec_round_trip_is_exact_in_span_and_its_backward_is_g_u_ut() -> None:
     ids = torch.randint(0, 50, (2, 5))
     coords = torch.randn(2, 5, 4)
     x = (fixed[ids] + coords @ u.T).requires_grad_()  # what a constrained stage writes
-    wire = SubspaceEncoder(hub)(residual=x, branch=torch.zeros_like(x), input_ids=ids)
+    wire = SubspaceEncoder(hub, torch.float32)(residual=x, branch=torch.zeros_like(x), input_ids=ids)
     assert wire.shape == (2, 5, 4)
     rebuilt, hidden = SubspaceDecoder(hub, 0, accumulate=False)(wire, ids)
     assert rebuilt is hidden
@@ -51,7 +51,7 @@ def test_codec_round_trip_is_exact_in_span_and_its_backward_is_g_u_ut() -> None:
     torch.testing.assert_close(x.grad, g @ u @ u.T, atol=1e-6, rtol=0)
     # an out-of-span X is not rebuilt: exactness rests on the constraints
     off = fixed[ids] + torch.randn(2, 5, 16)
-    back, _ = SubspaceDecoder(hub, 0, accumulate=False)(SubspaceEncoder(hub)(off, torch.zeros_like(off), ids), ids)
+    back, _ = SubspaceDecoder(hub, 0, accumulate=False)(SubspaceEncoder(hub, torch.float32)(off, torch.zeros_like(off), ids), ids)
     assert (back - off).norm() / off.norm() > 0.1
 
 

@@ -6,9 +6,10 @@ for each run the script reports:
 
 - tokens/s: tokens per step / the median step time of the trainer's metrics.jsonl, first step excluded
   (the trainer's mean, summary.json, is kept beside it as tokens_per_s_mean);
-- data bytes per optimiser step per boundary per direction, from the ledger ("pp:send:fwd/bwd");
-- the link-bound tokens/s those bytes allow: tokens_per_step / link seconds per step, where a step
-  needs max(fwd, bwd) * 8 / bandwidth seconds on a full-duplex link and (fwd + bwd) * 8 / bandwidth
+- data bytes per optimiser step per boundary per direction, from the ledger ("pp:send:fwd/bwd"), and a
+  codec's once-per-step shared-parameter exchange on the same links ("pp:send:codec_grads:fwd/bwd", MAPL);
+- the link-bound tokens/s those bytes allow (data + exchange): tokens_per_step / link seconds per step, where
+  a step needs max(fwd, bwd) * 8 / bandwidth seconds on a full-duplex link and (fwd + bwd) * 8 / bandwidth
   on a half-duplex one (one budget for both directions);
 - the training loss reached within a fixed wall-clock budget (cumulative step time, metrics.jsonl).
 
@@ -119,13 +120,16 @@ def run_one(args: argparse.Namespace, name: str, overrides: List[str], mbps: flo
     boundaries = args.pp - 1
     comm = summary["comm_bytes_per_step"]
     fwd, bwd = comm.get("pp:send:fwd", 0) / boundaries, comm.get("pp:send:bwd", 0) / boundaries
+    sync_fwd = comm.get("pp:send:codec_grads:fwd", 0) / boundaries
+    sync_bwd = comm.get("pp:send:codec_grads:bwd", 0) / boundaries
     return {
         "setting": name, "overrides": overrides, "bandwidth_mbps": mbps, "duplex": duplex, "run": run,
         "link": "shaped (netns + tc tbf)" if shaped else ("emulated" if emulate else "unlimited"),
         "tokens_per_s": median_tokens_per_s(metrics, tokens_per_step), "tokens_per_s_mean": summary["tokens_per_s"],
         "tokens_per_step": tokens_per_step,
-        "bytes_per_step_per_boundary": {"fwd": fwd, "bwd": bwd},
-        "link_bound_tokens_per_s": link_bound_tokens_per_s(tokens_per_step, fwd, bwd, mbps, duplex),
+        "bytes_per_step_per_boundary": {"fwd": fwd, "bwd": bwd, "codec_sync_fwd": sync_fwd, "codec_sync_bwd": sync_bwd},
+        "link_bound_tokens_per_s": link_bound_tokens_per_s(tokens_per_step, fwd + sync_fwd, bwd + sync_bwd, mbps,
+                                                           duplex),
         "loss_within_budget": loss_within(metrics, args.budget_s), "budget_s": args.budget_s,
         "final_train_loss": summary["final_train_loss"], "steps": summary["steps"], "wall_s": time.time() - t0,
         "exit_status": summary["exit_status"],
@@ -142,14 +146,16 @@ def _resolved(run_dir: Path) -> dict:
 
 def format_rows(rows: Sequence[dict]) -> str:
     head = f"{'setting':<16} {'Mbit/s':>8} {'duplex':>6} {'tokens/s':>9} {'link-bound':>11} {'fwd B/step':>11} " \
-           f"{'bwd B/step':>11} {'loss@budget':>11}"
+           f"{'bwd B/step':>11} {'sync B/step':>11} {'loss@budget':>11}"
     lines = [head]
     for r in rows:
         lb = r["link_bound_tokens_per_s"]
         loss = r["loss_within_budget"]
+        b = r["bytes_per_step_per_boundary"]
+        sync = b.get("codec_sync_fwd", 0) + b.get("codec_sync_bwd", 0)
         lines.append(f"{r['setting']:<16} {r['bandwidth_mbps']:>8g} {r['duplex']:>6} {r['tokens_per_s']:>9.0f} "
-                     f"{(f'{lb:.0f}' if lb else 'inf'):>11} {r['bytes_per_step_per_boundary']['fwd']:>11.0f} "
-                     f"{r['bytes_per_step_per_boundary']['bwd']:>11.0f} {(f'{loss:.3f}' if loss else '-'):>11}")
+                     f"{(f'{lb:.0f}' if lb else 'inf'):>11} {b['fwd']:>11.0f} {b['bwd']:>11.0f} {sync:>11.0f} "
+                     f"{(f'{loss:.3f}' if loss else '-'):>11}")
     return "\n".join(lines)
 
 

@@ -16,10 +16,23 @@ residual + branch onto k coordinates and need the token ids on both sides.
 Exactly one tensor crosses a boundary per micro-batch: nanotron's pipeline engines run one
 communication at a time and deadlock in 1F1B's steady state when a stage sends two (the sender
 blocks sending the second while the receiver blocks sending the previous gradient). A codec that
-sets `needs_token_ids` therefore gets the ids packed into trailing slots of its wire tensor
-(`pack_ids` / `unpack_ids`): int32 bit-cast to the wire dtype, no gradient, counted as sent.
+sets `needs_token_ids` therefore gets the ids packed into the leading slots of its wire tensor
+(`pack_ids` / `unpack_ids`): int32 bit-cast to the wire dtype, no gradient, counted as sent (their
+zero gradient crosses back too: the gradient has the wire's shape).
 Each boundary gets its own encoder and decoder modules, living on the sending and receiving
 stage with any parameters they own.
+
+Wire dtype. Values cross in the run's compute dtype (`wire_dtype`: bf16 under `model.dtype: bf16`, the
+autocast run whose residual stream stays fp32; as the ResBM paper's appendix A.3 counts its transfers):
+an encoder hands `to_wire(x, self.wire_dtype)` over, a decoder starts from `from_wire(wire)` (fp32, the
+residual stream's dtype), so the gradient crosses back in the wire dtype too. Codecs that pack bits
+(quantised codes, indices) use the wire dtype as a container and count bytes, not values.
+
+Asymmetric wires. The gradient of the wire has the wire's shape, so a codec whose backward payload is
+wider than its forward one (MAPL's RVQ: indices forward, a quantised gradient back) emits the wider
+tensor and marks how many leading columns carry the forward payload (`mark_forward_columns`, from
+nanotron_ext.parallel.p2p); the pipeline's P2P sends only those columns forward and the receiver pads the
+rest with zeros, so each direction costs its own payload.
 """
 from __future__ import annotations
 
@@ -27,9 +40,11 @@ from typing import Dict, Optional, Tuple
 
 import torch
 from nanotron import distributed as dist
+from nanotron.parallel.pipeline_parallel.p2p import P2P
 from torch import nn
 
 from nanotron_ext.config.schema import ModelConfig
+from nanotron_ext.parallel.p2p import forward_columns, mark_forward_columns
 from nanotron_ext.registry import CODECS
 
 register_codec = CODECS.register
@@ -54,6 +69,7 @@ class BoundaryCodec:
     def __init__(self, cfg: ModelConfig, tp_pg: dist.ProcessGroup) -> None:
         self.cfg = cfg
         self.tp_pg = tp_pg
+        self.wire_dtype = wire_dtype(cfg)
 
     def encoder(self, boundary: int) -> BoundaryEncoder:
         raise NotImplementedError
@@ -62,15 +78,31 @@ class BoundaryCodec:
         raise NotImplementedError
 
     def after_backward(
-        self, encoders: Dict[int, BoundaryEncoder], decoders: Dict[int, BoundaryDecoder], pp_pg: dist.ProcessGroup
+        self, encoders: Dict[int, BoundaryEncoder], decoders: Dict[int, BoundaryDecoder], p2p: P2P
     ) -> None:
         """Gradients of this rank's codec modules are complete (called before clipping and the DP sync).
         A codec whose encoder and decoder hold copies of one shared parameter combines their gradients
-        here (across the pipeline boundary when the two sides live on different stages)."""
+        here (across the pipeline boundary, through the pipeline's `p2p` on `p2p.pg`, when the two sides
+        live on different stages: emulated links and the ledger see it)."""
 
 
 def get_codec(cfg: ModelConfig, tp_pg: dist.ProcessGroup) -> BoundaryCodec:
     return CODECS.get(cfg.codec.kind)(cfg, tp_pg)
+
+
+def wire_dtype(cfg: ModelConfig) -> torch.dtype:
+    """The dtype values cross a boundary in: the run's compute dtype (`model.dtype`)."""
+    return torch.bfloat16 if cfg.dtype == "bf16" else torch.float32
+
+
+def to_wire(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A value wire in `dtype` (differentiable: the gradient comes back in `dtype` and leaves in x's)."""
+    return x.to(dtype)
+
+
+def from_wire(wire: torch.Tensor) -> torch.Tensor:
+    """A received value wire as fp32, the dtype of the residual stream (fp32 master weights)."""
+    return wire.float()
 
 
 def _id_slots(dtype: torch.dtype) -> int:
@@ -82,13 +114,16 @@ def _id_slots(dtype: torch.dtype) -> int:
 
 
 def pack_ids(wire: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-    """Append `input_ids` [b, s] to `wire` [b, s, w] as bit-cast int32 columns (bit-exact, no gradient)."""
+    """Prepend `input_ids` [b, s] to `wire` [b, s, w] as bit-cast int32 columns (bit-exact, no gradient);
+    a forward-column mark of `wire` moves to the packed tensor (ids included)."""
     ids = input_ids.to(torch.int32).unsqueeze(-1).contiguous().view(wire.dtype)
-    return torch.cat([wire, ids], dim=-1)
+    packed = torch.cat([ids, wire], dim=-1)
+    columns = forward_columns(wire)
+    return packed if columns is None else mark_forward_columns(packed, ids.shape[-1] + columns)
 
 
 def unpack_ids(packed: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """Inverse of `pack_ids`: (wire, input_ids as int64)."""
     slots = _id_slots(packed.dtype)
-    ids = packed[..., -slots:].detach().contiguous().view(torch.int32).squeeze(-1).long()
-    return packed[..., :-slots], ids
+    ids = packed[..., :slots].detach().contiguous().view(torch.int32).squeeze(-1).long()
+    return packed[..., slots:], ids

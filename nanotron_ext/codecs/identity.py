@@ -1,11 +1,11 @@
-"""The identity codec: the hidden state crosses the boundary unchanged."""
+"""The identity codec: the hidden state crosses the boundary unchanged, in the wire dtype (codecs/base.py)."""
 from __future__ import annotations
 
 from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
-from nanotron_ext.codecs.base import BoundaryCodec, BoundaryDecoder, BoundaryEncoder, register_codec
+from nanotron_ext.codecs.base import BoundaryCodec, BoundaryDecoder, BoundaryEncoder, from_wire, register_codec, to_wire
 
 
 class Transparent:
@@ -20,19 +20,24 @@ class Transparent:
 
 
 class IdentityEncoder(Transparent, BoundaryEncoder):
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.dtype = dtype
+
     def forward(self, residual: torch.Tensor, branch: torch.Tensor, input_ids: Optional[torch.Tensor]) -> torch.Tensor:
-        return residual + branch
+        return to_wire(residual + branch, self.dtype)
 
 
 class IdentityDecoder(Transparent, BoundaryDecoder):
     def forward(self, wire: torch.Tensor, input_ids: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
-        return wire, wire
+        x = from_wire(wire)
+        return x, x
 
 
 @register_codec("identity")
 class IdentityCodec(BoundaryCodec):
     def encoder(self, boundary: int) -> BoundaryEncoder:
-        return IdentityEncoder()
+        return IdentityEncoder(self.wire_dtype)
 
     def decoder(self, boundary: int) -> BoundaryDecoder:
         return IdentityDecoder()

@@ -3,15 +3,17 @@ sparsification, int8/int4 quantisation and per-batch low-rank projection. Both d
 the activation X forward and, with the same scheme, the activation gradient backward (the received
 wire's gradient carries the compressed gradient in the same layout, so each direction costs the same).
 
-Each scheme maps X [b, s, d] to one fp32 wire [b, s, w] and back; everything needed to decode (values,
-indices, scales, factors) is inside the wire, so the ledger counts it:
+Each scheme maps X [b, s, d] to one wire [b, s, w] in the run's wire dtype (codecs/base.wire_dtype, element
+size e: 4 B fp32, 2 B bf16) and back; everything needed to decode (values, indices, scales, factors) is
+inside the wire, so the ledger counts it. Values travel in the wire dtype; integers (indices, codes, the fp32
+scale) are bit-cast into it, so their bytes do not depend on it. Bytes per token:
 - topk (model.codec.ratio r): per token the k = max(1, round(d / (2 r))) largest-magnitude entries,
-  values fp32 + int32 indices bit-cast: w = 2k;
-- int8 / int4: symmetric per-token absmax quantisation (levels +-127 / +-7), codes packed 4 / 8 per fp32
-  slot, plus one fp32 scale: w = d/4 + 1 / d/8 + 1;
+  values + int32 indices: k (e + 4);
+- int8 / int4: symmetric per-token absmax quantisation (levels +-127 / +-7), codes packed, plus one fp32
+  scale: d + 4 / d/2 + 4;
 - lowrank (ratio r): X (b*s x d) ~ A B^T from a truncated SVD of rank q = max(1, round(d / r)); each token
   carries its q coefficients (A = U_q S_q) and the d x q basis B rides in ceil(d q / (b s)) extra columns:
-  w = q + ceil(d q / (b s)).
+  e (q + ceil(d q / (b s))).
 """
 from __future__ import annotations
 
@@ -20,10 +22,19 @@ from typing import Optional, Tuple
 
 import torch
 
-from nanotron_ext.codecs.base import BoundaryCodec, BoundaryDecoder, BoundaryEncoder, register_codec
+from nanotron_ext.codecs.base import BoundaryCodec, BoundaryDecoder, BoundaryEncoder, from_wire, register_codec
+
+
+def _bitcast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The bytes of x's last dimension as `dtype` columns (x's last dimension times its element size
+    must be a multiple of dtype's)."""
+    return x.contiguous().view(dtype)
 
 
 class Scheme:
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+
     def compress(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
@@ -32,25 +43,28 @@ class Scheme:
 
 
 class TopK(Scheme):
-    def __init__(self, d: int, ratio: float) -> None:
+    def __init__(self, d: int, ratio: float, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__(dtype)
         self.k = max(1, min(d, round(d / (2 * ratio))))
 
     def compress(self, x: torch.Tensor) -> torch.Tensor:
         idx = x.abs().topk(self.k, dim=-1).indices
-        values = x.gather(-1, idx).float()
-        return torch.cat([values, idx.to(torch.int32).view(torch.float32)], dim=-1)
+        values = x.gather(-1, idx).to(self.dtype)
+        return torch.cat([values, _bitcast(idx.to(torch.int32), self.dtype)], dim=-1)
 
     def decompress(self, wire: torch.Tensor, d: int) -> torch.Tensor:
-        values, idx = wire[..., :self.k], wire[..., self.k:].contiguous().view(torch.int32).long()
-        return torch.zeros(*wire.shape[:-1], d, dtype=wire.dtype, device=wire.device).scatter(-1, idx, values)
+        values, idx = wire[..., :self.k].float(), _bitcast(wire[..., self.k:], torch.int32).long()
+        return torch.zeros(*wire.shape[:-1], d, device=wire.device).scatter(-1, idx, values)
 
 
 class Quantise(Scheme):
-    def __init__(self, d: int, bits: int) -> None:
+    def __init__(self, d: int, bits: int, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__(dtype)
         self.bits, self.levels = bits, 2 ** (bits - 1) - 1
-        per_slot = 32 // bits
+        per_slot = 8 * torch.empty((), dtype=dtype).element_size() // bits
         if d % per_slot:
             raise ValueError(f"model.codec.kind=int{bits} needs model.hidden_size divisible by {per_slot}, got {d}")
+        self.scale_slots = 4 // torch.empty((), dtype=dtype).element_size()
 
     def compress(self, x: torch.Tensor) -> torch.Tensor:
         x = x.float()
@@ -59,10 +73,11 @@ class Quantise(Scheme):
         if self.bits == 4:  # two codes per byte, offset to 0..14
             u = (q + self.levels).to(torch.uint8)
             q = (u[..., 0::2] | (u[..., 1::2] << 4)).view(torch.int8)
-        return torch.cat([q.contiguous().view(torch.float32), scale], dim=-1)
+        return torch.cat([_bitcast(q, self.dtype), _bitcast(scale, self.dtype)], dim=-1)
 
     def decompress(self, wire: torch.Tensor, d: int) -> torch.Tensor:
-        codes, scale = wire[..., :-1].contiguous().view(torch.int8), wire[..., -1:]
+        codes = _bitcast(wire[..., :-self.scale_slots], torch.int8)
+        scale = _bitcast(wire[..., -self.scale_slots:], torch.float32)
         if self.bits == 4:
             u = codes.view(torch.uint8)
             q = torch.stack([u & 0x0F, u >> 4], dim=-1).flatten(-2).to(torch.int16) - self.levels
@@ -72,7 +87,8 @@ class Quantise(Scheme):
 
 
 class LowRank(Scheme):
-    def __init__(self, d: int, ratio: float) -> None:
+    def __init__(self, d: int, ratio: float, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__(dtype)
         self.q = max(1, min(d, round(d / ratio)))
 
     def basis_cols(self, tokens: int, d: int) -> int:
@@ -85,12 +101,12 @@ class LowRank(Scheme):
         extra = self.basis_cols(b * s, d)
         basis = torch.zeros(b * s * extra, dtype=torch.float32, device=x.device)
         basis[:d * self.q] = vh[:self.q].T.reshape(-1)
-        return torch.cat([coeffs, basis.view(b, s, extra)], dim=-1)
+        return torch.cat([coeffs, basis.view(b, s, extra)], dim=-1).to(self.dtype)
 
     def decompress(self, wire: torch.Tensor, d: int) -> torch.Tensor:
         b, s, _ = wire.shape
-        basis = wire[..., self.q:].reshape(-1)[:d * self.q].view(d, self.q)
-        return wire[..., :self.q] @ basis.T
+        basis = wire[..., self.q:].reshape(-1)[:d * self.q].view(d, self.q).float()
+        return wire[..., :self.q].float() @ basis.T
 
 
 class _Encode(torch.autograd.Function):
@@ -112,7 +128,7 @@ class _Decode(torch.autograd.Function):
     @staticmethod
     def forward(ctx, wire: torch.Tensor, scheme: Scheme, d: int) -> torch.Tensor:  # type: ignore[override]
         ctx.scheme = scheme
-        return scheme.decompress(wire, d)
+        return scheme.decompress(wire, d)  # fp32: the residual stream's dtype
 
     @staticmethod
     def backward(ctx, grad_x: torch.Tensor) -> Tuple[torch.Tensor, None, None]:  # type: ignore[override]
@@ -134,7 +150,7 @@ class LossyDecoder(BoundaryDecoder):
         self.scheme, self.d = scheme, d
 
     def forward(self, wire: torch.Tensor, input_ids: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
-        x = _Decode.apply(wire, self.scheme, self.d)
+        x = from_wire(_Decode.apply(wire, self.scheme, self.d))
         return x, x
 
 
@@ -152,22 +168,22 @@ class LossyCodec(BoundaryCodec):
 @register_codec("topk")
 class TopKCodec(LossyCodec):
     def scheme(self) -> Scheme:
-        return TopK(self.cfg.hidden_size, self.cfg.codec.ratio)
+        return TopK(self.cfg.hidden_size, self.cfg.codec.ratio, self.wire_dtype)
 
 
 @register_codec("int8")
 class Int8Codec(LossyCodec):
     def scheme(self) -> Scheme:
-        return Quantise(self.cfg.hidden_size, 8)
+        return Quantise(self.cfg.hidden_size, 8, self.wire_dtype)
 
 
 @register_codec("int4")
 class Int4Codec(LossyCodec):
     def scheme(self) -> Scheme:
-        return Quantise(self.cfg.hidden_size, 4)
+        return Quantise(self.cfg.hidden_size, 4, self.wire_dtype)
 
 
 @register_codec("lowrank")
 class LowRankCodec(LossyCodec):
     def scheme(self) -> Scheme:
-        return LowRank(self.cfg.hidden_size, self.cfg.codec.ratio)
+        return LowRank(self.cfg.hidden_size, self.cfg.codec.ratio, self.wire_dtype)

@@ -65,6 +65,10 @@ class MaplCodecConfig:
     """EMA decay of the sender's k-means codebook update."""
     grad_bits: int = 8
     """With RVQ, bits per value of the quantised gradient sent back (absmax, one fp32 scale per token)."""
+    shared_sync: Literal["rows", "dense"] = "rows"
+    """How both copies of A_p and E_small_p stay equal: rows = the receiver sends the anchor-gradient rows of
+    the step's ids and the A partials are swapped, in the wire dtype ((d r + U m) per step back, d r forth);
+    dense = full fp32 gradients of both swapped ((d r + V m) x 4 B each way; nanotron_ext/mapl/codec.py)."""
 
     def __post_init__(self) -> None:
         for key in ("rank", "anchor_width"):

@@ -4,11 +4,24 @@
     sender:    Z = (X - anchor_p(ids)) A_p      A_p [d, r], A_p^T A_p = I; only Z and the ids cross
     receiver:  X' = Z A_p^T + anchor_p(ids)
 
-Both sides of boundary p hold identical copies of A_p and E_small_p (same seeded init, same summed
-gradient, same deterministic optimiser step). `after_backward` sums each copy's gradient with the
-other side's: locally when both sides share a process, else by one exchange with the neighbouring
-stage (counted in the ledger as pp `send:codec_grads`; (d r + V m) x 4 bytes per boundary per step
-each way). The MAPL text does not say how its copies are kept equal; this is exact and simple.
+Z crosses in the run's compute dtype (codecs/base.wire_dtype), the ids as int32.
+
+Both sides of boundary p hold identical copies of A_p and E_small_p (same seeded init, same gradient,
+same deterministic optimiser step); "Learned Subspace Compression for Communication-Efficient Pipeline
+Parallelism" (arXiv:2606.05484, sec. "Factorized Anchor Embeddings") says only Z and the token ids
+cross, and does not say how the copies are kept equal. What must cross for exact copies
+(`model.codec.mapl.shared_sync`, nanotron_ext/mapl/sync.py):
+- "rows" (default): the receiver owns the anchor table's gradient. The sender's part of it,
+  -(dL/dZ) A^T P^T per token, is computable on the receiver (it has dL/dZ = G A), so the decoder adds
+  it through a term that is zero forward (`_sender_anchor_term`) and the encoder reads a detached table.
+  After the backward the receiver sends the gradient rows of the ids this step touched (both sides
+  know them: the ids cross with Z), in the wire dtype, no indices: U m values for U distinct ids instead
+  of V m. A's gradient has a part on each side ((X - anchor)^T dL/dZ needs X, G^T Z needs G), so the two
+  d x r partials are swapped, in the wire dtype. Per boundary per step: d r forward, d r + U m backward.
+- "dense": each side's full fp32 gradients of A_p and E_small_p swapped and summed, (d r + V m) x 4 B
+  each way (this codebase's earlier protocol, kept for comparison).
+Both go through the pipeline's P2P (emulated links delay them; ledger op `send:codec_grads:fwd|bwd`).
+Both sides then hold bit-identical gradients (tests/test_mapl.py at PP = 2).
 
 Choices the text leaves open (config `model.codec.mapl`): r (default d/4, the paper's r = 256 at
 d = 1024), anchor width m (default r), A_p = QR of a seeded Gaussian, E_small_p starts at zero (the
@@ -17,18 +30,27 @@ codec starts as a plain projection). The residual stream must be replicated over
 from __future__ import annotations
 
 import zlib
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from nanotron import distributed as dist
+from nanotron.parallel.pipeline_parallel.p2p import P2P
 from torch import nn
 
-from nanotron_ext.codecs.base import BoundaryCodec, BoundaryDecoder, BoundaryEncoder, register_codec
+from nanotron_ext.codecs.base import (
+    BoundaryCodec,
+    BoundaryDecoder,
+    BoundaryEncoder,
+    from_wire,
+    register_codec,
+    to_wire,
+    wire_dtype,
+)
 from nanotron_ext.config.schema import ModelConfig
 from nanotron_ext.mapl.rvq import ResidualQuantizer, decode_from_wire, encode_to_wire
 from nanotron_ext.mapl.spel import TAG as SPEL_TAG
+from nanotron_ext.mapl.sync import sync_boundaries
 from nanotron_ext.optim.param_groups import mark_embedding_table, tag_parameter
-from nanotron_ext.parallel.comm import get_ledger
 
 
 def mapl_widths(cfg: ModelConfig) -> Tuple[int, int]:
@@ -64,8 +86,15 @@ class BoundaryProjection(nn.Module):
         self.anchor_basis.copy_(basis.T)
         self.anchor_table.zero_()
 
-    def anchor(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.anchor_table[input_ids] @ self.anchor_basis
+    def anchor(self, input_ids: torch.Tensor, detach: bool = False) -> torch.Tensor:
+        table = self.anchor_table.detach() if detach else self.anchor_table
+        return table[input_ids] @ self.anchor_basis
+
+    def sender_anchor_term(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Zero [.., r] whose gradient, for an upstream gradient dL/dZ, is -(dL/dZ) (P A)^T = -(dL/dZ) A^T P^T
+        on E_small[ids]: the sender's share of the anchor table's gradient, taken on the receiver."""
+        e = self.anchor_table[input_ids]
+        return (e - e.detach()) @ (self.anchor_basis @ self.A).detach()
 
 
 class _Side(nn.Module):
@@ -79,6 +108,19 @@ class _Side(nn.Module):
         self.quantizer = (ResidualQuantizer(self.r, mapl.vq_groups, mapl.vq_rounds, mapl.vq_codebook, mapl.vq_decay)
                           if mapl.vq_groups else None)
         self.codebook_scale = cfg.init_std
+        self.wire_dtype = wire_dtype(cfg)
+        self.shared_sync = mapl.shared_sync
+        self.step_ids: List[torch.Tensor] = []  # the ids of this step's training micro-batches (sync.py)
+
+    def record_ids(self, input_ids: torch.Tensor) -> None:
+        if torch.is_grad_enabled():  # a training forward (validation runs under no_grad)
+            self.step_ids.append(input_ids.detach().reshape(-1))
+
+    def touched_rows(self) -> torch.Tensor:
+        """The distinct ids of this step's micro-batches, ascending (the same on both sides of the boundary)."""
+        if not self.step_ids:
+            return torch.empty(0, dtype=torch.long, device=self.projection.A.device)
+        return torch.unique(torch.cat(self.step_ids))
 
     def init_own_parameters_(self, seed: int) -> None:
         self.projection.init_own_parameters_(seed)
@@ -90,27 +132,23 @@ class _Side(nn.Module):
 class MaplEncoder(_Side, BoundaryEncoder):
     def forward(self, residual: torch.Tensor, branch: torch.Tensor, input_ids: Optional[torch.Tensor]) -> torch.Tensor:
         p = self.projection
-        z = (residual + branch - p.anchor(input_ids)) @ p.A
+        self.record_ids(input_ids)
+        # "rows": the receiver takes this side's share of the anchor gradient (sender_anchor_term)
+        z = (residual + branch - p.anchor(input_ids, detach=self.shared_sync == "rows")) @ p.A
         if self.quantizer is None:
-            return z
+            return to_wire(z, self.wire_dtype)
         return encode_to_wire(self.quantizer, z, self.grad_bits, learn=self.training)
 
 
 class MaplDecoder(_Side, BoundaryDecoder):
     def forward(self, wire: torch.Tensor, input_ids: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
         p = self.projection
-        z = wire if self.quantizer is None else decode_from_wire(self.quantizer, wire, self.r, self.grad_bits)
-        x = z @ p.A.T + p.anchor(input_ids)
+        self.record_ids(input_ids)
+        z = from_wire(wire) if self.quantizer is None else decode_from_wire(self.quantizer, wire, self.r, self.grad_bits)
+        if self.shared_sync == "rows":
+            z = z - p.sender_anchor_term(input_ids)  # zero forward; routes -dL/dZ A^T P^T to this table
+        x = (z @ p.A.T).float() + p.anchor(input_ids).float()  # fp32 residual stream (autocast: bf16 products)
         return x, x
-
-
-def _grads(module: nn.Module) -> List[torch.Tensor]:
-    grads = []
-    for p in module.parameters():
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)  # a side that saw no micro-batch still takes part in the sum
-        grads.append(p.grad)
-    return grads
 
 
 @register_codec("mapl")
@@ -131,34 +169,6 @@ class MaplCodec(BoundaryCodec):
 
     @torch.no_grad()
     def after_backward(self, encoders: Dict[int, BoundaryEncoder], decoders: Dict[int, BoundaryDecoder],
-                       pp_pg: dist.ProcessGroup) -> None:
-        """Sum the gradients of the two copies of each boundary's state (see module doc)."""
-        me = dist.get_rank(pp_pg)
-        for boundary, sides in _by_boundary(encoders, decoders):
-            mine = [_grads(s.projection) for s in sides]
-            if len(mine) == 2:  # both sides on this process
-                for g_enc, g_dec in zip(*mine):
-                    g_enc.add_(g_dec)
-                    g_dec.copy_(g_enc)
-                continue
-            peer_stage = me + 1 if boundary in encoders else me - 1
-            flat = torch.cat([g.reshape(-1) for g in mine[0]])
-            theirs = torch.empty_like(flat)
-            peer = dist.get_global_rank(pp_pg, peer_stage)
-            with get_ledger().tag("codec_grads"):
-                for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, flat, peer, group=pp_pg),
-                                                    dist.P2POp(dist.irecv, theirs, peer, group=pp_pg)]):
-                    work.wait()
-            # the same sum on both sides, in the same order (sender's + receiver's): bit-identical copies
-            total = flat + theirs if boundary in encoders else theirs + flat
-            offset = 0
-            for g in mine[0]:
-                g.copy_(total[offset:offset + g.numel()].view_as(g))
-                offset += g.numel()
-
-
-def _by_boundary(encoders: Dict[int, BoundaryEncoder],
-                 decoders: Dict[int, BoundaryDecoder]) -> Iterator[Tuple[int, List[nn.Module]]]:
-    """Boundaries in increasing order (the exchange order both stages agree on), with this rank's sides."""
-    for b in sorted(set(encoders) | set(decoders)):
-        yield b, [s for s in (encoders.get(b), decoders.get(b)) if s is not None]
+                       p2p: P2P) -> None:
+        """Make both copies of each boundary's A_p and E_small_p gradients equal (module doc, sync.py)."""
+        sync_boundaries(encoders, decoders, p2p)

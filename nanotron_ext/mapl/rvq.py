@@ -14,9 +14,20 @@ Choices the MAPL text leaves open (config model.codec.mapl.vq_*), documented her
   sender streams ONE row (1/K of every group's and round's codebook, cyclically) of its learning
   codebook into the shared one, and the receiver applies the same row: after K micro-batches the
   shared codebooks equal the learning ones as streamed, identical on both sides.
-- Backward: nanotron's engines send the gradient in a tensor of the wire's own shape, so it cannot
-  be wider than the forward; the r-wide gradient is quantised to `grad_bits` per value with one fp32
-  scale per token (absmax), packed into the same int32 words.
+- Backward: the r-wide gradient is quantised to `grad_bits` per value with one fp32 scale per token
+  (absmax), packed into int32 words.
+
+The wire (one tensor each way per boundary: nanotron_ext/codecs/base.py) is fp32 words, int32 bit-cast:
+forward the index words, then the streamed codebook row (its row number and one row of every codebook,
+1 + R r fp32 values per micro-batch) spread over ceil((1 + R r) / tokens) side columns; backward the
+quantised gradient. nanotron's engines send the gradient in a tensor of the wire's own shape, so the
+tensor is max(forward, backward) columns wide and marks its forward columns (mark_forward_columns): the
+pipeline's P2P sends only those forward, so bytes per token are
+    forward  4 (1 + ceil(G R / floor(32 / ceil(log2 K))) + ceil((1 + R r) / tokens))   (ids, indices, stream)
+    backward 4 (1 + max(forward words, ceil(r / floor(32 / grad_bits)) + 1))           (zero id column, gradient)
+e.g. r = 256, G = 8, R = 2, K = 256 at 2048 tokens: 24 B forward (16 B of indices) against 516 B for
+bf16 Z; 264 B backward with 8-bit gradients. Before the split the forward was padded to the gradient's
+width (264 B at every G).
 """
 from __future__ import annotations
 
@@ -25,6 +36,8 @@ from typing import Tuple
 
 import torch
 from torch import nn
+
+from nanotron_ext.parallel.p2p import mark_forward_columns
 
 
 # -- bit packing ------------------------------------------------------------------------------------
@@ -156,8 +169,8 @@ class ResidualQuantizer(nn.Module):
 # -- the wire ---------------------------------------------------------------------------------------------
 class WireLayout:
     """Columns of the fp32 wire [tokens, width] (int32 words bit-cast): index words, then the streamed
-    codebook row spread over every token's side columns, padded so that the quantised gradient fits
-    (one tensor of one shape crosses each way)."""
+    codebook row spread over every token's side columns (the forward payload: `forward` columns); the
+    quantised gradient in the first `grad_words` columns backward; width = the larger of the two."""
 
     def __init__(self, tokens: int, width: int, q: ResidualQuantizer, grad_bits: int) -> None:
         self.tokens, self.r, self.grad_bits = tokens, width, grad_bits
@@ -165,8 +178,9 @@ class WireLayout:
         self.index_words = words_for(q.groups * q.rounds, self.bits)
         self.stream_floats = 1 + q.shared[:, :, 0].numel()  # row number + one row of every codebook
         self.side = math.ceil(self.stream_floats / tokens)
+        self.forward = self.index_words + self.side
         self.grad_words = words_for(width, grad_bits) + 1
-        self.width = max(self.index_words + self.side, self.grad_words)
+        self.width = max(self.forward, self.grad_words)
 
 
 class _ToWire(torch.autograd.Function):
@@ -215,8 +229,9 @@ def encode_to_wire(q: ResidualQuantizer, z: torch.Tensor, grad_bits: int, learn:
     side = torch.zeros(b * s * lay.side, dtype=torch.float32, device=z.device)
     side[0] = j
     side[1:lay.stream_floats] = rows.reshape(-1)
-    wire[:, lay.index_words:lay.index_words + lay.side] = side.view(torch.int32).view(b * s, lay.side)
-    return _ToWire.apply(z, wire.view(torch.float32).view(b, s, lay.width), lay)
+    wire[:, lay.index_words:lay.forward] = side.view(torch.int32).view(b * s, lay.side)
+    out = _ToWire.apply(z, wire.view(torch.float32).view(b, s, lay.width), lay)
+    return mark_forward_columns(out, lay.forward)  # the gradient's extra columns are not sent forward
 
 
 def decode_from_wire(q: ResidualQuantizer, wire: torch.Tensor, width: int, grad_bits: int) -> torch.Tensor:
@@ -226,6 +241,6 @@ def decode_from_wire(q: ResidualQuantizer, wire: torch.Tensor, width: int, grad_
     words = wire.detach().reshape(b * s, lay.width).contiguous().view(torch.int32)
     idx = unpack_bits(words[:, :lay.index_words], lay.bits, q.groups * q.rounds).view(b * s, q.groups, q.rounds)
     z_hat = q.decode(idx).view(b, s, width)
-    side = words[:, lay.index_words:lay.index_words + lay.side].reshape(-1).view(torch.float32)
+    side = words[:, lay.index_words:lay.forward].reshape(-1).view(torch.float32)
     q.apply_stream(int(side[0]), side[1:lay.stream_floats])
     return _FromWire.apply(wire, z_hat.to(wire.dtype), lay)

@@ -10,8 +10,9 @@ from nanotron_ext.parallel.comm import CommLedger
 
 GROUPS = ("tp", "pp", "dp", "mp", "world", "other")
 # subsets of "pp" reported beside it: the pipeline's data messages per direction (activations to later
-# stages, gradients to earlier ones), without nanotron's shape headers and the link clock
-PP_DATA = {("pp", "send:fwd"): "pp:send:fwd", ("pp", "send:bwd"): "pp:send:bwd"}
+# stages, gradients to earlier ones), without nanotron's shape headers and the link clock; and a codec's
+# once-per-step exchange of shared-parameter gradients per direction (MAPL)
+PP_DATA = {("pp", f"send:{kind}{d}"): f"pp:send:{kind}{d}" for kind in ("", "codec_grads:") for d in ("fwd", "bwd")}
 KEYS = GROUPS + tuple(PP_DATA.values())
 
 

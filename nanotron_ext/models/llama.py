@@ -19,7 +19,7 @@ from nanotron.parallel.tensor_parallel.functional import sharded_cross_entropy
 from torch import nn
 
 from nanotron_ext.codecs import BoundaryCodec, get_codec
-from nanotron_ext.codecs.base import BoundaryDecoder, BoundaryEncoder, pack_ids, unpack_ids
+from nanotron_ext.codecs.base import BoundaryDecoder, BoundaryEncoder, pack_ids, unpack_ids, wire_dtype
 from nanotron_ext.codecs.identity import IdentityDecoder, IdentityEncoder
 from nanotron_ext.config.schema import ModelConfig
 from nanotron_ext.models.constraints import Projections, get_output_constraint
@@ -139,6 +139,7 @@ class LlamaForTraining(nn.Module):
         self.codec_encoders: Dict[int, BoundaryEncoder] = {}  # this rank's codec modules by boundary
         self.codec_decoders: Dict[int, BoundaryDecoder] = {}
         self._pp_pg = parallel_context.pp_pg
+        self._p2p = p2p  # the codec's once-per-step exchanges travel the pipeline's own links
 
         build_embedding = EMBEDDINGS.get(cfg.embedding.kind)
         self.token_embedding = PipelineBlock(
@@ -191,7 +192,7 @@ class LlamaForTraining(nn.Module):
         sent, received = layer_idx, layer_idx - 1
         encoder = decoder = None
         if ends:
-            encoder = IdentityEncoder()
+            encoder = IdentityEncoder(wire_dtype(self.cfg))  # a plain stage boundary sends the compute dtype too
             if sent in self.codec_after:
                 encoder = self.codec_encoders[sent] = self.codec.encoder(sent)
         if starts:
@@ -202,7 +203,7 @@ class LlamaForTraining(nn.Module):
 
     def after_backward(self) -> None:
         """The step's gradients are complete on this rank: let the codec combine shared-parameter gradients."""
-        self.codec.after_backward(self.codec_encoders, self.codec_decoders, self._pp_pg)
+        self.codec.after_backward(self.codec_encoders, self.codec_decoders, self._p2p)
 
     @torch.no_grad()
     def apply_constraints(self) -> None:

@@ -8,6 +8,11 @@ Receiving block l+1 (decoder D_{l+1} = linear, nonlinearity, linear: h -> m -> d
 In the core's codec interface (nanotron_ext/codecs/base.py) the encoder gets residual = x_attn and
 branch = FF(norm(x_attn)) and returns b; the decoder returns (pad_d(b), D(b)).
 
+Wire dtype: b crosses in the run's compute dtype (appendix A.3: bf16, 2 B per value, 1 x 1024 x 32 =
+64 KiB per boundary and micro-batch at 128x), its gradient too: under `model.dtype: bf16` (autocast over
+fp32 weights) trunc_h(x_attn) is fp32 and would otherwise put 4 B per value on the link both ways. The
+receiver continues its residual stream in fp32 from the bf16 values.
+
 Tensor parallelism: E and D are REPLICATED on every TP rank. Under Megatron TP the residual stream
 and the MLP output are replicated, so every rank computes the same E/D forward on the same data and
 gets the same full gradient in backward (the column-parallel input all-reduce makes the incoming
@@ -25,7 +30,7 @@ import torch.nn.functional as F
 from nanotron import distributed as dist
 from torch import nn
 
-from nanotron_ext.codecs.base import BoundaryCodec, BoundaryDecoder, BoundaryEncoder, register_codec
+from nanotron_ext.codecs.base import BoundaryCodec, BoundaryDecoder, BoundaryEncoder, from_wire, register_codec, to_wire
 from nanotron_ext.config.schema import ConfigError, ModelConfig, ResBMConfig
 from nanotron_ext.models.init import mark_zero_init
 from nanotron_ext.models.layers import RMSNorm
@@ -64,14 +69,14 @@ class TwoLayer(nn.Module):
 
 
 class ResBMEncoder(BoundaryEncoder):
-    def __init__(self, d: int, h: int, m: int, rc: ResBMConfig, eps: float) -> None:
+    def __init__(self, d: int, h: int, m: int, rc: ResBMConfig, eps: float, dtype: torch.dtype) -> None:
         super().__init__()
-        self.h = h
+        self.h, self.dtype = h, dtype
         norm = RMSNorm(d, eps) if rc.norm in ("encoder", "both") else None
         self.net = TwoLayer(d, m, h, rc.nonlinearity, rc.zero_init_encoder, norm)
 
     def forward(self, residual: torch.Tensor, branch: torch.Tensor, input_ids: Optional[torch.Tensor]) -> torch.Tensor:
-        return trunc(residual, self.h) + self.net(branch)
+        return to_wire(trunc(residual, self.h) + self.net(branch), self.dtype)
 
 
 class ResBMDecoder(BoundaryDecoder):
@@ -82,7 +87,8 @@ class ResBMDecoder(BoundaryDecoder):
         self.net = TwoLayer(h, m, d, rc.nonlinearity, rc.zero_init_decoder, norm)
 
     def forward(self, wire: torch.Tensor, input_ids: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
-        return pad(wire, self.d), self.net(wire)
+        b = from_wire(wire)
+        return pad(b, self.d), self.net(b)
 
 
 @register_codec("resbm")
@@ -99,7 +105,8 @@ class ResBMCodec(BoundaryCodec):
                               f"model.boost.tp_strategy={cfg.boost.tp_strategy!r} shards it on d")
 
     def encoder(self, boundary: int) -> BoundaryEncoder:
-        return ResBMEncoder(self.cfg.hidden_size, self.h, self.m, self.cfg.codec.resbm, self.cfg.rms_norm_eps)
+        return ResBMEncoder(self.cfg.hidden_size, self.h, self.m, self.cfg.codec.resbm, self.cfg.rms_norm_eps,
+                            self.wire_dtype)
 
     def decoder(self, boundary: int) -> BoundaryDecoder:
         return ResBMDecoder(self.cfg.hidden_size, self.h, self.m, self.cfg.codec.resbm, self.cfg.rms_norm_eps)

@@ -8,8 +8,9 @@ Paper -> code:
   replica with no DP traffic: outer.SparseLoCoSync.after_backward (does nothing), after_step
 - pseudo-gradient delta = theta_global - theta_local, error feedback e = beta e + delta, e -= transmitted:
   compress.compress_with_feedback_, driven by outer.SparseLoCoOuter.encode
-- chunked top-k (64 x 64 tiles of 2-D tensors, runs of 4096 of 1-D ones, k = 32): compress.chunk_spec,
-  to_chunks / from_chunks, topk_indices
+- chunked top-k (64 x 64 tiles of 2-D tensors, k = 32; other and ragged tensors in equal zero-padded runs
+  of <= 4096, so the density stays near k / 4096; per-tensor density reported, a warning above 2x):
+  compress.chunk_spec, to_chunks / from_chunks, topk_indices, density_warning, outer.SparseLoCoOuter.report_density
 - optional n-bit quantisation (public SparseLoCo code's 2-bit option): compress.quantize / dequantize
 - compact indices (12 bits): compress.pack_bits / unpack_bits, the payload: encode_payload /
   decode_payload, its size in closed form: payload_nbytes
@@ -22,9 +23,12 @@ Paper -> code:
   the others uncompressed): hetero.replica_model_config, registered in REPLICA_CONFIGS and applied by the
   trainer and run_simulated before each replica's model is built
 - sec. 2.4 embedding adaptation (T_S = T U U^T, T_fixed = T - T U U^T; after every sync fold
-  T_S - T_S U U^T into T_fixed): hetero.split_, hetero.adapt_, run by hetero.HeteroHook (an
-  outer.ReplicaHook) in both drivers; Table 4 switches sparseloco.embedding_adaptation / weight_projection /
-  modified_adamw (mapped onto model.subspace); Grassmann (sparseloco.grassmann_every) updates one U shared by all replicas at outer syncs.
+  T_S - T_S U U^T into T_fixed, applied to the global copy of T_S too, only on the rows the outer step
+  changed): hetero.split_, hetero.fold_step, run by hetero.HeteroHook (an outer.ReplicaHook) in both
+  drivers; the fold reaches a compressed pipeline's later stages as the step's nonzero entries
+  (hetero.fold_nbytes). Table 4 switches sparseloco.embedding_adaptation / weight_projection /
+  modified_adamw (mapped onto model.subspace); Grassmann (sparseloco.grassmann_every) updates one U shared by
+  all replicas at outer syncs.
   Tables: reproduce/het_sparseloco/README.md
 """
 from nanotron_ext.sparseloco import hetero, outer  # noqa: F401  (register "sparseloco" and its replica configs)

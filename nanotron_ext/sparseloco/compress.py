@@ -2,11 +2,17 @@
 n-bit value quantisation, and compact index packing ("Heterogeneous Low-Bandwidth Pre-Training of
 LLMs", sec. 2; the chunking and packing follow the public SparseLoCo code).
 
-Chunking. A 2-D tensor is tiled into `a x b` blocks, a 1-D (or >2-D, flattened) tensor into runs of
-`n` elements, where `a`/`b` is the largest divisor of the dimension that is <= sqrt(chunk) (64 for
-chunk 4096) and `n` the largest divisor of the element count <= chunk. Divisors (not padding) keep
-every chunk full, as the public code's "smaller split" does; a dimension with no good divisor gives
-small chunks (then `k` is clamped to the chunk size and the density rises: see `ChunkSpec.k`).
+Chunking. A 2-D tensor whose two dimensions are multiples of sqrt(chunk) (64 for chunk 4096) is tiled
+into 64 x 64 blocks, as in the paper ("a chunk size of 64 x 64"). Every other tensor (1-D, >2-D, or a
+2-D one with a ragged dimension) is flattened row-major and cut into n = ceil(numel / chunk) runs of
+equal length ceil(numel / n) <= chunk, the last one zero-padded (fewer than n padded elements), so
+every chunk keeps k of about `chunk` real elements and the density stays near k / chunk. The public
+SparseLoCo code instead shrinks the tile to the largest divisor of the dimension (no padding): that
+silently raises the density for awkward shapes (a 10007-element tensor gets chunk 1, 100%; (257, 96)
+67%; (1536, 4103) 4.5%), so it is not followed here. A tensor smaller than one chunk is one chunk.
+`ChunkSpec.density` is each tensor's effective density; `density_warning` names the tensors of a run
+whose overall density exceeds twice the configured k / chunk (small tensors, e.g. norm weights, keep
+k of fewer than `chunk` elements).
 
 Error feedback (per chunk): `acc = beta * e + delta`; keep the k entries of `acc` largest in
 magnitude; `transmitted` = those entries after value rounding (bf16) or quantisation; `e_new =
@@ -27,19 +33,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
 VALUE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-
-
-def largest_divisor_at_most(n: int, cap: int) -> int:
-    """The largest divisor of `n` that is <= `cap` (>= 1)."""
-    for d in range(min(n, cap), 0, -1):
-        if n % d == 0:
-            return d
-    return 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,8 +45,12 @@ class ChunkSpec:
     """How one tensor is cut into chunks, and how many entries each chunk keeps."""
 
     shape: Tuple[int, ...]
-    tile: Tuple[int, ...]  # (a, b) for 2-D tiles, (n,) for runs
+    tile: Tuple[int, ...]  # (a, b) for 2-D tiles, (n,) for runs (the last one zero-padded)
     topk: int
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
 
     @property
     def chunk_size(self) -> int:
@@ -56,7 +58,12 @@ class ChunkSpec:
 
     @property
     def n_chunks(self) -> int:
-        return math.prod(self.shape) // self.chunk_size
+        return math.ceil(self.numel / self.chunk_size)
+
+    @property
+    def padding(self) -> int:
+        """Zero elements appended to the last run (0 for tiles)."""
+        return self.n_chunks * self.chunk_size - self.numel
 
     @property
     def k(self) -> int:
@@ -67,31 +74,51 @@ class ChunkSpec:
     def n_kept(self) -> int:
         return self.n_chunks * self.k
 
+    @property
+    def density(self) -> float:
+        """Share of this tensor's elements sent per sync."""
+        return self.n_kept / self.numel
+
 
 def chunk_spec(shape: Sequence[int], chunk: int, topk: int) -> ChunkSpec:
-    """Tiles of at most sqrt(chunk) x sqrt(chunk) for 2-D tensors, runs of at most `chunk` otherwise."""
+    """sqrt(chunk) x sqrt(chunk) tiles when both dimensions of a 2-D tensor are multiples of the side,
+    else equal runs of at most `chunk` elements over the flattened tensor (module docstring)."""
     shape = tuple(int(s) for s in shape)
-    if len(shape) == 2:
-        side = math.isqrt(chunk)
-        tile = (largest_divisor_at_most(shape[0], side), largest_divisor_at_most(shape[1], side))
-        return ChunkSpec(shape, tile, topk)
-    return ChunkSpec(shape, (largest_divisor_at_most(math.prod(shape), chunk),), topk)
+    side = math.isqrt(chunk)
+    if len(shape) == 2 and shape[0] % side == 0 and shape[1] % side == 0:
+        return ChunkSpec(shape, (side, side), topk)
+    numel = math.prod(shape)
+    runs = max(1, math.ceil(numel / chunk))
+    return ChunkSpec(shape, (math.ceil(numel / runs),), topk)
+
+
+def density_warning(names: Sequence[str], specs: Sequence[ChunkSpec], chunk: int, topk: int) -> Optional[str]:
+    """A message when the overall density (kept / elements over all tensors) exceeds 2 x topk / chunk,
+    naming the tensors above it; None otherwise."""
+    configured = topk / chunk
+    overall = sum(s.n_kept for s in specs) / max(1, sum(s.numel for s in specs))
+    if overall <= 2 * configured:
+        return None
+    worst = sorted(((s.density, n, s) for n, s in zip(names, specs) if s.density > 2 * configured), reverse=True)
+    listed = ", ".join(f"{n} {tuple(s.shape)} {d:.2%}" for d, n, s in worst[:8])
+    return (f"sparseloco: overall density {overall:.2%} is above twice the configured {configured:.2%} "
+            f"(sparseloco.topk={topk} of sparseloco.chunk={chunk}): {len(worst)} tensors are denser, e.g. {listed}")
 
 
 def to_chunks(t: torch.Tensor, spec: ChunkSpec) -> torch.Tensor:
-    """[n_chunks, chunk_size] view (2-D: row-major tiles, each tile row-major)."""
+    """[n_chunks, chunk_size] (2-D tiles: row-major tiles, each tile row-major; runs: zero-padded at the end)."""
     if len(spec.tile) == 2:
         (r, c), (a, b) = spec.shape, spec.tile
         return t.reshape(r // a, a, c // b, b).permute(0, 2, 1, 3).reshape(-1, a * b)
-    return t.reshape(-1, spec.tile[0])
+    return torch.nn.functional.pad(t.reshape(-1), (0, spec.padding)).reshape(spec.n_chunks, spec.chunk_size)
 
 
 def from_chunks(chunks: torch.Tensor, spec: ChunkSpec) -> torch.Tensor:
-    """Inverse of `to_chunks`."""
+    """Inverse of `to_chunks` (the padding dropped)."""
     if len(spec.tile) == 2:
         (r, c), (a, b) = spec.shape, spec.tile
         return chunks.reshape(r // a, c // b, a, b).permute(0, 2, 1, 3).reshape(spec.shape)
-    return chunks.reshape(spec.shape)
+    return chunks.reshape(-1)[:spec.numel].reshape(spec.shape)
 
 
 def topk_indices(chunks: torch.Tensor, k: int) -> torch.Tensor:

@@ -13,6 +13,7 @@ Because both decode the same bytes in the same replica order with the same ops, 
 """
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
@@ -23,19 +24,49 @@ from nanotron_ext.config.schema import SparseLoCoConfig
 from nanotron_ext.parallel.data_parallel import DataParallelSync
 from nanotron_ext.registry import DP_SYNCS
 from nanotron_ext.sparseloco.compress import (
-    ChunkSpec, chunk_spec, compress_with_feedback_, decode_payload, encode_payload, from_chunks, payload_nbytes,
+    ChunkSpec,
+    chunk_spec,
+    compress_with_feedback_,
+    decode_payload,
+    density_warning,
+    encode_payload,
+    from_chunks,
+    payload_nbytes,
 )
+
+logger = logging.getLogger(__name__)
 
 
 class SparseLoCoOuter:
     """Outer-loop state shared by all replicas (global weights, momentum) and the outer step's math."""
 
-    def __init__(self, params: Sequence[torch.Tensor], cfg: SparseLoCoConfig) -> None:
+    def __init__(self, params: Sequence[torch.Tensor], cfg: SparseLoCoConfig,
+                 names: Optional[Sequence[str]] = None) -> None:
         self.cfg = cfg
         self.specs: List[ChunkSpec] = [chunk_spec(p.shape, cfg.chunk, cfg.topk) for p in params]
+        self.names = list(names) if names is not None else [f"param{i}" for i in range(len(self.specs))]
         self.global_params = [p.detach().float().clone() for p in params]
         self.momentum = [torch.zeros_like(g) for g in self.global_params] if cfg.outer_momentum else []
         self.syncs = 0
+
+    def densities(self) -> Dict[str, float]:
+        """Effective density (entries sent / elements) of each tensor, by name."""
+        return {n: s.density for n, s in zip(self.names, self.specs)}
+
+    def report_density(self) -> str:
+        """Log each tensor's effective density, warn when the overall one exceeds twice k / chunk, and return
+        a one-line summary (printed by the drivers)."""
+        for n, s in zip(self.names, self.specs):
+            logger.info("sparseloco chunks of %s %s: %d x %s, density %.3f%%", n, s.shape, s.n_chunks, s.tile,
+                        100 * s.density)
+        message = density_warning(self.names, self.specs, self.cfg.chunk, self.cfg.topk)
+        if message:
+            logger.warning(message)
+        kept, numel = sum(s.n_kept for s in self.specs), sum(s.numel for s in self.specs)
+        densest = max(zip(self.names, self.specs), key=lambda ns: ns[1].density)
+        return (f"sparseloco: {len(self.specs)} tensors, {kept:,} of {numel:,} entries per sync ({kept / numel:.2%}; "
+                f"k / chunk = {self.cfg.topk / self.cfg.chunk:.2%}); densest {densest[0]} {densest[1].shape} "
+                f"{densest[1].density:.2%}")
 
     def new_error(self) -> List[torch.Tensor]:
         """A fresh error-feedback buffer for one replica (each replica keeps its own)."""
@@ -88,11 +119,13 @@ class SparseLoCoOuter:
 
 
 ReplicaHook = Callable[[int, Sequence[torch.Tensor], str], None]
-"""Per-replica hook `(replica, params, moment)`, moment in ("before_encode", "after_sync"), called by both
-drivers (SparseLoCoSync.hooks, SimulatedReplicas.hooks) for each replica with that replica's parameters.
+"""Hook `(replica, params, moment)` called by both drivers (SparseLoCoSync.hooks, SimulatedReplicas.hooks):
+"before_encode" and "after_sync" for each replica with that replica's parameters; "after_apply" once per sync
+with the global copies (SparseLoCoOuter.global_params) after the outer step, before any replica takes them
+(replica = -1 in the simulated driver); "global_loaded" with the global copies after a checkpoint replaced them.
 The heterogeneous variant plugs in here (nanotron_ext.sparseloco.hetero.HeteroHook): embedding adaptation
-(after every sync: T_fixed += T_S - T_S U U^T, T_S <- T_S U U^T) runs at "after_sync"; the per-replica
-pipeline codec is chosen when that replica's model is built (hetero.replica_model_config)."""
+projects the global T_S at "after_apply" and folds the residual into each replica's T_fixed at "after_sync";
+the per-replica pipeline codec is chosen when that replica's model is built (hetero.replica_model_config)."""
 
 
 @DP_SYNCS.register("sparseloco")
@@ -111,8 +144,10 @@ class SparseLoCoSync(DataParallelSync):
             from nanotron_ext.sparseloco.hetero import hetero_hook
             self.hooks.append(hetero_hook(cfg, {self.replica: model}, getattr(model, "_pp_pg", None),
                                           syncs=lambda: self.outer.syncs))
-        self.outer = SparseLoCoOuter(self.params, self.scfg)
+        self.outer = SparseLoCoOuter(self.params, self.scfg, self.names)
         self.error = self.outer.new_error()
+        if self.replica == 0:
+            print(self.outer.report_density(), flush=True)
 
     @torch.no_grad()
     def _start_identical(self) -> None:
@@ -141,6 +176,8 @@ class SparseLoCoSync(DataParallelSync):
         gathered = [torch.empty_like(payload) for _ in range(self.dp_pg.size())]
         dist.all_gather(gathered, payload, group=self.dp_pg)
         self.outer.apply(gathered)
+        for hook in self.hooks:
+            hook(self.replica, self.outer.global_params, "after_apply")
         self.outer.load_into(self.params)
         for hook in self.hooks:
             hook(self.replica, self.params, "after_sync")
@@ -152,8 +189,9 @@ class SparseLoCoSync(DataParallelSync):
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         if not state:  # a checkpoint without outer state (e.g. from dp_sync=allreduce): start from the loaded weights
-            self.outer = SparseLoCoOuter(self.params, self.scfg)
+            self.outer = SparseLoCoOuter(self.params, self.scfg, self.names)
             self.error = self.outer.new_error()
+            self._global_loaded()
             return
         missing = set(self.names) - set(state["global"])
         if missing:
@@ -167,3 +205,8 @@ class SparseLoCoSync(DataParallelSync):
                     raise ValueError("sparseloco.outer_momentum > 0 but the checkpoint has no outer momentum")
                 o.momentum[i].copy_(state["momentum"][n])
         o.syncs = int(state["syncs"])
+        self._global_loaded()
+
+    def _global_loaded(self) -> None:
+        for hook in self.hooks:
+            hook(self.replica, self.outer.global_params, "global_loaded")

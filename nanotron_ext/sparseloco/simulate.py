@@ -32,7 +32,9 @@ class SimulatedReplicas:
             for ps in self.params[1:]:
                 for p, p0 in zip(ps, self.params[0]):
                     p.copy_(p0)
-        self.outer = SparseLoCoOuter(self.params[0], cfg)
+        self.names = [n for n, p in models[0].named_parameters() if p.requires_grad]
+        self.outer = SparseLoCoOuter(self.params[0], cfg, self.names)
+        print(self.outer.report_density(), flush=True)
         self.errors = [self.outer.new_error() for _ in models]
         self.sent_bytes: List[int] = []  # per sync: bytes each replica would send (its payload)
         self.hooks: List[ReplicaHook] = []
@@ -50,6 +52,8 @@ class SimulatedReplicas:
             payloads.append(self.outer.encode(ps, e))
         self.sent_bytes.append(payloads[0].numel())
         self.outer.apply(payloads)
+        for hook in self.hooks:
+            hook(-1, self.outer.global_params, "after_apply")
         for r, ps in enumerate(self.params):
             self.outer.load_into(ps)
             for hook in self.hooks:
@@ -98,7 +102,7 @@ def run_simulated(cfg: Config, replicas: int, mode: Literal["sparseloco", "dense
                         p.copy_(p0)
         hook = hetero_hook(cfg, dict(enumerate(models)), syncs=lambda: sim.outer.syncs)
         if sim is not None:
-            sim.outer = SparseLoCoOuter(sim.params[0], cfg.sparseloco)  # global weights after the split
+            sim.outer = SparseLoCoOuter(sim.params[0], cfg.sparseloco, sim.names)  # global weights after the split
             sim.hooks.append(hook)
     losses: List[float] = []
     for step in range(1, cfg.tokens.train_steps + 1):

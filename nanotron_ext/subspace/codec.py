@@ -4,9 +4,11 @@ into the residual stream lies in span(U) (the split embedding's T_S U^T and the 
 projections). Backward, autograd through the two products sends the receiver's gradient G as G U (the
 wire's width) and the sender sees G U U^T (eq. 9-10).
 
-The ids ride in the wire (codecs/base.pack_ids): forward bytes per boundary and micro-batch are
+Z crosses in the run's compute dtype (codecs/base.wire_dtype: bf16 under model.dtype bf16) and the ids ride
+in the wire (codecs/base.pack_ids): forward bytes per boundary and micro-batch are
 mbs * seq * (k * element_size + 4); the gradient of the packed wire has the same width (its id column
-is zero), so backward bytes are the same as forward (measured: tests/test_subspace_parity.py).
+is zero), so backward bytes are the same as forward (measured: tests/test_subspace_parity.py,
+tests/test_codec.py).
 
 Every decoder also records A += G^T G of the gradient it receives (before projection: the full gradient
 of the receiving stage) when Grassmann updates are on; the update uses the last boundary's A
@@ -19,7 +21,7 @@ from typing import Dict, Optional, Tuple
 import torch
 from nanotron import distributed as dist
 
-from nanotron_ext.codecs.base import BoundaryCodec, BoundaryDecoder, BoundaryEncoder, register_codec
+from nanotron_ext.codecs.base import BoundaryCodec, BoundaryDecoder, BoundaryEncoder, from_wire, register_codec, to_wire
 from nanotron_ext.config.schema import ConfigError, ModelConfig
 from nanotron_ext.models.dense import FullTensor, NoDenseEquivalent
 from nanotron_ext.subspace.basis import SubspaceHub, hub_for
@@ -44,13 +46,13 @@ class _ExactBoundary:
 
 
 class SubspaceEncoder(_ExactBoundary, BoundaryEncoder):
-    def __init__(self, hub: SubspaceHub) -> None:
+    def __init__(self, hub: SubspaceHub, dtype: torch.dtype) -> None:
         super().__init__()
-        self.hub = hub
+        self.hub, self.dtype = hub, dtype
 
     def forward(self, residual: torch.Tensor, branch: torch.Tensor, input_ids: Optional[torch.Tensor]) -> torch.Tensor:
         x = residual + branch
-        return (x - self.hub.fixed[input_ids].to(x.dtype)) @ self.hub.basis.to(x.dtype)
+        return to_wire((x - self.hub.fixed[input_ids].to(x.dtype)) @ self.hub.basis.to(x.dtype), self.dtype)
 
 
 class SubspaceDecoder(_ExactBoundary, BoundaryDecoder):
@@ -68,7 +70,8 @@ class SubspaceDecoder(_ExactBoundary, BoundaryDecoder):
         self.grad_gram.add_(g.T @ g)
 
     def forward(self, wire: torch.Tensor, input_ids: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
-        x = wire @ self.hub.basis.to(wire.dtype).T + self.hub.fixed[input_ids].to(wire.dtype)
+        z = from_wire(wire)
+        x = z @ self.hub.basis.T + self.hub.fixed[input_ids]
         if self.grad_gram.numel() and x.requires_grad:
             x.register_hook(self._accumulate)  # the sum of both uses' gradients: G of the residual stream
         return x, x
@@ -87,7 +90,7 @@ class SubspaceCodec(BoundaryCodec):
         self.hub = hub_for(cfg)
 
     def encoder(self, boundary: int) -> BoundaryEncoder:
-        return SubspaceEncoder(self.hub)
+        return SubspaceEncoder(self.hub, self.wire_dtype)
 
     def decoder(self, boundary: int) -> BoundaryDecoder:
         return SubspaceDecoder(self.hub, boundary, accumulate=self.cfg.subspace.grassmann_every > 0)

@@ -72,7 +72,8 @@ def subspace_available() -> bool:
 
 
 def wire_bytes_per_token(design: str, config: str) -> Optional[int]:
-    """Bytes one token sends across one boundary each way (fp32 wire, int32 ids)."""
+    """Bytes one token sends forward across one boundary (fp32 wire, int32 ids); the backward carries the
+    gradient: the same for the unquantised designs, with RVQ the quantised gradient (WireLayout.width)."""
     from nanotron_ext.config.loader import load_config
     from nanotron_ext.mapl.rvq import ResidualQuantizer, WireLayout
 
@@ -85,7 +86,7 @@ def wire_bytes_per_token(design: str, config: str) -> Optional[int]:
     if design.startswith("mapl_vq"):
         g, k = (32, 16) if design == "mapl_vq_2x" else (4, 256)  # the VQ overrides above
         q = ResidualQuantizer(r, g, 2, k, 0.99)
-        return (WireLayout(tokens, r, q, cfg.model.codec.mapl.grad_bits).width + 1) * 4
+        return (WireLayout(tokens, r, q, cfg.model.codec.mapl.grad_bits).forward + 1) * 4
     return None
 
 
