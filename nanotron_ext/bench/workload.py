@@ -1,7 +1,7 @@
 """Workloads: the model/batch options scripts share, configs, built models, memory probes.
 
 Techniques are reached by name only: a row is a config plus `--set` overrides
-(`model.boost.tp_strategy=btp`, `model.codec.kind=...`), built by the core's model builder, which
+(`model.tp_strategy=btp`, `model.codec.kind=...`), built by the core's model builder, which
 looks the names up in the registries (nanotron_ext.registry). Nothing here imports a technique.
 """
 from __future__ import annotations
@@ -79,8 +79,8 @@ def resolve_config(config_file: Optional[str], overrides: Sequence[str]) -> Any:
 
 def available_strategies() -> Tuple[List[str], str]:
     """(registered TP strategy names, why some may be missing or ""): the registry loads every
-    technique declared as an entry point, so this names what `model.boost.tp_strategy` accepts."""
-    from nanotron_ext.models.tp_strategy import TP_STRATEGIES
+    technique declared as an entry point, so this names what `model.tp_strategy` accepts."""
+    from nanotron_ext.registry import TP_STRATEGIES
 
     return TP_STRATEGIES.names(), ""
 

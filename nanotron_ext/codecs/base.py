@@ -30,9 +30,6 @@ from nanotron import distributed as dist
 from torch import nn
 
 from nanotron_ext.config.schema import ModelConfig
-from nanotron_ext.registry import CODECS
-
-register_codec = CODECS.register
 
 
 class BoundaryEncoder(nn.Module):
@@ -67,10 +64,6 @@ class BoundaryCodec:
         """Gradients of this rank's codec modules are complete (called before clipping and the DP sync).
         A codec whose encoder and decoder hold copies of one shared parameter combines their gradients
         here (across the pipeline boundary when the two sides live on different stages)."""
-
-
-def get_codec(cfg: ModelConfig, tp_pg: dist.ProcessGroup) -> BoundaryCodec:
-    return CODECS.get(cfg.codec.kind)(cfg, tp_pg)
 
 
 def _id_slots(dtype: torch.dtype) -> int:

@@ -5,7 +5,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from nanotron_ext.codecs.base import BoundaryCodec, BoundaryDecoder, BoundaryEncoder, register_codec
+from nanotron_ext.codecs.base import BoundaryCodec, BoundaryDecoder, BoundaryEncoder
 
 
 class IdentityEncoder(BoundaryEncoder):
@@ -18,7 +18,6 @@ class IdentityDecoder(BoundaryDecoder):
         return wire, wire
 
 
-@register_codec("identity")
 class IdentityCodec(BoundaryCodec):
     def encoder(self, boundary: int) -> BoundaryEncoder:
         return IdentityEncoder()

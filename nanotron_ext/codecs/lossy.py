@@ -20,7 +20,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from nanotron_ext.codecs.base import BoundaryCodec, BoundaryDecoder, BoundaryEncoder, register_codec
+from nanotron_ext.codecs.base import BoundaryCodec, BoundaryDecoder, BoundaryEncoder
 
 
 class Scheme:
@@ -149,25 +149,21 @@ class LossyCodec(BoundaryCodec):
         return LossyDecoder(self.scheme(), self.cfg.hidden_size)
 
 
-@register_codec("topk")
 class TopKCodec(LossyCodec):
     def scheme(self) -> Scheme:
         return TopK(self.cfg.hidden_size, self.cfg.codec.ratio)
 
 
-@register_codec("int8")
 class Int8Codec(LossyCodec):
     def scheme(self) -> Scheme:
         return Quantise(self.cfg.hidden_size, 8)
 
 
-@register_codec("int4")
 class Int4Codec(LossyCodec):
     def scheme(self) -> Scheme:
         return Quantise(self.cfg.hidden_size, 4)
 
 
-@register_codec("lowrank")
 class LowRankCodec(LossyCodec):
     def scheme(self) -> Scheme:
         return LowRank(self.cfg.hidden_size, self.cfg.codec.ratio)

@@ -15,6 +15,7 @@ import textwrap
 import typing
 from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
+from nanotron_ext.config.compose import composed
 from nanotron_ext.config.loader import (
     add_config_args,
     config_from_args,
@@ -27,7 +28,9 @@ from nanotron_ext.config.schema import Config, ConfigError
 
 
 def _sections(cls: type, path: str = "") -> Iterator[Tuple[str, type]]:
-    """(dotted path, class) of every section below `cls`, each parent before its children."""
+    """(dotted path, class) of every section below `cls` (technique sections included), each parent before
+    its children."""
+    cls = composed(cls)
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
@@ -60,8 +63,8 @@ def render_doc(width: Optional[int] = None) -> str:
         head = f"[{path}]"
         intro = section_doc(cls)
         out += ["", head + (f"  {' '.join(intro.split())}" if intro else "")]
-        hints = typing.get_type_hints(cls)
-        fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+        hints = typing.get_type_hints(composed(cls))
+        fields = {f.name: f for f in dataclasses.fields(composed(cls)) if f.init}
         rows = []
         for name, type_text, doc in describe(cls):
             if dataclasses.is_dataclass(hints[name]):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Iterable, Literal, Sequence, Tuple
 
-from nanotron_ext.config.schema import SparseLoCoConfig
+from nanotron_ext.sparseloco.config import SparseLoCoConfig
 from nanotron_ext.sparseloco.compress import chunk_spec, payload_nbytes
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -116,11 +115,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     cfg = config_from_args(args)
     cfg.parallelism.dp = cfg.parallelism.tp = cfg.parallelism.pp = 1
     cfg.parallelism.layers_per_stage = None
-    os.environ.setdefault("WORLD_SIZE", "1")
     from nanotron_ext.models.build import build_model
-    from nanotron_ext.parallel.context import build_parallel_context
+    from nanotron_ext.parallel.context import standalone_context
 
-    ctx = build_parallel_context(1, 1, 1, backend="gloo")
+    ctx = standalone_context()
     model = build_model(cfg, ctx)
     if args.checkpoint:
         from nanotron_ext.train.checkpoint import load_checkpoint
@@ -137,10 +135,10 @@ def main(argv: Optional[List[str]] = None) -> int:
 
         loader = iter(build_validation_loader(cfg, dp_rank=0, dp_size=1, config_file=args.config_file))
         micro = [next(loader) for _ in range(args.batches)]
-    rows = analyse_model(model, micro, ctx, cfg.model.subspace_k)
+    rows = analyse_model(model, micro, ctx, cfg.model.subspace.width(cfg.model.hidden_size))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "analysis.json").write_text(json.dumps({"k": cfg.model.subspace_k, "rows": rows}, indent=1))
+    (out / "analysis.json").write_text(json.dumps({"k": cfg.model.subspace.width(cfg.model.hidden_size), "rows": rows}, indent=1))
     _plot(rows, out / "analysis.png")
     keys = list(rows[0])
     print(" | ".join(keys))

@@ -195,7 +195,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     rows = compare(result["rows"], args.warmup)
     c = next(iter(cfgs.values()))
     meta = {**result["meta"], "raw": result["rows"], "low_rank_kind": kind, "model_line": (
-        f"d={c.model.hidden_size} d_ff={c.model.ffn_size} layers={c.model.num_layers} r={c.model.rank} "
+        f"d={c.model.hidden_size} d_ff={c.model.ffn_size} layers={c.model.num_layers} r={c.model.low_rank.width(c.model.hidden_size)} "
         f"low-rank={kind}; seq {c.tokens.sequence_length}; {args.iters} fwd+bwd per variant, first {args.warmup} "
         f"dropped; TP rank 0 memory")}
     for s in STRATEGIES:

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, Optional, Sequence
@@ -28,18 +26,6 @@ HERE = Path(__file__).resolve().parent
 PAPER = {"baseline": 1_896_751_104, "128x_muon": 1_960_157_184, "128x_adamw": 1_960_157_184}
 
 
-def _ensure_process_group() -> None:
-    """LlamaForTraining needs (1-rank) process groups even on the meta device."""
-    import torch.distributed as torch_dist
-
-    if torch_dist.is_initialized():
-        return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-
-
 def count_params(cfg: "Config") -> int:
     """Distinct parameters of the whole model (one process, tp = pp = 1), built on the meta device."""
     import dataclasses
@@ -47,11 +33,10 @@ def count_params(cfg: "Config") -> int:
     import torch
 
     from nanotron_ext.models.llama import LlamaForTraining
-    from nanotron_ext.parallel.context import build_parallel_context
+    from nanotron_ext.parallel.context import standalone_context
     from nanotron_ext.parallel.p2p import AccountedP2P
 
-    _ensure_process_group()
-    ctx = build_parallel_context(dp=1, tp=1, pp=1, backend="gloo")
+    ctx = standalone_context()  # LlamaForTraining needs (1-rank) process groups even on the meta device
     model_cfg = cfg.model
     if model_cfg.codec.boundaries == "stages" and cfg.parallelism.pp > 1:  # count the pp-stage placement
         stage_ends = [(i + 1) * model_cfg.num_layers // cfg.parallelism.pp - 1 for i in range(cfg.parallelism.pp - 1)]

@@ -1,0 +1,89 @@
+"""Technique sections composed into the core's config sections.
+
+The core's sections (schema.py, model_schema.py) know the core only. A technique mounts its own
+keyword-only dataclasses under them (nanotron_ext.technique.Technique.sections, e.g. ResBMConfig at
+"model.codec.resbm"), so users keep writing the keys they always wrote. As torchtitan merges a custom
+job config into its JobConfig, `composed(cls)` builds, once per set of registered techniques, a
+dataclass subclass of a core section with one extra field per mounted section; the loader, `--set`,
+`config show` and `config doc` then see technique sections exactly like core ones.
+
+Instantiating a core section (`Config()`, `ModelConfig(hidden_size=64)`) makes its composed subclass
+(`Extensible.__new__`), so code and tests construct configs as plain dataclasses. Importing this module
+or schema.py imports no technique: the registered techniques are read when the first section is built.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar, Dict, Optional, Tuple
+
+from nanotron_ext.registry import TECHNIQUES
+
+_BY_PATH: Dict[str, type] = {}  # core section classes by dotted path (filled at class definition, never after)
+_CACHE: Dict[Tuple[type, int], type] = {}  # (core class, techniques generation) -> composed class
+
+
+class Extensible:
+    """Base of every core config section: declares the section's dotted path (`class ModelConfig(Extensible,
+    path="model")`) so techniques can mount sections under it."""
+
+    _path: ClassVar[str]
+    _core: ClassVar[type]
+
+    def __init_subclass__(cls, path: Optional[str] = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if path is not None:
+            cls._path, cls._core = path, cls
+            _BY_PATH[path] = cls
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        return object.__new__(composed(cls))
+
+    def __reduce__(self) -> Tuple[Any, ...]:
+        # pickle/deepcopy rebuild through the core class (the composed one has no importable name)
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
+        return (_rebuild, (type(self)._core, values))
+
+
+def _rebuild(core: type, values: Dict[str, Any]) -> Any:
+    return core(**values)
+
+
+def core_class(cls: type) -> type:
+    """The core section class behind `cls` (itself when it is not composed)."""
+    return getattr(cls, "_core", cls)
+
+
+def composed(cls: type) -> type:
+    """`cls` with the sections registered techniques mount under it (`cls` itself for a non-core class)."""
+    core = getattr(cls, "_core", None)
+    if core is None:
+        return cls
+    key = (core, TECHNIQUES.generation)
+    if key not in _CACHE:
+        TECHNIQUES.all()  # load the entry points first: that may change the generation
+        key = (core, TECHNIQUES.generation)
+        if key not in _CACHE:
+            _CACHE[key] = _compose(core)
+    return _CACHE[key]
+
+
+def _compose(core: type) -> type:
+    fields = []
+    own = {f.name for f in dataclasses.fields(core)}
+    for technique in TECHNIQUES.all():
+        for path, section in technique.section_items().items():
+            parent, _, name = path.rpartition(".")
+            if parent not in _BY_PATH:
+                raise TypeError(f"technique {technique.name!r} mounts {section.cls.__name__} at {path!r}, but "
+                                f"{parent or '(top level)'!r} is not a core config section; core sections: "
+                                f"{sorted(p for p in _BY_PATH if p)}")
+            if parent != core._path:
+                continue
+            if name in own:
+                raise TypeError(f"technique {technique.name!r} mounts a section at {path!r}, which is already a key")
+            own.add(name)
+            fields.append((name, section.cls, dataclasses.field(default_factory=section.factory())))
+    if not fields:
+        return core
+    return dataclasses.make_dataclass(core.__name__, fields, bases=(core,), kw_only=True,
+                                      namespace={"__module__": core.__module__, "__qualname__": core.__qualname__})
