@@ -33,7 +33,7 @@ def _factorised(cfg: ModelConfig, name: str) -> bool:
 
 
 def reference_param_shapes(cfg: ModelConfig) -> Dict[str, tuple]:
-    d, r = cfg.hidden_size, cfg.rank
+    d, r = cfg.hidden_size, cfg.low_rank.width(cfg.hidden_size)
     shapes = {"token_embedding.pp_block.embedding.weight": (cfg.vocab_size, d)}
     for i in range(cfg.num_layers):
         p = f"decoder.{i}.pp_block"
