@@ -25,12 +25,14 @@ class SparseLoCoTechnique(Technique):
         s, m, p = cfg.sparseloco, cfg.model, cfg.parallelism
         if p.dp_sync != "sparseloco":
             default = SparseLoCoConfig()
-            changed = [f"sparseloco.{f.name}={getattr(s, f.name)!r}" for f in dataclasses.fields(s)
-                       if getattr(s, f.name) != getattr(default, f.name)]
-            require(not changed, changed[0].split("=")[0] if changed else "sparseloco",
-                    f"{', '.join(changed)} set, but parallelism.dp_sync={p.dp_sync!r} ignores the sparseloco section; "
-                    "set parallelism.dp_sync=sparseloco (per-step averaging of mixed replicas runs only in the "
-                    "simulated mode, sparseloco.simulate.run_simulated, mode 'dense'), or remove those keys")
+            changed = [f.name for f in dataclasses.fields(s) if getattr(s, f.name) != getattr(default, f.name)]
+            if changed:
+                others = f" (also set: {', '.join(changed[1:])})" if changed[1:] else ""
+                raise ConfigError(f"sparseloco.{changed[0]}: {getattr(s, changed[0])!r} is set{others}, but "
+                                  f"parallelism.dp_sync={p.dp_sync!r} ignores the sparseloco section; set "
+                                  "parallelism.dp_sync=sparseloco, or drop the section (--set sparseloco=null). "
+                                  "Per-step averaging of mixed replicas runs only in the simulated mode "
+                                  "(sparseloco.simulate.run_simulated, mode 'dense')")
             return
         if not s.compressed_replicas:
             return
