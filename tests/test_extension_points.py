@@ -286,8 +286,8 @@ def test_a_technique_outside_the_repository_plugs_in_through_its_entry_point() -
     accepted; nothing of it is imported beyond its light declaration until a model is built."""
     doc = _config_cli("doc")
     assert doc.returncode == 0, doc.stderr
-    assert "[model.codec.toy]  Options of the toy_trunc codec" in doc.stdout
-    assert "[toy_sync]  Options of the toy_average DP sync" in doc.stdout
+    assert "[model.codec.toy] (technique toy)  Options of the toy_trunc codec" in doc.stdout
+    assert "[toy_sync] (technique toy)  Options of the toy_average DP sync" in doc.stdout
     assert "Optimiser steps between parameter averages over the DP group." in doc.stdout
     show = _config_cli("show", "--set", "model.codec.kind=toy_trunc", "--set", "model.codec.boundaries=every_layer",
                        "--set", "toy_sync.every=3", "--set", "parallelism.dp_sync=toy_average")

@@ -25,6 +25,7 @@ from nanotron_ext.config.loader import (
     section_doc,
 )
 from nanotron_ext.config.schema import Config, ConfigError
+from nanotron_ext.registry import techniques
 
 
 def _sections(cls: type, path: str = "") -> Iterator[Tuple[str, type]]:
@@ -59,8 +60,9 @@ def render_doc(width: Optional[int] = None) -> str:
         "Set keys in the YAML file given by --config-file (one mapping per section), or on the",
         "command line with --set section.key=value (value parsed as YAML, e.g. --set optimizer.lr=3e-4).",
     ]
+    owners = {path: t.name for t in techniques() for path in t.sections}
     for path, cls in _sections(Config):
-        head = f"[{path}]"
+        head = f"[{path}]" + (f" (technique {owners[path]})" if path in owners else "")
         intro = section_doc(cls)
         out += ["", head + (f"  {' '.join(intro.split())}" if intro else "")]
         hints = typing.get_type_hints(composed(cls))
