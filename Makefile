@@ -7,7 +7,7 @@ TORCH_CPU ?= torch==2.13.0
 NPROC ?= 2
 CONFIG ?= examples/config_tiny_llama.yaml
 
-.PHONY: setup train-tiny test test-quick clean-venv
+.PHONY: setup train-tiny lint test test-quick clean-venv
 
 setup: $(VENV)/.installed
 
@@ -23,6 +23,9 @@ $(VENV)/.installed: pyproject.toml patches/series $(wildcard patches/*.patch)
 train-tiny: setup
 	$(BIN)/python -m nanotron_ext.data prepare --config-file $(CONFIG)
 	$(BIN)/torchrun --standalone --nproc_per_node=$(NPROC) -m nanotron_ext.train --config-file $(CONFIG)
+
+lint: setup
+	$(BIN)/ruff check nanotron_ext reproduce benchmarks tests
 
 test: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider
