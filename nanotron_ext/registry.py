@@ -71,8 +71,12 @@ class _Techniques:
         self.generation += 1
 
     def register(self, technique: Technique) -> Technique:
-        """Register a technique in this process (plug-ins installed as packages use entry points instead)."""
+        """Register a technique in this process (plug-ins installed as packages use entry points instead);
+        a technique whose sections cannot mount is refused, and nothing is registered."""
+        from nanotron_ext.config.compose import mounts  # a cycle otherwise: config reads this registry
+
         self._load()
+        mounts(technique)
         self._add(technique, "register_technique")
         return technique
 

@@ -307,3 +307,36 @@ def test_a_technique_outside_the_repository_plugs_in_through_its_entry_point() -
                            cwd=REPO, env=_toy_env(), capture_output=True, text=True, timeout=120)
     assert light.returncode == 0, light.stderr
     assert light.stdout.strip() == "['toy_technique', 'toy_technique.config']"
+
+
+def test_registration_mistakes_fail_naming_the_technique() -> None:
+    """A name two techniques provide, or a section mounted where no core section is, or over a core key."""
+    code = '''
+import dataclasses
+from nanotron_ext.registry import register_technique
+from nanotron_ext.technique import Technique
+from nanotron_ext.config.schema import Config
+
+@dataclasses.dataclass(kw_only=True)
+class S:
+    x: int = 1
+
+def attempt(name, **attrs):
+    t = type("Bad", (Technique,), {"name": name, **attrs})()
+    try:
+        register_technique(t)
+        Config()
+    except (TypeError, ValueError) as e:
+        print(str(e).split(";")[0])
+
+attempt("bad", provides={"model.codec.kind": ["resbm"]})
+attempt("bad2", sections={"nowhere.s": S})
+attempt("bad3", sections={"model.hidden_size": S})
+'''
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "model.codec.kind: ['resbm'] provided by both 'resbm' and 'bad'",
+        "technique 'bad2' mounts S at 'nowhere.s', but 'nowhere' is not a core config section",
+        "technique 'bad3' mounts a section at 'model.hidden_size', which is already a key",
+    ]

@@ -17,6 +17,7 @@ import dataclasses
 from typing import Any, ClassVar, Dict, Optional, Tuple
 
 from nanotron_ext.registry import TECHNIQUES
+from nanotron_ext.technique import Section, Technique
 
 _BY_PATH: Dict[str, type] = {}  # core section classes by dotted path (filled at class definition, never after)
 _CACHE: Dict[Tuple[type, int], type] = {}  # (core class, techniques generation) -> composed class
@@ -67,22 +68,34 @@ def composed(cls: type) -> type:
     return _CACHE[key]
 
 
+def mounts(technique: Technique) -> Dict[str, Tuple[str, Section]]:
+    """{path: (parent path, section)} of `technique`'s sections, checked: each parent is a core section and
+    no section lands on a core key."""
+    import nanotron_ext.config.schema  # noqa: F401  (a cycle otherwise: the schema's classes fill _BY_PATH)
+
+    out = {}
+    for path, section in technique.section_items().items():
+        parent, _, name = path.rpartition(".")
+        if parent not in _BY_PATH:
+            raise TypeError(f"technique {technique.name!r} mounts {section.cls.__name__} at {path!r}, but "
+                            f"{parent or '(top level)'!r} is not a core config section; core sections: "
+                            f"{sorted(p for p in _BY_PATH if p)}")
+        if name in {f.name for f in dataclasses.fields(_BY_PATH[parent])}:
+            raise TypeError(f"technique {technique.name!r} mounts a section at {path!r}, which is already a key")
+        out[path] = (parent, section)
+    return out
+
+
 def _compose(core: type) -> type:
-    fields = []
-    own = {f.name for f in dataclasses.fields(core)}
+    fields, seen = [], {}
     for technique in TECHNIQUES.all():
-        for path, section in technique.section_items().items():
-            parent, _, name = path.rpartition(".")
-            if parent not in _BY_PATH:
-                raise TypeError(f"technique {technique.name!r} mounts {section.cls.__name__} at {path!r}, but "
-                                f"{parent or '(top level)'!r} is not a core config section; core sections: "
-                                f"{sorted(p for p in _BY_PATH if p)}")
+        for path, (parent, section) in mounts(technique).items():
             if parent != core._path:
                 continue
-            if name in own:
-                raise TypeError(f"technique {technique.name!r} mounts a section at {path!r}, which is already a key")
-            own.add(name)
-            fields.append((name, section.cls, dataclasses.field(default_factory=section.factory())))
+            if path in seen:
+                raise TypeError(f"{path!r} is mounted by both {seen[path]!r} and {technique.name!r}")
+            seen[path] = technique.name
+            fields.append((path.rpartition(".")[2], section.cls, dataclasses.field(default_factory=section.factory())))
     if not fields:
         return core
     return dataclasses.make_dataclass(core.__name__, fields, bases=(core,), kw_only=True,
