@@ -12,10 +12,8 @@ from nanotron_ext.config.checks import require, require_finite, require_register
 from nanotron_ext.config.compose import Extensible
 from nanotron_ext.registry import CODECS, EMBEDDINGS, OUTPUT_CONSTRAINTS, TP_STRATEGIES, techniques
 
-# model keys a technique may fill when the user leaves them unset (Technique.resolve_model), and the core's
-# default otherwise
-CORE_DEFAULTS = {"tp_strategy": "megatron", "embedding.kind": "standard", "output_constraint.kind": "none"}
-# the lossy baselines that pack codes into 32-bit slots: codes per slot
+# codes per 32-bit slot of the packing lossy baselines (codecs/lossy.py: 32 // bits; checked here at load,
+# without importing the codec)
 _PACKED_CODECS = {"int8": 4, "int4": 8}
 
 
@@ -134,9 +132,6 @@ def resolve_unset(model: ModelConfig) -> None:
     embedding and output constraint); the core's defaults fill the rest. Idempotent."""
     for technique in techniques():
         technique.resolve_model(model)
-    if model.tp_strategy is None:
-        model.tp_strategy = CORE_DEFAULTS["tp_strategy"]
-    if model.embedding.kind is None:
-        model.embedding.kind = CORE_DEFAULTS["embedding.kind"]
-    if model.output_constraint.kind is None:
-        model.output_constraint.kind = CORE_DEFAULTS["output_constraint.kind"]
+    model.tp_strategy = model.tp_strategy or "megatron"
+    model.embedding.kind = model.embedding.kind or "standard"
+    model.output_constraint.kind = model.output_constraint.kind or "none"
