@@ -69,7 +69,7 @@ def reference_loss(cfg: ModelConfig, params: Dict[str, torch.Tensor], input_ids:
         p = f"decoder.{i}.pp_block"
         z: Dict[str, torch.Tensor] = {}  # this block's latents D x, for LaX
 
-        def lin(sub: str, name: str, inp: torch.Tensor) -> torch.Tensor:
+        def lin(sub: str, name: str, inp: torch.Tensor, p: str = p, z: Dict[str, torch.Tensor] = z) -> torch.Tensor:
             key = f"{p}.{sub}.{name}_proj"
             if not _factorised(cfg, name):
                 return inp @ params[f"{key}.weight"].T

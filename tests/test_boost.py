@@ -71,9 +71,9 @@ def _parity(ctx, kind: str, strategy: str, boost: dict, model: dict, n_micro: in
     import nanotron.distributed as dist
 
     from nanotron_ext.models.build import build_model
-    from tests.helpers.compare import worst_grad_error
     from nanotron_ext.parallel.comm import get_ledger
     from nanotron_ext.train.pipeline_step import forward_backward, make_engine
+    from tests.helpers.compare import worst_grad_error
     from tests.reference_lowrank import reference_loss, reference_params
 
     tp, pp = ctx.tp_pg.size(), ctx.pp_pg.size()
@@ -528,8 +528,8 @@ def test_low_rank_factor_init_matches_full_rank_scale() -> None:
 
 def test_lax_chain_needs_both_ends_factorised() -> None:
     from nanotron_ext.boost.config import LowRankConfig
-    from nanotron_ext.config.schema import ModelConfig
     from nanotron_ext.boost.lowrank import lax_previous, linear_specs
+    from nanotron_ext.config.schema import ModelConfig
 
     full = ModelConfig(**MODEL, low_rank=LowRankConfig(kind="lax"))
     assert lax_previous(linear_specs(full), "lax") == {"o": "v", "gate": "o", "up": "o", "down": "up"}

@@ -93,8 +93,8 @@ def test_linear_params_equal_the_papers_dp_volume(path: Path) -> None:
 
     m = load_config(path).model
     counts = param_counts.analytic_params(m)
-    l, d, f, r = m.num_layers, m.hidden_size, m.ffn_size, m.low_rank.width(m.hidden_size)
-    paper = l * (4 * d * d + 3 * d * f) if m.low_rank.kind == "none" else l * (11 * d * r + 3 * f * r)
+    n, d, f, r = m.num_layers, m.hidden_size, m.ffn_size, m.low_rank.width(m.hidden_size)
+    paper = n * (4 * d * d + 3 * d * f) if m.low_rank.kind == "none" else n * (11 * d * r + 3 * f * r)
     assert counts["attention"] + counts["mlp"] == paper
 
 

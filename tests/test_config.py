@@ -27,9 +27,8 @@ from nanotron_ext.config import (
     load_config,
     save_config,
 )
-from nanotron_ext.config.__main__ import _sections
+from nanotron_ext.config.__main__ import _sections, render_doc
 from nanotron_ext.config.__main__ import main as config_cli
-from nanotron_ext.config.__main__ import render_doc
 
 REPO = Path(__file__).resolve().parents[1]
 

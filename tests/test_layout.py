@@ -12,9 +12,10 @@
 from __future__ import annotations
 
 import ast
-import tomllib
 from pathlib import Path
 from typing import Dict, List, Set, Tuple
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "nanotron_ext"

@@ -201,8 +201,8 @@ def _grassmann_worker(parameterisation: str) -> dict:
     from nanotron_ext.models.build import build_model
     from nanotron_ext.optim.build import build_optimizer
     from nanotron_ext.parallel.context import build_parallel_context
-    from nanotron_ext.subspace.pieces import hub_of
     from nanotron_ext.subspace.grassmann import grassmann_objective
+    from nanotron_ext.subspace.pieces import hub_of
     from nanotron_ext.train.pipeline_step import forward_backward, make_engine
     from tests.helpers.compare import worst_grad_error
     from tests.subspace_reference import subspace_reference

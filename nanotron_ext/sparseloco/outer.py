@@ -22,7 +22,13 @@ from torch import nn
 
 from nanotron_ext.parallel.data_parallel import DataParallelSync
 from nanotron_ext.sparseloco.compress import (
-    ChunkSpec, chunk_spec, compress_with_feedback_, decode_payload, encode_payload, from_chunks, payload_nbytes,
+    ChunkSpec,
+    chunk_spec,
+    compress_with_feedback_,
+    decode_payload,
+    encode_payload,
+    from_chunks,
+    payload_nbytes,
 )
 from nanotron_ext.sparseloco.config import SparseLoCoConfig
 from nanotron_ext.sparseloco.hetero import hetero_hook

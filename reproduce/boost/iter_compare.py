@@ -311,7 +311,7 @@ def measure_interleaved(cfgs: Sequence[Any], ctx: Any, iters: int, warmup: int) 
     for _ in range(iters):
         for i, (t, b) in enumerate(zip(trainees, batches)):
             bw.reset_peak(ctx.device)
-            timings[i].extend(bt.timed(lambda: bw.train_iteration(t, ctx, b), ctx.device, 1, ledger=get_ledger()))
+            timings[i].extend(bt.timed(lambda t=t, b=b: bw.train_iteration(t, ctx, b), ctx.device, 1, ledger=get_ledger()))
             if cuda:
                 peaks[i] = max(peaks[i], bw.peak_memory())
     rows = []

@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from nanotron_ext.fileio import write_text_atomic  # noqa: E402
+
 BASE = ["parallelism.dp=1", "parallelism.pp=2", "model.tie_embeddings=false", "tokens.sequence_length=128",
         "tokens.micro_batch_size=8", "tokens.batch_accumulation_per_replica=2", "tokens.val_check_interval=50",
         "tokens.val_steps=8", "checkpoints.interval=0", "checkpoints.resume=overwrite", "logging.progress_bar=false",
