@@ -67,8 +67,17 @@ class ModelPieces:
         return self._by_technique[technique.name]
 
     def get(self, technique: str) -> Optional[Pieces]:
-        """This model's Pieces object of `technique`, if the model uses one of its pieces."""
-        return self._by_technique.get(technique)
+        """This model's Pieces object of `technique` when the model's config names one of its pieces (created
+        here if no piece was built on this rank: e.g. a later pipeline stage of a model whose only Subspace
+        piece, the embedding, lives on the first); None when the model does not use the technique."""
+        if technique not in self._by_technique:
+            chosen = ((TP_STRATEGIES, self.cfg.tp_strategy), (CODECS, self.cfg.codec.kind),
+                      (EMBEDDINGS, self.cfg.embedding.kind), (OUTPUT_CONSTRAINTS, self.cfg.output_constraint.kind))
+            named = next(((point, name) for point, name in chosen if point.owner(name).name == technique), None)
+            if named is None:
+                return None
+            self.owner(*named)
+        return self._by_technique[technique]
 
     def tp_strategy(self) -> TPStrategy:
         name = self.cfg.tp_strategy

@@ -48,7 +48,8 @@ class SubspacePieces(Pieces):
 
 
 def hub_of(model: nn.Module) -> SubspaceHub:
-    """The hub of a model built with a Subspace piece (LlamaForTraining.techniques)."""
+    """The hub of a model whose config names a Subspace piece (LlamaForTraining.techniques), on every rank
+    of it (a stage that builds no Subspace piece still shares U and T_fixed, e.g. for Grassmann updates)."""
     pieces = model.techniques.get("subspace")
     if pieces is None:
         raise ValueError("this model has no Subspace piece (model.codec/embedding/output_constraint.kind)")
