@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from nanotron_ext.bench.report import run_meta, write_rows
+from nanotron_ext.config.loader import load_config, save_config
 
 # torchrun arguments that mean "the user set up the rendezvous": then we do not add --standalone
 _RDZV_FLAGS = ("--standalone", "--nnodes", "--rdzv", "--master", "--node", "--node_rank", "--node-rank")
@@ -138,8 +139,6 @@ def early_phase(args: argparse.Namespace, worker: Callable[[argparse.Namespace],
 def run_job(script: str | Path, named_cfgs: Mapping[str, Any], worker_args: Sequence[str],
             torchrun_args: Sequence[str], log_dir: Optional[str], timeout_s: float, verbose: bool) -> Dict[str, Any]:
     """Save each config, run ONE torchrun job of `script --worker` over all of them, return its JSON."""
-    from nanotron_ext.config.loader import save_config
-
     work = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix=f"{Path(script).stem}_"))
     work.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -177,6 +176,7 @@ def adapt_layout(cfg: Any, world_size: int) -> None:
 def init_distributed(cfg: Any) -> Any:
     """nanotron's ParallelContext for this config (tp adapted to the world size by `adapt_layout`), through
     the one public path, nanotron_ext.parallel.context.context_for."""
+    # torch on the worker side only: orchestrators run without it
     from nanotron_ext.parallel.context import context_for
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -186,8 +186,6 @@ def init_distributed(cfg: Any) -> Any:
 
 def worker_configs(args: argparse.Namespace) -> Tuple[List[str], List[Any], Any]:
     """(names, configs, ParallelContext) on a worker; every config shares the first one's layout."""
-    from nanotron_ext.config.loader import load_config
-
     cfgs = [load_config(p) for p in args.configs]
     ctx = init_distributed(cfgs[0])
     for cfg in cfgs:
@@ -197,6 +195,7 @@ def worker_configs(args: argparse.Namespace) -> Tuple[List[str], List[Any], Any]
 
 def is_main() -> bool:
     """Global rank 0 (or no process group)."""
+    # torch on the worker side only: orchestrators run without it
     import torch.distributed as td
 
     return not td.is_initialized() or td.get_rank() == 0
@@ -204,6 +203,7 @@ def is_main() -> bool:
 
 def gather_to_main(value: Any) -> List[Any]:
     """All ranks' picklable `value`s on every rank (only small result dicts go through this)."""
+    # torch on the worker side only: orchestrators run without it
     import torch.distributed as td
 
     if not td.is_initialized() or td.get_world_size() == 1:
@@ -221,6 +221,7 @@ def write_worker_result(path: Optional[str], payload: Dict[str, Any]) -> None:
 
 def worker_meta(ctx: Any) -> Dict[str, Any]:
     """run_meta plus the parallel layout, device, torch version and threads of this job."""
+    # torch on the worker side only: orchestrators run without it
     import torch
 
     return run_meta({

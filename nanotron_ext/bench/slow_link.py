@@ -34,6 +34,8 @@ import time
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
+import yaml
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -135,8 +137,6 @@ def run_one(args: argparse.Namespace, name: str, overrides: List[str], mbps: flo
 
 
 def _resolved(run_dir: Path) -> dict:
-    import yaml
-
     return yaml.safe_load((run_dir / "config.yaml").read_text())
 
 
@@ -154,6 +154,7 @@ def format_rows(rows: Sequence[dict]) -> str:
 
 
 def plot(rows: Sequence[dict], path: Path, title: str) -> None:
+    # matplotlib only when plotting (seconds to import)
     import matplotlib
 
     matplotlib.use("Agg")

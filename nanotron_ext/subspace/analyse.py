@@ -20,6 +20,8 @@ from typing import Dict, List, Optional
 
 import torch
 
+from nanotron_ext.config.loader import add_config_args, config_from_args
+
 
 def stable_rank(m: torch.Tensor) -> float:
     """||M||_F^2 / ||M||_2^2 (between 1 and rank(M))."""
@@ -42,6 +44,7 @@ def best_basis(x: torch.Tensor, k: int) -> torch.Tensor:
 
 def analyse_model(model: torch.nn.Module, micro: List[Dict[str, torch.Tensor]], ctx, k: int) -> List[Dict[str, object]]:
     """One row per decoder layer (single-process model)."""
+    # nanotron only to build a model: the functions above run without it
     from nanotron_ext.train.pipeline_step import forward_backward, make_engine
 
     hub = None
@@ -80,6 +83,7 @@ def analyse_model(model: torch.nn.Module, micro: List[Dict[str, torch.Tensor]], 
 
 
 def _plot(rows: List[Dict[str, object]], path: Path) -> None:
+    # matplotlib only when plotting (seconds to import)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -102,8 +106,6 @@ def _plot(rows: List[Dict[str, object]], path: Path) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from nanotron_ext.config.loader import add_config_args, config_from_args
-
     parser = argparse.ArgumentParser(prog="python -m nanotron_ext.subspace.analyse", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_args(parser)
@@ -115,12 +117,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     cfg = config_from_args(args)
     cfg.parallelism.dp = cfg.parallelism.tp = cfg.parallelism.pp = 1
     cfg.parallelism.layers_per_stage = None
+    # nanotron only to build a model: the functions above run without it
     from nanotron_ext.models.build import build_model
     from nanotron_ext.parallel.context import standalone_context
 
     ctx = standalone_context()
     model = build_model(cfg, ctx)
     if args.checkpoint:
+        # nanotron only to build a model: the functions above run without it
         from nanotron_ext.train.checkpoint import load_checkpoint
 
         load_checkpoint(args.checkpoint, ctx, model=model)
@@ -131,6 +135,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         micro = [{"input_ids": rows[i * t.micro_batch_size:(i + 1) * t.micro_batch_size, :-1],
                   "label_ids": rows[i * t.micro_batch_size:(i + 1) * t.micro_batch_size, 1:]} for i in range(args.batches)]
     else:
+        # datatrove / tokenizers only when preparing or reading data (seconds to import)
         from nanotron_ext.data.loader import build_validation_loader
 
         loader = iter(build_validation_loader(cfg, dp_rank=0, dp_size=1, config_file=args.config_file))
