@@ -46,7 +46,21 @@ class Extensible:
 
 
 def _rebuild(core: type, values: Dict[str, Any]) -> Any:
-    return core(**values)
+    """A copy holds the values as they are: no validation again (a derived config, e.g. a heterogeneous
+    replica's, need not pass the rules of a user's YAML); sections this process does not know are refused."""
+    cls = composed(core)
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise TypeError(f"{core.__name__} has no keys {unknown} here (a technique registered where it was built is not)")
+    obj = object.__new__(cls)
+    for f in dataclasses.fields(cls):
+        if f.name in values:
+            value = values[f.name]
+        else:  # a technique registered here but not where the config was built: its defaults
+            value = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        object.__setattr__(obj, f.name, value)
+    return obj
 
 
 def core_class(cls: type) -> type:
