@@ -83,6 +83,10 @@ def test_replica_model_config_per_replica_codec_and_switches() -> None:
     sub = c0.model.subspace
     assert (sub.parameterisation, sub.reproject, sub.modified_adamw) == ("projection", True, True)
     assert c0.model is not c1.model and cfg.model.codec.kind == "identity"  # the run's config is untouched
+    import copy
+    import pickle
+
+    assert copy.deepcopy(c0) == c0 and pickle.loads(pickle.dumps(c0)) == c0  # a derived config copies as it is
     plain = load_config(TINY, ["parallelism.dp=2", "parallelism.dp_sync=sparseloco"])
     assert replica_config(plain, 1) is plain  # no compressed replicas: plain SparseLoCo
     defaults = replica_config(load_config(TINY, ["parallelism.dp=2", "parallelism.dp_sync=sparseloco",
