@@ -70,8 +70,9 @@ class Technique:
     provides: ClassVar[Mapping[str, Sequence[str]]] = {}
     """Names this technique provides, by extension-point key (nanotron_ext.registry), e.g.
     {"model.codec.kind": ["resbm"]}. Checked at config load without importing `pieces`."""
-    pieces: ClassVar[str] = ""
-    """"module:Class" of this technique's `Pieces` subclass, imported when a model is built."""
+    pieces: ClassVar[Union[str, type]] = ""
+    """"module:Class" of this technique's `Pieces` subclass, imported when a model is built (or the class itself,
+    for a technique registered in-process with nanotron_ext.registry.register_technique)."""
 
     def section_items(self) -> Dict[str, Section]:
         return {path: s if isinstance(s, Section) else Section(s) for path, s in self.sections.items()}
@@ -79,7 +80,7 @@ class Technique:
     def pieces_class(self) -> type:
         if not self.pieces:
             raise TypeError(f"technique {self.name!r} provides {dict(self.provides)} but names no Pieces class")
-        return load_object(self.pieces)
+        return self.pieces if isinstance(self.pieces, type) else load_object(self.pieces)
 
     def resolve_model(self, model: "ModelConfig") -> None:
         """Fill model keys the user left unset (None) with what this technique brings, and map deprecated
