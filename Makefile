@@ -11,7 +11,7 @@ EXTRAS ?=
 comma := ,
 STAMP := $(VENV)/.installed$(if $(EXTRAS),-$(subst $(comma),-,$(EXTRAS)))
 
-.PHONY: setup train-tiny test test-quick clean-venv gpu-wheels gpu-check
+.PHONY: setup train-tiny lint test test-quick clean-venv gpu-wheels gpu-check
 
 setup: $(STAMP)
 
@@ -27,6 +27,9 @@ $(STAMP): pyproject.toml patches/series $(wildcard patches/*.patch)
 train-tiny: setup
 	$(BIN)/python -m nanotron_ext.data prepare --config-file $(CONFIG)
 	$(BIN)/torchrun --standalone --nproc_per_node=$(NPROC) -m nanotron_ext.train --config-file $(CONFIG)
+
+lint: setup
+	$(BIN)/ruff check nanotron_ext reproduce benchmarks tests
 
 test: setup
 	$(BIN)/python -m pytest -q -p no:cacheprovider

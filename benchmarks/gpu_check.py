@@ -111,7 +111,7 @@ def technique_items() -> List[Dict[str, Any]]:
     for kind in ("svd", "cola", "lax"):
         for strategy in ("vanilla", "btp"):
             items.append({"name": f"boost_{kind}_{strategy}",
-                          "overrides": [f"model.low_rank.kind={kind}", f"model.boost.tp_strategy={strategy}"]})
+                          "overrides": [f"model.low_rank.kind={kind}", f"model.tp_strategy={strategy}"]})
     for name in ("resbm", "subspace", "mapl", "mapl_rvq", "topk", "int8", "int4", "lowrank"):
         items.append({"name": name, "overrides": CODECS[name] + [EVERY_LAYER]})
     items.insert(items.index(next(i for i in items if i["name"] == "subspace")) + 1,

@@ -1,99 +1,129 @@
-"""Named extension points that technique packages plug into.
+"""The registered techniques and the extension points they plug into.
 
-The core builds a model, an optimiser and a training loop from registries keyed by config values
-(`model.boost.tp_strategy`, `model.codec.kind`, ...). A technique package (nanotron_ext.boost,
-nanotron_ext.resbm, ...) registers its entries when it is imported; the core never imports it.
-Instead, the first lookup of a name that is not registered yet imports every module declared
-under the `nanotron_ext.techniques` entry-point group (pyproject.toml), the standard Python
-plug-in mechanism, so a third-party package can add a codec or a strategy the same way.
+Every technique package declares one `Technique` object (nanotron_ext.technique) under the
+`nanotron_ext.techniques` entry-point group (pyproject.toml), the standard Python plug-in mechanism, so
+a third-party package plugs in the same way. The core never imports a technique: `techniques()` loads
+the declared objects on first use. Those imports are light (config dataclasses and names, no torch): a
+name is checked at config load against what techniques *declare*; the implementation is imported when a
+model is built (`ExtensionPoint.owner(name).pieces_class()`).
+
+An extension point is a config key whose value names an implementation, e.g. `model.codec.kind`. The
+core's own entries are declared by `CORE` (built by nanotron_ext.models.pieces.CorePieces).
 """
 from __future__ import annotations
 
 import importlib.metadata
-from typing import Callable, Dict, Generic, List, TypeVar
+from typing import Dict, List, Optional
 
-T = TypeVar("T")
+from nanotron_ext.technique import Technique
 
 ENTRY_POINT_GROUP = "nanotron_ext.techniques"
-# Core modules that register the default entries (megatron, identity, standard, none, allreduce).
-CORE_MODULES = (
-    "nanotron_ext.models.tp_strategy",
-    "nanotron_ext.codecs",
-    "nanotron_ext.models.llama",
-    "nanotron_ext.models.constraints",
-    "nanotron_ext.parallel.data_parallel",
-)
-_loaded = False
 
 
-def load_techniques() -> None:
-    """Import the core's registering modules and every technique package declared in the entry-point
-    group (once per process)."""
-    global _loaded
-    if _loaded:
-        return
-    _loaded = True
-    for name in CORE_MODULES:
-        importlib.import_module(name)
-    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        ep.load()
+class CoreTechnique(Technique):
+    """The core's defaults, declared like a technique so every name reaches its builder the same way."""
+
+    name = "core"
+    provides = {
+        "model.tp_strategy": ["megatron"],
+        "model.codec.kind": ["identity", "topk", "int8", "int4", "lowrank"],
+        "model.embedding.kind": ["standard"],
+        "model.output_constraint.kind": ["none"],
+        "parallelism.dp_sync": ["allreduce"],
+    }
+    pieces = "nanotron_ext.models.pieces:CorePieces"
 
 
-class Registry(Generic[T]):
-    """Name -> entry, for one extension point; `config_key` names the YAML key that selects it."""
+CORE = CoreTechnique()
+
+
+class _Techniques:
+    """name -> Technique, filled from the entry points on first use. `generation` changes whenever the
+    set changes (the config composition caches on it)."""
+
+    def __init__(self) -> None:
+        self._by_name: Dict[str, Technique] = {}
+        self._loaded = False
+        self.generation = 0
+
+    def _load(self) -> None:
+        if self._loaded:
+            return
+        self._loaded = True
+        self._add(CORE, "nanotron_ext.registry")
+        for ep in sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+            obj = ep.load()
+            if not isinstance(obj, Technique):
+                raise TypeError(f"entry point {ep.name} = {ep.value} ({ENTRY_POINT_GROUP}) is a {type(obj).__name__}, "
+                                "not a nanotron_ext.technique.Technique instance")
+            self._add(obj, ep.value)
+
+    def _add(self, technique: Technique, where: str) -> None:
+        old = self._by_name.get(technique.name)
+        if old is not None and type(old) is not type(technique):
+            raise ValueError(f"technique {technique.name!r} is registered twice ({type(old).__qualname__}, {where})")
+        for key, names in technique.provides.items():
+            for other in self._by_name.values():
+                clash = set(names) & set(other.provides.get(key, ())) if other.name != technique.name else set()
+                if clash:
+                    raise ValueError(f"{key}: {sorted(clash)} provided by both {other.name!r} and {technique.name!r}")
+        self._by_name[technique.name] = technique
+        self.generation += 1
+
+    def register(self, technique: Technique) -> Technique:
+        """Register a technique in this process (plug-ins installed as packages use entry points instead);
+        a technique whose sections cannot mount is refused, and nothing is registered."""
+        from nanotron_ext.config.compose import mounts  # a cycle otherwise: config reads this registry
+
+        self._load()
+        mounts(technique)
+        self._add(technique, "register_technique")
+        return technique
+
+    def all(self) -> List[Technique]:
+        self._load()
+        return list(self._by_name.values())
+
+    def get(self, name: str) -> Optional[Technique]:
+        self._load()
+        return self._by_name.get(name)
+
+
+TECHNIQUES = _Techniques()
+techniques = TECHNIQUES.all
+register_technique = TECHNIQUES.register
+
+
+class ExtensionPoint:
+    """A config key whose value names a piece some technique provides."""
 
     def __init__(self, config_key: str) -> None:
         self.config_key = config_key
-        self._entries: Dict[str, T] = {}
-
-    def register(self, name: str) -> Callable[[T], T]:
-        def deco(entry: T) -> T:
-            old = self._entries.get(name)
-            if old is not None and _qualname(old) != _qualname(entry):  # re-running one definition is fine
-                raise ValueError(f"{self.config_key}: {name!r} is registered twice ({_qualname(old)}, {_qualname(entry)})")
-            self._entries[name] = entry
-            return entry
-
-        return deco
-
-    def get(self, name: str) -> T:
-        if name not in self._entries:
-            load_techniques()
-        if name not in self._entries:
-            raise ValueError(f"{self.config_key}={name!r} is not available; registered: {self.names()}")
-        return self._entries[name]
 
     def names(self) -> List[str]:
-        load_techniques()
-        return sorted(self._entries)
+        return sorted({n for t in techniques() for n in t.provides.get(self.config_key, ())})
+
+    def owner(self, name: str) -> Technique:
+        """The technique that provides `name`; ValueError naming the key and the choices when none does."""
+        for t in techniques():
+            if name in t.provides.get(self.config_key, ()):
+                return t
+        raise ValueError(f"{self.config_key}={name!r} is not available; registered: {self.names()}")
 
     def __contains__(self, name: str) -> bool:
-        return name in self._entries
+        return name in self.names()
 
 
-def _qualname(entry: object) -> str:
-    return f"{getattr(entry, '__module__', '')}.{getattr(entry, '__qualname__', repr(entry))}"
-
-
-# The extension points, one per config key. Each entry's contract is documented where the core
-# calls it; the toy plug-ins in tests/test_extension_points.py show the smallest valid entry.
-TP_STRATEGIES: Registry = Registry("model.boost.tp_strategy")
-"""name -> TPStrategy subclass (nanotron_ext.models.tp_strategy): the tensor-parallel layout."""
-CODECS: Registry = Registry("model.codec.kind")
-"""name -> BoundaryCodec subclass (nanotron_ext.codecs.base): what crosses a codec boundary."""
-EMBEDDINGS: Registry = Registry("model.embedding.kind")
-"""name -> builder(cfg: ModelConfig, strategy: TPStrategy) -> nn.Module mapping input_ids [b, s] to the
-residual stream's first hidden state (nanotron_ext.models.llama.TokenEmbedding calls it)."""
-OUTPUT_CONSTRAINTS: Registry = Registry("model.output_constraint.kind")
-"""name -> OutputConstraint subclass (nanotron_ext.models.constraints): per-layer constraints on the
-attention output and MLP down projections, applied at build time and after every optimiser step."""
-OPTIMIZER_GROUPS: Registry = Registry("optimizer group tag")
-"""tag -> factory(params, cfg: OptimizerConfig) -> torch.optim.Optimizer for parameters a technique
-tagged with nanotron_ext.optim.param_groups.tag_parameter (e.g. Stiefel projections, constrained rows)."""
-DP_SYNCS: Registry = Registry("parallelism.dp_sync")
-"""name -> DataParallelSync subclass (nanotron_ext.parallel.data_parallel): how replicas agree, per
-step (gradient all-reduce) or in an outer loop (SparseLoCo)."""
-REPLICA_CONFIGS: Registry = Registry("parallelism.dp_sync")
-"""dp_sync name -> fn(cfg: Config, replica: int) -> Config: the config DP replica `replica` builds its model
-and its DP sync from (e.g. heterogeneous SparseLoCo: some replicas compress their pipeline, others do
-not). A DP sync without an entry gives every replica the run's config (nanotron_ext.models.build.replica_config)."""
+# The extension points. Each piece's contract is the matching method of nanotron_ext.technique.Pieces.
+TP_STRATEGIES = ExtensionPoint("model.tp_strategy")
+"""TP layouts (Pieces.tp_strategy): megatron; BOOST's vanilla and btp."""
+CODECS = ExtensionPoint("model.codec.kind")
+"""What crosses a codec boundary (Pieces.codec)."""
+EMBEDDINGS = ExtensionPoint("model.embedding.kind")
+"""Token embeddings (Pieces.embedding)."""
+OUTPUT_CONSTRAINTS = ExtensionPoint("model.output_constraint.kind")
+"""Per-layer constraints on the output projections (Pieces.output_constraint)."""
+OPTIMIZER_GROUPS = ExtensionPoint("optimizer group")
+"""Optimisers for parameters a technique tagged (nanotron_ext.optim.param_groups.tag_parameter; Pieces.optimizer)."""
+DP_SYNCS = ExtensionPoint("parallelism.dp_sync")
+"""How DP replicas agree (Pieces.dp_sync); its owner's Technique.replica_config gives each replica's config."""

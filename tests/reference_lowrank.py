@@ -33,7 +33,7 @@ def _factorised(cfg: ModelConfig, name: str) -> bool:
 
 
 def reference_param_shapes(cfg: ModelConfig) -> Dict[str, tuple]:
-    d, r = cfg.hidden_size, cfg.rank
+    d, r = cfg.hidden_size, cfg.low_rank.width(cfg.hidden_size)
     shapes = {"token_embedding.pp_block.embedding.weight": (cfg.vocab_size, d)}
     for i in range(cfg.num_layers):
         p = f"decoder.{i}.pp_block"
@@ -69,7 +69,7 @@ def reference_loss(cfg: ModelConfig, params: Dict[str, torch.Tensor], input_ids:
         p = f"decoder.{i}.pp_block"
         z: Dict[str, torch.Tensor] = {}  # this block's latents D x, for LaX
 
-        def lin(sub: str, name: str, inp: torch.Tensor) -> torch.Tensor:
+        def lin(sub: str, name: str, inp: torch.Tensor, p: str = p, z: Dict[str, torch.Tensor] = z) -> torch.Tensor:
             key = f"{p}.{sub}.{name}_proj"
             if not _factorised(cfg, name):
                 return inp @ params[f"{key}.weight"].T

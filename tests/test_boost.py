@@ -40,14 +40,13 @@ REL_TOL = 1e-5
 # rank-side helpers (run inside spawned processes)
 # ---------------------------------------------------------------------------------------------------
 def _config(tp: int, pp: int, kind: str, strategy: str, boost: dict, model: dict, n_micro: int = N_MICRO):
-    from nanotron_ext.config.schema import (
-        BoostConfig, Config, LowRankConfig, ModelConfig, ParallelismConfig, TokenizerConfig, TokensConfig,
-    )
+    from nanotron_ext.boost.config import BoostConfig, LowRankConfig
+    from nanotron_ext.config.schema import Config, ModelConfig, ParallelismConfig, TokenizerConfig, TokensConfig
 
     model = dict(model)
     low_rank = LowRankConfig(kind=kind, **{k: model.pop(k) for k in ("rank", "targets") if k in model})
     return Config(
-        model=ModelConfig(**{**MODEL, **model}, low_rank=low_rank, boost=BoostConfig(tp_strategy=strategy, **boost)),
+        model=ModelConfig(**{**MODEL, **model}, low_rank=low_rank, tp_strategy=strategy, boost=BoostConfig(**boost)),
         parallelism=ParallelismConfig(tp=tp, pp=pp),
         tokenizer=TokenizerConfig(vocab_size=260),
         tokens=TokensConfig(sequence_length=SEQ, micro_batch_size=MB, batch_accumulation_per_replica=n_micro),
@@ -72,9 +71,9 @@ def _parity(ctx, kind: str, strategy: str, boost: dict, model: dict, n_micro: in
     import nanotron.distributed as dist
 
     from nanotron_ext.models.build import build_model
-    from tests.helpers.compare import worst_grad_error
     from nanotron_ext.parallel.comm import get_ledger
     from nanotron_ext.train.pipeline_step import forward_backward, make_engine
+    from tests.helpers.compare import worst_grad_error
     from tests.reference_lowrank import reference_loss, reference_params
 
     tp, pp = ctx.tp_pg.size(), ctx.pp_pg.size()
@@ -121,18 +120,19 @@ def _parity_cases(tp: int) -> list:
 
 def _block(ctx, strategy: str, boost: dict, kind: str = "svd", kv_heads: int = H6):
     """One decoder layer of the Table 6 shape, its input and output gradient, all in this rank's layout."""
-    from nanotron_ext.config.schema import BoostConfig, LowRankConfig, ModelConfig
+    from nanotron_ext.boost.btp import split_features
+    from nanotron_ext.boost.config import BoostConfig, LowRankConfig
+    from nanotron_ext.config.schema import ModelConfig
     from nanotron_ext.models.init import init_weights_
     from nanotron_ext.models.llama import DecoderLayer
-    from nanotron_ext.models.tp_strategy import get_tp_strategy
-    from nanotron_ext.boost.btp import split_features
+    from nanotron_ext.models.pieces import ModelPieces
 
     cfg = ModelConfig(
         vocab_size=64, hidden_size=D6, ffn_size=F6, num_layers=1, num_heads=H6, num_kv_heads=kv_heads, max_seq_len=S6,
         low_rank=LowRankConfig(kind="none" if strategy == "megatron" else kind, rank=R6),
-        boost=BoostConfig(tp_strategy=strategy, **boost),
+        tp_strategy=strategy, boost=BoostConfig(**boost),
     )
-    strat = get_tp_strategy(cfg, ctx.tp_pg)
+    strat = ModelPieces(cfg, ctx.tp_pg).tp_strategy()
     layer = DecoderLayer(strat.attention(0), strat.mlp(0))
     init_weights_(layer, seed=SEED, std=0.2, num_layers=1)
     g = torch.Generator().manual_seed(SEED)
@@ -221,7 +221,6 @@ def _norm_kernel(ctx) -> dict:
 
 
 def _tp2_worker() -> dict:
-    from nanotron_ext.models.tp_strategy import get_tp_strategy
     from nanotron_ext.parallel.context import build_parallel_context
 
     warnings = _capture_warnings()
@@ -252,10 +251,7 @@ def _tp2_worker() -> dict:
         f"{s}/{'grouped' if gr else 'ungrouped'}": _gemm_count(ctx, s, {"group_linears": gr})
         for s in ("vanilla", "btp") for gr in (True, False)
     }
-    megatron_low_rank = _config(2, 1, "svd", "megatron", {}, {}).model
-    mapped = type(get_tp_strategy(megatron_low_rank, ctx.tp_pg)).__name__
-    return {"parity": parity, "blocks": blocks, "gemms": gemms, "norm": _norm_kernel(ctx), "warnings": warnings,
-            "megatron_low_rank": mapped}
+    return {"parity": parity, "blocks": blocks, "gemms": gemms, "norm": _norm_kernel(ctx), "warnings": warnings}
 
 
 def _tp4_worker() -> dict:
@@ -312,9 +308,31 @@ def test_fallbacks_warn_with_reason(tp2: list, tp4: list) -> None:
     assert any("rank 6 is not divisible by tp=4" in w for w in tp4[0]["warnings"]), tp4[0]["warnings"]
     assert any("online RMSNorm: no low-rank all-reduce follows the norm before q/k/v" in w for w in tp2[0]["warnings"])
     assert any("grouped-query attention" in w for w in tp2[0]["warnings"])
-    # a low-rank model asked to use full-rank Megatron TP gets vanilla (Megatron per factorised linear)
-    assert tp2[0]["megatron_low_rank"] == "VanillaStrategy"
-    assert any("tp_strategy='megatron' with model.low_rank.kind='svd'" in w for w in tp2[0]["warnings"])
+
+
+def test_low_rank_layout_is_a_documented_default_and_megatron_with_low_rank_an_error(caplog) -> None:
+    """No silent rewrite: a low-rank model with model.tp_strategy unset takes BOOST's vanilla (the documented
+    default); an explicit megatron with a low-rank model, or a low-rank strategy with a full-rank model,
+    fails at load naming both keys. The deprecated model.boost.tp_strategy still works, with one line."""
+    import logging
+
+    from nanotron_ext.config.loader import from_dict
+    from nanotron_ext.config.schema import ConfigError, ModelConfig
+
+    assert from_dict(ModelConfig, {"low_rank": {"kind": "svd"}}).tp_strategy == "vanilla"
+    assert from_dict(ModelConfig, {"low_rank": {"kind": "svd"}, "tp_strategy": "btp"}).tp_strategy == "btp"
+    assert from_dict(ModelConfig, {}).tp_strategy == "megatron"
+    with pytest.raises(ConfigError, match="model.tp_strategy: 'megatron' splits full-rank linears, but "
+                                          "model.low_rank.kind='svd'"):
+        from_dict(ModelConfig, {"low_rank": {"kind": "svd"}, "tp_strategy": "megatron"})
+    with pytest.raises(ConfigError, match="model.tp_strategy: 'btp' splits low-rank factor pairs, but "
+                                          "model.low_rank.kind='none'"):
+        from_dict(ModelConfig, {"tp_strategy": "btp"})
+    with caplog.at_level(logging.WARNING, logger="nanotron_ext.config"):
+        old = from_dict(ModelConfig, {"low_rank": {"kind": "cola"}, "boost": {"tp_strategy": "btp", "rmsnorm": "sync"}})
+    assert (old.tp_strategy, old.boost.tp_strategy, old.boost.rmsnorm) == ("btp", None, "sync")
+    with pytest.raises(ConfigError, match="model.boost.tp_strategy='btp' and model.tp_strategy='vanilla' disagree"):
+        from_dict(ModelConfig, {"low_rank": {"kind": "cola"}, "tp_strategy": "vanilla", "boost": {"tp_strategy": "btp"}})
 
 
 @pytest.mark.slow
@@ -464,7 +482,8 @@ def test_rmsnorm_row_linear_matches_tp1(tp2: list, tp4: list, record_property) -
 # ---------------------------------------------------------------------------------------------------
 def test_reference_lowrank_with_exact_factors_equals_full_rank_reference() -> None:
     """SVD factors of full rank reproduce the full-rank reference: checks the low-rank reference's wiring."""
-    from nanotron_ext.config.schema import LowRankConfig, ModelConfig
+    from nanotron_ext.boost.config import LowRankConfig
+    from nanotron_ext.config.schema import ModelConfig
     from tests import reference_llama, reference_lowrank
 
     full_cfg = ModelConfig(**{**MODEL, "ffn_size": 48})
@@ -508,8 +527,9 @@ def test_low_rank_factor_init_matches_full_rank_scale() -> None:
 
 
 def test_lax_chain_needs_both_ends_factorised() -> None:
-    from nanotron_ext.config.schema import LowRankConfig, ModelConfig
+    from nanotron_ext.boost.config import LowRankConfig
     from nanotron_ext.boost.lowrank import lax_previous, linear_specs
+    from nanotron_ext.config.schema import ModelConfig
 
     full = ModelConfig(**MODEL, low_rank=LowRankConfig(kind="lax"))
     assert lax_previous(linear_specs(full), "lax") == {"o": "v", "gate": "o", "up": "o", "down": "up"}

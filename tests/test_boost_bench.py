@@ -66,10 +66,10 @@ def test_reproduce_config_loads_and_matches_table8(path: Path) -> None:
     assert (m.num_layers, m.num_heads, m.hidden_size, m.ffn_size) == (layers, heads, d, dff)
     assert m.num_kv_heads == m.num_heads
     if variant == "fullrank":
-        assert m.low_rank.kind == "none" and m.boost.tp_strategy == "megatron"
+        assert m.low_rank.kind == "none" and m.tp_strategy == "megatron"
     else:
-        assert m.low_rank.kind == "cola" and m.rank == r == d // 4
-        assert m.boost.tp_strategy == variant
+        assert m.low_rank.kind == "cola" and m.low_rank.width(d) == r == d // 4
+        assert m.tp_strategy == variant  # from the deprecated model.boost.tp_strategy these files still use
     p = cfg.parallelism
     cfg.validate(world_size=p.dp * p.tp * p.pp)  # the layout fits the shapes (heads, d_ff, vocab % tp)
 
@@ -93,8 +93,8 @@ def test_linear_params_equal_the_papers_dp_volume(path: Path) -> None:
 
     m = load_config(path).model
     counts = param_counts.analytic_params(m)
-    l, d, f, r = m.num_layers, m.hidden_size, m.ffn_size, m.rank
-    paper = l * (4 * d * d + 3 * d * f) if m.low_rank.kind == "none" else l * (11 * d * r + 3 * f * r)
+    n, d, f, r = m.num_layers, m.hidden_size, m.ffn_size, m.low_rank.width(m.hidden_size)
+    paper = n * (4 * d * d + 3 * d * f) if m.low_rank.kind == "none" else n * (11 * d * r + 3 * f * r)
     assert counts["attention"] + counts["mlp"] == paper
 
 
@@ -247,9 +247,10 @@ def test_strategy_overrides_turn_the_shared_shape_into_each_design() -> None:
     keys = {k: None for k in workload.SHAPE_KEYS}
     plain = workload.shape_overrides(SimpleNamespace(config_file=None, **keys))
     cfg = workload.resolve_config(None, plain + bc.strategy_overrides("btp", "cola", "sync"))
-    assert cfg.model.rank == workload.BENCH_DEFAULTS["hidden"] // 4 and cfg.model.boost.rmsnorm == "sync"
-    assert cfg.model.boost.tp_strategy == "btp" and cfg.model.low_rank.kind == "cola"
-    assert bc.strategy_overrides("megatron", "cola") == ["model.low_rank.kind=none", "model.boost.tp_strategy=megatron"]
+    assert cfg.model.low_rank.width(cfg.model.hidden_size) == workload.BENCH_DEFAULTS["hidden"] // 4
+    assert cfg.model.boost.rmsnorm == "sync"
+    assert cfg.model.tp_strategy == "btp" and cfg.model.low_rank.kind == "cola"
+    assert bc.strategy_overrides("megatron", "cola") == ["model.low_rank.kind=none", "model.tp_strategy=megatron"]
 
 
 def test_table5_compare_on_synthetic_rows() -> None:

@@ -13,11 +13,14 @@ from tests.test_parallel_parity import MB, MODEL, N_MICRO, SEQ, _parity_worker
 
 
 def _register_anchor_codec() -> None:
-    """Sends x - anchor(ids) and the ids; the receiver adds anchor(ids) back (SM/MAPL's shape).
+    """Sends x - anchor(ids) and the ids; the receiver adds anchor(ids) back (SM/MAPL's shape), as a
+    technique registered in this worker process (nanotron_ext.registry.register_technique).
 
     The anchor is a fixed pseudo-random table, identical on both stages, so the reconstruction is
     exact and the model's numbers must not change."""
-    from nanotron_ext.codecs.base import BoundaryCodec, BoundaryDecoder, BoundaryEncoder, register_codec
+    from nanotron_ext.codecs.base import BoundaryCodec, BoundaryDecoder, BoundaryEncoder
+    from nanotron_ext.registry import register_technique
+    from nanotron_ext.technique import Pieces, Technique
 
     def anchor(ids: torch.Tensor, d: int) -> torch.Tensor:
         table = torch.randn(MODEL["vocab_size"], d, generator=torch.Generator().manual_seed(7))
@@ -35,7 +38,6 @@ def _register_anchor_codec() -> None:
             x = wire + anchor(input_ids, wire.shape[-1])
             return x, x
 
-    @register_codec("test_anchor")
     class AnchorCodec(BoundaryCodec):
         needs_token_ids = True
 
@@ -45,19 +47,23 @@ def _register_anchor_codec() -> None:
         def decoder(self, boundary: int) -> BoundaryDecoder:
             return Dec()
 
+    class AnchorPieces(Pieces):
+        def codec(self, name, strategy) -> BoundaryCodec:
+            return AnchorCodec(self.cfg, self.tp_pg)
+
+    class AnchorTechnique(Technique):
+        name = "test_anchor"
+        provides = {"model.codec.kind": ["test_anchor"]}
+        pieces = AnchorPieces
+
+    register_technique(AnchorTechnique())
+
 
 def _anchor_worker(dp: int, tp: int, pp: int) -> dict:
     _register_anchor_codec()
     from nanotron_ext.config.schema import CodecConfig
 
-    original = CodecConfig.__init__
-
-    def with_anchor(self, **kw) -> None:  # the schema only lists built-in codecs; this one is test-only
-        original(self, **kw)
-        self.kind = "test_anchor"
-
-    CodecConfig.__init__ = with_anchor
-    return _parity_worker(dp, tp, pp, "1f1b", {})
+    return _parity_worker(dp, tp, pp, "1f1b", {"codec": CodecConfig(kind="test_anchor")})
 
 
 @pytest.mark.slow

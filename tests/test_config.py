@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from nanotron_ext.boost.config import BoostConfig
 from nanotron_ext.config import (
-    BoostConfig,
     Config,
     ConfigError,
     LinkConfig,
@@ -27,9 +27,8 @@ from nanotron_ext.config import (
     load_config,
     save_config,
 )
-from nanotron_ext.config.__main__ import _sections
+from nanotron_ext.config.__main__ import _sections, render_doc
 from nanotron_ext.config.__main__ import main as config_cli
-from nanotron_ext.config.__main__ import render_doc
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -141,7 +140,7 @@ def test_bool_is_not_a_float(tmp_path):
 def test_int_is_accepted_for_float_and_stored_as_float(tmp_path):
     cfg = load_config(write(tmp_path, """
         optimizer: {lr: 1, betas: [0, 0.5]}
-        parallelism: {link: {per_stage_pair: {"0-1": {bandwidth_mbps: 80, latency_ms: 5}}}}
+        parallelism: {pp: 2, link: {per_stage_pair: {"0-1": {bandwidth_mbps: 80, latency_ms: 5}}}}
     """))
     assert cfg.optimizer.lr == 1.0 and type(cfg.optimizer.lr) is float
     assert [type(b) for b in cfg.optimizer.betas] == [float, float]
@@ -331,9 +330,12 @@ def test_describe_reads_field_docstrings():
     assert rows["hidden_size"] == ("int", "Model width d.")
     assert rows["dtype"][0] == "one of 'fp32', 'bf16'"
     assert rows["low_rank"] == ("section", "Low-rank factorisation of the attention and MLP linears (BOOST paper).")
-    assert [r[0] for r in describe(ModelConfig)] == [f.name for f in dataclasses.fields(ModelConfig)]
-    doc = {n: d for n, _, d in describe(BoostConfig)}["tp_strategy"]
-    assert doc.startswith("megatron: full-rank") and doc.endswith("residual stream sharded on d).")
+    # technique sections mounted under model are keys of the section like core ones
+    assert [r[0] for r in describe(ModelConfig)] == [f.name for f in dataclasses.fields(ModelConfig())]
+    doc = {n: d for n, _, d in describe(ModelConfig)}["tp_strategy"]
+    assert doc.startswith("How tensor parallelism splits the model: megatron") and "model.boost.tp_strategy" in doc
+    doc = {n: d for n, _, d in describe(BoostConfig)}["rmsnorm"]
+    assert doc.startswith("Norms inside a BTP chunk")
     assert {n: t for n, t, _ in describe(ParallelismConfig)}["layers_per_stage"] == "optional list of int"
     link_types = {n: t for n, t, _ in describe(LinkConfig)}
     assert link_types["per_stage_pair"] == "mapping of str to mapping of str to float"
@@ -418,3 +420,34 @@ def test_1f1b_needs_enough_micro_batches_for_the_pipeline() -> None:
         from_dict(Config, {"parallelism": {"pp": 4}, "tokens": {"batch_accumulation_per_replica": 1}})
     from_dict(Config, {"parallelism": {"pp": 4, "pp_engine": "afab"}, "tokens": {"batch_accumulation_per_replica": 1}})
     from_dict(Config, {"parallelism": {"pp": 4}, "tokens": {"batch_accumulation_per_replica": 3}})
+
+
+def _modules_after(code: str) -> list:
+    out = subprocess.run([sys.executable, "-c", code + "\nimport sys; print('\\n'.join(sorted(sys.modules)))"],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()
+
+
+HEAVY = ("torch", "nanotron")
+TECHNIQUES = ("boost", "resbm", "subspace", "mapl", "sparseloco")
+
+
+def test_importing_the_schema_imports_no_technique_no_torch_and_no_nanotron():
+    loaded = _modules_after("from nanotron_ext.config.schema import Config")
+    assert not [m for m in loaded if m.split(".")[0] in HEAVY]
+    assert not [m for m in loaded if m.startswith(tuple(f"nanotron_ext.{t}" for t in TECHNIQUES))]
+
+
+def test_loading_a_config_with_every_technique_section_imports_no_torch():
+    """Technique sections and names are declared light: a config that uses every technique loads (and its
+    names are checked) without torch or nanotron; only the technique packages' declarations are imported."""
+    code = ("from nanotron_ext.config import load_config\n"
+            "c = load_config('examples/config_tiny_het_sparseloco.yaml', ['model.low_rank.kind=svd', "
+            "'model.tp_strategy=btp', 'model.codec.resbm.ratio=8', 'model.codec.mapl.rank=16', "
+            "'optimizer.spel.momentum=0.5'])\n"
+            "assert c.model.tp_strategy == 'btp' and c.sparseloco.compressed_replicas == [0]")
+    loaded = _modules_after(code)
+    assert not [m for m in loaded if m.split(".")[0] in HEAVY]
+    for t in TECHNIQUES:
+        assert f"nanotron_ext.{t}.technique" in loaded and f"nanotron_ext.{t}.pieces" not in loaded

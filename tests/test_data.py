@@ -19,10 +19,23 @@ import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from nanotron_ext.config import (Config, DataConfig, GeneralConfig, ModelConfig, ParallelismConfig,
-                                 TokenizerConfig, TokensConfig)
-from nanotron_ext.data import (DataError, DataNotPreparedError, SequenceLoader, build_train_loader,
-                               build_validation_loader, prepare)
+from nanotron_ext.config import (
+    Config,
+    DataConfig,
+    GeneralConfig,
+    ModelConfig,
+    ParallelismConfig,
+    TokenizerConfig,
+    TokensConfig,
+)
+from nanotron_ext.data import (
+    DataError,
+    DataNotPreparedError,
+    SequenceLoader,
+    build_train_loader,
+    build_validation_loader,
+    prepare,
+)
 from nanotron_ext.data.prepare import validation_indices
 
 N_DOCS = 40

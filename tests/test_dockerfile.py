@@ -4,8 +4,9 @@ and every repository command the README's profiling section runs exists."""
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 REPO = Path(__file__).resolve().parent.parent
 DOCKERFILE = (REPO / "Dockerfile").read_text()

@@ -1,19 +1,27 @@
-"""The core's extension points, each exercised by a toy plug-in written here:
+"""The core's extension points, exercised by a sixth technique that touches only its own folder: the toy
+package in tests/toy_technique/ (the worked example of ARCHITECTURE.md), found through the
+`nanotron_ext.techniques` entry point of its dist-info exactly as an installed plug-in is:
 
+- its config sections (model.codec.toy, toy_sync) load, override, show and document like core ones, and
+  its names are checked at load without importing its pieces;
 - codec boundaries (`model.codec.boundaries`): a truncating codec after every layer on one process
   gives the same loss and gradients as the same placement split over PP=2, its wire bytes equal
   mbs * seq * h * 4 per boundary per direction, and a list placement changes only the listed layers;
-- token-embedding builders (`model.embedding.kind`): a registered builder is what the model uses
+- token embeddings (`model.embedding.kind`): the toy's builder is what the model uses
   (checked against the standard model with a doubled table, an independent construction);
 - output constraints (`model.output_constraint.kind`): applied at build time and after every
   optimiser step (weights stay in a fixed span; without the hook they leave it);
-- optimiser groups (`tag_parameter` + OPTIMIZER_GROUPS): tagged parameters are stepped by the
-  technique's optimiser (checked against the plain SGD formula);
+- optimiser groups (`tag_parameter` + a declared "optimizer group"): tagged parameters are stepped by
+  the technique's optimiser (checked against the plain SGD formula);
 - DP sync (`parallelism.dp_sync`): an outer loop replaces the per-step gradient all-reduce; replicas
   drift between syncs, are identical after one, and no gradient bytes cross the DP group.
 """
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Dict, List, Tuple
 
 import pytest
@@ -21,76 +29,20 @@ import torch
 
 from tests.helpers.dist import run_distributed
 
+REPO = Path(__file__).resolve().parents[1]
+TOY = REPO / "tests" / "toy_technique"
 MODEL = dict(vocab_size=320, hidden_size=32, ffn_size=48, num_layers=4, num_heads=4, num_kv_heads=2, max_seq_len=16)
 SEQ, MB, N_MICRO, H = 8, 2, 2, 8  # H: the toy codec's wire width
 
 
-# -- toy plug-ins (registered inside each worker process) ----------------------------------------------
-def _register_toys() -> None:
-    from nanotron.parallel.tensor_parallel.enum import TensorParallelLinearMode
-    from nanotron.parallel.tensor_parallel.nn import TensorParallelEmbedding
-    from torch import nn
+def _use_toy() -> None:
+    """Make the toy package importable in this (worker) process: its dist-info then lists its entry point,
+    which the registry reads on first use. The pytest process itself never loads it."""
+    sys.path.insert(0, str(TOY))
 
-    from nanotron_ext.codecs.base import BoundaryCodec, BoundaryDecoder, BoundaryEncoder
-    from nanotron_ext.models.constraints import OutputConstraint
-    from nanotron_ext.parallel.data_parallel import DataParallelSync
-    from nanotron_ext.registry import CODECS, DP_SYNCS, EMBEDDINGS, OPTIMIZER_GROUPS, OUTPUT_CONSTRAINTS
 
-    class TruncEncoder(BoundaryEncoder):
-        def forward(self, residual, branch, input_ids):
-            return (residual + branch)[..., :H]
-
-    class PadDecoder(BoundaryDecoder):
-        def forward(self, wire, input_ids):
-            x = nn.functional.pad(wire, (0, MODEL["hidden_size"] - H))
-            return x, x
-
-    @CODECS.register("toy_trunc")
-    class TruncCodec(BoundaryCodec):
-        def encoder(self, boundary: int) -> BoundaryEncoder:
-            return TruncEncoder()
-
-        def decoder(self, boundary: int) -> BoundaryDecoder:
-            return PadDecoder()
-
-    class Doubled(TensorParallelEmbedding):  # same parameter names as the standard table: same init
-        def forward(self, input_ids):
-            return 2 * super().forward(input_ids)
-
-    @EMBEDDINGS.register("toy_doubled")
-    def doubled(cfg, strategy):
-        return Doubled(cfg.vocab_size, cfg.hidden_size, pg=strategy.tp_pg, mode=TensorParallelLinearMode.ALL_REDUCE)
-
-    @OUTPUT_CONSTRAINTS.register("toy_span")
-    class SpanConstraint(OutputConstraint):
-        """Keeps each output projection's columns in span(U) (U fixed, d x 4), by projecting W <- U U^T W."""
-
-        def _project(self, projections) -> None:
-            u = _toy_basis(self.cfg.hidden_size)
-            for lin in projections.values():
-                lin.weight.data.copy_(u @ (u.T @ lin.weight.data))
-
-        def constrain(self, layer_idx, projections) -> None:
-            self._project(projections)
-
-        def after_step(self, layer_idx, projections) -> None:
-            self._project(projections)
-
-    @OPTIMIZER_GROUPS.register("toy_sgd")
-    def sgd(params, cfg):
-        return torch.optim.SGD(params, lr=cfg.lr)
-
-    @DP_SYNCS.register("toy_average_every_2")
-    class AverageEvery2(DataParallelSync):
-        """Local SGD: no gradient traffic; parameters averaged over DP after every second step."""
-
-        def after_step(self, step: int) -> None:
-            if step % 2 == 0:
-                import nanotron.distributed as dist
-
-                for p in self.model.parameters():
-                    dist.all_reduce(p.data, group=self.dp_pg)
-                    p.data /= self.dp_pg.size()
+def _toy_env() -> dict:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(TOY), str(REPO), os.environ.get("PYTHONPATH", "")])}
 
 
 def _toy_basis(d: int) -> torch.Tensor:
@@ -100,12 +52,14 @@ def _toy_basis(d: int) -> torch.Tensor:
 TOKENS = {"sequence_length": SEQ, "micro_batch_size": MB, "batch_accumulation_per_replica": N_MICRO}
 
 
-def _config(model: dict, parallelism: dict):
+def _config(model: dict, parallelism: dict, extra: dict = None):
     from nanotron_ext.config.loader import from_dict
     from nanotron_ext.config.schema import Config
 
+    if (model.get("codec") or {}).get("kind") == "toy_trunc":
+        model = {**model, "codec": {**model["codec"], "toy": {"width": H}}}
     return from_dict(Config, {"model": {**MODEL, **model}, "parallelism": parallelism,
-                              "tokenizer": {"vocab_size": 260}, "tokens": TOKENS})
+                              "tokenizer": {"vocab_size": 260}, "tokens": TOKENS, **(extra or {})})
 
 
 def _micro(seed: int) -> List[Dict[str, torch.Tensor]]:
@@ -116,7 +70,7 @@ def _micro(seed: int) -> List[Dict[str, torch.Tensor]]:
 
 def _run_model(pp: int, engine: str, model_overrides: dict) -> dict:
     """Loss, gradients by name and pipeline bytes of one forward/backward."""
-    _register_toys()
+    _use_toy()
     from nanotron_ext.models.build import build_model
     from nanotron_ext.parallel.comm import get_ledger
     from nanotron_ext.parallel.context import build_parallel_context
@@ -174,7 +128,7 @@ def test_codec_boundary_list_changes_only_the_listed_layers() -> None:
 
 def _run_stages_2_2() -> dict:
     """PP=2 with 3 + 1 layers: the stage boundary after layer 2 is the codec boundary."""
-    _register_toys()
+    _use_toy()
     from nanotron_ext.models.build import build_model
     from nanotron_ext.parallel.context import build_parallel_context
     from nanotron_ext.train.pipeline_step import forward_backward, make_engine
@@ -186,7 +140,7 @@ def _run_stages_2_2() -> dict:
 
 
 def _run_embedding_and_constraint(kind: str, constraint: str) -> dict:
-    _register_toys()
+    _use_toy()
     from nanotron_ext.models.build import build_model
     from nanotron_ext.optim.build import build_optimizer
     from nanotron_ext.parallel.context import build_parallel_context
@@ -231,8 +185,8 @@ def test_output_constraint_applies_at_build_and_after_every_step() -> None:
     assert free["before"] > 0.5  # without the constraint the weights are nowhere near a 4-dim span
 
 
-def test_tagged_parameters_go_to_the_technique_optimizer() -> None:
-    _register_toys()
+def _tagged_parameters() -> dict:
+    _use_toy()
     from nanotron_ext.config.schema import OptimizerConfig
     from nanotron_ext.optim.build import ChainedOptimizer, build_optimizer
     from nanotron_ext.optim.param_groups import tag_parameter
@@ -251,24 +205,28 @@ def test_tagged_parameters_go_to_the_technique_optimizer() -> None:
     expected = model[1].weight.detach() - 0.1 * model[1].weight.grad  # plain SGD, by its formula
     opt.step()
     torch.testing.assert_close(model[1].weight.detach(), expected)
+    return {"ok": True}
+
+
+def test_tagged_parameters_go_to_the_technique_optimizer() -> None:
+    assert run_distributed(_tagged_parameters, 1)[0]["ok"]
 
 
 def _run_outer_loop() -> dict:
-    _register_toys()
+    _use_toy()
     import nanotron.distributed as dist
 
-    from nanotron_ext.models.build import build_model
+    from nanotron_ext.models.build import build_dp_sync, build_model
     from nanotron_ext.optim.build import build_optimizer
     from nanotron_ext.parallel.comm import get_ledger
     from nanotron_ext.parallel.context import build_parallel_context
-    from nanotron_ext.registry import DP_SYNCS
     from nanotron_ext.train.pipeline_step import forward_backward, make_engine
 
     ctx = build_parallel_context(dp=2, tp=1, pp=1, backend="gloo")
-    cfg = _config({}, {"dp": 2, "dp_sync": "toy_average_every_2"})
+    cfg = _config({}, {"dp": 2, "dp_sync": "toy_average"}, {"toy_sync": {"every": 2}})
     model = build_model(cfg, ctx)
     opt = build_optimizer(model, cfg.optimizer, ctx.tp_pg)
-    sync = DP_SYNCS.get(cfg.parallelism.dp_sync)(model, ctx.dp_pg, cfg)
+    sync = build_dp_sync(cfg, model, ctx)
     rank = dist.get_rank(ctx.dp_pg)
     out: dict = {"dp_bytes": [], "checksum": []}
     for step in (1, 2):
@@ -302,6 +260,8 @@ def test_unknown_extension_names_fail_naming_the_key_and_the_choices() -> None:
             from_dict(Config, {section[0]: {section[1]: {key: "nope"}}})
     with pytest.raises(ConfigError, match="parallelism.dp_sync: 'nope' is not available"):
         from_dict(Config, {"parallelism": {"dp_sync": "nope"}})
+    with pytest.raises(ConfigError, match="model.tp_strategy: 'nope' is not available"):
+        from_dict(Config, {"model": {"tp_strategy": "nope"}})
     with pytest.raises(ConfigError, match=r"model.codec.boundaries: \[3\]"):
         from_dict(Config, {"model": {"codec": {"boundaries": [3]}}})
 
@@ -310,5 +270,73 @@ def test_registered_names_include_the_techniques() -> None:
     from nanotron_ext.registry import CODECS, DP_SYNCS, EMBEDDINGS, OUTPUT_CONSTRAINTS, TP_STRATEGIES
 
     assert {"megatron", "vanilla", "btp"} <= set(TP_STRATEGIES.names())
-    assert "identity" in CODECS.names() and "standard" in EMBEDDINGS.names()
-    assert "none" in OUTPUT_CONSTRAINTS.names() and "allreduce" in DP_SYNCS.names()
+    assert {"identity", "resbm", "mapl", "subspace"} <= set(CODECS.names())
+    assert {"standard", "subspace", "subspace_adapted"} <= set(EMBEDDINGS.names())
+    assert {"none", "subspace"} <= set(OUTPUT_CONSTRAINTS.names()) and {"allreduce", "sparseloco"} <= set(DP_SYNCS.names())
+    assert "toy_trunc" not in CODECS.names()  # the toy is only on the path of its own tests' processes
+
+
+def _config_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "nanotron_ext.config", *args], cwd=REPO, env=_toy_env(),
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_a_technique_outside_the_repository_plugs_in_through_its_entry_point() -> None:
+    """The toy's sections are documented, shown, overridden and checked like core sections; its names are
+    accepted; nothing of it is imported beyond its light declaration until a model is built."""
+    doc = _config_cli("doc")
+    assert doc.returncode == 0, doc.stderr
+    assert "[model.codec.toy] (technique toy)  Options of the toy_trunc codec" in doc.stdout
+    assert "[toy_sync] (technique toy)  Options of the toy_average DP sync" in doc.stdout
+    assert "Optimiser steps between parameter averages over the DP group." in doc.stdout
+    show = _config_cli("show", "--set", "model.codec.kind=toy_trunc", "--set", "model.codec.boundaries=every_layer",
+                       "--set", "toy_sync.every=3", "--set", "parallelism.dp_sync=toy_average")
+    assert show.returncode == 0, show.stderr
+    assert "  toy:\n      width: 8\n" in show.stdout and "toy_sync:\n  every: 3\n" in show.stdout
+    for bad, message in ((["toy_sync.evry=3"], "toy_sync.evry: unknown key; did you mean 'every'?"),
+                         (["toy_sync.every=x"], "toy_sync.every: expected int, got 'x' (str)"),
+                         (["toy_sync.every=0"], "toy_sync.every: must be >= 1, got 0"),
+                         (["model.codec.kind=toy_trunc", "model.codec.boundaries=every_layer",
+                           "model.codec.toy.width=128"], "model.codec.toy.width: 128 must be < model.hidden_size=128")):
+        out = _config_cli("show", *[a for kv in bad for a in ("--set", kv)])
+        assert out.returncode == 2 and message in out.stderr, (bad, out.stderr)
+    light = subprocess.run([sys.executable, "-c", "import sys\nfrom nanotron_ext.config.loader import load_config\n"
+                            "load_config('examples/config_tiny_llama.yaml', ['model.codec.kind=toy_trunc', "
+                            "'model.codec.boundaries=every_layer', 'parallelism.dp_sync=toy_average'])\n"
+                            "print(sorted(m for m in sys.modules if m.startswith(('toy_technique', 'torch'))))"],
+                           cwd=REPO, env=_toy_env(), capture_output=True, text=True, timeout=120)
+    assert light.returncode == 0, light.stderr
+    assert light.stdout.strip() == "['toy_technique', 'toy_technique.config']"
+
+
+def test_registration_mistakes_fail_naming_the_technique() -> None:
+    """A name two techniques provide, or a section mounted where no core section is, or over a core key."""
+    code = '''
+import dataclasses
+from nanotron_ext.registry import register_technique
+from nanotron_ext.technique import Technique
+from nanotron_ext.config.schema import Config
+
+@dataclasses.dataclass(kw_only=True)
+class S:
+    x: int = 1
+
+def attempt(name, **attrs):
+    t = type("Bad", (Technique,), {"name": name, **attrs})()
+    try:
+        register_technique(t)
+        Config()
+    except (TypeError, ValueError) as e:
+        print(str(e).split(";")[0])
+
+attempt("bad", provides={"model.codec.kind": ["resbm"]})
+attempt("bad2", sections={"nowhere.s": S})
+attempt("bad3", sections={"model.hidden_size": S})
+'''
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "model.codec.kind: ['resbm'] provided by both 'resbm' and 'bad'",
+        "technique 'bad2' mounts S at 'nowhere.s', but 'nowhere' is not a core config section",
+        "technique 'bad3' mounts a section at 'model.hidden_size', which is already a key",
+    ]

@@ -30,12 +30,12 @@ SM = ["model.codec.kind=subspace", "model.embedding.kind=subspace", "model.outpu
       "model.subspace.k=8"]
 VARIANTS: Dict[str, tuple] = {  # name -> (tp, pp, overrides)
     "full_rank": (2, 2, ["tokens.val_steps=100000"]),  # validation over every window: the eval test's reference
-    "svd_btp": (2, 2, ["model.low_rank.kind=svd", "model.low_rank.rank=8", "model.boost.tp_strategy=btp"]),
+    "svd_btp": (2, 2, ["model.low_rank.kind=svd", "model.low_rank.rank=8", "model.tp_strategy=btp"]),
     "sm_reparam": (2, 2, SM + ["model.subspace.parameterisation=reparam"]),
     "sm_projection": (2, 2, SM + ["model.subspace.parameterisation=projection"]),
     "qk_norm_tied": (2, 1, ["model.qk_norm=true", "model.tie_embeddings=true"]),
 }
-REFUSED = {"cola": (1, 1, ["model.low_rank.kind=cola", "model.low_rank.rank=8", "model.boost.tp_strategy=vanilla"])}
+REFUSED = {"cola": (1, 1, ["model.low_rank.kind=cola", "model.low_rank.rank=8", "model.tp_strategy=vanilla"])}
 
 
 def _check_ids() -> torch.Tensor:
@@ -274,7 +274,7 @@ NO_DENSE = {  # overrides -> what the one-line refusal names
     "int8": (["model.codec.kind=int8", "model.codec.boundaries=[1]"], "model.codec.kind='int8'"),
     "sm_drifting": (SM + ["model.codec.boundaries=every_layer", "model.subspace.parameterisation=projection",
                           "model.subspace.reproject=false"], "model.subspace.reproject=false"),
-    "lax": (["model.low_rank.kind=lax", "model.low_rank.rank=8", "model.boost.tp_strategy=vanilla"], "cola or lax"),
+    "lax": (["model.low_rank.kind=lax", "model.low_rank.rank=8", "model.tp_strategy=vanilla"], "cola or lax"),
 }
 
 

@@ -96,9 +96,9 @@ def _import_worker(overrides: List[str]) -> dict:
     report = imported.report(model, cfg.model, ctx)
     hub = {}
     if cfg.model.embedding.kind == "subspace":
-        from nanotron_ext.subspace import hub_for
+        from nanotron_ext.subspace.pieces import hub_of
 
-        h = hub_for(cfg.model)
+        h = hub_of(model)
         hub = {"basis": h.basis.clone(), "fixed": h.fixed.clone()}
     return {"report": report, "dense": dense_state_dict(model, ctx.tp_pg, exact=False), **hub}
 
@@ -112,7 +112,7 @@ SUBSPACE = ["model.codec.kind=subspace", "model.embedding.kind=subspace", "model
 @pytest.mark.parametrize("strategy", ["vanilla", "btp"])
 def test_low_rank_targets_start_from_the_truncated_svd(hf_folder: Path, strategy: str) -> None:
     r = 8
-    overrides = MODEL + LOW_RANK + [f"model.boost.tp_strategy={strategy}", "parallelism.tp=2", "parallelism.dp=1",
+    overrides = MODEL + LOW_RANK + [f"model.tp_strategy={strategy}", "parallelism.tp=2", "parallelism.dp=1",
                                     f"model.init_from=hf:{hf_folder}", "tokenizer.vocab_size=300"]
     out = run_distributed(_import_worker, 2, overrides)[0]
     hf = _hf_state(hf_folder)

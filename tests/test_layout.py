@@ -5,14 +5,17 @@
   in through nanotron_ext.registry and the `nanotron_ext.techniques` entry points;
 - a technique imports another only where one paper builds on another;
 - parallel/ does not import config/ (primitives take plain values, the config layer reads YAML);
-- every technique package is declared as an entry point and maps its paper in its docstring.
+- every technique package is declared as an entry point (its one Technique object) and maps its paper in
+  its docstring;
+- no technique's config dataclass lives under nanotron_ext/config/ (techniques own their sections).
 """
 from __future__ import annotations
 
 import ast
-import tomllib
 from pathlib import Path
 from typing import Dict, List, Set, Tuple
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "nanotron_ext"
@@ -134,7 +137,7 @@ def test_every_technique_package_is_an_entry_point_with_a_paper_map() -> None:
     present = {p.name for p in PKG.iterdir() if p.is_dir() and p.name in TECHNIQUES}
     assert present, "no technique package found"
     for name in present:
-        assert declared.get(name) == f"nanotron_ext.{name}", f"nanotron_ext/{name} is not declared in pyproject.toml"
+        assert declared.get(name) == f"nanotron_ext.{name}:technique", f"nanotron_ext/{name} is not declared in pyproject.toml"
         doc = ast.get_docstring(ast.parse((PKG / name / "__init__.py").read_text())) or ""
         assert "Paper" in doc and "->" in doc, f"nanotron_ext/{name}/__init__.py must map the paper to functions"
 
@@ -167,3 +170,20 @@ def test_the_bench_harness_is_core_and_imports_no_technique() -> None:
     assert modules and "bench" not in TECHNIQUES
     bad = [f"{m} imports {n}" for m, p in modules.items() for n in _imports(p)[1] if _area(n) in TECHNIQUES]
     assert not bad, "\n".join(bad)
+
+
+def test_no_technique_config_lives_in_the_core_config_package() -> None:
+    """The core's config knows the core only: every dataclass under nanotron_ext/config/ is a core section
+    (an Extensible with a path), so a technique's options cannot hide there."""
+    bad = []
+    for path in (PKG / "config").glob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef) and any("dataclass" in ast.unparse(d) for d in node.decorator_list):
+                if not any(isinstance(b, ast.Name) and b.id == "Extensible" for b in node.bases):
+                    bad.append(f"{path.name}: {node.name}")
+    assert not bad, "config dataclasses outside the core sections: " + ", ".join(bad)
+    names = {n.name for p in (PKG / "config").glob("*.py") for n in ast.parse(p.read_text()).body
+             if isinstance(n, ast.ClassDef)}
+    technique_sections = {"LowRankConfig", "BoostConfig", "ResBMConfig", "MaplCodecConfig", "SpelConfig",
+                          "SubspaceConfig", "SparseLoCoConfig"}
+    assert not names & technique_sections, names & technique_sections

@@ -23,10 +23,10 @@ def _parity_worker(dp: int, tp: int, pp: int, engine: str, model_overrides: dict
 
     from nanotron_ext.config.schema import Config, ModelConfig, ParallelismConfig, TokenizerConfig, TokensConfig
     from nanotron_ext.models.build import build_model
-    from tests.helpers.compare import worst_grad_error
     from nanotron_ext.parallel.comm import get_ledger
     from nanotron_ext.parallel.context import build_parallel_context
     from nanotron_ext.train.pipeline_step import forward_backward, make_engine
+    from tests.helpers.compare import worst_grad_error
     from tests.reference_llama import reference_loss, reference_params
 
     ctx = build_parallel_context(dp=dp, tp=tp, pp=pp, backend="gloo")

@@ -47,9 +47,9 @@ def _worker(tp: int, pp: int, engine: str, codec: dict) -> dict:
     import nanotron.distributed as dist
 
     from nanotron_ext.models.build import build_model
-    from nanotron_ext.models.llama import codec_boundaries
     from nanotron_ext.parallel.comm import get_ledger
     from nanotron_ext.parallel.context import build_parallel_context
+    from nanotron_ext.parallel.layout import codec_boundaries
     from nanotron_ext.train.pipeline_step import forward_backward, make_engine
     from tests.helpers.compare import worst_grad_error
     from tests.reference_resbm import resbm_loss, resbm_params

@@ -184,7 +184,8 @@ def test_slow_link_median_throughput_ignores_the_first_step_and_outliers() -> No
 
 def test_resbm_config_validation_names_the_keys() -> None:
     from nanotron_ext.config.loader import from_dict
-    from nanotron_ext.config.schema import ConfigError, ResBMConfig
+    from nanotron_ext.config.schema import ConfigError
+    from nanotron_ext.resbm.config import ResBMConfig
 
     assert ResBMConfig(ratio=128).width(4096) == 32 and ResBMConfig(h=40).width(4096) == 40
     with pytest.raises(ConfigError, match="model.codec.resbm"):

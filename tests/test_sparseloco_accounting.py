@@ -3,10 +3,14 @@ from __future__ import annotations
 
 import pytest
 
-from nanotron_ext.config.schema import SparseLoCoConfig
 from nanotron_ext.sparseloco.accounting import (
-    collective_time_s, compute_utilisation, dense_allreduce_bytes, outer_sync_bytes, utilisation_curve,
+    collective_time_s,
+    compute_utilisation,
+    dense_allreduce_bytes,
+    outer_sync_bytes,
+    utilisation_curve,
 )
+from nanotron_ext.sparseloco.config import SparseLoCoConfig
 
 
 def test_sync_bytes_by_hand() -> None:

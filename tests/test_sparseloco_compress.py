@@ -8,8 +8,17 @@ import pytest
 import torch
 
 from nanotron_ext.sparseloco.compress import (
-    chunk_spec, compress_with_feedback_, decode_payload, densify, encode_payload, from_chunks, pack_bits,
-    payload_nbytes, quantize, to_chunks, unpack_bits,
+    chunk_spec,
+    compress_with_feedback_,
+    decode_payload,
+    densify,
+    encode_payload,
+    from_chunks,
+    pack_bits,
+    payload_nbytes,
+    quantize,
+    to_chunks,
+    unpack_bits,
 )
 
 

@@ -19,14 +19,14 @@ HET = ["parallelism.dp_sync=sparseloco", "sparseloco.inner_steps=2", "sparseloco
 def _adapted(compressed: bool = True):
     """A standalone adapted embedding (V = 64, d = 16, k = 4) with a random T_S and T_fixed."""
     from nanotron_ext.config.schema import ModelConfig
-    from nanotron_ext.subspace.basis import hub_for
+    from nanotron_ext.subspace.basis import SubspaceHub
     from nanotron_ext.subspace.embedding import AdaptedSplitEmbedding
 
     cfg = ModelConfig(vocab_size=64, hidden_size=16, ffn_size=32, num_heads=2, num_kv_heads=2, num_layers=2,
                       tie_embeddings=False)
     cfg.subspace.k = 4
     cfg.embedding.kind = "subspace_adapted"
-    emb = AdaptedSplitEmbedding(cfg, hub_for(cfg), compressed)
+    emb = AdaptedSplitEmbedding(cfg, SubspaceHub(cfg), compressed)
     g = torch.Generator().manual_seed(3)
     with torch.no_grad():
         emb.table.weight.copy_(torch.randn(64, 16, generator=g))
@@ -74,7 +74,7 @@ def test_replica_model_config_per_replica_codec_and_switches() -> None:
 
     cfg = load_config(TINY, ["parallelism.dp=2", "parallelism.dp_sync=sparseloco", "model.tie_embeddings=false",
                              "sparseloco.compressed_replicas=[0]", "sparseloco.weight_projection=true",
-                             "sparseloco.modified_adamw=true"])
+                             "sparseloco.modified_adamw=true", "model.codec.boundaries=every_layer"])
     c0, c1 = replica_config(cfg, 0), replica_config(cfg, 1)
     assert (c0.model.codec.kind, c0.model.output_constraint.kind, c0.model.embedding.kind) == \
         ("subspace", "subspace", "subspace_adapted")
@@ -83,10 +83,14 @@ def test_replica_model_config_per_replica_codec_and_switches() -> None:
     sub = c0.model.subspace
     assert (sub.parameterisation, sub.reproject, sub.modified_adamw) == ("projection", True, True)
     assert c0.model is not c1.model and cfg.model.codec.kind == "identity"  # the run's config is untouched
+    import copy
+    import pickle
+
+    assert copy.deepcopy(c0) == c0 and pickle.loads(pickle.dumps(c0)) == c0  # a derived config copies as it is
     plain = load_config(TINY, ["parallelism.dp=2", "parallelism.dp_sync=sparseloco"])
     assert replica_config(plain, 1) is plain  # no compressed replicas: plain SparseLoCo
     defaults = replica_config(load_config(TINY, ["parallelism.dp=2", "parallelism.dp_sync=sparseloco",
-                                                 "model.tie_embeddings=false",
+                                                 "model.tie_embeddings=false", "model.codec.boundaries=every_layer",
                                                  "sparseloco.compressed_replicas=[1]"]), 1)
     assert (defaults.model.subspace.reproject, defaults.model.subspace.modified_adamw) == (False, False)
 
@@ -98,12 +102,15 @@ def test_replica_model_config_per_replica_codec_and_switches() -> None:
     (["sparseloco.compressed_replicas=[0]", "sparseloco.grassmann_every=15"], "sparseloco.grassmann_every"),
     (["sparseloco.compressed_replicas=[0]", "model.subspace.grassmann_every=10"], "model.subspace.grassmann_every"),
     (["sparseloco.compressed_replicas=[0]", "parallelism.dp_sync=allreduce"], "sparseloco.compressed_replicas"),
+    # a compressed replica needs a boundary for its codec: none at pp = 1 with boundaries "stages"
+    (["sparseloco.compressed_replicas=[0]", "model.codec.boundaries=stages"], "sparseloco.compressed_replicas"),
 ])
 def test_config_errors_name_the_key(extra: list, key: str) -> None:
     from nanotron_ext.models.build import replica_config
 
     with pytest.raises((ConfigError, ValueError), match=key.replace(".", r"\.")):
-        base = ["parallelism.dp=2", "parallelism.dp_sync=sparseloco", "model.tie_embeddings=false"]
+        base = ["parallelism.dp=2", "parallelism.dp_sync=sparseloco", "model.tie_embeddings=false",
+                "model.codec.boundaries=every_layer"]
         cfg = load_config(TINY, base + extra)
         cfg.validate()
         replica_config(cfg, 0)
@@ -270,10 +277,10 @@ def _tags_worker(overrides: list) -> list:
     """Build both replicas' models (no training) and return the optimiser tag of each o_proj weight."""
     from nanotron_ext.models.build import build_model, replica_config
     from nanotron_ext.optim.param_groups import parameter_tag
-    from nanotron_ext.parallel.context import build_parallel_context
+    from nanotron_ext.parallel.context import standalone_context
 
     cfg = load_config(TINY, overrides)
-    ctx = build_parallel_context(1, 1, 1, backend="gloo")
+    ctx = standalone_context()
     out = []
     for r in range(2):
         model = build_model(replica_config(cfg, r), ctx)
@@ -314,7 +321,7 @@ def test_shared_grassmann_update_matches_a_plain_torch_step_on_the_mean_gram() -
     (a decoder of an earlier boundary is ignored), both hubs take one U equal to a plain-torch Riemannian
     step + QR retraction on that mean, U stays orthonormal, the objective decreases, A resets."""
     from nanotron_ext.config.schema import ModelConfig
-    from nanotron_ext.subspace.basis import hub_for
+    from nanotron_ext.subspace.basis import SubspaceHub
     from nanotron_ext.subspace.codec import SubspaceDecoder
     from nanotron_ext.subspace.grassmann import grassmann_update
 
@@ -324,7 +331,7 @@ def test_shared_grassmann_update_matches_a_plain_torch_step_on_the_mean_gram() -
         c.subspace.k, c.subspace.grassmann_lr = 4, 0.3
         return c
 
-    hubs = [hub_for(cfg()), hub_for(cfg())]
+    hubs = [SubspaceHub(cfg()), SubspaceHub(cfg())]
     g = torch.Generator().manual_seed(5)
     grams = []
     for hub in hubs:
@@ -356,7 +363,8 @@ def test_dense_simulation_refuses_grassmann_updates_it_would_never_run() -> None
     from nanotron_ext.sparseloco.simulate import run_simulated
 
     cfg = load_config(TINY, ["parallelism.dp=2", "parallelism.dp_sync=sparseloco", "model.tie_embeddings=false",
-                             "sparseloco.compressed_replicas=[0]", "sparseloco.inner_steps=2", "sparseloco.grassmann_every=2"])
+                             "sparseloco.compressed_replicas=[0]", "sparseloco.inner_steps=2", "sparseloco.grassmann_every=2",
+                             "model.codec.boundaries=every_layer"])
     with pytest.raises(ConfigError, match=r"sparseloco\.grassmann_every=2"):
         run_simulated(cfg, 2, "dense")
 
@@ -367,14 +375,14 @@ class _Replica(torch.nn.Module):
     def __init__(self, compressed: bool) -> None:
         super().__init__()
         from nanotron_ext.config.schema import ModelConfig
-        from nanotron_ext.subspace.basis import hub_for
+        from nanotron_ext.subspace.basis import SubspaceHub
         from nanotron_ext.subspace.embedding import AdaptedSplitEmbedding
 
         self.cfg = ModelConfig(vocab_size=64, hidden_size=128, ffn_size=32, num_heads=2, num_kv_heads=2,
                                num_layers=2, tie_embeddings=False)
         self.cfg.subspace.k = 16
         self.cfg.embedding.kind = "subspace_adapted"
-        self.embedding = AdaptedSplitEmbedding(self.cfg, hub_for(self.cfg), compressed)
+        self.embedding = AdaptedSplitEmbedding(self.cfg, SubspaceHub(self.cfg), compressed)
         with torch.no_grad():
             self.embedding.table.weight.copy_(torch.randn(64, 128, generator=torch.Generator().manual_seed(9)))
 

@@ -45,11 +45,10 @@ def _train(model_kw: dict, dp_sync: str, sparseloco: dict, steps: int, inner: st
     """`steps` inner steps on this rank's replica; per step: checksum, DP bytes by op; final weights."""
     import nanotron.distributed as dist
 
-    from nanotron_ext.models.build import build_model
+    from nanotron_ext.models.build import build_dp_sync, build_model
     from nanotron_ext.optim.build import build_optimizer
     from nanotron_ext.parallel.comm import get_ledger
     from nanotron_ext.parallel.context import build_parallel_context
-    from nanotron_ext.registry import DP_SYNCS
     from nanotron_ext.train.pipeline_step import forward_backward, make_engine
 
     ctx = build_parallel_context(dp=dp, tp=1, pp=1, backend="gloo")
@@ -57,7 +56,7 @@ def _train(model_kw: dict, dp_sync: str, sparseloco: dict, steps: int, inner: st
     torch.manual_seed(0)
     model = build_model(cfg, ctx)
     opt = torch.optim.SGD(model.parameters(), lr=0.5) if inner == "sgd" else build_optimizer(model, cfg.optimizer, ctx.tp_pg)
-    sync = DP_SYNCS.get(dp_sync)(model, ctx.dp_pg, cfg)
+    sync = build_dp_sync(cfg, model, ctx)
     rank = dist.get_rank(ctx.dp_pg)
     out: dict = {"checksum": [], "dp": [], "hooks": []}
     if dp_sync == "sparseloco":

@@ -56,25 +56,54 @@ def _forgetful_worker(overrides: list, stop_after, interval: int) -> dict:
     return _train_worker(overrides, stop_after, interval)
 
 
-def _simulated_worker(overrides: list, mode: str) -> list:
+def _simulated_worker(overrides: list, mode: str) -> dict:
     from nanotron_ext.config.loader import load_config
+    from nanotron_ext.errors import TrainingError
     from nanotron_ext.sparseloco.simulate import run_simulated
     from tests.test_trainer import TINY
 
-    return run_simulated(load_config(TINY, overrides), 2, mode)["weights"]
+    try:
+        out = run_simulated(load_config(TINY, overrides), 2, mode)
+    except TrainingError as e:
+        return {"error": str(e)}
+    return {"weights": out["weights"], "train_loss": out["train_loss"], "val_loss": out["val_loss"]}
+
+
+def _trainer_worker(overrides: list) -> dict:
+    from nanotron_ext.errors import TrainingError
+
+    try:
+        return {"weights": _train_worker(overrides, None, 0)}
+    except TrainingError as e:
+        return {"error": str(e)}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["sparseloco", "dense"])
-def test_simulated_runner_equals_the_trainer(small_corpus: Path, tmp_path: Path, mode: str) -> None:
-    """run_simulated (M = 2 replicas in one process) gives the trainer's dp = 2 weights bit for bit, for
-    SparseLoCo and for classic DP (gradients averaged every step)."""
-    extra = SPARSELOCO if mode == "sparseloco" else []
+@pytest.mark.parametrize("mode,dtype", [("sparseloco", "fp32"), ("dense", "fp32"), ("sparseloco", "bf16")])
+def test_simulated_runner_equals_the_trainer(small_corpus: Path, tmp_path: Path, mode: str, dtype: str) -> None:
+    """run_simulated (M = 2 replicas in one process) takes the trainer's own step (nanotron_ext.train.replica):
+    the trainer's dp = 2 losses (every step's train loss and the final validation loss) and weights bit for
+    bit, for SparseLoCo and for classic DP (gradients averaged every step), and under bf16 autocast."""
+    extra = (SPARSELOCO if mode == "sparseloco" else []) + [f"model.dtype={dtype}"]
     ovr = _small_overrides(small_corpus, tmp_path / "t", 2, 1, 1, 5) + extra
-    trainer = run_distributed(_train_worker, 2, ovr, None, 0)
+    trainer = run_distributed(_trainer_worker, 2, ovr)
     sim = run_distributed(_simulated_worker, 1, _small_overrides(small_corpus, tmp_path / "s", 2, 1, 1, 5) + extra, mode)[0]
+    logged = _losses(tmp_path / "t" / "tiny_llama")
+    assert sim["train_loss"] == [logged[step][0] for step in range(1, 6)]
+    assert sim["val_loss"] == logged[5][1]
     for r in range(2):
-        for name, w in trainer[r].items():
-            assert torch.equal(sim[r][name], w), (mode, r, name)
+        for name, w in trainer[r]["weights"].items():
+            assert torch.equal(sim["weights"][r][name], w), (mode, r, name)
     if mode == "sparseloco":  # step 5 is an inner step: the replicas differ, so the equality is per replica
-        assert any(not torch.equal(sim[0][k], sim[1][k]) for k in sim[0])
+        assert any(not torch.equal(sim["weights"][0][k], sim["weights"][1][k]) for k in sim["weights"][0])
+
+
+@pytest.mark.slow
+def test_simulated_runner_and_trainer_stop_on_the_same_non_finite_step(small_corpus: Path, tmp_path: Path) -> None:
+    """The non-finite guard is the trainer's in both: weights drawn with std 1e30 overflow the first backward;
+    both stop before the first optimiser step with the same message (one config, so the same folders)."""
+    ovr = _small_overrides(small_corpus, tmp_path, 2, 1, 1, 3) + ["model.init_std=1e30"]
+    trainer = run_distributed(_trainer_worker, 2, ovr)
+    sim = run_distributed(_simulated_worker, 1, ovr, "dense")[0]
+    assert trainer[0]["error"].startswith("step 1: the loss is ") and "the gradient norm nan (not finite)" in trainer[0]["error"]
+    assert sim["error"] == trainer[0]["error"] == trainer[1]["error"]

@@ -8,7 +8,7 @@ from typing import List
 import pytest
 import torch
 
-from nanotron_ext.config.schema import SparseLoCoConfig
+from nanotron_ext.sparseloco.config import SparseLoCoConfig
 from nanotron_ext.sparseloco.simulate import SimulatedReplicas
 
 

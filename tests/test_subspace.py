@@ -14,12 +14,17 @@ def _model_cfg(**sub) -> ModelConfig:
     from nanotron_ext.config.loader import from_dict
 
     return from_dict(ModelConfig, {"vocab_size": 50, "hidden_size": 16, "num_heads": 2, "num_kv_heads": 1,
-                                   "embedding": {"kind": "subspace"}, "output_constraint": {"kind": "subspace"},
                                    "codec": {"kind": "subspace"}, "subspace": {"k": 4, **sub}})
 
 
+def _hub(cfg: ModelConfig):
+    from nanotron_ext.subspace.basis import SubspaceHub
+
+    return SubspaceHub(cfg)
+
+
 def test_basis_is_an_orthonormal_qr_of_a_seeded_gaussian() -> None:
-    from nanotron_ext.subspace import make_basis
+    from nanotron_ext.subspace.basis import make_basis
 
     u = make_basis(32, 8, seed=5)
     torch.testing.assert_close(u.T @ u, torch.eye(8), atol=1e-6, rtol=0)
@@ -32,11 +37,9 @@ def test_basis_is_an_orthonormal_qr_of_a_seeded_gaussian() -> None:
 
 
 def test_codec_round_trip_is_exact_in_span_and_its_backward_is_g_u_ut() -> None:
-    from nanotron_ext.subspace import hub_for
     from nanotron_ext.subspace.codec import SubspaceDecoder, SubspaceEncoder
 
-    cfg = _model_cfg()
-    hub = hub_for(cfg)
+    hub = _hub(_model_cfg())
     u, fixed = hub.basis, hub.fixed
     ids = torch.randint(0, 50, (2, 5))
     coords = torch.randn(2, 5, 4)
@@ -56,10 +59,9 @@ def test_codec_round_trip_is_exact_in_span_and_its_backward_is_g_u_ut() -> None:
 
 
 def test_decoder_accumulates_the_gram_matrix_of_the_received_gradient() -> None:
-    from nanotron_ext.subspace import hub_for
     from nanotron_ext.subspace.codec import SubspaceDecoder
 
-    hub = hub_for(_model_cfg(grassmann_every=3))
+    hub = _hub(_model_cfg(grassmann_every=3))
     dec = SubspaceDecoder(hub, 2, accumulate=True)
     ids = torch.randint(0, 50, (2, 3))
     expected = torch.zeros(16, 16)
@@ -85,7 +87,8 @@ def _reference_column_mean_adamw(w, grads, lr, b1, b2, eps, wd):
 
 
 def test_modified_adamw_matches_its_formula_and_keeps_the_span() -> None:
-    from nanotron_ext.subspace import ColumnMeanAdamW, make_basis
+    from nanotron_ext.subspace.basis import make_basis
+    from nanotron_ext.subspace.optim import ColumnMeanAdamW
 
     u = make_basis(16, 4, seed=0)
     p = u @ torch.randn(4, 6)
@@ -132,14 +135,89 @@ def test_grassmann_step_is_a_riemannian_descent_step_on_the_stiefel_basis() -> N
     torch.testing.assert_close(q, u * torch.tensor([1.0, -1.0, 1.0], dtype=torch.float64), atol=1e-10, rtol=0)
 
 
-def test_configuration_errors_name_the_keys() -> None:
+def test_one_switch_brings_the_embedding_and_constraint_and_overrides_are_checked() -> None:
+    """model.codec.kind: subspace alone brings the split embedding and the span(U) constraint; an override
+    the codec stays exact with is kept; one that breaks exactness fails at load naming both keys."""
     from nanotron_ext.config.loader import from_dict
-    from nanotron_ext.subspace.codec import SubspaceCodec
 
     lone = from_dict(ModelConfig, {"codec": {"kind": "subspace"}})
-    with pytest.raises(ConfigError, match="model.codec.kind='subspace' is exact only with model.embedding.kind"):
-        SubspaceCodec(lone, None)
+    assert (lone.embedding.kind, lone.output_constraint.kind) == ("subspace", "subspace")
+    adapted = from_dict(ModelConfig, {"codec": {"kind": "subspace"}, "embedding": {"kind": "subspace_adapted"}})
+    assert (adapted.embedding.kind, adapted.output_constraint.kind) == ("subspace_adapted", "subspace")
+    plain = from_dict(ModelConfig, {})
+    assert (plain.embedding.kind, plain.output_constraint.kind) == ("standard", "none")
+    with pytest.raises(ConfigError, match="model.embedding.kind: 'standard' with model.codec.kind='subspace'"):
+        from_dict(ModelConfig, {"codec": {"kind": "subspace"}, "embedding": {"kind": "standard"}})
+    with pytest.raises(ConfigError, match="model.output_constraint.kind: 'none' with model.codec.kind='subspace'"):
+        from_dict(ModelConfig, {"codec": {"kind": "subspace"}, "output_constraint": {"kind": "none"}})
+    # the split embedding and the constraint on their own (no codec) stay possible
+    alone = from_dict(ModelConfig, {"embedding": {"kind": "subspace"}, "output_constraint": {"kind": "subspace"}})
+    assert alone.codec.kind == "identity"
+
+
+def test_configuration_errors_name_the_keys() -> None:
+    from nanotron_ext.config.loader import from_dict
+
     with pytest.raises(ConfigError, match="model.subspace.k: 999 exceeds model.hidden_size"):
         from_dict(ModelConfig, {"subspace": {"k": 999}})
     with pytest.raises(ConfigError, match="model.subspace.grassmann_lr"):
         from_dict(ModelConfig, {"subspace": {"grassmann_lr": 0}})
+    with pytest.raises(ConfigError, match="model.subspace.modified_adamw: applies to parameterisation='projection'"):
+        from_dict(ModelConfig, {"codec": {"kind": "subspace"}, "subspace": {"modified_adamw": True}})
+    with pytest.raises(ConfigError, match="model.tie_embeddings: true is not supported with model.embedding.kind="
+                                          "'subspace_adapted'"):
+        from_dict(ModelConfig, {"embedding": {"kind": "subspace_adapted"}, "tie_embeddings": True})
+
+
+def _two_models() -> dict:
+    """Two models with different Subspace settings built in one process, then one trained a step."""
+    import gc
+    import sys
+
+    from nanotron_ext.config.loader import from_dict
+    from nanotron_ext.config.schema import Config
+    from nanotron_ext.models.build import build_model
+    from nanotron_ext.optim.build import build_optimizer
+    from nanotron_ext.parallel.context import standalone_context
+    from nanotron_ext.subspace.pieces import hub_of
+    from nanotron_ext.train.pipeline_step import forward_backward, make_engine
+
+    ctx = standalone_context()
+    model_kw = dict(vocab_size=320, hidden_size=32, ffn_size=48, num_layers=3, num_heads=4, num_kv_heads=2,
+                    max_seq_len=16)
+    models, hubs = [], []
+    for k, seed, grassmann in ((4, 0, 0), (8, 5, 1)):
+        cfg = from_dict(Config, {"model": {**model_kw, "codec": {"kind": "subspace", "boundaries": "every_layer"},
+                                           "subspace": {"k": k, "seed": seed, "grassmann_every": grassmann}},
+                                 "tokenizer": {"vocab_size": 260}, "tokens": {"sequence_length": 8}})
+        models.append(build_model(cfg, ctx))
+        hubs.append(hub_of(models[-1]))
+    a, b = models
+    storage = {t.untyped_storage().data_ptr() for t in list(a.parameters()) + list(a.buffers())}
+    shared = [n for n, t in list(b.named_parameters()) + list(b.named_buffers())
+              if t.untyped_storage().data_ptr() in storage]
+    # every module of a model that holds a hub holds its own model's hub
+    holders = [[id(m.hub) for m in model.modules() if hasattr(m, "hub")] for model in models]
+    before = {n: t.clone() for n, t in b.state_dict().items()}
+    rows = torch.randint(0, 320, (2, 9), generator=torch.Generator().manual_seed(0))
+    opt = build_optimizer(a, from_dict(Config, {}).optimizer, ctx.tp_pg)
+    forward_backward(a, make_engine("1f1b"), [{"input_ids": rows[:, :-1], "label_ids": rows[:, 1:]}], ctx)
+    opt.step()
+    a.after_optimizer_step()
+    unchanged = all(torch.equal(before[n], t) for n, t in b.state_dict().items())
+    # nothing module-level in the package refers to either model's hub (no registry of models)
+    modules = {id(vars(m)) for name, m in sys.modules.items() if name.startswith("nanotron_ext")}
+    held_by_module = [type(r).__name__ for hub in hubs for r in gc.get_referrers(hub) if id(r) in modules]
+    return {"k": [h.k for h in hubs], "hubs_distinct": hubs[0] is not hubs[1], "shared": shared,
+            "holders": [set(h) == {id(hub)} for h, hub in zip(holders, hubs)], "unchanged": unchanged,
+            "held_by_module": held_by_module, "module_hubs": hasattr(sys.modules["nanotron_ext.subspace.basis"], "_HUBS")}
+
+
+def test_two_models_with_different_subspace_settings_share_nothing() -> None:
+    """No module-level registry of models: each model build gets its own Subspace pieces and hub."""
+    from tests.helpers.dist import run_distributed
+
+    r = run_distributed(_two_models, 1)[0]
+    assert r["k"] == [4, 8] and r["hubs_distinct"] and r["holders"] == [True, True]
+    assert r["shared"] == [] and r["unchanged"]
+    assert r["held_by_module"] == [] and not r["module_hubs"]

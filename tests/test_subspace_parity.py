@@ -43,7 +43,7 @@ def _parity_worker(tp: int, pp: int, engine: str, subspace: dict) -> dict:
     from nanotron_ext.models.build import build_model
     from nanotron_ext.parallel.comm import get_ledger
     from nanotron_ext.parallel.context import build_parallel_context
-    from nanotron_ext.subspace import hub_for
+    from nanotron_ext.subspace.pieces import hub_of
     from nanotron_ext.train.pipeline_step import forward_backward, make_engine
     from tests.helpers.compare import worst_grad_error
     from tests.subspace_reference import subspace_reference
@@ -51,7 +51,7 @@ def _parity_worker(tp: int, pp: int, engine: str, subspace: dict) -> dict:
     ctx = build_parallel_context(dp=1, tp=tp, pp=pp, backend="gloo")
     cfg = _cfg(tp, pp, engine, subspace)
     model = build_model(cfg, ctx)
-    hub = hub_for(cfg.model)
+    hub = hub_of(model)
     pp_rank = dist.get_rank(ctx.pp_pg)
     last_of_stage0 = model.stage_of_layer.index(1) - 1
     sender: List[torch.Tensor] = []
@@ -150,7 +150,7 @@ def _drift_worker(variants: Dict[str, tuple], steps: int) -> Dict[str, dict]:
     from nanotron_ext.models.build import build_model
     from nanotron_ext.optim.build import build_optimizer
     from nanotron_ext.parallel.context import build_parallel_context
-    from nanotron_ext.subspace import hub_for
+    from nanotron_ext.subspace.pieces import hub_of
     from nanotron_ext.train.pipeline_step import forward_backward, make_engine
 
     ctx = build_parallel_context(dp=1, tp=1, pp=1, backend="gloo")
@@ -159,7 +159,7 @@ def _drift_worker(variants: Dict[str, tuple], steps: int) -> Dict[str, dict]:
         cfg = _cfg(1, 1, "1f1b", subspace, boundaries)
         cfg.optimizer.lr = 1e-2
         model = build_model(cfg, ctx)
-        hub = hub_for(cfg.model)
+        hub = hub_of(model)
         opt = build_optimizer(model, cfg.optimizer, ctx.tp_pg)
         engine = make_engine("1f1b")
         for step in range(steps):
@@ -201,8 +201,8 @@ def _grassmann_worker(parameterisation: str) -> dict:
     from nanotron_ext.models.build import build_model
     from nanotron_ext.optim.build import build_optimizer
     from nanotron_ext.parallel.context import build_parallel_context
-    from nanotron_ext.subspace import hub_for
     from nanotron_ext.subspace.grassmann import grassmann_objective
+    from nanotron_ext.subspace.pieces import hub_of
     from nanotron_ext.train.pipeline_step import forward_backward, make_engine
     from tests.helpers.compare import worst_grad_error
     from tests.subspace_reference import subspace_reference
@@ -211,7 +211,7 @@ def _grassmann_worker(parameterisation: str) -> dict:
     cfg = _cfg(1, 1, "1f1b", {"parameterisation": parameterisation, "grassmann_every": 2, "grassmann_lr": 0.3},
                "every_layer")
     model = build_model(cfg, ctx)
-    hub = hub_for(cfg.model)
+    hub = hub_of(model)
     opt = build_optimizer(model, cfg.optimizer, ctx.tp_pg)
     engine = make_engine("1f1b")
     u0 = hub.basis.clone()
@@ -299,7 +299,7 @@ def _tied_worker(tp: int) -> dict:
     tied head from TE = T_fixed + T_S U^T by definition)."""
     from nanotron_ext.models.build import build_model
     from nanotron_ext.parallel.context import build_parallel_context
-    from nanotron_ext.subspace import hub_for
+    from nanotron_ext.subspace.pieces import hub_of
     from nanotron_ext.train.pipeline_step import forward_backward, make_engine
     from tests.helpers.compare import worst_grad_error
     from tests.subspace_reference import subspace_reference
@@ -308,7 +308,7 @@ def _tied_worker(tp: int) -> dict:
     cfg = _cfg(tp, 1, "1f1b", {"parameterisation": "reparam"}, "every_layer")
     cfg.model.tie_embeddings = True
     model = build_model(cfg, ctx)
-    hub = hub_for(cfg.model)
+    hub = hub_of(model)
     rows = _rows(SEED)
     loss = forward_backward(model, make_engine("1f1b"), _micro(rows), ctx)
     ref = subspace_reference(cfg.model, cfg.general.seed, hub.basis, hub.fixed, rows)

@@ -15,6 +15,6 @@ JSON the worker wrote, prints and saves the table); under torchrun with `--worke
     paper     PaperClaim: the paper's number beside ours, and whether its ordering held
 
 This package is core: it imports no technique package (tests/test_layout.py). Techniques are
-named by strings (`model.boost.tp_strategy=btp`) and built through the registries, and a paper's
+named by strings (`model.tp_strategy=btp`) and built by the techniques that provide them, and a paper's
 own helpers (closed forms, module names) live in `reproduce/<paper>/common.py`.
 """

@@ -3,8 +3,9 @@
 Orchestrator side: `split_argv` (script options before `--`, torchrun options after),
 `torchrun_command`, `launch` (one job, output to a log, a timeout that kills only our own process
 group), `run_job` (save each named config, run ONE job of `script --worker` over all of them, read
-back its JSON). Worker side: `worker_configs` (load the configs, start the parallel context, fit
-TP to the world size), `gather_to_main`, `write_worker_result` (global rank 0 only).
+back its JSON). Worker side: `worker_configs` (load the configs, fit TP to the world size with
+`adapt_layout`, the harness's one layout rule, announced on stderr; start the parallel context with
+nanotron_ext.parallel.context.context_for), `gather_to_main`, `write_worker_result` (global rank 0 only).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from nanotron_ext.bench.report import run_meta, write_rows
+from nanotron_ext.config.loader import load_config, save_config
 
 # torchrun arguments that mean "the user set up the rendezvous": then we do not add --standalone
 _RDZV_FLAGS = ("--standalone", "--nnodes", "--rdzv", "--master", "--node", "--node_rank", "--node-rank")
@@ -137,8 +139,6 @@ def early_phase(args: argparse.Namespace, worker: Callable[[argparse.Namespace],
 def run_job(script: str | Path, named_cfgs: Mapping[str, Any], worker_args: Sequence[str],
             torchrun_args: Sequence[str], log_dir: Optional[str], timeout_s: float, verbose: bool) -> Dict[str, Any]:
     """Save each config, run ONE torchrun job of `script --worker` over all of them, return its JSON."""
-    from nanotron_ext.config.loader import save_config
-
     work = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix=f"{Path(script).stem}_"))
     work.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -159,30 +159,33 @@ def run_job(script: str | Path, named_cfgs: Mapping[str, Any], worker_args: Sequ
 # worker side (under torchrun)
 # ------------------------------------------------------------------------------------------------
 def adapt_layout(cfg: Any, world_size: int) -> None:
-    """Fill the world with TP: tp = world / (dp * pp) when the config's grid does not match, so one
-    config serves any --nproc_per_node. Re-validates the layout (shapes divisible by tp, ...)."""
+    """The harness's one layout rule, so one config serves any --nproc_per_node: when dp * tp * pp does not
+    match the world, TP fills it (tp = world / (dp * pp)), announced on stderr by rank 0. Then the layout is
+    validated (shapes divisible by tp, ...) like any run's."""
     p = cfg.parallelism
     if p.dp * p.tp * p.pp != world_size:
         if world_size % (p.dp * p.pp):
             raise ValueError(f"world size {world_size} is not a multiple of dp*pp = {p.dp * p.pp}")
+        if os.environ.get("RANK", "0") == "0":
+            print(f"bench: parallelism.tp {p.tp} -> {world_size // (p.dp * p.pp)} to fill the {world_size} processes "
+                  f"(dp={p.dp}, pp={p.pp}; nanotron_ext.bench.launch.adapt_layout)", file=sys.stderr)
         p.tp = world_size // (p.dp * p.pp)
     cfg.validate(world_size=world_size)
 
 
 def init_distributed(cfg: Any) -> Any:
-    """nanotron's ParallelContext for this config (tp adapted to the world size)."""
-    from nanotron_ext.parallel.context import build_parallel_context
+    """nanotron's ParallelContext for this config (tp adapted to the world size by `adapt_layout`), through
+    the one public path, nanotron_ext.parallel.context.context_for."""
+    # torch on the worker side only: orchestrators run without it
+    from nanotron_ext.parallel.context import context_for
 
-    adapt_layout(cfg, int(os.environ.get("WORLD_SIZE", "1")))
-    p = cfg.parallelism
-    backend = None if cfg.general.backend == "auto" else cfg.general.backend
-    return build_parallel_context(p.dp, p.tp, p.pp, backend=backend, timeout_s=cfg.general.collective_timeout_s)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    adapt_layout(cfg, world)
+    return context_for(cfg, world_size=world)
 
 
 def worker_configs(args: argparse.Namespace) -> Tuple[List[str], List[Any], Any]:
     """(names, configs, ParallelContext) on a worker; every config shares the first one's layout."""
-    from nanotron_ext.config.loader import load_config
-
     cfgs = [load_config(p) for p in args.configs]
     ctx = init_distributed(cfgs[0])
     for cfg in cfgs:
@@ -192,6 +195,7 @@ def worker_configs(args: argparse.Namespace) -> Tuple[List[str], List[Any], Any]
 
 def is_main() -> bool:
     """Global rank 0 (or no process group)."""
+    # torch on the worker side only: orchestrators run without it
     import torch.distributed as td
 
     return not td.is_initialized() or td.get_rank() == 0
@@ -199,6 +203,7 @@ def is_main() -> bool:
 
 def gather_to_main(value: Any) -> List[Any]:
     """All ranks' picklable `value`s on every rank (only small result dicts go through this)."""
+    # torch on the worker side only: orchestrators run without it
     import torch.distributed as td
 
     if not td.is_initialized() or td.get_world_size() == 1:
@@ -216,6 +221,7 @@ def write_worker_result(path: Optional[str], payload: Dict[str, Any]) -> None:
 
 def worker_meta(ctx: Any) -> Dict[str, Any]:
     """run_meta plus the parallel layout, device, torch version and threads of this job."""
+    # torch on the worker side only: orchestrators run without it
     import torch
 
     return run_meta({

@@ -12,9 +12,7 @@ LLaMA); "as configured" counts everything the file builds (ResBM's sizes include
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
-import socket
 from pathlib import Path
 from typing import Any, Optional, Tuple
 
@@ -25,19 +23,6 @@ UNCOMPRESSED = ("model.codec.kind=identity", "model.embedding.kind=standard", "m
                 "sparseloco.compressed_replicas=[]")
 
 
-def _ensure_process_group_env() -> None:
-    """LlamaForTraining needs (1-rank) process groups even on the meta device: point a lone
-    rank at a free local port when no launcher did."""
-    import torch.distributed as torch_dist
-
-    if torch_dist.is_initialized() or "MASTER_PORT" in os.environ:
-        return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-
-
 def count_params(cfg: Any) -> int:
     """Distinct parameters of the whole model of `cfg` (one process, tp = pp = 1), built on the
     meta device. With codec boundaries at `stages` and pp > 1 the boundaries sit where pp stages
@@ -45,11 +30,10 @@ def count_params(cfg: Any) -> int:
     import torch
 
     from nanotron_ext.models.llama import LlamaForTraining
-    from nanotron_ext.parallel.context import build_parallel_context
+    from nanotron_ext.parallel.context import standalone_context
     from nanotron_ext.parallel.p2p import AccountedP2P
 
-    _ensure_process_group_env()
-    ctx = build_parallel_context(dp=1, tp=1, pp=1, backend="gloo")
+    ctx = standalone_context()  # LlamaForTraining needs (1-rank) process groups even on the meta device
     model_cfg = cfg.model
     if model_cfg.codec.boundaries == "stages" and cfg.parallelism.pp > 1:
         stage_ends = [(i + 1) * model_cfg.num_layers // cfg.parallelism.pp - 1 for i in range(cfg.parallelism.pp - 1)]

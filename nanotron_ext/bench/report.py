@@ -32,6 +32,7 @@ from nanotron_ext.bench.paper import Verdict, verdict_table
 def machine_label() -> str:
     """'8x NVIDIA H100 ...' on GPUs, 'CPU (x86_64, 2 cores)' otherwise: for titles and JSON meta."""
     try:
+        # an orchestrator may run without torch
         import torch
 
         if torch.cuda.is_available():
@@ -311,6 +312,7 @@ def save_figure(fig: Any, png: str | Path, title: str, meta: Mapping[str, Any]) 
 
 def new_figure(ncols: int, width: float = 5.0, height: float = 4.5) -> Any:
     """(figure, axes) of one row of panels, with the non-interactive Agg backend."""
+    # matplotlib only when plotting (seconds to import)
     import matplotlib
 
     matplotlib.use("Agg")

@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+import yaml
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -139,8 +141,6 @@ def run_one(args: argparse.Namespace, name: str, overrides: List[str], mbps: flo
 
 
 def _resolved(run_dir: Path) -> dict:
-    import yaml
-
     return yaml.safe_load((run_dir / "config.yaml").read_text())
 
 
@@ -161,7 +161,7 @@ def format_rows(rows: Sequence[dict]) -> str:
 
 def figure(rows: Sequence[dict]) -> Any:
     """tokens/s against link bandwidth, one line per (setting, duplex)."""
-    from nanotron_ext.bench.report import new_figure
+    from nanotron_ext.bench.report import new_figure  # matplotlib only when plotting (seconds to import)
 
     fig, ax = new_figure(1, width=6.4, height=4.2)
     for (setting, duplex) in sorted({(r["setting"], r["duplex"]) for r in rows}):

@@ -73,6 +73,7 @@ def rotated(names: Sequence[str], round_index: int) -> List[str]:
 # ------------------------------------------------------------------------------------------------
 def sync_all(device: Any) -> None:
     """Finish queued GPU work and line up every rank (torch.distributed directly: not in the ledger)."""
+    # torch on the worker side only: orchestrators run without it
     import torch
     import torch.distributed as td
 
@@ -83,6 +84,7 @@ def sync_all(device: Any) -> None:
 
 
 def _reduce(values: Sequence[float], mean: bool) -> List[float]:
+    # torch on the worker side only: orchestrators run without it
     import torch
     import torch.distributed as td
 
@@ -109,6 +111,7 @@ def mean_over_ranks(values: Sequence[float]) -> List[float]:
 @contextlib.contextmanager
 def profiler_for(device: Any, memory: bool = False) -> Iterator[Any]:
     """torch.profiler over CPU (and CUDA on a GPU device)."""
+    # torch on the worker side only: orchestrators run without it
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if getattr(device, "type", "cpu") == "cuda" else [])

@@ -9,7 +9,10 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+import yaml
+
 from nanotron_ext.bench.launch import last_error_line, launch
+from nanotron_ext.config.loader import config_to_dict, load_config
 
 
 def run_training(config_file: str | Path, overrides: Sequence[str], run: str, *, nproc: int = 1,
@@ -45,10 +48,6 @@ def _result(out: Path) -> Dict[str, Any]:
 
 def _finished_with(out: Path, config_file: str | Path, sets: Sequence[str]) -> bool:
     """The run folder holds a finished run whose saved config equals this resolved config."""
-    import yaml
-
-    from nanotron_ext.config.loader import config_to_dict, load_config
-
     if not (out / "summary.json").exists() or not (out / "config.yaml").exists():
         return False
     want = config_to_dict(load_config(config_file, list(sets)))
@@ -71,6 +70,7 @@ def validation_curve(metrics: Path) -> List[List[float]]:
 
 
 def latest_checkpoint_of(summary: Dict[str, Any]) -> Optional[Path]:
+    # torch on the worker side only: orchestrators run without it
     from nanotron_ext.train.checkpoint import latest_checkpoint
 
     return latest_checkpoint(Path(summary["run_dir"]) / "checkpoints")

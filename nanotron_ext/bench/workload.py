@@ -1,7 +1,7 @@
 """Workloads: the model/batch options scripts share, configs, built models, memory probes.
 
 Techniques are reached by name only: a row is a config plus `--set` overrides
-(`model.boost.tp_strategy=btp`, `model.codec.kind=...`), built by the core's model builder, which
+(`model.tp_strategy=btp`, `model.codec.kind=...`), built by the core's model builder, which
 looks the names up in the registries (nanotron_ext.registry). Nothing here imports a technique.
 """
 from __future__ import annotations
@@ -12,6 +12,10 @@ import dataclasses
 import gc
 import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from nanotron_ext.config.loader import apply_overrides, from_dict, load_config
+from nanotron_ext.config.schema import Config
+from nanotron_ext.registry import TP_STRATEGIES
 
 # Defaults of the benchmark model when no --config-file is given: small enough that a 12-iteration
 # run of each variant takes seconds on 2 CPU cores; MHA.
@@ -69,9 +73,6 @@ def shape_overrides(args: argparse.Namespace) -> List[str]:
 
 def resolve_config(config_file: Optional[str], overrides: Sequence[str]) -> Any:
     """Config from an optional YAML file plus overrides, strictly validated by our loader."""
-    from nanotron_ext.config.loader import apply_overrides, from_dict, load_config
-    from nanotron_ext.config.schema import Config
-
     if config_file is not None:
         return load_config(config_file, list(overrides))
     return from_dict(Config, apply_overrides(None, list(overrides)))
@@ -79,9 +80,7 @@ def resolve_config(config_file: Optional[str], overrides: Sequence[str]) -> Any:
 
 def available_strategies() -> Tuple[List[str], str]:
     """(registered TP strategy names, why some may be missing or ""): the registry loads every
-    technique declared as an entry point, so this names what `model.boost.tp_strategy` accepts."""
-    from nanotron_ext.models.tp_strategy import TP_STRATEGIES
-
+    technique declared as an entry point, so this names what `model.tp_strategy` accepts."""
     return TP_STRATEGIES.names(), ""
 
 
@@ -98,6 +97,7 @@ def require_strategies(needed: Sequence[str]) -> List[str]:
 # worker side: models, batches, iterations
 # ------------------------------------------------------------------------------------------------
 def autocast_for(cfg: Any, device: Any) -> contextlib.AbstractContextManager:
+    # torch on the worker side only: orchestrators run without it
     import torch
 
     if cfg.model.dtype == "bf16":
@@ -107,6 +107,7 @@ def autocast_for(cfg: Any, device: Any) -> contextlib.AbstractContextManager:
 
 def random_micro_batches(cfg: Any, n: int, micro_batch: Optional[int] = None) -> List[Dict[str, Any]]:
     """`n` micro-batches of token ids drawn from general.seed: identical for every variant."""
+    # torch on the worker side only: orchestrators run without it
     import torch
 
     g = torch.Generator().manual_seed(cfg.general.seed)
@@ -131,6 +132,7 @@ class Trainee:
 
 def build_trainee(cfg: Any, ctx: Any, with_optimizer: bool = True) -> Trainee:
     """The model `cfg` describes (through the registries), its optimizer and pipeline engine."""
+    # torch on the worker side only: orchestrators run without it
     import torch
 
     from nanotron_ext.models.build import build_model
@@ -145,6 +147,7 @@ def build_trainee(cfg: Any, ctx: Any, with_optimizer: bool = True) -> Trainee:
 
 def release(*objs: Any) -> None:
     """Drop references and return memory (GPU caches too) before the next model is built."""
+    # torch on the worker side only: orchestrators run without it
     import torch
 
     del objs
@@ -156,6 +159,7 @@ def release(*objs: Any) -> None:
 def train_iteration(t: Trainee, ctx: Any, batches: List[Dict[str, Any]]) -> None:
     """One training iteration as the trainer runs it: forward/backward over the micro-batches,
     gradient clipping, optimizer step, zero grads (no data loading, no logging)."""
+    # the model stack (torch, nanotron) on the worker side only
     from nanotron_ext.optim.clip import clip_grad_norm_
     from nanotron_ext.train.pipeline_step import forward_backward
 
@@ -180,6 +184,7 @@ def first_local_block(model: Any) -> Any:
 # ------------------------------------------------------------------------------------------------
 def persistent_bytes(model: Any, optimizer: Any) -> Dict[str, int]:
     """This rank's parameter, gradient and optimizer-state bytes (tied parameters counted once)."""
+    # torch on the worker side only: orchestrators run without it
     import torch
 
     params = {id(p): p for p in model.parameters()}.values()
@@ -196,12 +201,14 @@ def persistent_bytes(model: Any, optimizer: Any) -> Dict[str, int]:
 
 def peak_memory() -> int:
     """CUDA allocator peak on GPU (reset it with reset_peak), peak RSS of this process on CPU."""
+    # the model stack (torch, nanotron) on the worker side only
     from nanotron_ext.metrics.memory import peak_memory_bytes
 
     return int(peak_memory_bytes())
 
 
 def reset_peak(device: Any) -> None:
+    # torch on the worker side only: orchestrators run without it
     import torch
 
     if getattr(device, "type", "cpu") == "cuda":
@@ -229,6 +236,7 @@ class SavedTensorBytes:
         self._stack = contextlib.ExitStack()
 
     def _note(self, t: Any) -> None:
+        # torch on the worker side only: orchestrators run without it
         import torch
 
         if isinstance(t, torch.Tensor):
@@ -264,6 +272,7 @@ class SavedTensorBytes:
         self._stack.callback(setattr, owner, "checkpoint", original)
 
     def __enter__(self) -> "SavedTensorBytes":
+        # torch on the worker side only: orchestrators run without it
         import torch
 
         self._stack.enter_context(torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t))
@@ -280,6 +289,7 @@ def activation_bytes(model: Any, forward: Callable[[], Any], device: Any,
     """Run `forward` (returns a loss); measure what it leaves held for backward two ways:
     allocator net bytes (profile_memory) and saved-for-backward bytes (hooks + checkpoint inputs).
     Returns (loss, {"allocator": .., "saved": ..}); call loss.backward() afterwards."""
+    # torch.profiler on the worker side only
     from nanotron_ext.bench.timing import profiler_for
 
     with SavedTensorBytes(model, checkpoint_owners) as saved, profiler_for(device, memory=True) as prof:

@@ -1,9 +1,10 @@
 """BOOST: bottleneck-aware tensor parallelism for low-rank Llamas.
 
 Paper: "BOOST: Bottleneck-Optimized Scalable Training Framework for Low-Rank Large Language
-Models" (arXiv:2512.12131). Selected by `model.low_rank.*` and `model.boost.*`; importing this package registers the
-"vanilla" and "btp" TP strategies in the core's TP_STRATEGIES (it is loaded through the
-`nanotron_ext.techniques` entry point, never by the core).
+Models" (arXiv:2512.12131). Configured by `model.low_rank.*` and `model.boost.*` (config.py); provides the
+"vanilla" and "btp" TP layouts (`model.tp_strategy`; a low-rank model takes vanilla unless it names one).
+`technique` (technique.py) is this package's one registered object (the `nanotron_ext.techniques` entry
+point); pieces.BoostPieces builds the strategies when a model is built. The core never imports this package.
 
 Paper -> code:
 - sec. 3, low-rank linears (SVD y = A(Bx), CoLA y = A silu(Bx), LaX y_i = B_i(A_i x_i + A_{i-1} x_{i-1})):
@@ -24,4 +25,4 @@ Paper -> code:
 - Table 6, communication volume per block: checked against the ledger in tests/test_boost.py
 - Tables 3-5, Figures 6-8, Table 8: reproduce/boost/
 """
-from nanotron_ext.boost import strategies  # noqa: F401  (registers "vanilla" and "btp")
+from nanotron_ext.boost.technique import technique  # noqa: F401  (the entry point: light, no torch)

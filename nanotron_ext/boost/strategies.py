@@ -51,12 +51,7 @@ from nanotron_ext.boost.lowrank import (
 )
 from nanotron_ext.boost.vanilla import VanillaAttention, VanillaMLP
 from nanotron_ext.config.schema import ModelConfig
-from nanotron_ext.models.tp_strategy import (
-    MegatronHead,
-    MegatronStrategy,
-    TPStrategy,
-    register_tp_strategy,
-)
+from nanotron_ext.models.tp_strategy import MegatronHead, MegatronStrategy, TPStrategy
 
 
 # -- embedding and head under btp -----------------------------------------------------------------------
@@ -117,14 +112,12 @@ class _LowRankStrategy(TPStrategy):
         return self.mlp_cls(self.cfg, self.tp_pg, relay_in=relay)
 
 
-@register_tp_strategy("vanilla")
 class VanillaStrategy(_LowRankStrategy, MegatronStrategy):
     """Low-rank model, Megatron TP applied per factorised linear; embedding and head as Megatron."""
 
     attention_cls, mlp_cls = VanillaAttention, VanillaMLP
 
 
-@register_tp_strategy("btp")
 class BTPStrategy(_LowRankStrategy):
     """Bottleneck-aware TP: residual stream sharded on d between blocks and across pipeline stages."""
 

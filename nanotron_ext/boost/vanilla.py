@@ -59,7 +59,7 @@ class _VanillaSublayer(Sublayer):
         relay_in: Optional[LatentRelay] = None,
         relay_out: Optional[LatentRelay] = None,
     ) -> None:
-        tp, r = tp_pg.size(), cfg.rank
+        tp, r = tp_pg.size(), cfg.low_rank.width(cfg.hidden_size)
         self.shard_rank = r % tp == 0
         if cfg.low_rank.kind != "none" and not self.shard_rank:
             warn_once(f"vanilla TP: rank {r} is not divisible by tp={tp}; factorised linears run unsharded "

@@ -1,3 +1,3 @@
-"""Pipeline-boundary codecs: what crosses the link between two pipeline stages."""
-from nanotron_ext.codecs import identity, lossy  # noqa: F401  (register "identity", "topk", "int8", "int4", "lowrank")
-from nanotron_ext.codecs.base import CODECS, BoundaryCodec, get_codec, register_codec  # noqa: F401
+"""Pipeline-boundary codecs: what crosses the link between two pipeline stages (the interface in base.py;
+the core's identity codec and lossy baselines, built by nanotron_ext.models.pieces.CorePieces)."""
+from nanotron_ext.codecs.base import BoundaryCodec, BoundaryDecoder, BoundaryEncoder  # noqa: F401

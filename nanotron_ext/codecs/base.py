@@ -45,9 +45,6 @@ from torch import nn
 
 from nanotron_ext.config.schema import ModelConfig
 from nanotron_ext.parallel.p2p import forward_columns, mark_forward_columns
-from nanotron_ext.registry import CODECS
-
-register_codec = CODECS.register
 
 
 class BoundaryEncoder(nn.Module):
@@ -84,10 +81,6 @@ class BoundaryCodec:
         A codec whose encoder and decoder hold copies of one shared parameter combines their gradients
         here (across the pipeline boundary, through the pipeline's `p2p` on `p2p.pg`, when the two sides
         live on different stages: emulated links and the ledger see it)."""
-
-
-def get_codec(cfg: ModelConfig, tp_pg: dist.ProcessGroup) -> BoundaryCodec:
-    return CODECS.get(cfg.codec.kind)(cfg, tp_pg)
 
 
 def wire_dtype(cfg: ModelConfig) -> torch.dtype:

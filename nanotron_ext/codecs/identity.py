@@ -5,7 +5,7 @@ from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
-from nanotron_ext.codecs.base import BoundaryCodec, BoundaryDecoder, BoundaryEncoder, from_wire, register_codec, to_wire
+from nanotron_ext.codecs.base import BoundaryCodec, BoundaryDecoder, BoundaryEncoder, from_wire, to_wire
 
 
 class Transparent:
@@ -34,7 +34,6 @@ class IdentityDecoder(Transparent, BoundaryDecoder):
         return x, x
 
 
-@register_codec("identity")
 class IdentityCodec(BoundaryCodec):
     def encoder(self, boundary: int) -> BoundaryEncoder:
         return IdentityEncoder(self.wire_dtype)

@@ -22,7 +22,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from nanotron_ext.codecs.base import BoundaryCodec, BoundaryDecoder, BoundaryEncoder, from_wire, register_codec
+from nanotron_ext.codecs.base import BoundaryCodec, BoundaryDecoder, BoundaryEncoder, from_wire
 
 
 def _bitcast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -165,25 +165,21 @@ class LossyCodec(BoundaryCodec):
         return LossyDecoder(self.scheme(), self.cfg.hidden_size)
 
 
-@register_codec("topk")
 class TopKCodec(LossyCodec):
     def scheme(self) -> Scheme:
         return TopK(self.cfg.hidden_size, self.cfg.codec.ratio, self.wire_dtype)
 
 
-@register_codec("int8")
 class Int8Codec(LossyCodec):
     def scheme(self) -> Scheme:
         return Quantise(self.cfg.hidden_size, 8, self.wire_dtype)
 
 
-@register_codec("int4")
 class Int4Codec(LossyCodec):
     def scheme(self) -> Scheme:
         return Quantise(self.cfg.hidden_size, 4, self.wire_dtype)
 
 
-@register_codec("lowrank")
 class LowRankCodec(LossyCodec):
     def scheme(self) -> Scheme:
         return LowRank(self.cfg.hidden_size, self.cfg.codec.ratio, self.wire_dtype)

@@ -1,5 +1,6 @@
-"""Typed run configuration: YAML sections as keyword-only dataclasses (see schema.py), loaded
-strictly from YAML plus `--set key=value` overrides (see loader.py)."""
+"""Typed run configuration: YAML sections as keyword-only dataclasses (see schema.py; technique packages
+mount their own sections, see compose.py), loaded strictly from YAML plus `--set key=value` overrides
+(see loader.py)."""
 from nanotron_ext.config.loader import (  # noqa: F401
     add_config_args,
     apply_overrides,
@@ -12,7 +13,6 @@ from nanotron_ext.config.loader import (  # noqa: F401
     save_config,
 )
 from nanotron_ext.config.schema import (  # noqa: F401
-    BoostConfig,
     CheckpointsConfig,
     CodecConfig,
     Config,
@@ -22,7 +22,6 @@ from nanotron_ext.config.schema import (  # noqa: F401
     GeneralConfig,
     LinkConfig,
     LoggingConfig,
-    LowRankConfig,
     ModelConfig,
     OptimizerConfig,
     OutputConstraintConfig,

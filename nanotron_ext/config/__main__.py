@@ -15,6 +15,7 @@ import textwrap
 import typing
 from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
+from nanotron_ext.config.compose import composed
 from nanotron_ext.config.loader import (
     add_config_args,
     config_from_args,
@@ -24,10 +25,13 @@ from nanotron_ext.config.loader import (
     section_doc,
 )
 from nanotron_ext.config.schema import Config, ConfigError
+from nanotron_ext.registry import techniques
 
 
 def _sections(cls: type, path: str = "") -> Iterator[Tuple[str, type]]:
-    """(dotted path, class) of every section below `cls`, each parent before its children."""
+    """(dotted path, class) of every section below `cls` (technique sections included), each parent before
+    its children."""
+    cls = composed(cls)
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
@@ -56,12 +60,13 @@ def render_doc(width: Optional[int] = None) -> str:
         "Set keys in the YAML file given by --config-file (one mapping per section), or on the",
         "command line with --set section.key=value (value parsed as YAML, e.g. --set optimizer.lr=3e-4).",
     ]
+    owners = {path: t.name for t in techniques() for path in t.sections}
     for path, cls in _sections(Config):
-        head = f"[{path}]"
+        head = f"[{path}]" + (f" (technique {owners[path]})" if path in owners else "")
         intro = section_doc(cls)
         out += ["", head + (f"  {' '.join(intro.split())}" if intro else "")]
-        hints = typing.get_type_hints(cls)
-        fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+        hints = typing.get_type_hints(composed(cls))
+        fields = {f.name: f for f in dataclasses.fields(composed(cls)) if f.init}
         rows = []
         for name, type_text, doc in describe(cls):
             if dataclasses.is_dataclass(hints[name]):

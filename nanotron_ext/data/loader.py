@@ -65,6 +65,7 @@ class TokenShardDataset(torch.utils.data.Dataset):
 
     def __init__(self, split_dir: str | Path, sequence_length: int, *, token_size: int = 2,
                  expected_tokens: Optional[Dict[str, int]] = None) -> None:
+        # datatrove / tokenizers only when preparing or reading data (seconds to import)
         from datatrove.utils.dataset import DatatroveFolderDataset
 
         self.split_dir = Path(split_dir)

@@ -50,6 +50,7 @@ def validation_indices(num_documents: int, seed: int, fraction: float) -> Set[in
 def train_tokenizer(texts: Iterator[str], vocab_size: int, path: Path, *, length: Optional[int] = None,
                     show_progress: bool = True) -> None:
     """Train a byte-level BPE with `<|endoftext|>` (id 0) and save it atomically at `path`."""
+    # datatrove / tokenizers only when preparing or reading data (seconds to import)
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -107,6 +108,7 @@ def _split_docs(config: Config, split: str, val: Set[int], max_documents: Option
 
 def _tokenize_split(config: Config, split: str, val: Set[int], n_docs: int, out: Path, tok_path: Path,
                     sha: str, settings: dict, max_documents: Optional[int], progress: bool) -> None:
+    # datatrove / tokenizers only when preparing or reading data (seconds to import)
     from datatrove.pipeline.tokens import DocumentTokenizer
 
     tmp = out / f".partial-{split}"
@@ -262,6 +264,7 @@ def _vocab_notes(actual: int, configured: int, tok_path: Path, out: Path) -> Lis
 
 def load_tokenizer(path: Path):
     """The tokenizer at `path`; a damaged file is a DataError naming it (the library's message names no file)."""
+    # datatrove / tokenizers only when preparing or reading data (seconds to import)
     from tokenizers import Tokenizer
 
     try:

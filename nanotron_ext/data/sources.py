@@ -98,6 +98,7 @@ def source_fingerprint(data: DataConfig) -> Dict[str, object]:
 def _strict_jsonl_reader(folder: str, text_key: str, adapter: Callable):
     """datatrove's JsonlReader, but decoding and parsing each line on its own: a bad byte or malformed line fails
     naming file and line, where JsonlReader drops the rest of the file (bad bytes) or the line with a warning."""
+    # datatrove / tokenizers only when preparing or reading data (seconds to import)
     import orjson
     from datatrove.pipeline.readers import JsonlReader
 
@@ -194,12 +195,14 @@ def _read(data: DataConfig, files: List[Path], stats: Optional[Dict[str, Dict[st
     for f in files:
         audit.start(f)
         if data.source == "hf_disk":
+            # datatrove / tokenizers only when preparing or reading data (seconds to import)
             from datatrove.pipeline.readers import HuggingFaceDatasetReader
 
             reader = HuggingFaceDatasetReader(str(f), load_from_disk=True, text_key=data.text_key,
                                               adapter=audit.adapter())
             docs = reader.run()
         else:
+            # datatrove / tokenizers only when preparing or reading data (seconds to import)
             from datatrove.pipeline.readers import ParquetReader
 
             if data.source == "jsonl":

@@ -15,9 +15,11 @@ from typing import Iterator
 
 import torch
 
-from nanotron_ext.config.schema import Config, ParallelismConfig, SparseLoCoConfig
+from nanotron_ext.config.compose import core_class
+from nanotron_ext.config.schema import Config, ParallelismConfig
 from nanotron_ext.inference.run import RunCheckpoint, RunError, free_port
-from nanotron_ext.models.llama import LlamaForTraining, codec_boundaries, split_layers
+from nanotron_ext.models.llama import LlamaForTraining
+from nanotron_ext.parallel.layout import codec_boundaries, split_layers
 
 
 def single_process_config(ckpt: RunCheckpoint, replica: int = 0) -> Config:
@@ -29,7 +31,10 @@ def single_process_config(ckpt: RunCheckpoint, replica: int = 0) -> Config:
     stages = split_layers(m.num_layers, p.pp, p.layers_per_stage)
     boundaries = codec_boundaries(m.codec.boundaries, stages)
     model = dataclasses.replace(m, codec=dataclasses.replace(m.codec, boundaries=boundaries), init_from=None)
-    return dataclasses.replace(cfg, model=model, sparseloco=SparseLoCoConfig(),
+    # one replica, no outer loop: the top-level technique sections (e.g. sparseloco) at their defaults
+    core = {f.name for f in dataclasses.fields(core_class(type(cfg)))}
+    outer = {f.name: f.default_factory() for f in dataclasses.fields(cfg) if f.name not in core}
+    return dataclasses.replace(cfg, model=model, **outer,
                                parallelism=ParallelismConfig(dp=1, tp=1, pp=1, pp_engine=p.pp_engine))
 
 
@@ -65,10 +70,10 @@ def load_single_process_model(ckpt: RunCheckpoint, raw: dict, replica: int = 0) 
     persistent buffer must be found); inside `one_process_group()`."""
     from nanotron_ext.models.build import build_model
     from nanotron_ext.models.init import load_full_state_dict_
-    from nanotron_ext.parallel.context import build_parallel_context
+    from nanotron_ext.parallel.context import standalone_context
 
     cfg = single_process_config(ckpt, replica)
-    ctx = build_parallel_context(1, 1, 1, backend="gloo")
+    ctx = standalone_context()
     model = build_model(cfg, ctx)
     try:
         load_full_state_dict_(model, raw)

@@ -2,9 +2,10 @@
 
 Paper: "Learned Subspace Compression for Communication-Efficient Pipeline Parallelism" (MAPL,
 arXiv:2606.05484; the text available to us is a summary; settings it leaves open are documented beside
-the code and exposed in YAML: model.codec.mapl, optimizer.spel). Importing this package registers the
-"mapl" codec and the "mapl_spel" optimiser group (loaded through the `nanotron_ext.techniques` entry
-point, never by the core).
+the code and exposed in YAML: model.codec.mapl, optimizer.spel; config.py). `technique` (technique.py: the sections,
+the "mapl" codec, the "mapl_spel" optimiser group, the rules on r and m) is this package's one registered
+object (the `nanotron_ext.techniques` entry point); pieces.MaplPieces builds the codec and SPEL. The core
+never imports this package.
 
 Paper -> code:
 - per-boundary projection A_p in St(d, r); sender Z = (X - anchor_p(ids)) A_p, receiver
@@ -19,4 +20,4 @@ Paper -> code:
 - hybrid optimiser (Muon on hidden matrices, AdamW on embeddings/head/norms, SPEL on projectors at
   0.1x lr): optimizer.name: muon with optimizer.spel.lr_scale (spel.build_spel)
 """
-from nanotron_ext.mapl import codec, spel  # noqa: F401  (register the "mapl" codec and the SPEL group)
+from nanotron_ext.mapl.technique import technique  # noqa: F401  (the entry point: light, no torch)

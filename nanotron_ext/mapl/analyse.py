@@ -59,6 +59,7 @@ def analyse(projections: Dict[int, torch.Tensor], activations: Dict[int, torch.T
 
 def _collect(cfg_file: str, checkpoint: str, batches: int) -> Dict[str, object]:
     """Load the model, run validation batches, capture X - anchor at every MAPL encoder."""
+    # nanotron only to build a model: the functions above run without it
     from nanotron_ext.bench.launch import init_distributed
     from nanotron_ext.config.loader import load_config
     from nanotron_ext.data.loader import build_validation_loader
@@ -104,6 +105,7 @@ def projections_shape(result: Dict[str, object]) -> str:
 
 
 def write(result: Dict[str, object], out: Path, title: str) -> None:
+    # matplotlib only when plotting (seconds to import)
     import matplotlib.pyplot as plt
 
     from nanotron_ext.bench.report import markdown_table, run_meta, save_figure, write_rows

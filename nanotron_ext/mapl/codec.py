@@ -37,38 +37,27 @@ from nanotron import distributed as dist
 from nanotron.parallel.pipeline_parallel.p2p import P2P
 from torch import nn
 
-from nanotron_ext.codecs.base import (
-    BoundaryCodec,
-    BoundaryDecoder,
-    BoundaryEncoder,
-    from_wire,
-    register_codec,
-    to_wire,
-    wire_dtype,
-)
+from nanotron_ext.codecs.base import BoundaryCodec, BoundaryDecoder, BoundaryEncoder, from_wire, to_wire, wire_dtype
+from nanotron_ext.config.checks import ConfigError
 from nanotron_ext.config.schema import ModelConfig
 from nanotron_ext.mapl.rvq import ResidualQuantizer, decode_from_wire, encode_to_wire
-from nanotron_ext.mapl.spel import TAG as SPEL_TAG
 from nanotron_ext.mapl.sync import sync_boundaries
+from nanotron_ext.mapl.technique import SPEL_TAG
+from nanotron_ext.models.init import SelfInitialising
+from nanotron_ext.models.tp_strategy import TPStrategy
 from nanotron_ext.optim.param_groups import mark_embedding_table, tag_parameter
-
-
-def mapl_widths(cfg: ModelConfig) -> Tuple[int, int]:
-    """(r, m) of `model.codec.mapl`."""
-    r = cfg.codec.mapl.rank or cfg.hidden_size // 4
-    return r, cfg.codec.mapl.anchor_width or r
 
 
 def boundary_generator(seed: int, boundary: int, what: str) -> torch.Generator:
     return torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(f"mapl.{boundary}.{what}".encode())) % 2**62)
 
 
-class BoundaryProjection(nn.Module):
+class BoundaryProjection(SelfInitialising, nn.Module):
     """One side's copy of boundary p's state: A [d, r] (SPEL), anchor table [V, m], anchor basis [m, d]."""
 
     def __init__(self, cfg: ModelConfig, boundary: int) -> None:
         super().__init__()
-        r, m = mapl_widths(cfg)
+        r, m = cfg.codec.mapl.widths(cfg.hidden_size)
         self.boundary = boundary
         self.A = nn.Parameter(torch.empty(cfg.hidden_size, r))
         tag_parameter(self.A, SPEL_TAG)
@@ -97,14 +86,14 @@ class BoundaryProjection(nn.Module):
         return (e - e.detach()) @ (self.anchor_basis @ self.A).detach()
 
 
-class _Side(nn.Module):
+class _Side(SelfInitialising, nn.Module):
     """One side of a boundary: its copy of the projection and, with RVQ, its quantiser."""
 
     def __init__(self, cfg: ModelConfig, boundary: int) -> None:
         super().__init__()
         mapl = cfg.codec.mapl
         self.projection = BoundaryProjection(cfg, boundary)
-        self.r, self.grad_bits = mapl_widths(cfg)[0], mapl.grad_bits
+        self.r, self.grad_bits = mapl.widths(cfg.hidden_size)[0], mapl.grad_bits
         self.quantizer = (ResidualQuantizer(self.r, mapl.vq_groups, mapl.vq_rounds, mapl.vq_codebook, mapl.vq_decay)
                           if mapl.vq_groups else None)
         self.codebook_scale = cfg.init_std
@@ -151,15 +140,14 @@ class MaplDecoder(_Side, BoundaryDecoder):
         return x, x
 
 
-@register_codec("mapl")
 class MaplCodec(BoundaryCodec):
     needs_token_ids = True
 
-    def __init__(self, cfg: ModelConfig, tp_pg: dist.ProcessGroup) -> None:
+    def __init__(self, cfg: ModelConfig, tp_pg: dist.ProcessGroup, strategy: TPStrategy) -> None:
         super().__init__(cfg, tp_pg)
-        if cfg.boost.tp_strategy == "btp":
-            raise ValueError("model.codec.kind='mapl' needs the residual stream replicated over TP; "
-                             "model.boost.tp_strategy='btp' shards it")
+        if strategy.residual_sharded:
+            raise ConfigError(f"model.codec.kind='mapl' needs the residual stream replicated over TP; "
+                              f"model.tp_strategy={cfg.tp_strategy!r} shards it")
 
     def encoder(self, boundary: int) -> BoundaryEncoder:
         return MaplEncoder(self.cfg, boundary)

@@ -18,10 +18,8 @@ from typing import Callable, Iterable, List, Optional
 import torch
 
 from nanotron_ext.config.schema import OptimizerConfig
+from nanotron_ext.mapl.technique import SPEL_TAG as TAG
 from nanotron_ext.optim.polar_express import polar_express
-from nanotron_ext.registry import OPTIMIZER_GROUPS
-
-TAG = "mapl_spel"
 
 
 def riemannian_gradient(a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
@@ -68,7 +66,6 @@ class SPEL(torch.optim.Optimizer):
         return loss
 
 
-@OPTIMIZER_GROUPS.register(TAG)
 def build_spel(params: List[torch.nn.Parameter], cfg: OptimizerConfig) -> SPEL:
     """SPEL at optimizer.spel.lr_scale x the model lr (MAPL: 0.1x); its group is named for logging."""
     base_lr = cfg.muon_lr if cfg.name == "muon" else cfg.lr

@@ -28,6 +28,7 @@ class MetricsLogger:
         self._file = self.path.open("a", buffering=1)  # line-buffered: a crash loses at most one line
         if cfg.tensorboard:
             try:
+                # the optional `tensorboard` extra
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError as e:
                 raise RuntimeError("logging.tensorboard is true but tensorboard is not installed: "
@@ -121,6 +122,7 @@ def truncate_metrics(path: Path, step: int) -> None:
 
 def plot_losses(metrics_path: Path, out_png: Path, title: Optional[str] = None) -> Path:
     """Training and validation loss against step, as a PNG beside the metrics."""
+    # matplotlib only when plotting (seconds to import)
     import matplotlib
 
     matplotlib.use("Agg")

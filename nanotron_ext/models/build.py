@@ -1,4 +1,5 @@
-"""Build the configured model on this rank: TP strategy, codec, pipeline links, layout-independent init."""
+"""Build the configured model on this rank (TP strategy, codec, pipeline links, layout-independent init),
+the config each DP replica builds it from, and the replica's DP sync."""
 from __future__ import annotations
 
 from nanotron.parallel import ParallelContext
@@ -6,9 +7,10 @@ from nanotron.parallel import ParallelContext
 from nanotron_ext.config.schema import Config
 from nanotron_ext.models.init import init_weights_
 from nanotron_ext.models.llama import LlamaForTraining
+from nanotron_ext.parallel.data_parallel import DataParallelSync
 from nanotron_ext.parallel.link import LinkEmulator
 from nanotron_ext.parallel.p2p import AccountedP2P
-from nanotron_ext.registry import REPLICA_CONFIGS, load_techniques
+from nanotron_ext.registry import DP_SYNCS
 
 
 def build_model(cfg: Config, parallel_context: ParallelContext, link: LinkEmulator | None = None) -> LlamaForTraining:
@@ -34,9 +36,11 @@ def build_model(cfg: Config, parallel_context: ParallelContext, link: LinkEmulat
 
 
 def replica_config(cfg: Config, replica: int) -> Config:
-    """The config DP replica `replica` builds its model from: the run's config unless the DP sync
-    (parallelism.dp_sync) registered a per-replica override in REPLICA_CONFIGS (the core names no technique)."""
-    load_techniques()
-    if cfg.parallelism.dp_sync not in REPLICA_CONFIGS:
-        return cfg
-    return REPLICA_CONFIGS.get(cfg.parallelism.dp_sync)(cfg, replica)
+    """The config DP replica `replica` builds its model from: the run's config unless the technique that owns
+    parallelism.dp_sync gives replicas their own (Technique.replica_config; the core names no technique)."""
+    return DP_SYNCS.owner(cfg.parallelism.dp_sync).replica_config(cfg, replica)
+
+
+def build_dp_sync(cfg: Config, model: LlamaForTraining, parallel_context: ParallelContext) -> DataParallelSync:
+    """This rank's DP sync for `model` (parallelism.dp_sync; `cfg`: the replica's config)."""
+    return model.techniques.dp_sync(cfg.parallelism.dp_sync, model, parallel_context, cfg)

@@ -4,7 +4,8 @@ layer writes into the residual stream inside a subspace (Subspace Models' span(U
 `constrain` runs once per local layer after the weights are initialised (build_model), with that
 layer's output projections as the TP strategy names them ({"attn_out": ..., "mlp_down": ...}); a
 constraint may project or reparameterise them there (W = U W_small). The trainer calls `after_step` after every optimiser step
-(re-projection). Constraints register in OUTPUT_CONSTRAINTS under `model.output_constraint.kind`.
+(re-projection). `model.output_constraint.kind` names one; the technique providing the name builds it
+(nanotron_ext.technique.Pieces.output_constraint).
 """
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ from nanotron import distributed as dist
 from torch import nn
 
 from nanotron_ext.config.schema import ModelConfig
-from nanotron_ext.registry import OUTPUT_CONSTRAINTS
 
 Projections = Dict[str, nn.Module]
 
@@ -30,10 +30,5 @@ class OutputConstraint:
         """After every optimiser step, for each layer on this rank."""
 
 
-@OUTPUT_CONSTRAINTS.register("none")
 class NoConstraint(OutputConstraint):
     pass
-
-
-def get_output_constraint(cfg: ModelConfig, tp_pg: dist.ProcessGroup) -> OutputConstraint:
-    return OUTPUT_CONSTRAINTS.get(cfg.output_constraint.kind)(cfg, tp_pg)

@@ -21,12 +21,24 @@ RESIDUAL_OUTPUT_NAMES = ("o_proj", "down_proj")
 LOW_RANK_FACTORS = {".down.weight": 0, ".up.weight": 1}  # suffix -> dim holding r
 
 
+class SelfInitialising:
+    """A module whose parameters need a structured init (e.g. an orthonormal projection held identically on
+    both sides of a pipeline boundary): init_weights_ calls its `init_own_parameters_` instead of drawing its
+    parameters by name."""
+
+    def init_own_parameters_(self, seed: int) -> None:
+        raise NotImplementedError
+
+
+# A parameter attribute, not a module method: the zero-init parameter is one of a plain nn.Linear's (ResBM's
+# last encoder linear), and the parameter object is the only handle its module, init_weights_ and checkpoints
+# share. It is set on the final parameter (nanotron re-creates parameters when it wraps them, dropping marks).
 _ZERO_INIT = "_nanotron_ext_zero_init"
 
 
 def mark_zero_init(param: torch.Tensor) -> None:
     """Have init_weights_ start `param` at zero (e.g. a residual branch's last linear, so the block
-    starts as the identity); the mark survives nanotron's parameter wrapping as an attribute."""
+    starts as the identity)."""
     setattr(param, _ZERO_INIT, True)
 
 
@@ -86,11 +98,11 @@ def full_init_tensor(name: str, shape: torch.Size, seed: int, std: float, num_la
 def init_weights_(model: nn.Module, seed: int, std: float, num_layers: int) -> None:
     """Initialise every parameter of `model` in place, independent of TP/PP layout.
 
-    A module with a method `init_own_parameters_(seed)` initialises its own parameters (structured
-    inits such as an orthonormal projection held identically on both sides of a boundary)."""
+    A `SelfInitialising` module initialises its own parameters (structured inits such as an orthonormal
+    projection held identically on both sides of a boundary)."""
     own, done = set(), []
     for name, module in model.named_modules():
-        if hasattr(module, "init_own_parameters_") and not any(name.startswith(d + ".") for d in done):
+        if isinstance(module, SelfInitialising) and not any(name.startswith(d + ".") for d in done):
             module.init_own_parameters_(seed)  # once: a self-initialising child is covered by its parent
             done.append(name)
             own.update(id(p) for p in module.parameters())

@@ -64,6 +64,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend:
     if use_flash:
         if not _HAS_FLASH:
             raise RuntimeError("model.attention='flash' but flash_attn is not installed (pip install '.[flash]')")
+        # optional (`flash` extra, CUDA only)
         from flash_attn import flash_attn_func
 
         return flash_attn_func(q, k, v, causal=True)

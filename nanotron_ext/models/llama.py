@@ -1,5 +1,6 @@
 """A Llama-family model (RoPE, RMSNorm, SwiGLU, GQA, optional qk-norm, tied or untied embeddings)
-laid out as nanotron PipelineBlocks, with a pluggable TP strategy and pipeline-boundary codec.
+laid out as nanotron PipelineBlocks, with a pluggable TP strategy and pipeline-boundary codec (the pieces
+the config names, built by their techniques: nanotron_ext.models.pieces.ModelPieces).
 
 Blocks and their stage: token_embedding (first stage) -> decoder.0 .. decoder.L-1 (split over
 stages) -> lm_head and loss (last stage). Data enters as nanotron does it: `input_ids` exists on
@@ -18,37 +19,15 @@ from nanotron.parallel.pipeline_parallel.tensor_pointer import TensorPointer
 from nanotron.parallel.tensor_parallel.functional import sharded_cross_entropy
 from torch import nn
 
-from nanotron_ext.codecs import BoundaryCodec, get_codec
-from nanotron_ext.codecs.base import BoundaryDecoder, BoundaryEncoder, pack_ids, unpack_ids, wire_dtype
+from nanotron_ext.codecs.base import BoundaryCodec, BoundaryDecoder, BoundaryEncoder, pack_ids, unpack_ids, wire_dtype
 from nanotron_ext.codecs.identity import IdentityDecoder, IdentityEncoder
 from nanotron_ext.config.schema import ModelConfig
-from nanotron_ext.models.constraints import Projections, get_output_constraint
-from nanotron_ext.models.tp_strategy import TPStrategy, get_tp_strategy, tie_head_to_embedding
-from nanotron_ext.registry import EMBEDDINGS
+from nanotron_ext.models.constraints import Projections
+from nanotron_ext.models.pieces import ModelPieces
+from nanotron_ext.models.tp_strategy import tie_head_to_embedding
+from nanotron_ext.parallel.layout import codec_boundaries, split_layers
 
 Maybe = Union[torch.Tensor, TensorPointer]
-
-
-@EMBEDDINGS.register("standard")
-def standard_embedding(cfg: ModelConfig, strategy: TPStrategy) -> nn.Module:
-    """The TP strategy's own token table."""
-    return strategy.embedding()
-
-
-def codec_boundaries(spec: Union[str, List[int]], stage_of_layer: List[int]) -> List[int]:
-    """Sending-layer indices of the codec boundaries for `model.codec.boundaries`."""
-    last = len(stage_of_layer) - 1
-    if spec == "stages":
-        return [i for i in range(last) if stage_of_layer[i] != stage_of_layer[i + 1]]
-    if spec == "every_layer":
-        return list(range(last))
-    return sorted(spec)
-
-
-def split_layers(num_layers: int, pp: int, layers_per_stage: Optional[List[int]] = None) -> List[int]:
-    """Stage index of each decoder layer; as even as possible, earlier stages take the remainder."""
-    counts = layers_per_stage or [num_layers // pp + (1 if s < num_layers % pp else 0) for s in range(pp)]
-    return [stage for stage, n in enumerate(counts) for _ in range(n)]
 
 
 class DecoderLayer(nn.Module):
@@ -123,9 +102,10 @@ class LlamaForTraining(nn.Module):
         super().__init__()
         self.cfg = cfg
         tp_pg, pp = parallel_context.tp_pg, parallel_context.pp_pg.size()
-        self.strategy = get_tp_strategy(cfg, tp_pg)
-        self.codec: BoundaryCodec = get_codec(cfg, tp_pg)
-        self.constraint = get_output_constraint(cfg, tp_pg)
+        self.techniques = ModelPieces(cfg, tp_pg)  # this model's pieces; state they share lives there
+        self.strategy = self.techniques.tp_strategy()
+        self.codec: BoundaryCodec = self.techniques.codec(self.strategy)
+        self.constraint = self.techniques.output_constraint(self.strategy)
         self.stage_of_layer = split_layers(cfg.num_layers, pp, layers_per_stage)
         self.codec_after = set(codec_boundaries(cfg.codec.boundaries, self.stage_of_layer))
         stage_ends = set(codec_boundaries("stages", self.stage_of_layer))
@@ -141,10 +121,9 @@ class LlamaForTraining(nn.Module):
         self._pp_pg = parallel_context.pp_pg
         self._p2p = p2p  # the codec's once-per-step exchanges travel the pipeline's own links
 
-        build_embedding = EMBEDDINGS.get(cfg.embedding.kind)
         self.token_embedding = PipelineBlock(
             p2p=p2p,
-            module_builder=lambda: TokenEmbedding(build_embedding(cfg, self.strategy), carry),
+            module_builder=lambda: TokenEmbedding(self.techniques.embedding(self.strategy), carry),
             module_kwargs={},
             module_input_keys={"input_ids"},
             module_output_keys=hidden_keys,

@@ -8,12 +8,12 @@ A `TPStrategy` builds the four per-rank pieces a Llama needs, already sharded fo
     head()             hidden_states= (final norm included) -> vocab-sharded logits [b, s, V / tp]
 
 `d_local` is d when the residual stream is replicated across TP ranks (Megatron), d / tp when it
-is sharded (BOOST's bottleneck-aware TP, nanotron_ext.boost). Strategies register in TP_STRATEGIES
-under the name `model.boost.tp_strategy` selects.
+is sharded (BOOST's bottleneck-aware TP, nanotron_ext.boost). `model.tp_strategy` names one; the
+technique that provides the name builds it (nanotron_ext.technique.Pieces.tp_strategy; megatron is the
+core's, nanotron_ext.models.pieces.CorePieces).
 """
 from __future__ import annotations
 
-import logging
 from typing import Dict
 
 import torch
@@ -28,9 +28,6 @@ from torch import nn
 
 from nanotron_ext.config.schema import ModelConfig
 from nanotron_ext.models.layers import RMSNorm, RotaryEmbedding, causal_attention
-from nanotron_ext.registry import TP_STRATEGIES
-
-register_tp_strategy = TP_STRATEGIES.register
 
 
 class TPStrategy:
@@ -58,7 +55,7 @@ class TPStrategy:
         """The linears that write into the residual stream: {"attn_out": ..., "mlp_down": ...}, for
         model.output_constraint."""
         raise NotImplementedError(
-            f"model.boost.tp_strategy={self.cfg.boost.tp_strategy!r} does not expose its output projections, "
+            f"model.tp_strategy={self.cfg.tp_strategy!r} does not expose its output projections, "
             "which model.output_constraint needs; use tp_strategy 'megatron'")
 
 
@@ -129,7 +126,6 @@ class MegatronHead(nn.Module):
         return self.lm_head(self.final_norm(hidden_states))
 
 
-@register_tp_strategy("megatron")
 class MegatronStrategy(TPStrategy):
     """Full-rank Megatron TP: residual replicated, one all-reduce per sub-layer per pass (2bsd per block)."""
 
@@ -151,21 +147,17 @@ class MegatronStrategy(TPStrategy):
         return {"attn_out": attn.o_proj, "mlp_down": mlp.down_proj}
 
 
-def get_tp_strategy(cfg: ModelConfig, tp_pg: dist.ProcessGroup) -> TPStrategy:
-    name = cfg.boost.tp_strategy
-    if name == "megatron" and cfg.low_rank.kind != "none":
-        # Megatron's column/row pairs applied to each factorised linear is exactly vanilla low-rank TP
-        logging.getLogger(__name__).warning(
-            "model.boost.tp_strategy='megatron' with model.low_rank.kind=%r: using 'vanilla' (Megatron TP per "
-            "factorised linear)", cfg.low_rank.kind)
-        name = "vanilla"
-    return TP_STRATEGIES.get(name)(cfg, tp_pg)
+class TiedEmbedding:
+    """An embedding that is not one table (e.g. Subspace Models' split table) and ties the head itself."""
+
+    def tie_head(self, head: nn.Module) -> None:
+        raise NotImplementedError
 
 
 def tie_head_to_embedding(head: nn.Module, embedding: nn.Module) -> None:
-    """Share one parameter between head and embedding: both are vocab-sharded on dim 0 over TP. An
-    embedding that is not one table (e.g. a split table) ties itself through its `tie_head(head)`."""
-    if hasattr(embedding, "tie_head"):
+    """Share one parameter between head and embedding: both are vocab-sharded on dim 0 over TP. A
+    `TiedEmbedding` (not one table) ties the head itself."""
+    if isinstance(embedding, TiedEmbedding):
         embedding.tie_head(head)
         return
     if not isinstance(getattr(embedding, "weight", None), nn.Parameter):

@@ -101,8 +101,9 @@ def build_optimizer(
         sqrt(max(rows, cols))), ns_steps; gather_dtype: see TensorParallelMuon.
         The AdamW groups are as above with peak lr `lr`.
 
-    Parameters a technique tagged (param_groups.tag_parameter) go to the optimiser its OPTIMIZER_GROUPS
-    factory builds, chained after the default ones.
+    Parameters a technique tagged (param_groups.tag_parameter) go to the optimiser that technique builds
+    for the tag (its Pieces.optimizer; the tag is declared under "optimizer group"), chained after the
+    default ones.
 
     Every group's lr starts at its peak; build_scheduler scales each by the same multiplier.
     Collective over tp_pg for muon when the model has TP-sharded matrices.
@@ -110,7 +111,8 @@ def build_optimizer(
     use_muon = cfg.name == "muon"
     adjust_lr_fn = adjust_lr_fn or cfg.muon_adjust_lr
     split = split_params(model.named_parameters(), use_muon=use_muon)
-    extra = [OPTIMIZER_GROUPS.get(tag)([p for _, p in named], cfg) for tag, named in sorted(split.tagged.items())]
+    extra = [OPTIMIZER_GROUPS.owner(tag).pieces_class().optimizer(tag, [p for _, p in named], cfg)
+             for tag, named in sorted(split.tagged.items())]
     adamw_groups = [
         {"params": [p for _, p in named], "weight_decay": wd, "name": name}
         for name, named, wd in (

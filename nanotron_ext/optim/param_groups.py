@@ -18,12 +18,16 @@ NamedParams = List[Tuple[str, torch.nn.Parameter]]
 _ADAMW_2D_MODULES = ("token_embedding", "lm_head")
 
 
+# Roles are parameter attributes, not module methods: a technique may give a role to a parameter of a module
+# it does not own (Subspace Models tag nanotron's row-parallel output weights), and the parameter object is
+# the one handle that module, the technique and build_optimizer share. They are set on the final parameter:
+# nanotron re-creates parameters when it wraps or shards them, dropping attributes set earlier.
 _TAG = "_nanotron_ext_optimizer_group"
 
 
 def tag_parameter(param: torch.nn.Parameter, tag: str) -> None:
-    """Hand `param` to the optimiser registered under `tag` in OPTIMIZER_GROUPS instead of the default
-    split (a technique's own rule: Stiefel projections, subspace-constrained rows)."""
+    """Hand `param` to the optimiser its technique builds for `tag` (declared under "optimizer group")
+    instead of the default split (a technique's own rule: Stiefel projections, subspace-constrained rows)."""
     setattr(param, _TAG, tag)
 
 

@@ -6,56 +6,25 @@ The rank grid is nanotron's (see `ParallelContext._init_parallel_groups`):
 
 so TP neighbours are adjacent ranks, then DP, then PP. Each group is registered in the comm
 ledger under its role name so bytes are reported per role.
+
+Two public ways in: `context_for(cfg)` (a job's groups for a run config: the trainer, the reproduction
+workers under torchrun) and `standalone_context()` (scripts and tools that build a model in this one
+process: parameter counts, analyses, the simulated replicas). `build_parallel_context` is what both use.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
-from typing import Optional
+import socket
+from typing import Any, Iterator, Optional
 
 import torch
 import torch.distributed as torch_dist
 from nanotron.parallel import ParallelContext
 
 from nanotron_ext.parallel.comm import get_ledger
-
-
-class ParallelismError(ValueError):
-    """A parallel layout that cannot run; raised before any process group exists."""
-
-
-def validate_parallelism(
-    world_size: int,
-    dp: int,
-    tp: int,
-    pp: int,
-    *,
-    num_layers: Optional[int] = None,
-    hidden_size: Optional[int] = None,
-    num_heads: Optional[int] = None,
-    num_kv_heads: Optional[int] = None,
-    ffn_size: Optional[int] = None,
-    vocab_size: Optional[int] = None,
-) -> None:
-    """Check a layout against the world size and the model's shapes, naming the offending values."""
-    for name, value in (("dp", dp), ("tp", tp), ("pp", pp)):
-        if value < 1:
-            raise ParallelismError(f"parallelism.{name} must be >= 1, got {value}")
-    if dp * tp * pp != world_size:
-        raise ParallelismError(
-            f"world size {world_size} != parallelism.dp * tp * pp = {dp} * {tp} * {pp} = {dp * tp * pp}"
-        )
-    if num_layers is not None and num_layers < pp:
-        raise ParallelismError(f"model.num_layers={num_layers} is fewer than pipeline stages parallelism.pp={pp}")
-    for key, value in (
-        ("hidden_size", hidden_size),
-        ("num_heads", num_heads),
-        ("num_kv_heads", num_kv_heads),
-        ("ffn_size", ffn_size),
-        ("vocab_size", vocab_size),
-    ):
-        if value is not None and value % tp != 0:
-            raise ParallelismError(f"model.{key}={value} is not divisible by parallelism.tp={tp}")
+from nanotron_ext.parallel.layout import validate_parallelism
 
 
 def build_parallel_context(
@@ -89,3 +58,43 @@ def build_parallel_context(
         ledger.name_group(getattr(ctx, f"{name}_pg"), name)
     ledger.name_group(torch_dist.distributed_c10d._get_default_group(), "world")
     return ctx
+
+
+def context_for(cfg: Any, world_size: Optional[int] = None) -> ParallelContext:
+    """The process groups of a job for run config `cfg` (a nanotron_ext.config.Config; typed Any: parallel/
+    does not import config/): the layout is validated against the world first (a ConfigError naming the
+    keys, before any group exists), then parallelism.dp x tp x pp with general.backend and
+    general.collective_timeout_s."""
+    world = world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1"))
+    cfg.validate(world_size=world)
+    p = cfg.parallelism
+    backend = None if cfg.general.backend == "auto" else cfg.general.backend
+    return build_parallel_context(p.dp, p.tp, p.pp, backend=backend, timeout_s=cfg.general.collective_timeout_s)
+
+
+def standalone_context(tp: int = 1, backend: Optional[str] = "gloo") -> ParallelContext:
+    """dp = pp = 1 with `tp` TP ranks over this job's processes (`backend` None: NCCL with CUDA, else gloo).
+    In a lone process (no torchrun, no process group yet) that is a one-rank group on a free port, and the
+    rendezvous variables it needs are not left behind (a child process would inherit a stale MASTER_PORT)."""
+    if torch_dist.is_initialized() or "RANK" in os.environ:
+        return build_parallel_context(1, tp, 1, backend=backend)
+    with _lone_rendezvous():
+        return build_parallel_context(1, tp, 1, backend=backend)
+
+
+@contextlib.contextmanager
+def _lone_rendezvous() -> Iterator[None]:
+    keys = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+    saved = {k: os.environ.get(k) for k in keys}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

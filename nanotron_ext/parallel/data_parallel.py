@@ -4,7 +4,7 @@ Written out rather than wrapping the model in DDP: nanotron's PipelineBlocks and
 backward themselves, and an explicit all-reduce after the last micro-batch is simpler to
 reason about, to count (group "dp") and to replace (SparseLoCo's outer sync does).
 
-`DataParallelSync` is that replacement point (registry DP_SYNCS, `parallelism.dp_sync`): the trainer
+`DataParallelSync` is that replacement point (`parallelism.dp_sync`, built by a technique's Pieces): the trainer
 calls `after_backward` once a step's gradients are complete and `after_step` after the optimiser
 step; its `state_dict` travels in checkpoints. The default, "allreduce", averages gradients.
 """
@@ -14,18 +14,17 @@ from typing import Any, Dict, Iterable, List, Optional
 
 import torch
 from nanotron import distributed as dist
+from nanotron.parallel import ParallelContext
 from torch import nn
-
-from nanotron_ext.registry import DP_SYNCS
 
 
 class DataParallelSync:
     """How data-parallel replicas agree; one instance per rank, over its DP group."""
 
-    def __init__(self, model: nn.Module, dp_pg: dist.ProcessGroup, cfg: Optional[Any] = None) -> None:
-        # cfg: the run's nanotron_ext.config.Config (typed Any: parallel/ does not import config/); outer
+    def __init__(self, model: nn.Module, ctx: ParallelContext, cfg: Optional[Any] = None) -> None:
+        # cfg: this replica's nanotron_ext.config.Config (typed Any: parallel/ does not import config/); outer
         # loops read their own section from it, the per-step all-reduce needs none
-        self.model, self.dp_pg, self.cfg = model, dp_pg, cfg
+        self.model, self.ctx, self.dp_pg, self.cfg = model, ctx, ctx.dp_pg, cfg
 
     def after_backward(self) -> None:
         """The step's gradients are complete on this replica (before clipping and the optimiser step)."""
@@ -41,7 +40,6 @@ class DataParallelSync:
             raise ValueError(f"{type(self).__name__} keeps no state, but the checkpoint has {sorted(state)}")
 
 
-@DP_SYNCS.register("allreduce")
 class GradientAllReduce(DataParallelSync):
     """Classic data parallelism: average gradients over the DP group every step."""
 

@@ -4,8 +4,9 @@ Paper: "ResBM: Residual Bottleneck Models for Low-Bandwidth Pipeline Parallelism
 Selected by `model.codec.kind: resbm` with options under `model.codec.resbm` (h or ratio, m,
 nonlinearity, norm placement, zero-init) and placed by `model.codec.boundaries` (stages = every
 pipeline boundary; every_layer = after every block but the last, the paper's single-GPU convergence
-setting; or a list). Importing this package registers the "resbm" codec in the core's CODECS (it is
-loaded through the `nanotron_ext.techniques` entry point, never by the core).
+setting; or a list). `technique` (technique.py: the section config.ResBMConfig, the "resbm" codec, the
+rules on h and m) is this package's one registered object (the `nanotron_ext.techniques` entry point);
+pieces.ResBMPieces builds the codec when a model is built. The core never imports this package.
 
 Paper -> code:
 - eq. 4-5, rectangular identity P^id (trunc when c > C, zero-pad when c < C): codec.trunc, codec.pad
@@ -25,4 +26,4 @@ Paper -> code:
 - sec. 4.3 / table 3 / fig. A.2, throughput over slow links: nanotron_ext/bench/slow_link.py,
   reproduce/resbm/table3_throughput.py
 """
-from nanotron_ext.resbm import codec  # noqa: F401  (registers "resbm")
+from nanotron_ext.resbm.technique import technique  # noqa: F401  (the entry point: light, no torch)

@@ -107,6 +107,7 @@ def format_table(result: Dict[str, Dict[str, dict]]) -> str:
 
 
 def plot_spectra(result: Dict[str, Dict[str, dict]], path: Path, title: str) -> None:
+    # matplotlib only when plotting (seconds to import)
     import matplotlib
 
     matplotlib.use("Agg")

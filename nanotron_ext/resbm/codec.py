@@ -30,11 +30,13 @@ import torch.nn.functional as F
 from nanotron import distributed as dist
 from torch import nn
 
-from nanotron_ext.codecs.base import BoundaryCodec, BoundaryDecoder, BoundaryEncoder, from_wire, register_codec, to_wire
-from nanotron_ext.config.schema import ConfigError, ModelConfig, ResBMConfig
+from nanotron_ext.codecs.base import BoundaryCodec, BoundaryDecoder, BoundaryEncoder, from_wire, to_wire
+from nanotron_ext.config.checks import ConfigError
+from nanotron_ext.config.schema import ModelConfig
 from nanotron_ext.models.init import mark_zero_init
 from nanotron_ext.models.layers import RMSNorm
-from nanotron_ext.registry import TP_STRATEGIES
+from nanotron_ext.models.tp_strategy import TPStrategy
+from nanotron_ext.resbm.config import ResBMConfig
 
 _ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu, "tanh": torch.tanh, "identity": lambda x: x}
 
@@ -91,18 +93,17 @@ class ResBMDecoder(BoundaryDecoder):
         return pad(b, self.d), self.net(b)
 
 
-@register_codec("resbm")
 class ResBMCodec(BoundaryCodec):
     """One (E_l, D_{l+1}) pair per codec boundary, options from model.codec.resbm."""
 
-    def __init__(self, cfg: ModelConfig, tp_pg: dist.ProcessGroup) -> None:
+    def __init__(self, cfg: ModelConfig, tp_pg: dist.ProcessGroup, strategy: TPStrategy) -> None:
         super().__init__(cfg, tp_pg)
         rc = cfg.codec.resbm
         self.h = rc.width(cfg.hidden_size)
-        self.m = rc.m or cfg.hidden_size // 4
-        if TP_STRATEGIES.get(cfg.boost.tp_strategy).residual_sharded and tp_pg.size() > 1:
+        self.m = rc.hidden(cfg.hidden_size)
+        if strategy.residual_sharded and tp_pg.size() > 1:
             raise ConfigError(f"model.codec.kind=resbm needs a replicated residual stream under TP; "
-                              f"model.boost.tp_strategy={cfg.boost.tp_strategy!r} shards it on d")
+                              f"model.tp_strategy={cfg.tp_strategy!r} shards it on d")
 
     def encoder(self, boundary: int) -> BoundaryEncoder:
         return ResBMEncoder(self.cfg.hidden_size, self.h, self.m, self.cfg.codec.resbm, self.cfg.rms_norm_eps,

@@ -1,7 +1,9 @@
 """SparseLoCo: low-communication data parallelism, the non-heterogeneous core of
 "Heterogeneous Low-Bandwidth Pre-Training of LLMs". Selected by `parallelism.dp_sync: sparseloco` and
-configured in the `sparseloco:` section; importing this package registers the "sparseloco" DP sync
-(loaded through the `nanotron_ext.techniques` entry point, never by the core).
+configured in the `sparseloco:` section (config.py). `technique` (technique.py: the section, the
+"sparseloco" DP sync, per-replica configs, the rules across sections) is this package's one registered
+object (the `nanotron_ext.techniques` entry point); pieces.SparseLoCoPieces builds the DP sync. The core
+never imports this package.
 
 Paper -> code:
 - sec. 2 / Algorithm 1, inner loop: H = sparseloco.inner_steps steps of the run's optimiser (AdamW) per
@@ -20,8 +22,8 @@ Paper -> code:
   M replicas with the trainer's inner step: simulate.run_simulated (sweeps: reproduce/het_sparseloco/sim_sweep.py)
 - communication accounting and compute utilisation over a bandwidth (figs. 2, 3b): accounting
 - sec. 2.3 heterogeneous replicas (sparseloco.compressed_replicas: those replicas run the subspace codec,
-  the others uncompressed): hetero.replica_model_config, registered in REPLICA_CONFIGS and applied by the
-  trainer and run_simulated before each replica's model is built
+  the others uncompressed): technique.SparseLoCoTechnique.replica_config (Subspace's keys set by
+  subspace.technique.heterogeneous_replica), applied by the core's models.build.replica_config in both drivers
 - sec. 2.4 embedding adaptation (T_S = T U U^T, T_fixed = T - T U U^T; after every sync fold
   T_S - T_S U U^T into T_fixed, applied to the global copy of T_S too, only on the rows the outer step
   changed): hetero.split_, hetero.fold_step, run by hetero.HeteroHook (an outer.ReplicaHook) in both
@@ -31,4 +33,4 @@ Paper -> code:
   all replicas at outer syncs.
   Tables: reproduce/het_sparseloco/README.md
 """
-from nanotron_ext.sparseloco import hetero, outer  # noqa: F401  (register "sparseloco" and its replica configs)
+from nanotron_ext.sparseloco.technique import technique  # noqa: F401  (the entry point: light, no torch)

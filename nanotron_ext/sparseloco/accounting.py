@@ -15,8 +15,8 @@ from __future__ import annotations
 import math
 from typing import Iterable, Literal, Sequence, Tuple
 
-from nanotron_ext.config.schema import SparseLoCoConfig
 from nanotron_ext.sparseloco.compress import chunk_spec, payload_nbytes
+from nanotron_ext.sparseloco.config import SparseLoCoConfig
 
 
 def dense_allreduce_bytes(shapes: Iterable[Sequence[int]], bytes_per_element: int = 4) -> int:

@@ -2,12 +2,13 @@
 replicas run their pipeline with the subspace codec (nanotron_ext.subspace), the others uncompressed,
 all inside one SparseLoCo outer loop.
 
-- Per-replica model config (`replica_model_config`, registered in REPLICA_CONFIGS for dp_sync
-  "sparseloco"): replicas listed in sparseloco.compressed_replicas get model.codec.kind = subspace and
-  output_constraint.kind = subspace (parameterisation "projection": the full output weights, so every
+- Per-replica model config (technique.SparseLoCoTechnique.replica_config, applied by the core's
+  models.build.replica_config for dp_sync "sparseloco"): replicas listed in sparseloco.compressed_replicas
+  get the subspace codec and constraint (parameterisation "projection": the full output weights, so every
   replica has the same parameter names and shapes and SparseLoCo can average them); every replica gets
-  embedding.kind = subspace_adapted (T_S [V, d] trained + T_fixed [V, d] state). The switches of Table 4
-  map onto model.subspace: weight_projection -> reproject, modified_adamw -> modified_adamw.
+  embedding.kind = subspace_adapted (T_S [V, d] trained + T_fixed [V, d] state). Subspace owns those keys
+  (nanotron_ext.subspace.technique.heterogeneous_replica); the switches of Table 4 map onto them:
+  weight_projection -> reproject, modified_adamw -> modified_adamw.
 - Embedding adaptation (sec. 2.4, `split_`, `fold_step`): at start T_S = T U U^T, T_fixed = T - T U U^T;
   after every outer sync T_fixed += T_S - T_S U U^T, T_S <- T_S U U^T (eq. 3-4), where T_S is the synced
   table, i.e. SparseLoCo's global copy of it (outer.SparseLoCoOuter.global_params): the global copy is
@@ -39,51 +40,18 @@ all inside one SparseLoCo outer loop.
 """
 from __future__ import annotations
 
-import copy
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 from nanotron import distributed as dist
 from torch import nn
 
-from nanotron_ext.config.schema import Config, ConfigError
+from nanotron_ext.config.schema import Config
 from nanotron_ext.parallel.comm import get_ledger
-from nanotron_ext.registry import REPLICA_CONFIGS
-from nanotron_ext.subspace.basis import SubspaceHub, hub_for
+from nanotron_ext.subspace.basis import SubspaceHub
 from nanotron_ext.subspace.embedding import AdaptedSplitEmbedding
 from nanotron_ext.subspace.grassmann import grassmann_update
-
-
-@REPLICA_CONFIGS.register("sparseloco")
-def replica_model_config(cfg: Config, replica: int) -> Config:
-    """The config replica `replica` builds its model from (a copy; the run's config when not heterogeneous)."""
-    s, m = cfg.sparseloco, cfg.model
-    if not s.compressed_replicas:
-        return cfg
-    dp = cfg.parallelism.dp
-    bad = [r for r in s.compressed_replicas if r >= dp]
-    if bad:
-        raise ConfigError(f"sparseloco.compressed_replicas: {bad} are not DP ranks (parallelism.dp={dp})")
-    for key, value, default in (("model.codec.kind", m.codec.kind, "identity"),
-                                ("model.embedding.kind", m.embedding.kind, "standard"),
-                                ("model.output_constraint.kind", m.output_constraint.kind, "none")):
-        if value != default:
-            raise ConfigError(f"{key}={value!r}: with sparseloco.compressed_replicas the per-replica model is set "
-                              f"by sparseloco; leave {key} at {default!r}")
-    if m.subspace.grassmann_every:
-        raise ConfigError("model.subspace.grassmann_every: with sparseloco.compressed_replicas each replica's U "
-                          "would follow its own gradients; set sparseloco.grassmann_every (one U for all replicas)")
-    out = copy.deepcopy(cfg)  # a new ModelConfig object: hub_for gives this replica its own hub
-    om = out.model
-    om.embedding.kind = "subspace_adapted"
-    if replica in s.compressed_replicas:
-        om.codec.kind = "subspace"
-        om.output_constraint.kind = "subspace"
-        om.subspace.parameterisation = "projection"  # same parameter shapes as the uncompressed replicas
-        om.subspace.reproject = s.weight_projection
-        om.subspace.modified_adamw = s.modified_adamw
-        om.subspace.grassmann_every = s.grassmann_every  # its decoders accumulate A; HeteroHook times the update
-    return out
+from nanotron_ext.subspace.pieces import hub_of
 
 
 def find_embedding(model: nn.Module) -> Optional[AdaptedSplitEmbedding]:
@@ -256,8 +224,8 @@ class HeteroHook:
 def hetero_hook(cfg: Config, models: Dict[int, nn.Module], pp_pg: Optional[dist.ProcessGroup] = None,
                 syncs: Optional[Callable[[], int]] = None) -> HeteroHook:
     """The hook for replicas `models` (replica -> this process's model of it), each built from
-    replica_model_config(cfg, replica), with the initial split done; `syncs` as in HeteroHook."""
-    hubs = {r: hub_for(m.cfg) for r, m in models.items()}
+    its replica config (models.build.replica_config), with the initial split done; `syncs` as in HeteroHook."""
+    hubs = {r: hub_of(m) for r, m in models.items()}
     embeddings = {r: find_embedding(m) for r, m in models.items()}
     table_index = None
     for r, emb in embeddings.items():

@@ -4,7 +4,7 @@ was sent and take one outer SGD step from the shared global weights.
 
 `SparseLoCoOuter` holds the math without communication (global weights, outer momentum, chunk
 specs; encode one replica's payload; aggregate payloads; outer step). Two drivers share it:
-- `SparseLoCoSync` (DP_SYNCS "sparseloco"): one replica per rank of the DP group, payloads
+- `SparseLoCoSync` (parallelism.dp_sync = sparseloco): one replica per rank of the DP group, payloads
   exchanged with one all_gather of a uint8 tensor (so the ledger counts every value, index and
   table byte), used by the trainer via parallelism.dp_sync;
 - `simulate.SimulatedReplicas`: M replicas one after another in one process.
@@ -18,11 +18,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 from nanotron import distributed as dist
+from nanotron.parallel import ParallelContext
 from torch import nn
 
-from nanotron_ext.config.schema import SparseLoCoConfig
 from nanotron_ext.parallel.data_parallel import DataParallelSync
-from nanotron_ext.registry import DP_SYNCS
 from nanotron_ext.sparseloco.compress import (
     ChunkSpec,
     chunk_spec,
@@ -33,6 +32,8 @@ from nanotron_ext.sparseloco.compress import (
     from_chunks,
     payload_nbytes,
 )
+from nanotron_ext.sparseloco.config import SparseLoCoConfig
+from nanotron_ext.sparseloco.hetero import hetero_hook
 
 logger = logging.getLogger(__name__)
 
@@ -125,15 +126,14 @@ with the global copies (SparseLoCoOuter.global_params) after the outer step, bef
 (replica = -1 in the simulated driver); "global_loaded" with the global copies after a checkpoint replaced them.
 The heterogeneous variant plugs in here (nanotron_ext.sparseloco.hetero.HeteroHook): embedding adaptation
 projects the global T_S at "after_apply" and folds the residual into each replica's T_fixed at "after_sync";
-the per-replica pipeline codec is chosen when that replica's model is built (hetero.replica_model_config)."""
+the per-replica pipeline codec is chosen when that replica's model is built (SparseLoCoTechnique.replica_config)."""
 
 
-@DP_SYNCS.register("sparseloco")
 class SparseLoCoSync(DataParallelSync):
     """One replica per DP rank; no gradient traffic; one all_gather of a compressed payload every H steps."""
 
-    def __init__(self, model: nn.Module, dp_pg: dist.ProcessGroup, cfg: Optional[Any] = None) -> None:
-        super().__init__(model, dp_pg, cfg)
+    def __init__(self, model: nn.Module, ctx: ParallelContext, cfg: Optional[Any] = None) -> None:
+        super().__init__(model, ctx, cfg)
         self.scfg: SparseLoCoConfig = cfg.sparseloco if cfg is not None else SparseLoCoConfig()
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.names = [n for n, _ in named]
@@ -141,9 +141,7 @@ class SparseLoCoSync(DataParallelSync):
         self._start_identical()
         self.hooks: List[ReplicaHook] = []
         if cfg is not None and cfg.sparseloco.compressed_replicas:  # heterogeneous: split the table first
-            from nanotron_ext.sparseloco.hetero import hetero_hook
-            self.hooks.append(hetero_hook(cfg, {self.replica: model}, getattr(model, "_pp_pg", None),
-                                          syncs=lambda: self.outer.syncs))
+            self.hooks.append(hetero_hook(cfg, {self.replica: model}, ctx.pp_pg, syncs=lambda: self.outer.syncs))
         self.outer = SparseLoCoOuter(self.params, self.scfg, self.names)
         self.error = self.outer.new_error()
         if self.replica == 0:

@@ -7,14 +7,19 @@ replaced by a Python list (tests/test_sparseloco_outer.py checks bit equality wi
 from __future__ import annotations
 
 import itertools
-import os
 from typing import Any, Dict, List, Literal, Optional, Sequence
 
 import torch
 from torch import nn
 
-from nanotron_ext.config.schema import Config, ConfigError, SparseLoCoConfig
+from nanotron_ext.config.checks import ConfigError
+from nanotron_ext.config.schema import Config
+from nanotron_ext.data.loader import build_train_loader, build_validation_loader
+from nanotron_ext.parallel.context import standalone_context
+from nanotron_ext.sparseloco.config import SparseLoCoConfig
+from nanotron_ext.sparseloco.hetero import hetero_hook
 from nanotron_ext.sparseloco.outer import ReplicaHook, SparseLoCoOuter
+from nanotron_ext.train.replica import Replica, validation_summary
 
 
 def trainable(model: nn.Module) -> List[torch.nn.Parameter]:
@@ -63,38 +68,23 @@ class SimulatedReplicas:
 def run_simulated(cfg: Config, replicas: int, mode: Literal["sparseloco", "dense"] = "sparseloco",
                   config_file: Optional[str] = None) -> Dict[str, Any]:
     """Train `replicas` data-parallel replicas of `cfg`'s model in this process (a 1-rank process group),
-    each on the data shard the trainer would give DP rank r of `replicas`, with the trainer's inner step
-    (clip, optimiser, scheduler, model hook). mode "sparseloco": `SimulatedReplicas` every H steps;
-    "dense": gradients averaged over the replicas every step (classic DP). Returns per-step mean train
-    loss, final validation loss (replica 0, identical to all after a sync), bytes per replica per sync
-    and the replicas' final weights."""
-    from nanotron_ext.data.loader import build_train_loader, build_validation_loader
-    from nanotron_ext.models.build import build_model, replica_config
-    from nanotron_ext.optim.build import build_optimizer
-    from nanotron_ext.optim.clip import clip_grad_norm_
-    from nanotron_ext.optim.lr_schedule import build_scheduler
-    from nanotron_ext.parallel.context import build_parallel_context
-    from nanotron_ext.train.pipeline_step import evaluate, forward_backward, make_engine
-
+    each on the data shard the trainer gives DP rank r of `replicas`, each taking the trainer's own step
+    (nanotron_ext.train.replica.Replica: autocast, clipping, the non-finite guard, optimiser, schedule,
+    constraint hooks). mode "sparseloco": `SimulatedReplicas` every H steps; "dense": gradients averaged
+    over the replicas every step (classic DP). Losses are averaged over the replicas in replica order, as
+    the trainer's DP all-reduce does (bit-identical to the trainer at dp = 2). Returns per-step mean train
+    loss, the final validation loss (each replica on its own validation shard, averaged, as the trainer
+    does), bytes per replica per sync and the replicas' final weights."""
     if mode == "dense" and cfg.sparseloco.grassmann_every:  # its updates run at outer syncs: there are none
         raise ConfigError(f"sparseloco.grassmann_every={cfg.sparseloco.grassmann_every}: Grassmann updates run at "
                           "SparseLoCo outer syncs; the dense mode (gradients averaged every step) has none, set it to 0")
-    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
-        os.environ.setdefault(key, value)
-    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
     # general.backend as the trainer reads it: auto = NCCL on CUDA (the replicas then train on the GPU)
-    ctx = build_parallel_context(1, 1, 1, backend=None if cfg.general.backend == "auto" else cfg.general.backend)
-    engine = make_engine(cfg.parallelism.pp_engine)
-    models, opts, scheds, loaders = [], [], [], []
-    for r in range(replicas):
-        torch.manual_seed(cfg.general.seed)  # as the trainer: every replica builds the same weights
-        models.append(build_model(replica_config(cfg, r), ctx))  # heterogeneous: a per-replica codec
-        opts.append(build_optimizer(models[-1], cfg.optimizer, ctx.tp_pg))
-        scheds.append(build_scheduler(opts[-1], cfg.optimizer, cfg.tokens.train_steps))
-        loaders.append(build_train_loader(cfg, dp_rank=r, dp_size=replicas, config_file=config_file))
+    ctx = standalone_context(backend=None if cfg.general.backend == "auto" else cfg.general.backend)
+    reps = [Replica(cfg, ctx, r, local=True) for r in range(replicas)]  # heterogeneous: a per-replica codec
+    models = [rep.model for rep in reps]
+    loaders = [build_train_loader(cfg, dp_rank=r, dp_size=replicas, config_file=config_file) for r in range(replicas)]
     sim = SimulatedReplicas(models, cfg.sparseloco) if mode == "sparseloco" else None
     if cfg.sparseloco.compressed_replicas:  # after SimulatedReplicas copied replica 0's weights, as the broadcast
-        from nanotron_ext.sparseloco.hetero import hetero_hook
         if sim is None:  # dense mode: a compressed replica 0 projected its output weights; all start from them
             with torch.no_grad():
                 for m in models[1:]:
@@ -106,27 +96,28 @@ def run_simulated(cfg: Config, replicas: int, mode: Literal["sparseloco", "dense
             sim.hooks.append(hook)
     losses: List[float] = []
     for step in range(1, cfg.tokens.train_steps + 1):
-        step_losses = []
-        for r, model in enumerate(models):
-            micro = [next(loaders[r]) for _ in range(cfg.tokens.batch_accumulation_per_replica)]
-            step_losses.append(forward_backward(model, engine, micro, ctx).item())
-        if mode == "dense":  # sum in replica order, then divide: what the gloo all-reduce of two computes
+        step_losses = [rep.backward([next(loaders[r]) for _ in range(cfg.tokens.batch_accumulation_per_replica)])
+                       for r, rep in enumerate(reps)]
+        loss = replica_mean(step_losses).item()
+        if mode == "dense":
             for ps in zip(*(trainable(m) for m in models)):
-                mean = sum((p.grad for p in ps[1:]), ps[0].grad.clone()) / replicas
+                mean = replica_mean([p.grad for p in ps])
                 for p in ps:
                     p.grad.copy_(mean)
-        for model, opt, sched in zip(models, opts, scheds):
-            clip_grad_norm_(model.parameters(), cfg.optimizer.clip_grad, ctx.tp_pg, ctx.pp_pg)
-            opt.step()
-            sched.step()
-            opt.zero_grad(set_to_none=True)
-            model.after_optimizer_step()
+        for rep in reps:
+            rep.update(step, loss)
         if sim is not None:
             sim.after_step(step)
-        losses.append(sum(step_losses) / replicas)
-    val_loader = build_validation_loader(cfg, dp_rank=0, dp_size=replicas, config_file=config_file)
-    batches = list(itertools.islice(val_loader, cfg.tokens.val_steps))
-    n = cfg.tokens.batch_accumulation_per_replica
-    val = [evaluate(models[0], engine, batches[i:i + n], ctx).item() for i in range(0, len(batches), n)]
-    return {"train_loss": losses, "val_loss": sum(val) / len(val), "sync_bytes": sim.sent_bytes if sim else [],
+        losses.append(loss)
+    groups = []
+    for r, rep in enumerate(reps):
+        val_loader = build_validation_loader(cfg, dp_rank=r, dp_size=replicas, config_file=config_file)
+        groups.append(rep.validation_losses(list(itertools.islice(val_loader, cfg.tokens.val_steps))))
+    val = validation_summary([replica_mean(list(g)).item() for g in zip(*groups)])
+    return {"train_loss": losses, "val_loss": val["val_loss"], "sync_bytes": sim.sent_bytes if sim else [],
             "weights": [{n_: p.detach().clone() for n_, p in m.named_parameters()} for m in models], "models": models}
+
+
+def replica_mean(values: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Sum in replica order, then divide: what the trainer's gloo all-reduce of two replicas computes."""
+    return sum(values[1:], values[0].clone()) / len(values)

@@ -1,14 +1,17 @@
 """Subspace (Protocol) Models: exact compression of pipeline activations and activation gradients.
 
 Paper: "Protocol Models: Scaling Decentralized Training with Communication-Efficient Model Parallelism".
-Selected by model.codec.kind = model.embedding.kind = model.output_constraint.kind = "subspace" with
-options under model.subspace (nanotron_ext.config.schema.SubspaceConfig). Importing this package
-registers the codec, the embedding, the output constraint and the "subspace_adamw" optimiser group
-(loaded through the `nanotron_ext.techniques` entry point, never by the core).
+Selected by model.codec.kind = "subspace", which brings the split embedding (model.embedding.kind) and the
+span(U) constraint (model.output_constraint.kind) it is exact with; options under model.subspace
+(config.SubspaceConfig). `technique` (technique.py: the section, the names it provides, the one switch and
+the rules) is this package's one registered object (the `nanotron_ext.techniques` entry point);
+pieces.SubspacePieces builds the codec, embeddings, constraint and "subspace_adamw" optimiser for one
+model and holds the hub they share. The core never imports this package.
 
 Paper -> code (most equations were lost in the text; the reading follows the project's notes):
 - sec. 4.3, shared subspace U (d x k, orthonormal, identical everywhere, never sent per step):
-  basis.make_basis, basis.SubspaceHub (U a checkpointed buffer), basis.hub_for
+  basis.make_basis, basis.SubspaceHub (U a checkpointed buffer, one per model: pieces.SubspacePieces.hub,
+  pieces.hub_of(model))
 - sec. 4.3 eq. 7, projection matrices (attention output, MLP down) in span(U):
   constraints.SubspaceConstraint (parameterisation "projection": W <- U U^T W after init and every step;
   "reparam": W = U W_small, constraints.SubspaceRowLinear / reparameterise_)
@@ -26,8 +29,4 @@ Paper -> code (most equations were lost in the text; the reading follows the pro
 - sec. 4.1 / Fig. 1, 7 stable rank, and the energy a basis keeps: analyse (python -m nanotron_ext.subspace.analyse)
 - Tables 1 and 3, Figs. 3 and 6 (scaled down), paper-scale configs: reproduce/sm/
 """
-from nanotron_ext.subspace import codec, constraints, embedding, optim  # noqa: F401  (register entries)
-from nanotron_ext.subspace.basis import SubspaceHub, hub_for, make_basis, make_fixed_embedding  # noqa: F401
-from nanotron_ext.subspace.constraints import SubspaceRowLinear  # noqa: F401
-from nanotron_ext.subspace.grassmann import grassmann_step, grassmann_update, riemannian_grad  # noqa: F401
-from nanotron_ext.subspace.optim import ColumnMeanAdamW  # noqa: F401
+from nanotron_ext.subspace.technique import technique  # noqa: F401  (the entry point: light, no torch)

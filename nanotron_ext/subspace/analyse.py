@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
 import torch
+
+from nanotron_ext.config.loader import add_config_args, config_from_args
 
 
 def stable_rank(m: torch.Tensor) -> float:
@@ -43,6 +44,7 @@ def best_basis(x: torch.Tensor, k: int) -> torch.Tensor:
 
 def analyse_model(model: torch.nn.Module, micro: List[Dict[str, torch.Tensor]], ctx, k: int) -> List[Dict[str, object]]:
     """One row per decoder layer (single-process model)."""
+    # nanotron only to build a model: the functions above run without it
     from nanotron_ext.train.pipeline_step import forward_backward, make_engine
 
     hub = None
@@ -81,6 +83,7 @@ def analyse_model(model: torch.nn.Module, micro: List[Dict[str, torch.Tensor]], 
 
 
 def _plot(rows: List[Dict[str, object]], path: Path) -> None:
+    # matplotlib only when plotting (seconds to import)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -103,8 +106,6 @@ def _plot(rows: List[Dict[str, object]], path: Path) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from nanotron_ext.config.loader import add_config_args, config_from_args
-
     parser = argparse.ArgumentParser(prog="python -m nanotron_ext.subspace.analyse", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_args(parser)
@@ -116,13 +117,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     cfg = config_from_args(args)
     cfg.parallelism.dp = cfg.parallelism.tp = cfg.parallelism.pp = 1
     cfg.parallelism.layers_per_stage = None
-    os.environ.setdefault("WORLD_SIZE", "1")
+    # nanotron only to build a model: the functions above run without it
     from nanotron_ext.models.build import build_model
-    from nanotron_ext.parallel.context import build_parallel_context
+    from nanotron_ext.parallel.context import standalone_context
 
-    ctx = build_parallel_context(1, 1, 1, backend="gloo")
+    ctx = standalone_context()
     model = build_model(cfg, ctx)
     if args.checkpoint:
+        # nanotron only to build a model: the functions above run without it
         from nanotron_ext.train.checkpoint import load_checkpoint
 
         load_checkpoint(args.checkpoint, ctx, model=model)
@@ -133,14 +135,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         micro = [{"input_ids": rows[i * t.micro_batch_size:(i + 1) * t.micro_batch_size, :-1],
                   "label_ids": rows[i * t.micro_batch_size:(i + 1) * t.micro_batch_size, 1:]} for i in range(args.batches)]
     else:
+        # datatrove / tokenizers only when preparing or reading data (seconds to import)
         from nanotron_ext.data.loader import build_validation_loader
 
         loader = iter(build_validation_loader(cfg, dp_rank=0, dp_size=1, config_file=args.config_file))
         micro = [next(loader) for _ in range(args.batches)]
-    rows = analyse_model(model, micro, ctx, cfg.model.subspace_k)
+    rows = analyse_model(model, micro, ctx, cfg.model.subspace.width(cfg.model.hidden_size))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "analysis.json").write_text(json.dumps({"k": cfg.model.subspace_k, "rows": rows}, indent=1))
+    (out / "analysis.json").write_text(json.dumps({"k": cfg.model.subspace.width(cfg.model.hidden_size), "rows": rows}, indent=1))
     _plot(rows, out / "analysis.png")
     keys = list(rows[0])
     print(" | ".join(keys))

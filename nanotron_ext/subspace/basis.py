@@ -1,14 +1,15 @@
 """The shared subspace of Subspace Models: one orthonormal basis U (d x k) and the fixed token table
 T_fixed (V x d), identical on every stage, TP rank and replica because both come from a seed.
 
-One `SubspaceHub` exists per model (per ModelConfig object, per process). Every module that needs U
+One `SubspaceHub` exists per model: the model's SubspacePieces (pieces.py) creates it once per model
+build and hands it to every piece it builds. Every module that needs U
 (split embedding, codec encoders/decoders, constrained output projections) holds the hub as a
 submodule, so U is one tensor that a Grassmann update changes for all of them at once, and U is saved
 in every checkpoint shard as a buffer (T_fixed is rebuilt from the seed, see `SubspaceHub`).
 """
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from typing import List
 
 import torch
 from torch import nn
@@ -39,7 +40,7 @@ class SubspaceHub(nn.Module):
         self.cfg = cfg
         sub = cfg.subspace
         std = cfg.init_std if sub.fixed_embedding_std is None else sub.fixed_embedding_std
-        self.register_buffer("basis", make_basis(cfg.hidden_size, cfg.subspace_k, sub.seed))
+        self.register_buffer("basis", make_basis(cfg.hidden_size, sub.width(cfg.hidden_size), sub.seed))
         # the adapted embedding (heterogeneous SparseLoCo) changes T_fixed during training: then it is state
         adapted = cfg.embedding.kind == "subspace_adapted"
         self.register_buffer("fixed", make_fixed_embedding(cfg.vocab_size, cfg.hidden_size, sub.seed, std),
@@ -60,16 +61,3 @@ class SubspaceHub(nn.Module):
         """U U^T w: the part of w's columns (dim 0 = d) inside span(U)."""
         u = self.basis.to(w.dtype)
         return u @ (u.T @ w)
-
-
-_HUBS: Dict[int, Tuple[ModelConfig, SubspaceHub]] = {}
-
-
-def hub_for(cfg: ModelConfig) -> SubspaceHub:
-    """The hub of the model built from `cfg` (the strategy, codec, constraint and embedding builders all
-    receive the same ModelConfig object). Two models built in one process need two config objects."""
-    entry = _HUBS.get(id(cfg))
-    if entry is None or entry[0] is not cfg:
-        entry = (cfg, SubspaceHub(cfg))  # the strong reference to cfg keeps its id from being reused
-        _HUBS[id(cfg)] = entry
-    return entry[1]

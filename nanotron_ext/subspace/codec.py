@@ -21,10 +21,10 @@ from typing import Dict, Optional, Tuple
 import torch
 from nanotron import distributed as dist
 
-from nanotron_ext.codecs.base import BoundaryCodec, BoundaryDecoder, BoundaryEncoder, from_wire, register_codec, to_wire
-from nanotron_ext.config.schema import ConfigError, ModelConfig
+from nanotron_ext.codecs.base import BoundaryCodec, BoundaryDecoder, BoundaryEncoder, from_wire, to_wire
+from nanotron_ext.config.schema import ModelConfig
 from nanotron_ext.models.dense import FullTensor, NoDenseEquivalent
-from nanotron_ext.subspace.basis import SubspaceHub, hub_for
+from nanotron_ext.subspace.basis import SubspaceHub
 
 
 class _ExactBoundary:
@@ -77,17 +77,15 @@ class SubspaceDecoder(_ExactBoundary, BoundaryDecoder):
         return x, x
 
 
-@register_codec("subspace")
 class SubspaceCodec(BoundaryCodec):
+    """Exact only with the split embedding and the span(U) constraint: checked at config load
+    (nanotron_ext.subspace.technique), where model.codec.kind = subspace brings both."""
+
     needs_token_ids = True
 
-    def __init__(self, cfg: ModelConfig, tp_pg: dist.ProcessGroup) -> None:
+    def __init__(self, cfg: ModelConfig, tp_pg: dist.ProcessGroup, hub: SubspaceHub) -> None:
         super().__init__(cfg, tp_pg)
-        if cfg.embedding.kind not in ("subspace", "subspace_adapted") or cfg.output_constraint.kind != "subspace":
-            raise ConfigError(
-                "model.codec.kind='subspace' is exact only with model.embedding.kind='subspace' and "
-                f"model.output_constraint.kind='subspace' (got {cfg.embedding.kind!r}, {cfg.output_constraint.kind!r})")
-        self.hub = hub_for(cfg)
+        self.hub = hub
 
     def encoder(self, boundary: int) -> BoundaryEncoder:
         return SubspaceEncoder(self.hub, self.wire_dtype)

@@ -26,15 +26,15 @@ from nanotron.parallel.sharded_parameters import SplitConfig, create_sharded_par
 from nanotron.parallel.tensor_parallel.nn import TensorParallelRowLinear
 from torch import nn
 
-from nanotron_ext.config.schema import ConfigError, ModelConfig
+from nanotron_ext.config.checks import ConfigError
+from nanotron_ext.config.schema import ModelConfig
 from nanotron_ext.models.constraints import OutputConstraint, Projections
 from nanotron_ext.models.dense import FullTensor
 from nanotron_ext.models.init import local_shard
 from nanotron_ext.optim.param_groups import tag_parameter
-from nanotron_ext.registry import OUTPUT_CONSTRAINTS
-from nanotron_ext.subspace.basis import SubspaceHub, hub_for
+from nanotron_ext.subspace.basis import SubspaceHub
 from nanotron_ext.subspace.grassmann import grassmann_update
-from nanotron_ext.subspace.optim import SUBSPACE_ADAMW_TAG
+from nanotron_ext.subspace.technique import SUBSPACE_ADAMW_TAG
 
 # Rows of W live in d; the subspace acts on dim 0 of nn.Linear's [d_out, d_in] weight.
 
@@ -78,16 +78,12 @@ def reparameterise_(linear: TensorParallelRowLinear, hub: SubspaceHub) -> Subspa
     return linear  # type: ignore[return-value]
 
 
-@OUTPUT_CONSTRAINTS.register("subspace")
 class SubspaceConstraint(OutputConstraint):
-    def __init__(self, cfg: ModelConfig, tp_pg: dist.ProcessGroup) -> None:
+    def __init__(self, cfg: ModelConfig, tp_pg: dist.ProcessGroup, hub: SubspaceHub) -> None:
         super().__init__(cfg, tp_pg)
-        self.hub = hub_for(cfg)
+        self.hub = hub
         self.sub = cfg.subspace
         self.layers: List[int] = []
-        if self.sub.parameterisation == "reparam" and self.sub.modified_adamw:
-            raise ConfigError("model.subspace.modified_adamw applies to parameterisation='projection' (W_small of "
-                              "'reparam' is unconstrained and uses plain AdamW)")
 
     def compressed(self, layer_idx: int) -> bool:
         return not (self.sub.last_block_uncompressed and layer_idx == self.cfg.num_layers - 1)

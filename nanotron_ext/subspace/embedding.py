@@ -19,15 +19,15 @@ from nanotron.parallel.tensor_parallel.enum import TensorParallelLinearMode
 from nanotron.parallel.tensor_parallel.nn import TensorParallelEmbedding
 from torch import nn
 
-from nanotron_ext.config.schema import ConfigError, ModelConfig
+from nanotron_ext.config.checks import ConfigError
+from nanotron_ext.config.schema import ModelConfig
 from nanotron_ext.models.dense import FullTensor
 from nanotron_ext.models.init import local_shard
-from nanotron_ext.models.tp_strategy import TPStrategy
-from nanotron_ext.registry import EMBEDDINGS
-from nanotron_ext.subspace.basis import SubspaceHub, hub_for
+from nanotron_ext.models.tp_strategy import TiedEmbedding, TPStrategy
+from nanotron_ext.subspace.basis import SubspaceHub
 
 
-class SplitEmbedding(nn.Module):
+class SplitEmbedding(TiedEmbedding, nn.Module):
     """input_ids [b, s] -> T_fixed[ids] + T_S[ids] U^T, [b, s, d] (replicated over TP)."""
 
     def __init__(self, cfg: ModelConfig, strategy: TPStrategy, hub: SubspaceHub) -> None:
@@ -73,12 +73,12 @@ class SplitEmbedding(nn.Module):
         lin.register_forward_pre_hook(lambda module, args: setattr(module, "weight", self.table_shard()))
 
 
-@EMBEDDINGS.register("subspace")
-def split_embedding(cfg: ModelConfig, strategy: TPStrategy) -> nn.Module:
+def split_embedding(cfg: ModelConfig, strategy: TPStrategy, hub: SubspaceHub) -> nn.Module:
+    """model.embedding.kind = subspace."""
     if strategy.residual_sharded:
         raise ConfigError(f"model.embedding.kind='subspace' needs a replicated residual stream; "
-                          f"model.boost.tp_strategy={cfg.boost.tp_strategy!r} shards it (use 'megatron')")
-    return SplitEmbedding(cfg, strategy, hub_for(cfg))
+                          f"model.tp_strategy={cfg.tp_strategy!r} shards it (use 'megatron')")
+    return SplitEmbedding(cfg, strategy, hub)
 
 
 class AdaptedSplitEmbedding(nn.Module):
@@ -120,12 +120,6 @@ class AdaptedSplitEmbedding(nn.Module):
         return self.hub.fixed[input_ids].to(low.dtype) + low
 
 
-@EMBEDDINGS.register("subspace_adapted")
-def adapted_split_embedding(cfg: ModelConfig, strategy: TPStrategy) -> nn.Module:
-    if cfg.tie_embeddings:
-        raise ConfigError("model.tie_embeddings=true is not supported with model.embedding.kind='subspace_adapted' "
-                          "(the table is T_S + T_fixed, not one parameter); set model.tie_embeddings=false")
-    if strategy.tp_pg.size() > 1:
-        raise ConfigError("model.embedding.kind='subspace_adapted' needs parallelism.tp=1 (T_fixed is adapted "
-                          "from whole rows of T_S)")
-    return AdaptedSplitEmbedding(cfg, hub_for(cfg), compressed=cfg.codec.kind == "subspace")
+def adapted_split_embedding(cfg: ModelConfig, strategy: TPStrategy, hub: SubspaceHub) -> nn.Module:
+    """model.embedding.kind = subspace_adapted (untied, tp = 1: checked at config load)."""
+    return AdaptedSplitEmbedding(cfg, hub, compressed=cfg.codec.kind == "subspace")

@@ -15,9 +15,7 @@ from typing import Callable, Iterable, List, Optional
 import torch
 
 from nanotron_ext.config.schema import OptimizerConfig
-from nanotron_ext.registry import OPTIMIZER_GROUPS
-
-SUBSPACE_ADAMW_TAG = "subspace_adamw"
+from nanotron_ext.subspace.technique import SUBSPACE_ADAMW_TAG
 
 
 class ColumnMeanAdamW(torch.optim.Optimizer):
@@ -58,7 +56,6 @@ class ColumnMeanAdamW(torch.optim.Optimizer):
         return loss
 
 
-@OPTIMIZER_GROUPS.register(SUBSPACE_ADAMW_TAG)
 def subspace_adamw(params: List[torch.Tensor], cfg: OptimizerConfig) -> torch.optim.Optimizer:
     return ColumnMeanAdamW([{"params": params, "name": SUBSPACE_ADAMW_TAG}], lr=cfg.lr, betas=tuple(cfg.betas),
                            eps=cfg.eps, weight_decay=cfg.weight_decay)

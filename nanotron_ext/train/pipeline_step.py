@@ -65,7 +65,7 @@ def forward_backward(
         model, pg=parallel_context.pp_pg, batch=iter(placed), nb_microbatches=len(placed), grad_accumulator=None
     )
     model.after_backward()
-    (dp_sync or GradientAllReduce(model, parallel_context.dp_pg)).after_backward()
+    (dp_sync or GradientAllReduce(model, parallel_context)).after_backward()
     return _mean_loss(outputs, parallel_context)
 
 

@@ -2,10 +2,8 @@
 checkpoints, metrics. `python -m nanotron_ext.train --config-file X.yaml` runs it under torchrun."""
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
-import math
 import os
 import time
 from pathlib import Path
@@ -24,43 +22,33 @@ from nanotron_ext.metrics.comm import total_sent_bytes
 from nanotron_ext.metrics.flops import device_peak_tflops, flops_per_token, matmul_weights, mfu
 from nanotron_ext.metrics.logger import MetricsLogger, plot_losses
 from nanotron_ext.metrics.memory import peak_memory_bytes
-from nanotron_ext.metrics.nvtx import enable_nvtx, nvtx_range
-from nanotron_ext.models.build import build_model, replica_config
-from nanotron_ext.optim.build import build_optimizer
-from nanotron_ext.optim.clip import clip_grad_norm_
-from nanotron_ext.optim.lr_schedule import build_scheduler
+from nanotron_ext.metrics.nvtx import enable_nvtx
 from nanotron_ext.parallel.comm import get_ledger
-from nanotron_ext.parallel.context import build_parallel_context
-from nanotron_ext.parallel.data_parallel import DataParallelSync
+from nanotron_ext.parallel.context import context_for
 from nanotron_ext.parallel.link import link_emulator_from_config
-from nanotron_ext.registry import DP_SYNCS
 from nanotron_ext.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
 from nanotron_ext.train.guard import claim_folders, resume_advice
-from nanotron_ext.train.pipeline_step import evaluate, forward_backward, make_engine
+from nanotron_ext.train.replica import Replica, resume_hint, validation_summary
 
 
 class Trainer:
     def __init__(self, cfg: Config, config_file: Optional[str] = None) -> None:
-        world_size = int(os.environ.get("WORLD_SIZE", "1"))
-        cfg.validate(world_size=world_size)  # bad layouts fail here, before any process group exists
         self.cfg, self.config_file = cfg, config_file
         p = cfg.parallelism
-        backend = None if cfg.general.backend == "auto" else cfg.general.backend
-        self.ctx = build_parallel_context(p.dp, p.tp, p.pp, backend=backend, timeout_s=cfg.general.collective_timeout_s)
+        # bad layouts fail in context_for, before any process group exists
+        self.ctx = context_for(cfg, world_size=int(os.environ.get("WORLD_SIZE", "1")))
         self.is_main = dist.get_rank(self.ctx.world_pg) == 0
         self.run_dir = Path(cfg.general.output_dir) / cfg.general.run
         self._locks = self._claim_folders()
-        torch.manual_seed(cfg.general.seed)
         enable_nvtx(cfg.logging.nvtx)
 
         dp_rank = dist.get_rank(self.ctx.dp_pg)
-        # this replica's model config (differs per replica e.g. in heterogeneous SparseLoCo); self.cfg stays the run's
-        self.model_cfg = replica_config(cfg, dp_rank)
-        self.model = build_model(self.model_cfg, self.ctx, link=link_emulator_from_config(p.link))
-        self.optimizer = build_optimizer(self.model, cfg.optimizer, self.ctx.tp_pg)
-        self.scheduler = build_scheduler(self.optimizer, cfg.optimizer, cfg.tokens.train_steps)
-        self.engine = make_engine(p.pp_engine)
-        self.dp_sync: DataParallelSync = DP_SYNCS.get(p.dp_sync)(self.model, self.ctx.dp_pg, self.model_cfg)
+        # this rank's part of its DP replica: the model (built from the replica's config, self.model_cfg;
+        # self.cfg stays the run's), optimiser, schedule, engine and DP sync, and the step they take
+        self.replica = Replica(cfg, self.ctx, dp_rank, link=link_emulator_from_config(p.link))
+        r = self.replica
+        self.model_cfg, self.model, self.optimizer, self.scheduler = r.model_cfg, r.model, r.optimizer, r.scheduler
+        self.engine, self.dp_sync = r.engine, r.dp_sync
         self.train_loader = build_train_loader(cfg, dp_rank=dp_rank, dp_size=p.dp, config_file=config_file)
         self.val_loader = build_validation_loader(cfg, dp_rank=dp_rank, dp_size=p.dp, config_file=config_file)
         note = self.train_loader.epoch_note(cfg.tokens.train_steps, cfg.tokens.batch_accumulation_per_replica)
@@ -112,57 +100,19 @@ class Trainer:
             dist.all_reduce(total, group=self.ctx.pp_pg)
         return int(total.item())
 
-    def _autocast(self) -> contextlib.AbstractContextManager:
-        if self.cfg.model.dtype == "bf16":
-            return torch.autocast(device_type=self.ctx.device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
-
     def train_step(self) -> Dict[str, float]:
-        cfg = self.cfg
-        micro = [next(self.train_loader) for _ in range(cfg.tokens.batch_accumulation_per_replica)]
-        with nvtx_range("forward_backward"), self._autocast():
-            loss = forward_backward(self.model, self.engine, micro, self.ctx, self.dp_sync)
-        with nvtx_range("clip_grad"):
-            grad_norm = clip_grad_norm_(self.model.parameters(), cfg.optimizer.clip_grad, self.ctx.tp_pg, self.ctx.pp_pg)
-        lr = self.optimizer.param_groups[0]["lr"]
-        loss_value, grad_norm = loss.item(), float(grad_norm)
-        if self._any_rank(not (math.isfinite(loss_value) and math.isfinite(grad_norm))):
-            raise TrainingError(f"step {self.step + 1}: the loss is {loss_value} and the gradient norm {grad_norm} "
-                                f"(not finite); stopped before the optimizer step, nothing was saved. "
-                                f"{self._resume_hint()}; lower optimizer.lr or check the model.* values")
-        with nvtx_range("optimizer_step"):
-            self.optimizer.step()
-            self.scheduler.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            self.model.after_optimizer_step()
-            self.dp_sync.after_step(self.step + 1)
-        return {"loss": loss_value, "grad_norm": grad_norm, "lr": lr}
-
-    def _any_rank(self, flag: bool) -> bool:
-        """True on every rank when `flag` is true on any: all ranks must stop (or go on) together."""
-        t = torch.tensor([float(flag)], device=self.ctx.device)
-        with self.ledger.tag("control"):  # counted like every byte, under world all_reduce:control
-            dist.all_reduce(t, group=self.ctx.world_pg)
-        return bool(t.item())
-
-    def _resume_hint(self) -> str:
-        last = latest_checkpoint(self.cfg.checkpoints.dir)
-        return f"the last complete checkpoint is {last}" if last else f"there is no complete checkpoint in {self.cfg.checkpoints.dir}"
+        micro = [next(self.train_loader) for _ in range(self.cfg.tokens.batch_accumulation_per_replica)]
+        loss = self.replica.backward(micro)
+        return self.replica.update(self.step + 1, loss.item())
 
     def validate(self) -> Dict[str, float]:
         batches = list(itertools.islice(self.val_loader, self.cfg.tokens.val_steps))
-        losses = []
-        n = self.cfg.tokens.batch_accumulation_per_replica
-        for i in range(0, len(batches), n):
-            with nvtx_range("validation"), self._autocast():
-                losses.append(evaluate(self.model, self.engine, batches[i:i + n], self.ctx).item())
-        val = sum(losses) / len(losses)
-        return {"val_loss": val, "val_ppl": math.exp(min(val, 50.0))}
+        return validation_summary([loss.item() for loss in self.replica.validation_losses(batches)])
 
     def save(self) -> Path:
-        if self._any_rank(not all(bool(torch.isfinite(q).all()) for q in self.model.parameters())):
+        if self.replica.any_rank(not all(bool(torch.isfinite(q).all()) for q in self.model.parameters())):
             raise TrainingError(f"step {self.step}: the weights are not finite after the optimizer step; not saving "
-                                f"them. {self._resume_hint()}; lower optimizer.lr")
+                                f"them. {resume_hint(self.cfg)}; lower optimizer.lr")
         return save_checkpoint(
             self.cfg.checkpoints.dir, self.step, self.ctx, model=self.model, optimizer=self.optimizer,
             scheduler=self.scheduler, extra={"step": self.step, "loader": self.train_loader.state_dict(),

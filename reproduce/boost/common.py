@@ -54,8 +54,8 @@ def strategy_overrides(strategy: str, low_rank_kind: str, rmsnorm: Optional[str]
     """What turns the shared model into one compared row: full-rank Megatron, or a low-rank model
     under vanilla / bottleneck-aware TP."""
     if strategy == "megatron":
-        return ["model.low_rank.kind=none", "model.boost.tp_strategy=megatron"]
-    out = [f"model.low_rank.kind={low_rank_kind}", f"model.boost.tp_strategy={strategy}"]
+        return ["model.low_rank.kind=none", "model.tp_strategy=megatron"]
+    out = [f"model.low_rank.kind={low_rank_kind}", f"model.tp_strategy={strategy}"]
     if rmsnorm is not None:
         out.append(f"model.boost.rmsnorm={rmsnorm}")
     return out

@@ -210,7 +210,7 @@ def plan(args: argparse.Namespace) -> List[Tuple[str, str, Optional[str]]]:
 def shape_of(cfg: Any) -> Dict[str, int]:
     m, t = cfg.model, cfg.tokens
     return {"b": t.micro_batch_size, "s": t.sequence_length, "d": m.hidden_size, "d_ff": m.ffn_size,
-            "r": m.rank, "kv": bc.kv_width(m), "layers": m.num_layers, "elem_bytes": 2 if m.dtype == "bf16" else 4}
+            "r": m.low_rank.width(m.hidden_size), "kv": bc.kv_width(m), "layers": m.num_layers, "elem_bytes": 2 if m.dtype == "bf16" else 4}
 
 
 def orchestrate(args: argparse.Namespace, torchrun_args: List[str]) -> List[Dict[str, Any]]:
@@ -311,7 +311,7 @@ def measure_interleaved(cfgs: Sequence[Any], ctx: Any, iters: int, warmup: int) 
     for _ in range(iters):
         for i, (t, b) in enumerate(zip(trainees, batches)):
             bw.reset_peak(ctx.device)
-            timings[i].extend(bt.timed(lambda: bw.train_iteration(t, ctx, b), ctx.device, 1, ledger=get_ledger()))
+            timings[i].extend(bt.timed(lambda t=t, b=b: bw.train_iteration(t, ctx, b), ctx.device, 1, ledger=get_ledger()))
             if cuda:
                 peaks[i] = max(peaks[i], bw.peak_memory())
     rows = []

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -42,7 +41,7 @@ def analytic_params(model: Any) -> Dict[str, int]:
     shapes = {"q": (d, q_out), "k": (d, kv_out), "v": (d, kv_out), "o": (q_out, d),
               "gate": (d, f), "up": (d, f), "down": (f, d)}
     low = model.low_rank.kind != "none"
-    r = model.rank
+    r = model.low_rank.width(model.hidden_size)
 
     def linear(name: str) -> int:
         i, o = shapes[name]
@@ -98,15 +97,9 @@ def build_and_compare(shape: Dict[str, Any], strategy: str, kind: str, ctx: Any)
         low_rank.pop("targets", None)
     tp = ctx.tp_pg.size()
     cfg = from_dict(Config, {"parallelism": {"tp": tp},
-                             "model": {**model, "max_seq_len": 16, "low_rank": low_rank, "boost": {"tp_strategy": strategy}},
+                             "model": {**model, "max_seq_len": 16, "low_rank": low_rank, "tp_strategy": strategy},
                              "tokenizer": {"vocab_size": 260}, "tokens": {"sequence_length": 16}})
     return analytic_params(cfg.model)["total"], built_params(build_model(cfg, ctx))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def check_built(strategies: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
@@ -114,24 +107,12 @@ def check_built(strategies: Optional[Sequence[str]] = None) -> List[Dict[str, An
     gloo group on a free port when none exists) and return one record per case."""
     import torch.distributed as td
 
-    from nanotron_ext.models.tp_strategy import TP_STRATEGIES
-    from nanotron_ext.parallel.context import build_parallel_context
+    from nanotron_ext.parallel.context import standalone_context
+    from nanotron_ext.registry import TP_STRATEGIES
 
     created = not td.is_initialized()
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    # the rendezvous variables build_parallel_context fills in are not left behind for later
-    # processes (a stale MASTER_PORT would be inherited by every child of this one)
-    saved_env = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
-    if created and world == 1 and "MASTER_PORT" not in os.environ:
-        os.environ["MASTER_PORT"] = str(_free_port())  # a lone process: never the shared default 29500
-    try:
-        ctx = build_parallel_context(1, world, 1, backend="gloo")
-    finally:
-        for k, v in saved_env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    ctx = standalone_context(tp=world)  # a lone process: one gloo rank on a free port, no variables left behind
     strategies = [s for s in (strategies or TP_STRATEGIES.names()) if s in TP_STRATEGIES.names()]
     records = []
     try:
@@ -155,7 +136,7 @@ def config_table(paths: Sequence[Path]) -> List[Dict[str, Any]]:
         m = cfg.model
         rows.append({"config": path.name, "layers": m.num_layers, "d": m.hidden_size, "d_ff": m.ffn_size,
                      "heads": m.num_heads, "low_rank": m.low_rank.kind,
-                     "r": m.rank if m.low_rank.kind != "none" else None, **counts})
+                     "r": m.low_rank.width(m.hidden_size) if m.low_rank.kind != "none" else None, **counts})
     # low-rank share of the full-rank model of the same size (same file prefix)
     full = {r["config"].rsplit("_", 1)[0]: r["total"] for r in rows if r["low_rank"] == "none"}
     for r in rows:

@@ -177,7 +177,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     rows = compare(result["rows"], args.warmup)
     c = cfgs["grouped"]
     meta = {**result["meta"], "raw": result["rows"], "low_rank_kind": kind, "model_line": (
-        f"d={c.model.hidden_size} d_ff={c.model.ffn_size} r={c.model.rank} low-rank={kind} "
+        f"d={c.model.hidden_size} d_ff={c.model.ffn_size} r={c.model.low_rank.width(c.model.hidden_size)} low-rank={kind} "
         f"rmsnorm={c.model.boost.rmsnorm}; seq {c.tokens.sequence_length}; one decoder block fwd+bwd, "
         f"{args.iters} iterations, first {args.warmup} dropped")}
     return publish(rows, meta, args.out)

@@ -74,7 +74,7 @@ def measure_worker(args: argparse.Namespace) -> Dict[str, Any]:
     for mb in [int(b) for b in args.batches.split(",")]:
         batches = {n: bw.random_micro_batches(t.cfg, 1, micro_batch=mb) for n, t in trainees.items()}
 
-        def step(n: str) -> None:
+        def step(n: str, batches: Dict[str, Any] = batches) -> None:
             t = trainees[n]
             with bw.autocast_for(t.cfg, ctx.device):
                 forward_backward(t.model, t.engine, batches[n], ctx)
@@ -83,7 +83,7 @@ def measure_worker(args: argparse.Namespace) -> Dict[str, Any]:
         per: Dict[str, Dict[str, Any]] = {n: {"wall": [], "cpu": [], "calls": []} for n in names}
         for _ in range(args.iters):
             for n in names:  # interleaved: a load change on a shared machine hits all four alike
-                timing = bt.timed(lambda: step(n), ctx.device, 1, ledger=ledger)
+                timing = bt.timed(lambda n=n: step(n), ctx.device, 1, ledger=ledger)
                 per[n]["wall"] += timing.wall
                 per[n]["cpu"] += timing.cpu
                 per[n]["calls"] += [c["calls"] for c in timing.comm]
@@ -92,7 +92,8 @@ def measure_worker(args: argparse.Namespace) -> Dict[str, Any]:
             mbatch = batches[n][0]
             ids, labels = mbatch["input_ids"].to(ctx.device), mbatch["label_ids"].to(ctx.device)
             with bw.autocast_for(t.cfg, ctx.device):
-                loss, act = bc.activation_bytes(t.model, lambda: t.model(input_ids=ids, label_ids=labels)["loss"],
+                loss, act = bc.activation_bytes(t.model, lambda t=t, ids=ids, labels=labels: t.model(
+                                                    input_ids=ids, label_ids=labels)["loss"],
                                                 ctx.device)
             loss.backward()
             t.model.zero_grad(set_to_none=True)
@@ -196,7 +197,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     rows = compare(result["rows"], args.warmup)
     c = next(iter(cfgs.values()))
     meta = {**result["meta"], "raw": result["rows"], "low_rank_kind": kind, "model_line": (
-        f"d={c.model.hidden_size} d_ff={c.model.ffn_size} layers={c.model.num_layers} r={c.model.rank} "
+        f"d={c.model.hidden_size} d_ff={c.model.ffn_size} layers={c.model.num_layers} r={c.model.low_rank.width(c.model.hidden_size)} "
         f"low-rank={kind}; seq {c.tokens.sequence_length}; {args.iters} fwd+bwd per variant, first {args.warmup} "
         f"dropped; TP rank 0 memory")}
     for s in STRATEGIES:

@@ -58,14 +58,11 @@ def worker(row: str, seq: int) -> Dict[str, float]:
     from nanotron_ext.config.loader import load_config
     from nanotron_ext.models.build import build_model
     from nanotron_ext.optim.build import build_optimizer
-    from nanotron_ext.parallel.context import build_parallel_context
+    from nanotron_ext.parallel.context import standalone_context
     from nanotron_ext.train.pipeline_step import forward_backward, make_engine
 
-    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
-                       ("MASTER_PORT", str(29700 + os.getpid() % 1000))):
-        os.environ.setdefault(key, value)
     cfg = load_config(ROOT / "examples" / "config_tiny_llama.yaml", MODEL + ROWS[row] + [f"tokens.sequence_length={seq}"])
-    ctx = build_parallel_context(1, 1, 1, backend="gloo")
+    ctx = standalone_context()
     torch.manual_seed(0)
     model = build_model(cfg, ctx)
     opt = build_optimizer(model, cfg.optimizer, ctx.tp_pg)

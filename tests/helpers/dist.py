@@ -40,7 +40,7 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, qu
         queue.put((rank, "ok", buffer.getvalue()))
     except BaseException:  # noqa: BLE001 - report everything to the parent
         queue.put((rank, "error", traceback.format_exc()))
-        raise SystemExit(1)
+        raise SystemExit(1) from None
     finally:
         import torch.distributed as torch_dist
 
@@ -68,7 +68,7 @@ def run_distributed(fn: Callable, world_size: int, *args: Any, timeout_s: float 
                 if dead and queue.empty():
                     time.sleep(0.5)
                     if queue.empty():
-                        raise RuntimeError(f"rank process exited with code {dead[0].exitcode} without reporting")
+                        raise RuntimeError(f"rank process exited with code {dead[0].exitcode} without reporting") from None
                 continue
             if status == "error":
                 raise RuntimeError(f"rank {rank} failed:\n{payload}")

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as torch_dist
-
 from _common import check_origin, finish
 
 if __name__ == "__main__":

@@ -5,9 +5,8 @@ import copy
 
 import torch
 import torch.distributed as torch_dist
-from torch import nn
-
 from _common import check_origin, init_gloo, run_checks
+from torch import nn
 
 
 def fp32_grad_accumulator() -> None:

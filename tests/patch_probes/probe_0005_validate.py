@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as torch_dist
-from torch import nn
-
 from _common import check_origin, finish, init_gloo
+from torch import nn
 
 
 class SquaredError(nn.Module):

@@ -5,7 +5,6 @@ import os
 
 import torch
 import torch.distributed as torch_dist
-
 from _common import check_origin, finish, init_gloo
 
 BATCH, IN, OUT = 6, 8, 5

@@ -5,7 +5,6 @@ from typing import List, Optional, Tuple
 
 import torch
 import torch.distributed as torch_dist
-
 from _common import check_origin, finish, init_gloo
 
 

@@ -1,0 +1,48 @@
+"""BOOST's Technique: its config sections, the TP strategies it provides, and the rules between them."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from nanotron_ext.boost.config import BoostConfig, LowRankConfig
+from nanotron_ext.config.checks import ConfigError, require, warn_deprecated
+from nanotron_ext.technique import Technique
+
+if TYPE_CHECKING:
+    from nanotron_ext.config.schema import ModelConfig
+
+LOW_RANK_STRATEGIES = ("vanilla", "btp")
+
+
+class BoostTechnique(Technique):
+    name = "boost"
+    sections = {"model.low_rank": LowRankConfig, "model.boost": BoostConfig}
+    provides = {"model.tp_strategy": LOW_RANK_STRATEGIES}
+    pieces = "nanotron_ext.boost.pieces:BoostPieces"
+
+    def resolve_model(self, model: "ModelConfig") -> None:
+        old = model.boost.tp_strategy
+        if old is not None:
+            warn_deprecated("model.boost.tp_strategy", "model.tp_strategy")
+            if model.tp_strategy is not None and model.tp_strategy != old:
+                raise ConfigError(f"model.boost.tp_strategy={old!r} and model.tp_strategy={model.tp_strategy!r} "
+                                  "disagree; keep only model.tp_strategy")
+            model.tp_strategy, model.boost.tp_strategy = old, None
+        if model.tp_strategy is None and model.low_rank.kind != "none":
+            model.tp_strategy = "vanilla"  # Megatron TP of each factor pair: the documented default of a low-rank model
+
+    def check_model(self, model: "ModelConfig") -> None:
+        low = model.low_rank
+        if low.kind == "none":
+            require(model.tp_strategy not in LOW_RANK_STRATEGIES, "model.tp_strategy",
+                    f"{model.tp_strategy!r} splits low-rank factor pairs, but model.low_rank.kind='none' (full-rank "
+                    "models use 'megatron')")
+            return
+        require(model.tp_strategy != "megatron", "model.tp_strategy",
+                f"'megatron' splits full-rank linears, but model.low_rank.kind={low.kind!r} factorises them: use "
+                "'vanilla' (Megatron TP of each factor pair, the default for a low-rank model) or 'btp'")
+        require(low.width(model.hidden_size) <= model.hidden_size, "model.low_rank.rank",
+                f"{low.rank} exceeds model.hidden_size={model.hidden_size} (a bottleneck wider than the model "
+                "compresses nothing)")
+
+
+technique = BoostTechnique()

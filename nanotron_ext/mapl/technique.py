@@ -1,0 +1,34 @@
+"""MAPL's Technique: the `model.codec.mapl` and `optimizer.spel` sections, the "mapl" codec, the SPEL
+optimiser group, and the rules on the codec's widths."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from nanotron_ext.config.checks import require
+from nanotron_ext.mapl.config import MaplCodecConfig, SpelConfig
+from nanotron_ext.technique import Technique
+
+if TYPE_CHECKING:
+    from nanotron_ext.config.schema import ModelConfig
+
+SPEL_TAG = "mapl_spel"
+
+
+class MaplTechnique(Technique):
+    name = "mapl"
+    sections = {"model.codec.mapl": MaplCodecConfig, "optimizer.spel": SpelConfig}
+    provides = {"model.codec.kind": ["mapl"], "optimizer group": [SPEL_TAG]}
+    pieces = "nanotron_ext.mapl.pieces:MaplPieces"
+
+    def check_model(self, model: "ModelConfig") -> None:
+        mapl, d = model.codec.mapl, model.hidden_size
+        r, m = mapl.widths(d)
+        require(mapl.rank is None or mapl.rank <= d, "model.codec.mapl.rank",
+                f"{mapl.rank} exceeds model.hidden_size={d} (A_p must have orthonormal columns)")
+        require(m <= d, "model.codec.mapl.anchor_width",
+                f"{m} exceeds model.hidden_size={d} (the anchor basis P_p [m, d] has orthonormal rows)")
+        require(not mapl.vq_groups or r % mapl.vq_groups == 0, "model.codec.mapl.vq_groups",
+                f"{mapl.vq_groups} does not divide the wire width r={r}")
+
+
+technique = MaplTechnique()

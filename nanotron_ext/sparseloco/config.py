@@ -1,0 +1,70 @@
+"""SparseLoCo's config section, `sparseloco` (used when parallelism.dp_sync = sparseloco)."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import field
+from typing import List, Literal
+
+from nanotron_ext.config.checks import require, require_finite
+
+
+@dataclasses.dataclass(kw_only=True)
+class SparseLoCoConfig:
+    """SparseLoCo outer loop (parallelism.dp_sync=sparseloco; "Heterogeneous Low-Bandwidth Pre-Training
+    of LLMs"): H inner steps with no DP traffic, then compressed pseudo-gradients are exchanged."""
+
+    inner_steps: int = 50
+    """H: inner optimiser steps between outer syncs (paper: 50)."""
+    chunk: int = 4096
+    """Elements per chunk; 2-D tensors are tiled sqrt(chunk) x sqrt(chunk) (64 x 64), others in runs."""
+    topk: int = 32
+    """Entries kept per chunk (paper: 32 of 4096)."""
+    beta: float = 0.95
+    """Error-feedback decay: e = beta * e + delta."""
+    quant_bits: int = 0
+    """Value quantisation bits (0 = none; 2 = the public code's option)."""
+    value_dtype: Literal["fp32", "bf16"] = "bf16"
+    """Precision of the sent values without quantisation."""
+    index_bits: int = 12
+    """Bits per packed index; 2**index_bits must cover the chunk."""
+    outer_lr: float = 1.0
+    """Outer SGD learning rate (paper: 1.0; 0.8 in tuned runs)."""
+    outer_momentum: float = 0.0
+    """Outer SGD momentum (paper: none)."""
+    aggregate: Literal["all", "senders"] = "all"
+    """Average each position over all replicas, or over the replicas that sent it (public code)."""
+    compressed_replicas: List[int] = field(default_factory=list)
+    """Heterogeneous SparseLoCo (sec. 2.3): DP replicas whose pipeline uses the subspace codec (options under
+    model.subspace); the others run uncompressed. Empty: plain SparseLoCo, the model as configured."""
+    embedding_adaptation: bool = True
+    """Heterogeneous (sec. 2.4): T_S = T U U^T, T_fixed = T - T U U^T at start; after every sync fold
+    T_S - T_S U U^T into T_fixed. Off: T_fixed is the subspace package's seeded table, never adapted."""
+    weight_projection: bool = False
+    """Heterogeneous: compressed replicas re-project their output projections onto span(U) after every step."""
+    modified_adamw: bool = False
+    """Heterogeneous: compressed replicas step their output projections with the subspace modified AdamW."""
+    grassmann_every: int = 0
+    """Heterogeneous: Grassmann updates of the one U all replicas share, every N inner steps (a multiple of
+    inner_steps: the update runs at an outer sync, from A averaged over the compressed replicas; step size
+    and reset under model.subspace). 0 = the fixed random U (the paper's default)."""
+
+    def __post_init__(self) -> None:
+        k = "sparseloco"
+        require_finite(self, k)
+        require(all(r >= 0 for r in self.compressed_replicas), f"{k}.compressed_replicas",
+                f"must list DP ranks >= 0, got {self.compressed_replicas}")
+        require(self.inner_steps >= 1, f"{k}.inner_steps", f"must be >= 1, got {self.inner_steps}")
+        require(self.chunk >= 1 and int(self.chunk**0.5) ** 2 == self.chunk, f"{k}.chunk",
+                 f"must be a perfect square (2-D tiles are square), got {self.chunk}")
+        require(1 <= self.topk <= self.chunk, f"{k}.topk", f"must be in [1, {k}.chunk={self.chunk}], got {self.topk}")
+        require(0 <= self.beta <= 1, f"{k}.beta", f"must be in [0, 1], got {self.beta}")
+        require(0 <= self.quant_bits <= 8, f"{k}.quant_bits", f"must be in [0, 8], got {self.quant_bits}")
+        require(1 <= self.index_bits <= 32 and 2**self.index_bits >= self.chunk, f"{k}.index_bits",
+                 f"{self.index_bits} bits cannot address {k}.chunk={self.chunk} positions")
+        require(self.outer_lr > 0, f"{k}.outer_lr", f"must be > 0, got {self.outer_lr}")
+        require(0 <= self.outer_momentum < 1, f"{k}.outer_momentum", f"must be in [0, 1), got {self.outer_momentum}")
+        require(self.grassmann_every >= 0 and self.grassmann_every % self.inner_steps == 0, f"{k}.grassmann_every",
+                f"must be 0 or a multiple of {k}.inner_steps={self.inner_steps} (updates run at outer syncs), "
+                f"got {self.grassmann_every}")
+        require(not self.grassmann_every or self.compressed_replicas, f"{k}.grassmann_every",
+                f"needs {k}.compressed_replicas (the compressed replicas' gradients drive U)")

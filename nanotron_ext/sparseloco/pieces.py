@@ -1,0 +1,16 @@
+"""What SparseLoCo builds for a model: its DP sync (parallelism.dp_sync = sparseloco)."""
+from __future__ import annotations
+
+from typing import Any
+
+from nanotron.parallel import ParallelContext
+from torch import nn
+
+from nanotron_ext.parallel.data_parallel import DataParallelSync
+from nanotron_ext.sparseloco.outer import SparseLoCoSync
+from nanotron_ext.technique import Pieces
+
+
+class SparseLoCoPieces(Pieces):
+    def dp_sync(self, name: str, model: nn.Module, ctx: ParallelContext, cfg: Any) -> DataParallelSync:
+        return SparseLoCoSync(model, ctx, cfg)

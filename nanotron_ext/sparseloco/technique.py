@@ -1,0 +1,66 @@
+"""SparseLoCo's Technique: the `sparseloco` section, the "sparseloco" DP sync, the per-replica model
+configs of heterogeneous SparseLoCo, and the rules across sections."""
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import TYPE_CHECKING
+
+from nanotron_ext.config.checks import ConfigError, require
+from nanotron_ext.sparseloco.config import SparseLoCoConfig
+from nanotron_ext.subspace.technique import heterogeneous_replica
+from nanotron_ext.technique import Technique
+
+if TYPE_CHECKING:
+    from nanotron_ext.config.schema import Config
+
+
+class SparseLoCoTechnique(Technique):
+    name = "sparseloco"
+    sections = {"sparseloco": SparseLoCoConfig}
+    provides = {"parallelism.dp_sync": ["sparseloco"]}
+    pieces = "nanotron_ext.sparseloco.pieces:SparseLoCoPieces"
+
+    def check(self, cfg: "Config") -> None:
+        s, m, p = cfg.sparseloco, cfg.model, cfg.parallelism
+        if p.dp_sync != "sparseloco":
+            default = SparseLoCoConfig()
+            changed = [f.name for f in dataclasses.fields(s) if getattr(s, f.name) != getattr(default, f.name)]
+            if changed:
+                others = f" (also set: {', '.join(changed[1:])})" if changed[1:] else ""
+                raise ConfigError(f"sparseloco.{changed[0]}: {getattr(s, changed[0])!r} is set{others}, but "
+                                  f"parallelism.dp_sync={p.dp_sync!r} ignores the sparseloco section; set "
+                                  "parallelism.dp_sync=sparseloco, or drop the section (--set sparseloco=null). "
+                                  "Per-step averaging of mixed replicas runs only in the simulated mode "
+                                  "(sparseloco.simulate.run_simulated, mode 'dense')")
+            return
+        if not s.compressed_replicas:
+            return
+        bad = [r for r in s.compressed_replicas if r >= p.dp]
+        require(not bad, "sparseloco.compressed_replicas", f"{bad} are not DP ranks (parallelism.dp={p.dp})")
+        for key, value, default in (("model.codec.kind", m.codec.kind, "identity"),
+                                    ("model.embedding.kind", m.embedding.kind, "standard"),
+                                    ("model.output_constraint.kind", m.output_constraint.kind, "none")):
+            require(value == default, key, f"{value!r}: with sparseloco.compressed_replicas the per-replica model is "
+                                           f"set by sparseloco; leave {key} at {default!r}")
+        if m.subspace.grassmann_every:
+            raise ConfigError("model.subspace.grassmann_every: with sparseloco.compressed_replicas each replica's U "
+                              "would follow its own gradients; set sparseloco.grassmann_every (one U for all replicas)")
+        require(bool(cfg.codec_boundaries()), "sparseloco.compressed_replicas",
+                f"{s.compressed_replicas} compress nothing: their subspace codec sits at model.codec.boundaries="
+                f"{m.codec.boundaries!r}, and parallelism.pp={p.pp} has no such boundary; set parallelism.pp >= 2, or "
+                "model.codec.boundaries=every_layer (or a list of sending layers)")
+
+    def replica_config(self, cfg: "Config", replica: int) -> "Config":
+        """Heterogeneous (sec. 2.3): replicas in sparseloco.compressed_replicas run the subspace codec, the
+        others uncompressed, every one with the adapted split table (a copy; the run's config otherwise)."""
+        s = cfg.sparseloco
+        if not s.compressed_replicas:
+            return cfg
+        out = copy.deepcopy(cfg)
+        heterogeneous_replica(out.model, replica in s.compressed_replicas, reproject=s.weight_projection,
+                              modified_adamw=s.modified_adamw, grassmann_every=s.grassmann_every)
+        return out
+
+
+technique = SparseLoCoTechnique()

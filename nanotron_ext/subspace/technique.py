@@ -1,0 +1,76 @@
+"""Subspace Models' Technique: the `model.subspace` section, its codec, embeddings, output constraint and
+modified-AdamW group, and the one switch: `model.codec.kind: subspace` brings the split embedding and the
+span(U) constraint the codec is exact with (each can be overridden, and a choice that breaks exactness
+is a config error naming both keys)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from nanotron_ext.config.checks import require
+from nanotron_ext.subspace.config import SubspaceConfig
+from nanotron_ext.technique import Technique
+
+if TYPE_CHECKING:
+    from nanotron_ext.config.schema import Config, ModelConfig
+
+SUBSPACE_ADAMW_TAG = "subspace_adamw"
+SPLIT_EMBEDDINGS = ("subspace", "subspace_adapted")  # T_fixed + a part in span(U): what the codec subtracts
+
+
+class SubspaceTechnique(Technique):
+    name = "subspace"
+    sections = {"model.subspace": SubspaceConfig}
+    provides = {"model.codec.kind": ["subspace"], "model.embedding.kind": list(SPLIT_EMBEDDINGS),
+                "model.output_constraint.kind": ["subspace"], "optimizer group": [SUBSPACE_ADAMW_TAG]}
+    pieces = "nanotron_ext.subspace.pieces:SubspacePieces"
+
+    def resolve_model(self, model: "ModelConfig") -> None:
+        if model.codec.kind == "subspace":
+            if model.embedding.kind is None:
+                model.embedding.kind = "subspace"
+            if model.output_constraint.kind is None:
+                model.output_constraint.kind = "subspace"
+
+    def check_model(self, model: "ModelConfig") -> None:
+        sub, d = model.subspace, model.hidden_size
+        require(sub.k is None or sub.k <= d, "model.subspace.k", f"{sub.k} exceeds model.hidden_size={d}")
+        if model.codec.kind == "subspace":
+            require(model.embedding.kind in SPLIT_EMBEDDINGS, "model.embedding.kind",
+                    f"{model.embedding.kind!r} with model.codec.kind='subspace': the codec is exact only with a split "
+                    f"embedding ({' or '.join(SPLIT_EMBEDDINGS)}); leave model.embedding.kind unset to get it")
+            require(model.output_constraint.kind == "subspace", "model.output_constraint.kind",
+                    f"{model.output_constraint.kind!r} with model.codec.kind='subspace': the codec is exact only while "
+                    "every compressed block writes into span(U); leave model.output_constraint.kind unset to get it")
+        if model.output_constraint.kind == "subspace":
+            require(not (sub.parameterisation == "reparam" and sub.modified_adamw), "model.subspace.modified_adamw",
+                    "applies to parameterisation='projection' (W_small of 'reparam' is unconstrained and uses plain "
+                    "AdamW)")
+        if model.embedding.kind == "subspace_adapted":
+            require(not model.tie_embeddings, "model.tie_embeddings",
+                    "true is not supported with model.embedding.kind='subspace_adapted' (the table is T_S + T_fixed, "
+                    "not one parameter); set model.tie_embeddings=false")
+
+    def check(self, cfg: "Config") -> None:
+        if cfg.model.embedding.kind == "subspace_adapted":
+            require(cfg.parallelism.tp == 1, "parallelism.tp",
+                    f"{cfg.parallelism.tp} with model.embedding.kind='subspace_adapted': T_fixed is adapted from whole "
+                    "rows of T_S, which needs parallelism.tp=1")
+
+
+def heterogeneous_replica(model: "ModelConfig", compressed: bool, *, reproject: bool, modified_adamw: bool,
+                          grassmann_every: int) -> None:
+    """Set the Subspace keys of one replica of heterogeneous SparseLoCo (in place, on that replica's copy):
+    every replica embeds with the adapted split table (the same parameters everywhere); a compressed one
+    also sends through the subspace codec with full output weights kept in span(U) (parameterisation
+    "projection", so parameter names and shapes match the uncompressed replicas for SparseLoCo's average)."""
+    model.embedding.kind = "subspace_adapted"
+    if compressed:
+        model.codec.kind = "subspace"
+        model.output_constraint.kind = "subspace"
+        model.subspace.parameterisation = "projection"
+        model.subspace.reproject = reproject
+        model.subspace.modified_adamw = modified_adamw
+        model.subspace.grassmann_every = grassmann_every
+
+
+technique = SubspaceTechnique()

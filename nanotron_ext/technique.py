@@ -1,0 +1,135 @@
+"""One object per technique: what a technique package declares, and the pieces it builds per model.
+
+A technique (BOOST, ResBM, Subspace Models, MAPL, SparseLoCo, or a third-party package) is a folder
+with two halves, in the spirit of torchtitan's TrainSpec:
+
+- `Technique` (light, registered once through the `nanotron_ext.techniques` entry-point group): its
+  config sections (keyword-only dataclasses mounted under the YAML keys users write, e.g.
+  "model.codec.resbm"), the names it provides at each extension point (nanotron_ext.registry), the
+  values it brings for model keys left unset (one switch: `model.codec.kind: subspace` brings its
+  embedding and output constraint), its cross-key rules, per-replica configs, and where its pieces
+  live. Importing it imports no torch and no nanotron, so loading a config stays cheap.
+- `Pieces` (heavy, one object per model build, created by the core's model builder for every technique
+  that owns a name the model uses): builds the TP strategy, codec, embedding, output constraint and DP
+  sync it named. State its pieces share lives on this object (e.g. Subspace Models' basis U), never in a
+  module-level dict, so two models in one process share nothing.
+
+The core's own defaults (megatron, identity, standard, none, allreduce) are declared the same way
+(nanotron_ext.registry.CORE, nanotron_ext.models.pieces.CorePieces). ARCHITECTURE.md walks through
+adding a technique; tests/toy_technique/ is a complete one.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, List, Mapping, Optional, Sequence, Union
+
+if TYPE_CHECKING:  # annotations only: this module must stay importable without torch
+    import torch
+    from nanotron import distributed as dist
+    from nanotron.parallel import ParallelContext
+    from torch import nn
+
+    from nanotron_ext.codecs.base import BoundaryCodec
+    from nanotron_ext.config.schema import Config, ModelConfig, OptimizerConfig
+    from nanotron_ext.models.constraints import OutputConstraint
+    from nanotron_ext.models.tp_strategy import TPStrategy
+    from nanotron_ext.parallel.data_parallel import DataParallelSync
+
+
+@dataclasses.dataclass(frozen=True)
+class Section:
+    """A config section a technique mounts at a dotted path, e.g. Section(ResBMConfig, lambda:
+    ResBMConfig(ratio=4)) at "model.codec.resbm". `default` builds the value when the YAML omits it."""
+
+    cls: type
+    default: Optional[Callable[[], Any]] = None
+
+    def factory(self) -> Callable[[], Any]:
+        return self.default or self.cls
+
+
+def load_object(target: str) -> Any:
+    """The object named "package.module:attribute" (imported on first use)."""
+    module, _, attr = target.partition(":")
+    obj = importlib.import_module(module)
+    return getattr(obj, attr) if attr else obj
+
+
+class Technique:
+    """The registered declaration of one technique package (see module docstring). Subclass it, set the
+    class attributes, instantiate it once in the package's `__init__.py` and name that object in
+    pyproject.toml's `nanotron_ext.techniques` entry points."""
+
+    name: ClassVar[str] = ""
+    """Short name (the entry point's name), used in messages and by `ModelPieces.get`."""
+    sections: ClassVar[Mapping[str, Union[Section, type]]] = {}
+    """Config sections by mount path ("model.low_rank", "model.codec.resbm", "sparseloco"): the parent must
+    be a core section (config/schema.py); the loader, `--set`, `config show` and `config doc` treat them
+    like core sections."""
+    provides: ClassVar[Mapping[str, Sequence[str]]] = {}
+    """Names this technique provides, by extension-point key (nanotron_ext.registry), e.g.
+    {"model.codec.kind": ["resbm"]}. Checked at config load without importing `pieces`."""
+    pieces: ClassVar[Union[str, type]] = ""
+    """"module:Class" of this technique's `Pieces` subclass, imported when a model is built (or the class itself,
+    for a technique registered in-process with nanotron_ext.registry.register_technique)."""
+
+    def section_items(self) -> Dict[str, Section]:
+        return {path: s if isinstance(s, Section) else Section(s) for path, s in self.sections.items()}
+
+    def pieces_class(self) -> type:
+        if not self.pieces:
+            raise TypeError(f"technique {self.name!r} provides {dict(self.provides)} but names no Pieces class")
+        return self.pieces if isinstance(self.pieces, type) else load_object(self.pieces)
+
+    def resolve_model(self, model: "ModelConfig") -> None:
+        """Fill model keys the user left unset (None) with what this technique brings, and map deprecated
+        keys onto their new names. Runs when a ModelConfig is built, before the core's defaults."""
+
+    def check_model(self, model: "ModelConfig") -> None:
+        """Rules across model keys (raise nanotron_ext.config.checks.ConfigError naming the keys)."""
+
+    def check(self, cfg: "Config") -> None:
+        """Rules across sections (the parallel layout, the DP sync, ...), run by Config.validate."""
+
+    def replica_config(self, cfg: "Config", replica: int) -> "Config":
+        """The config DP replica `replica` builds its model from, when this technique owns the run's
+        parallelism.dp_sync (heterogeneous SparseLoCo gives some replicas a compressing codec)."""
+        return cfg
+
+
+class Pieces:
+    """What one technique builds for one model (one object per model build; see module docstring).
+    Override the methods for the extension points named in the technique's `provides`; each receives the
+    name the config chose."""
+
+    def __init__(self, cfg: "ModelConfig", tp_pg: "dist.ProcessGroup") -> None:
+        self.cfg, self.tp_pg = cfg, tp_pg
+
+    def _missing(self, what: str, name: str) -> NotImplementedError:
+        return NotImplementedError(f"{type(self).__name__} declares {what} {name!r} but does not build it")
+
+    def tp_strategy(self, name: str) -> "TPStrategy":
+        """model.tp_strategy: the tensor-parallel layout (nanotron_ext.models.tp_strategy.TPStrategy)."""
+        raise self._missing("tp_strategy", name)
+
+    def codec(self, name: str, strategy: "TPStrategy") -> "BoundaryCodec":
+        """model.codec.kind: what crosses a codec boundary (nanotron_ext.codecs.base.BoundaryCodec)."""
+        raise self._missing("codec", name)
+
+    def embedding(self, name: str, strategy: "TPStrategy") -> "nn.Module":
+        """model.embedding.kind: input_ids [b, s] -> the residual stream's first hidden state."""
+        raise self._missing("embedding", name)
+
+    def output_constraint(self, name: str, strategy: "TPStrategy") -> "OutputConstraint":
+        """model.output_constraint.kind: per-layer constraints on the output projections."""
+        raise self._missing("output_constraint", name)
+
+    def dp_sync(self, name: str, model: "nn.Module", ctx: "ParallelContext", cfg: "Config") -> "DataParallelSync":
+        """parallelism.dp_sync: how this rank's replica agrees with the others (cfg: the replica's config)."""
+        raise self._missing("dp_sync", name)
+
+    @classmethod
+    def optimizer(cls, tag: str, params: List["torch.nn.Parameter"], cfg: "OptimizerConfig") -> "torch.optim.Optimizer":
+        """An optimizer group: the optimiser for parameters tagged `tag` (nanotron_ext.optim.param_groups)."""
+        raise NotImplementedError(f"{cls.__name__} declares optimizer group {tag!r} but does not build it")

@@ -1,0 +1,112 @@
+"""One data-parallel replica's training step and validation: the Trainer runs one per rank, the simulated
+SparseLoCo runner (nanotron_ext.sparseloco.simulate.run_simulated) runs M of them in one process, so both
+take the same step (micro-batches, autocast, forward/backward, clipping, the non-finite guard, the
+optimiser, the lr schedule, the constraint hooks) and validate the same way.
+
+A step is two calls, so a driver can act between them (the simulated runner averages gradients over its
+in-process replicas there):
+
+    loss = replica.backward(micro_batches)        # gradients complete; the DP sync's after_backward ran
+    record = replica.update(step, loss.item())    # clip, guard, optimiser, schedule, hooks, DP sync after_step
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Dict, List, Optional
+
+import torch
+from nanotron import distributed as dist
+from nanotron.parallel import ParallelContext
+
+from nanotron_ext.config.schema import Config
+from nanotron_ext.errors import TrainingError
+from nanotron_ext.metrics.nvtx import nvtx_range
+from nanotron_ext.models.build import build_dp_sync, build_model, replica_config
+from nanotron_ext.optim.build import build_optimizer
+from nanotron_ext.optim.clip import clip_grad_norm_
+from nanotron_ext.optim.lr_schedule import build_scheduler
+from nanotron_ext.parallel.comm import get_ledger
+from nanotron_ext.parallel.data_parallel import DataParallelSync
+from nanotron_ext.parallel.link import LinkEmulator
+from nanotron_ext.train.checkpoint import latest_checkpoint
+from nanotron_ext.train.pipeline_step import evaluate, forward_backward, make_engine
+
+Batch = Dict[str, torch.Tensor]
+
+
+class Replica:
+    """This process's part of DP replica `index`: its model (built from the replica's config), optimiser,
+    schedule, pipeline engine and DP sync."""
+
+    def __init__(self, cfg: Config, ctx: ParallelContext, index: int, *, link: Optional[LinkEmulator] = None,
+                 local: bool = False) -> None:
+        """`local`: the replica does not talk to the others (the simulated runner combines them itself), so
+        its DP sync does nothing; otherwise it is parallelism.dp_sync over ctx's DP group."""
+        self.cfg, self.ctx, self.index = cfg, ctx, index
+        torch.manual_seed(cfg.general.seed)  # every replica builds the same weights
+        self.model_cfg = replica_config(cfg, index)  # differs per replica e.g. in heterogeneous SparseLoCo
+        self.model = build_model(self.model_cfg, ctx, link=link)
+        self.optimizer = build_optimizer(self.model, cfg.optimizer, ctx.tp_pg)
+        self.scheduler = build_scheduler(self.optimizer, cfg.optimizer, cfg.tokens.train_steps)
+        self.engine = make_engine(cfg.parallelism.pp_engine)
+        self.dp_sync = (DataParallelSync(self.model, ctx, self.model_cfg) if local
+                        else build_dp_sync(self.model_cfg, self.model, ctx))
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """model.dtype bf16: autocast over the fp32 master weights."""
+        if self.cfg.model.dtype == "bf16":
+            return torch.autocast(device_type=self.ctx.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def backward(self, micro_batches: List[Batch]) -> torch.Tensor:
+        """Accumulate this step's gradients; the loss (mean over the micro-batches and the DP group)."""
+        with nvtx_range("forward_backward"), self.autocast():
+            return forward_backward(self.model, self.engine, micro_batches, self.ctx, self.dp_sync)
+
+    def update(self, step: int, loss: float) -> Dict[str, float]:
+        """Finish optimiser step `step` (1-based) after `backward`; `loss` is the step's loss to report (and
+        to guard). Raises TrainingError, before the optimiser step, when the loss or the gradient norm is
+        not finite on any rank."""
+        with nvtx_range("clip_grad"):
+            grad_norm = float(clip_grad_norm_(self.model.parameters(), self.cfg.optimizer.clip_grad,
+                                              self.ctx.tp_pg, self.ctx.pp_pg))
+        lr = self.optimizer.param_groups[0]["lr"]
+        if self.any_rank(not (math.isfinite(loss) and math.isfinite(grad_norm))):
+            raise TrainingError(f"step {step}: the loss is {loss} and the gradient norm {grad_norm} (not finite); "
+                                f"stopped before the optimizer step, nothing was saved. {resume_hint(self.cfg)}; "
+                                "lower optimizer.lr or check the model.* values")
+        with nvtx_range("optimizer_step"):
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.model.after_optimizer_step()
+            self.dp_sync.after_step(step)
+        return {"loss": loss, "grad_norm": grad_norm, "lr": lr}
+
+    def validation_losses(self, batches: List[Batch]) -> List[torch.Tensor]:
+        """The loss of each group of batch_accumulation_per_replica validation batches (mean over the DP group)."""
+        n = self.cfg.tokens.batch_accumulation_per_replica
+        losses = []
+        for i in range(0, len(batches), n):
+            with nvtx_range("validation"), self.autocast():
+                losses.append(evaluate(self.model, self.engine, batches[i:i + n], self.ctx))
+        return losses
+
+    def any_rank(self, flag: bool) -> bool:
+        """True on every rank when `flag` is true on any: all ranks must stop (or go on) together."""
+        t = torch.tensor([float(flag)], device=self.ctx.device)
+        with get_ledger().tag("control"):  # counted like every byte, under world all_reduce:control
+            dist.all_reduce(t, group=self.ctx.world_pg)
+        return bool(t.item())
+
+
+def validation_summary(group_losses: List[float]) -> Dict[str, float]:
+    """val_loss (mean over the groups) and val_ppl."""
+    val = sum(group_losses) / len(group_losses)
+    return {"val_loss": val, "val_ppl": math.exp(min(val, 50.0))}
+
+
+def resume_hint(cfg: Config) -> str:
+    last = latest_checkpoint(cfg.checkpoints.dir)
+    return f"the last complete checkpoint is {last}" if last else f"there is no complete checkpoint in {cfg.checkpoints.dir}"
