@@ -116,7 +116,8 @@ def technique_items() -> List[Dict[str, Any]]:
         items.append({"name": name, "overrides": CODECS[name] + [EVERY_LAYER]})
     items.insert(items.index(next(i for i in items if i["name"] == "subspace")) + 1,
                  {"name": "subspace_grassmann", "overrides": SM + [EVERY_LAYER, "model.subspace.grassmann_every=2"]})
-    items.append({"name": "sparseloco_sim", "replicas": 2, "overrides": ["sparseloco.inner_steps=2"]})
+    items.append({"name": "sparseloco_sim", "replicas": 2, "overrides": ["parallelism.dp=2", "parallelism.dp_sync=sparseloco",
+                                                                        "sparseloco.inner_steps=2"]})
     items.append({"name": "het_sparseloco_sim", "replicas": 2,
                   "overrides": ["parallelism.dp=2", "parallelism.dp_sync=sparseloco", "sparseloco.compressed_replicas=[0]",
                                 "sparseloco.inner_steps=2", "model.tie_embeddings=false", EVERY_LAYER]})

@@ -2,6 +2,7 @@
 against plain-torch references, replicas bit-identical after every sync, the Table 4 switches."""
 from __future__ import annotations
 
+import types
 from pathlib import Path
 
 import pytest
@@ -370,7 +371,8 @@ def test_dense_simulation_refuses_grassmann_updates_it_would_never_run() -> None
 
 
 class _Replica(torch.nn.Module):
-    """A stand-in for one replica's model: its adapted table and config (what hetero_hook reads)."""
+    """A stand-in for one replica's model: its adapted table, config and Subspace pieces (what hetero_hook reads:
+    `techniques.get("subspace").hub`, as LlamaForTraining.techniques gives it)."""
 
     def __init__(self, compressed: bool) -> None:
         super().__init__()
@@ -385,6 +387,8 @@ class _Replica(torch.nn.Module):
         self.embedding = AdaptedSplitEmbedding(self.cfg, SubspaceHub(self.cfg), compressed)
         with torch.no_grad():
             self.embedding.table.weight.copy_(torch.randn(64, 128, generator=torch.Generator().manual_seed(9)))
+        pieces = types.SimpleNamespace(hub=self.embedding.hub)
+        self.techniques = types.SimpleNamespace(get=lambda name: pieces if name == "subspace" else None)
 
 
 def _plain_sparseloco_reference(table: torch.Tensor, changes: list, k: int, beta: float, lr: float) -> list:
@@ -425,7 +429,7 @@ def test_effective_embedding_follows_plain_sparseloco_after_every_sync() -> None
     from nanotron_ext.sparseloco.simulate import SimulatedReplicas
 
     k, beta, lr = 8, 0.95, 0.8
-    cfg = from_dict(Config, {"parallelism": {"dp": 2, "dp_sync": "sparseloco"}, "model": {"tie_embeddings": False},
+    cfg = from_dict(Config, {"parallelism": {"dp": 2, "dp_sync": "sparseloco"}, "model": {"tie_embeddings": False, "codec": {"boundaries": "every_layer"}},
                              "sparseloco": {"compressed_replicas": [0], "topk": k, "beta": beta, "outer_lr": lr,
                                             "value_dtype": "fp32", "inner_steps": 1}})
     models = {0: _Replica(True), 1: _Replica(False)}
