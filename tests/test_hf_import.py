@@ -105,7 +105,7 @@ def _import_worker(overrides: List[str]) -> dict:
 
 LOW_RANK = ["model.low_rank.kind=svd", "model.low_rank.rank=8"]
 SUBSPACE = ["model.codec.kind=subspace", "model.embedding.kind=subspace", "model.output_constraint.kind=subspace",
-            "model.subspace.k=8", "parallelism.pp=1"]
+            "model.subspace.k=8", "parallelism.pp=1", "model.codec.boundaries=every_layer"]
 
 
 @pytest.mark.slow

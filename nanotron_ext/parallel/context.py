@@ -76,7 +76,7 @@ def standalone_context(tp: int = 1, backend: Optional[str] = "gloo") -> Parallel
     """dp = pp = 1 with `tp` TP ranks over this job's processes (`backend` None: NCCL with CUDA, else gloo).
     In a lone process (no torchrun, no process group yet) that is a one-rank group on a free port, and the
     rendezvous variables it needs are not left behind (a child process would inherit a stale MASTER_PORT)."""
-    if torch_dist.is_initialized() or "RANK" in os.environ:
+    if "RANK" in os.environ:
         return build_parallel_context(1, tp, 1, backend=backend)
     with _lone_rendezvous():
         return build_parallel_context(1, tp, 1, backend=backend)
@@ -89,7 +89,11 @@ def _lone_rendezvous() -> Iterator[None]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    # A second standalone context in the same process finds the group from the first already made (nanotron
+    # reads WORLD_SIZE and LOCAL_RANK even then); its rank and size stand in for the variables.
+    rank, world = (torch_dist.get_rank(), torch_dist.get_world_size()) if torch_dist.is_initialized() else (0, 1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
     try:
         yield
     finally:
