@@ -90,3 +90,36 @@ def test_a_stop_signal_a_library_turned_into_another_error_is_still_reported_as_
             signal.signal(s, h)
     assert code == 130
     assert "interrupted at step 7; last complete checkpoint: none" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- round 2 (issue 21)
+
+
+def test_a_yaml_alias_bomb_is_refused_quickly_and_plain_aliases_still_load(tmp_path: Path) -> None:
+    # item 11: a 1.1 KB file of nested aliases took 38 s and 2.5 GB before a MemoryError traceback
+    import time
+
+    levels = "abcdefghi"
+    lines = ['a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"{x}: &{x} [" + ", ".join([f"*{p}"] * 9) + "]" for p, x in zip(levels, levels[1:])]
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join(lines) + "\n")
+    assert bomb.stat().st_size < 1200
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "nanotron_ext.config", "show", "--config-file", str(bomb)],
+                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert proc.returncode == 2 and time.perf_counter() - t0 < 30, proc.stderr[-2000:]
+    assert proc.stderr.count("\n") == 1 and f"{bomb}: invalid YAML" in proc.stderr and "expand to more than" in proc.stderr
+    recursive = tmp_path / "recursive.yaml"
+    recursive.write_text("general: &g {run: [*g]}\n")
+    proc = subprocess.run([sys.executable, "-m", "nanotron_ext.config", "show", "--config-file", str(recursive)],
+                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert proc.returncode == 2 and "recursive alias" in proc.stderr, proc.stderr[-2000:]
+    # an alias that repeats a small section is fine
+    from nanotron_ext.config.loader import load_config
+
+    ok = tmp_path / "ok.yaml"
+    ok.write_text('parallelism:\n  link:\n    per_stage_pair:\n      "0-1": &slow {bandwidth_mbps: 80, latency_ms: 5}\n'
+                  '      "1-2": *slow\n')
+    pairs = load_config(ok).parallelism.link.per_stage_pair
+    assert pairs["0-1"] == pairs["1-2"] == {"bandwidth_mbps": 80, "latency_ms": 5}
