@@ -505,3 +505,31 @@ def test_prepare_rebuilds_missing_outputs_and_damaged_shards_are_detected(prepar
     rebuilt = prepare(copy, progress=False, verify=True)
     assert rebuilt.skipped == ["tokenizer", "validation"] and f"rebuilt train: {shard} does not match" in rebuilt.summary()
     assert len(take(build_train_loader(copy), 1)) == 1
+
+
+# ---------------------------------------------------------------- round 2 (issue 21)
+
+
+def test_jsonl_rows_that_are_no_object_and_damaged_gzip_name_file_and_line(tmp_path):
+    # item 10: `[1, 2, 3]` gave AttributeError; a truncated .jsonl.gz an EOFError traceback; plain text named
+    # .jsonl.gz "Not a gzipped file" without the file
+    import gzip
+
+    data = b"".join(json.dumps({"text": t}).encode() + b"\n" for t in corpus_texts())
+    cases = {
+        "rows.jsonl": (data.split(b"\n", 1)[0] + b"\n[1, 2, 3]\n" + data,
+                       r"rows.jsonl: line 2 is JSON but a list, not an object"),
+        "cut.jsonl.gz": (gzip.compress(data)[:2000], r"cut.jsonl.gz: cannot be read after line \d+ \(EOFError"),
+        "plain.jsonl.gz": (data, r"plain.jsonl.gz: cannot be read at its start \(BadGzipFile"),
+    }
+    for name, (content, message) in cases.items():
+        folder = tmp_path / name.replace(".", "_")
+        folder.mkdir()
+        (folder / name).write_bytes(content)
+        with pytest.raises(DataError, match=message):
+            prepare(make_config(tmp_path, paths=[folder], prepared=f"prep_{folder.name}"), progress=False)
+    # the same file intact reads: the errors above are about the damage, not the format
+    (tmp_path / "ok").mkdir()
+    (tmp_path / "ok" / "a.jsonl.gz").write_bytes(gzip.compress(data))
+    assert prepare(make_config(tmp_path, paths=[tmp_path / "ok"], prepared="prep_ok"),
+                   progress=False).manifest["documents"] == N_DOCS
