@@ -1,47 +1,23 @@
 """Run-folder ownership (one live job per run folder and per checkpoint folder) and resume advice.
 
-`claim_folders` takes an exclusive `fcntl.flock` on `<folder>/.lock` for each folder and keeps the
-files open for the life of the process: the kernel drops the lock when the process ends, however it
-ends (killed included), so a lock is never stale. The lock file names its holder for the error a
-second launch gets.
+`claim_folders` locks each folder with `fileio.lock_folder` (an exclusive `flock` on `<folder>/.lock`, which
+the kernel drops however the process ends, so it is never stale) and keeps the files open for the life of
+the process.
 """
 from __future__ import annotations
 
 import ctypes
-import fcntl
 import os
 import re
 import signal
-import socket
 import threading
 import time
 from pathlib import Path
 from typing import IO, Any, Dict, List, Optional, Union
 
 from nanotron_ext.errors import TrainingError
+from nanotron_ext.fileio import FolderInUseError, lock_folder
 from nanotron_ext.train.checkpoint import list_checkpoints, read_meta, remove_checkpoint
-
-LOCK_NAME = ".lock"
-
-
-def lock_folder(folder: Path, what: str) -> IO[str]:
-    """Lock `folder` (created if missing) or raise TrainingError naming the live holder."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / LOCK_NAME
-    f = open(path, "a+")
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.seek(0)
-        holder = f.read().strip() or "another process"
-        f.close()
-        raise TrainingError(f"{what} {folder} is in use by a running job ({holder}; lock {path}): wait for it to "
-                            f"end or stop it, or launch with another {'general.run' if what == 'run folder' else 'checkpoints.dir'}") from None
-    f.seek(0)
-    f.truncate()
-    f.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-    f.flush()
-    return f
 
 
 def claim_folders(run_dir: Path, checkpoint_dir: Path, resume: str) -> List[IO[str]]:
@@ -50,9 +26,12 @@ def claim_folders(run_dir: Path, checkpoint_dir: Path, resume: str) -> List[IO[s
     resume=never refuses a folder that already holds checkpoints (they would be overwritten, pruned, or later
     auto-resumed as if they were this run's); resume=overwrite deletes them first, as asked.
     """
-    locks = [lock_folder(run_dir, "run folder")]
-    if checkpoint_dir.resolve() != run_dir.resolve():  # flock on one file twice from one process would clash
-        locks.append(lock_folder(checkpoint_dir, "checkpoint folder"))
+    try:
+        locks = [lock_folder(run_dir, "run folder", "another general.run")]
+        if checkpoint_dir.resolve() != run_dir.resolve():  # flock on one file twice from one process would clash
+            locks.append(lock_folder(checkpoint_dir, "checkpoint folder", "another checkpoints.dir"))
+    except FolderInUseError as e:
+        raise TrainingError(str(e)) from None
     existing = list_checkpoints(checkpoint_dir)
     if existing and resume == "never":
         names = ", ".join(p.name for _, p in existing)
