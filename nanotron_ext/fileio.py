@@ -23,8 +23,11 @@ def write_text_atomic(path: Path, text: str) -> None:
     """Write `text` to `path` so that a crash leaves either the old file or the new one, never a torn one
     (a unique temp file in the same folder, fsync, then os.replace; concurrent writers do not collide)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise named(e, path) from e
     try:
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; the result should look like any written file
         with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -32,12 +35,21 @@ def write_text_atomic(path: Path, text: str) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(e, OSError):  # a write error names no file ("[Errno 28] No space left on device")
+            raise named(e, path) from e
         raise
+
+
+def named(error: OSError, path: Path) -> OSError:
+    """`error` naming `path` (the file being written) when it names no file of its own."""
+    if error.filename is not None:
+        return error
+    return type(error)(error.errno, error.strerror or str(error), str(path))
 
 
 def lock_folder(folder: Path, what: str, instead: str) -> IO[str]:

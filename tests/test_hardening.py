@@ -12,7 +12,7 @@ from pathlib import Path
 from nanotron_ext.config.schema import LoggingConfig
 from nanotron_ext.metrics.logger import MetricsLogger, read_metrics
 from tests.conftest import SMALL_VOCAB
-from tests.helpers.dist import free_port
+from tests.helpers.jobs import run_job
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = REPO / "examples" / "config_tiny_llama.yaml"
@@ -39,18 +39,15 @@ def test_a_damaged_tokenizer_is_one_line_naming_the_file_from_both_entry_points(
     sets = [f"data.prepared_dir={prepared}", f"tokenizer.path={tok}", f"tokenizer.vocab_size={SMALL_VOCAB}",
             f"model.vocab_size={SMALL_VOCAB}", "parallelism.dp=1", f"general.output_dir={tmp_path / 'runs'}",
             f"checkpoints.dir={tmp_path / 'ckpt'}"]
-    env = {**os.environ, "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(free_port())}
-    # prepare into a fresh folder meets the tokenizer first; training meets it reading the prepared folder
-    for module, extra in (("nanotron_ext.data", ["prepare", "--no-progress", "--max-documents", "40", "--set",
-                                                 f"data.prepared_dir={tmp_path / 'fresh'}"]),
-                          ("nanotron_ext.train", [])):
-        args = [sys.executable, "-m", module] + extra[:1] + ["--config-file", str(TINY)] + \
-            [a for s in sets for a in ("--set", s)] + extra[1:]
-        proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120, cwd=REPO)
-        assert proc.returncode == 2, (module, proc.stderr)
+    # prepare into a fresh folder meets the tokenizer first; training (through the documented launcher) meets it
+    # reading the prepared folder
+    prep = [sys.executable, "-m", "nanotron_ext.data", "prepare", "--config-file", str(TINY)] + \
+        [a for s in sets for a in ("--set", s)] + ["--no-progress", "--max-documents", "40", "--set",
+                                                   f"data.prepared_dir={tmp_path / 'fresh'}"]
+    for proc in (subprocess.run(prep, capture_output=True, text=True, timeout=120, cwd=REPO), run_job(1, sets)):
+        assert proc.returncode == 2, (proc.args, proc.stderr)
         assert proc.stderr.startswith(f"error: tokenizer {tok} cannot be read (") and proc.stderr.count("\n") == 1, \
-            (module, proc.stderr)
+            (proc.args, proc.stderr)
 
 
 def test_a_stop_signal_a_library_turned_into_another_error_is_still_reported_as_a_stop(tmp_path: Path, monkeypatch,

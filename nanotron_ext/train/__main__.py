@@ -1,4 +1,6 @@
-"""torchrun --nproc_per_node=N -m nanotron_ext.train --config-file X.yaml [--set key=value ...]"""
+"""python -m nanotron_ext.launch --nproc_per_node=N -m nanotron_ext.train --config-file X.yaml [--set key=value ...]
+
+(plain `torchrun` works too). Exit codes: 0 done, 2 a user-facing error (one line), 130 interrupted, 1 otherwise."""
 from __future__ import annotations
 
 import argparse
@@ -8,12 +10,7 @@ import sys
 import time
 from typing import List, NoReturn, Optional
 
-
-def _say(line: str) -> None:
-    """Every rank meets the same error; rank 0 alone prints it, before torchrun's own failure banner."""
-    if os.environ.get("RANK", "0") == "0":
-        print(line, file=sys.stderr, flush=True)
-
+from nanotron_ext.train import failures
 
 _STOP = {"requested": False}  # set by the handler: a library may turn the KeyboardInterrupt into another error
 
@@ -27,8 +24,9 @@ def _interrupted(cfg: object, trainer: object) -> int:
     from nanotron_ext.train.checkpoint import latest_checkpoint
 
     last = latest_checkpoint(cfg.checkpoints.dir) if cfg is not None else None
-    _say(f"interrupted at step {trainer.step if trainer is not None else 0}; last complete checkpoint: "
-         f"{last or 'none'}" + (" (launch again to resume from it)" if last else ""))
+    if failures.rank() == 0:  # printed, not only reported: on Ctrl-C the launcher itself is stopped too
+        print(f"interrupted at step {trainer.step if trainer is not None else 0}; last complete checkpoint: "
+              f"{last or 'none'}" + (" (launch again to resume from it)" if last else ""), file=sys.stderr, flush=True)
     return 130
 
 
@@ -53,14 +51,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         trainer = Trainer(cfg, config_file=args.config_file)
         trainer.train()
     except UserFacingError as e:
-        _say(f"error: {e}")
-        return 2
+        return failures.report(f"error: {e}", 2)
     except OSError as e:  # a full disk, a read-only folder: the message names the file
-        _say(f"error: {e}; free space there or make it writable (or set general.output_dir / checkpoints.dir)")
-        return 2
+        return failures.report(f"error: {e}; {failures.DISK_HINT}", 2)
     except KeyboardInterrupt:
         return _interrupted(cfg, trainer)
-    except Exception:
+    except Exception as e:
         # Ctrl-C stops every rank at once: a collective can fail on a peer that stopped first before this
         # rank's own stop signal is handled. Let a pending signal arrive, and report the stop, not the error.
         try:
@@ -69,10 +65,20 @@ def main(argv: Optional[List[str]] = None) -> int:
             return _interrupted(cfg, trainer)
         if _STOP["requested"]:  # the signal came earlier and was turned into this error (torch.save's writer
             return _interrupted(cfg, trainer)  # does that), or a peer stopped while this rank sat in a collective
-        raise
+        line = _collective_failure(e, cfg)
+        if line is None:
+            raise
+        return failures.report(line, 1, every_rank=True)
     finally:
         _release_process_group()
     return 0
+
+
+def _collective_failure(e: Exception, cfg: object) -> Optional[str]:
+    from nanotron_ext.parallel.comm import get_ledger
+
+    timeout = cfg.general.collective_timeout_s if cfg is not None else None
+    return failures.describe_collective_failure(e, get_ledger().group_name, timeout)
 
 
 def _release_process_group() -> None:

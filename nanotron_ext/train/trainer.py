@@ -9,7 +9,7 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional, TypeVar
 
 import torch
 import torch.distributed as torch_dist
@@ -35,8 +35,11 @@ from nanotron_ext.parallel.data_parallel import DataParallelSync
 from nanotron_ext.parallel.link import link_emulator_from_config
 from nanotron_ext.registry import DP_SYNCS
 from nanotron_ext.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
+from nanotron_ext.train.failures import DISK_HINT
 from nanotron_ext.train.guard import claim_folders, resume_advice
 from nanotron_ext.train.pipeline_step import evaluate, forward_backward, make_engine
+
+T = TypeVar("T")
 
 
 class Trainer:
@@ -80,8 +83,9 @@ class Trainer:
                 print(f"resumed from {ckpt} at step {self.step}")
         # Written only once everything above succeeded and there is training left to do: a launch that
         # fails, or finds the run complete, leaves the run folder as it was.
-        if self.is_main and self.step < cfg.tokens.train_steps:
-            save_config(cfg, self.run_dir / "config.yaml")
+        self._io_error: Optional[OSError] = None  # rank 0's failed write, until the next control all-reduce
+        if self.step < cfg.tokens.train_steps:
+            self._on_main(lambda: save_config(cfg, self.run_dir / "config.yaml"))
 
         self.flops_token = flops_per_token(cfg.model, self.matmul_params(), cfg.tokens.sequence_length)
         self.peak_tflops = device_peak_tflops(cfg.logging.peak_tflops)
@@ -136,11 +140,42 @@ class Trainer:
         return {"loss": loss_value, "grad_norm": grad_norm, "lr": lr}
 
     def _any_rank(self, flag: bool) -> bool:
-        """True on every rank when `flag` is true on any: all ranks must stop (or go on) together."""
-        t = torch.tensor([float(flag)], device=self.ctx.device)
+        """True on every rank when `flag` is true on any: all ranks must stop (or go on) together. The same
+        all-reduce carries rank 0's pending file error (see _main_io), raised on every rank."""
+        t = torch.tensor([float(flag), float(self._io_error is not None)], device=self.ctx.device)
         with self.ledger.tag("control"):  # counted like every byte, under world all_reduce:control
             dist.all_reduce(t, group=self.ctx.world_pg)
-        return bool(t.item())
+        stop, io_failed = t.tolist()
+        if io_failed:
+            self._raise_shared(self._io_error)
+        return bool(stop)
+
+    def _main_io(self, write: Callable[..., object], *args: object, **kwargs: object) -> None:
+        """Rank 0's per-step file writing (metrics, progress): a failure (disk full) is kept for the next control
+        all-reduce, which stops every rank with it, instead of leaving the others in a collective rank 0 left."""
+        if self._io_error is None:
+            try:
+                write(*args, **kwargs)
+            except OSError as e:
+                self._io_error = e
+
+    def _on_main(self, write: Callable[[], T]) -> Optional[T]:
+        """Run `write` on rank 0 and share how it went (collective): every rank raises its error."""
+        result, error = None, None
+        if self.is_main:
+            try:
+                result = write()
+            except OSError as e:
+                error = e
+        self._raise_shared(error)
+        return result
+
+    def _raise_shared(self, error: Optional[OSError]) -> None:
+        """Collective: rank 0's file error (or None) becomes the same TrainingError on every rank."""
+        box = [None if error is None else str(error)]
+        torch_dist.broadcast_object_list(box, src=0, group=self.ctx.world_pg)  # control, not training traffic
+        if box[0] is not None:
+            raise TrainingError(f"{box[0]}; {DISK_HINT}") from error
 
     def _resume_hint(self) -> str:
         last = latest_checkpoint(self.cfg.checkpoints.dir)
@@ -174,7 +209,8 @@ class Trainer:
         end = min(total, stop_after) if stop_after is not None else total
         if self.step >= end:  # nothing to train: report, and rewrite nothing in the run folder
             return self._report_complete() if self.step >= total else {}
-        log = MetricsLogger(self.run_dir, cfg.logging, total, self.step, self.is_main)
+        log = self._on_main(lambda: MetricsLogger(self.run_dir, cfg.logging, total, self.step, True)) or \
+            MetricsLogger(self.run_dir, cfg.logging, total, self.step, False)
         history: List[Dict[str, object]] = []
         val: Dict[str, float] = {}
         n_devices = self.ctx.world_pg.size()
@@ -198,12 +234,12 @@ class Trainer:
                 if (interval and self.step % interval == 0) or self.step == total:
                     val = self.validate()
                     record.update(val)
-                    log.write(f"step {self.step}: train loss {out['loss']:.4f}, validation loss {val['val_loss']:.4f} "
-                              f"(ppl {val['val_ppl']:.1f})")
+                    self._main_io(log.write, f"step {self.step}: train loss {out['loss']:.4f}, validation loss "
+                                             f"{val['val_loss']:.4f} (ppl {val['val_ppl']:.1f})")
                 if self.step % cfg.logging.log_interval == 0 or "val_loss" in record:
-                    log.log(record)
+                    self._main_io(log.log, record)
                 history.append(record)
-                log.progress(1, loss=out["loss"], tok_s=tps, lr=out["lr"])
+                self._main_io(log.progress, 1, loss=out["loss"], tok_s=tps, lr=out["lr"])
                 every = cfg.checkpoints.interval
                 if (every and self.step % every == 0) or self.step == total:
                     self.save()
