@@ -351,3 +351,31 @@ def test_ctrl_c_prints_one_line_with_the_step_and_the_last_checkpoint(small_corp
     assert step >= 2 and f"last complete checkpoint: {tmp_path / 'ckpt'}/step_" in lines[0], lines[0]
     if launcher == "launch":
         assert proc.returncode == 130 and out.strip().splitlines()[-1] == lines[0], out[-3000:]
+
+
+# ---------------------------------------------------------------- round 2 (issue 21)
+
+
+def _step_folders(ckpt: Path) -> dict:
+    return {p.name: (p / "meta.json").read_bytes() for p in sorted(ckpt.iterdir()) if p.name.startswith("step_")}
+
+
+@pytest.mark.slow
+def test_resume_overwrite_deletes_nothing_until_the_new_run_has_a_checkpoint(small_corpus: Path, tmp_path: Path) -> None:
+    # item 1: resume=overwrite deleted every checkpoint before the data was checked: a relaunch with a bad
+    # data.prepared_dir left checkpoints.dir empty
+    from tests.helpers.jobs import run_job
+
+    overrides = _small_overrides(small_corpus, tmp_path, 1, 1, 1, 3) + ["checkpoints.interval=1", "checkpoints.keep_last=3"]
+    assert run_job(1, overrides).returncode == 0
+    ckpt = tmp_path / "ckpt"
+    before = _step_folders(ckpt)
+    assert sorted(before) == ["step_1", "step_2", "step_3"]
+    bad = run_job(1, overrides + ["checkpoints.resume=overwrite", f"data.prepared_dir={tmp_path / 'none'}"])
+    assert bad.returncode == 2 and "does not exist" in bad.stderr, bad.stderr[-3000:]
+    assert _step_folders(ckpt) == before  # nothing lost
+    # a good relaunch trains afresh; its first complete checkpoint replaces all the earlier ones
+    again = run_job(1, overrides + ["checkpoints.resume=overwrite", "tokens.train_steps=2", "checkpoints.interval=2"])
+    assert again.returncode == 0 and "resumed from" not in again.stdout, again.stderr[-3000:]
+    after = _step_folders(ckpt)
+    assert sorted(after) == ["step_2"] and after["step_2"] != before["step_2"]

@@ -23,7 +23,10 @@ def _interrupt(signum: int, frame: object) -> NoReturn:
 def _interrupted(cfg: object, trainer: object) -> int:
     from nanotron_ext.train.checkpoint import latest_checkpoint
 
-    last = latest_checkpoint(cfg.checkpoints.dir) if cfg is not None else None
+    if trainer is not None:
+        last = trainer.last_checkpoint()
+    else:  # stopped while starting: resume=overwrite would not resume from what is there
+        last = latest_checkpoint(cfg.checkpoints.dir) if cfg is not None and cfg.checkpoints.resume == "auto" else None
     if failures.rank() == 0:  # printed, not only reported: on Ctrl-C the launcher itself is stopped too
         print(f"interrupted at step {trainer.step if trainer is not None else 0}; last complete checkpoint: "
               f"{last or 'none'}" + (" (launch again to resume from it)" if last else ""), file=sys.stderr, flush=True)

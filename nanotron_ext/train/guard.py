@@ -7,6 +7,7 @@ the process.
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import re
 import signal
@@ -19,12 +20,15 @@ from nanotron_ext.errors import TrainingError
 from nanotron_ext.fileio import FolderInUseError, lock_folder
 from nanotron_ext.train.checkpoint import list_checkpoints, read_meta, remove_checkpoint
 
+logger = logging.getLogger(__name__)
 
 def claim_folders(run_dir: Path, checkpoint_dir: Path, resume: str) -> List[IO[str]]:
     """Lock both folders (keep the returned files open) and apply `checkpoints.resume` to existing checkpoints.
 
     resume=never refuses a folder that already holds checkpoints (they would be overwritten, pruned, or later
-    auto-resumed as if they were this run's); resume=overwrite deletes them first, as asked.
+    auto-resumed as if they were this run's). resume=overwrite deletes nothing here: the trainer deletes them
+    once its own first checkpoint is complete (`remove_other_checkpoints`), so a launch that fails before that
+    (bad data, a crash) loses nothing.
     """
     try:
         locks = [lock_folder(run_dir, "run folder", "another general.run")]
@@ -38,10 +42,21 @@ def claim_folders(run_dir: Path, checkpoint_dir: Path, resume: str) -> List[IO[s
         raise TrainingError(f"checkpoints.dir {checkpoint_dir} holds checkpoints ({names}) and checkpoints.resume="
                             "never would overwrite or prune them: set checkpoints.resume=auto to continue that run, "
                             "checkpoints.resume=overwrite to delete them and start afresh, or use another checkpoints.dir")
-    if resume == "overwrite":
-        for _, p in existing:
-            remove_checkpoint(p)
     return locks
+
+
+def remove_other_checkpoints(checkpoint_dir: Path, keep: Path) -> List[Path]:
+    """Delete every complete checkpoint in `checkpoint_dir` but `keep` (resume=overwrite, after the first save);
+    returns what was deleted. A checkpoint that cannot be deleted is left, with a warning: training goes on."""
+    removed = []
+    for _, p in list_checkpoints(checkpoint_dir):
+        if p.resolve() != Path(keep).resolve():
+            try:
+                remove_checkpoint(p)
+                removed.append(p)
+            except OSError as e:
+                logger.warning("checkpoints.resume=overwrite: could not delete the earlier checkpoint %s: %s", p, e)
+    return removed
 
 
 def exit_with_launcher(grace_s: float = 10.0) -> None:

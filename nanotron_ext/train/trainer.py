@@ -36,7 +36,7 @@ from nanotron_ext.parallel.link import link_emulator_from_config
 from nanotron_ext.registry import DP_SYNCS
 from nanotron_ext.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
 from nanotron_ext.train.failures import DISK_HINT
-from nanotron_ext.train.guard import claim_folders, resume_advice
+from nanotron_ext.train.guard import claim_folders, remove_other_checkpoints, resume_advice
 from nanotron_ext.train.pipeline_step import evaluate, forward_backward, make_engine
 
 T = TypeVar("T")
@@ -69,6 +69,8 @@ class Trainer:
         self.ledger = get_ledger()
 
         self.step = 0
+        # resume=overwrite: the earlier checkpoints are deleted once this run's first one is complete, not before
+        self._overwrite_pending = cfg.checkpoints.resume == "overwrite"
         ckpt = latest_checkpoint(cfg.checkpoints.dir) if cfg.checkpoints.resume == "auto" else None
         if ckpt is not None:
             try:
@@ -177,8 +179,12 @@ class Trainer:
         if box[0] is not None:
             raise TrainingError(f"{box[0]}; {DISK_HINT}") from error
 
+    def last_checkpoint(self) -> Optional[Path]:
+        """This run's newest complete checkpoint (with resume=overwrite the earlier run's, not yet deleted, do not count)."""
+        return None if self._overwrite_pending else latest_checkpoint(self.cfg.checkpoints.dir)
+
     def _resume_hint(self) -> str:
-        last = latest_checkpoint(self.cfg.checkpoints.dir)
+        last = self.last_checkpoint()
         return f"the last complete checkpoint is {last}" if last else f"there is no complete checkpoint in {self.cfg.checkpoints.dir}"
 
     def validate(self) -> Dict[str, float]:
@@ -195,12 +201,17 @@ class Trainer:
         if self._any_rank(not all(bool(torch.isfinite(q).all()) for q in self.model.parameters())):
             raise TrainingError(f"step {self.step}: the weights are not finite after the optimizer step; not saving "
                                 f"them. {self._resume_hint()}; lower optimizer.lr")
-        return save_checkpoint(
+        path = save_checkpoint(
             self.cfg.checkpoints.dir, self.step, self.ctx, model=self.model, optimizer=self.optimizer,
             scheduler=self.scheduler, extra={"step": self.step, "loader": self.train_loader.state_dict(),
                                              "dp_sync": self.dp_sync.state_dict()},
             keep_last=self.cfg.checkpoints.keep_last, config=config_to_dict(self.cfg),
         )
+        if self._overwrite_pending:  # this run has a complete checkpoint of its own now
+            if self.is_main:
+                remove_other_checkpoints(Path(self.cfg.checkpoints.dir), path)
+            self._overwrite_pending = False
+        return path
 
     def train(self, stop_after: Optional[int] = None) -> Dict[str, object]:
         """Train to tokens.train_steps; `stop_after` ends early at that step (an interruption, for tests)."""
