@@ -379,3 +379,34 @@ def test_resume_overwrite_deletes_nothing_until_the_new_run_has_a_checkpoint(sma
     assert again.returncode == 0 and "resumed from" not in again.stdout, again.stderr[-3000:]
     after = _step_folders(ckpt)
     assert sorted(after) == ["step_2"] and after["step_2"] != before["step_2"]
+
+
+@pytest.mark.slow
+def test_a_lost_summary_is_rebuilt_from_the_metrics_and_the_final_checkpoint(small_corpus: Path, tmp_path: Path) -> None:
+    # item 2: when the end of a run failed (disk full writing summary.json, a kill after the final checkpoint) the
+    # relaunch said "complete ... but has no summary.json; nothing to do"
+    import json
+
+    from tests.helpers.jobs import run_job
+
+    straight = run_job(1, _small_overrides(small_corpus, tmp_path / "a", 1, 1, 1, 4))
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    overrides = _small_overrides(small_corpus, tmp_path / "b", 1, 1, 1, 4)
+    run_dir = tmp_path / "b" / "tiny_llama"
+    (run_dir / "summary.json").mkdir(parents=True)  # the final write fails, as on a full disk
+    failed = run_job(1, overrides)
+    assert failed.returncode == 2 and f"{run_dir / 'summary.json'}" in failed.stderr, failed.stderr[-3000:]
+    assert failed.stderr.count("\n") == 1
+    (run_dir / "summary.json").rmdir()  # space freed
+    (run_dir / "loss.png").unlink(missing_ok=True)
+    again = run_job(1, overrides)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"run {run_dir} is complete (step 4 of 4" in again.stdout and "summary.json was missing and is rebuilt from " \
+        "metrics.jsonl (4 logged steps) and the checkpoint of step 4" in again.stdout, again.stdout
+    a = json.loads((tmp_path / "a" / "tiny_llama" / "summary.json").read_text())
+    b = json.loads((run_dir / "summary.json").read_text())
+    assert b.pop("rebuilt") and a.pop("tokens_per_s") and b.pop("tokens_per_s")  # timings differ between runs
+    assert a == b and a["final_val_loss"] is not None
+    assert (run_dir / "loss.png").stat().st_size > 0
+    third = run_job(1, overrides)  # and from then on it is a stored summary like any other
+    assert third.returncode == 0 and "Its stored results:" in third.stdout

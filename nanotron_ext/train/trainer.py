@@ -22,7 +22,7 @@ from nanotron_ext.errors import TrainingError
 from nanotron_ext.fileio import write_text_atomic
 from nanotron_ext.metrics.comm import total_sent_bytes
 from nanotron_ext.metrics.flops import device_peak_tflops, flops_per_token, matmul_weights, mfu
-from nanotron_ext.metrics.logger import MetricsLogger, plot_losses
+from nanotron_ext.metrics.logger import MetricsLogger, plot_losses, read_metrics
 from nanotron_ext.metrics.memory import peak_memory_bytes
 from nanotron_ext.metrics.nvtx import enable_nvtx, nvtx_range
 from nanotron_ext.models.build import build_model, replica_config
@@ -265,14 +265,28 @@ class Trainer:
         return summary
 
     def _report_complete(self) -> Dict[str, object]:
-        path = self.run_dir / "summary.json"
+        """A launch that finds the run complete: print its stored results and rewrite nothing. A run whose end
+        failed (disk full writing summary.json, a kill after the final checkpoint) gets its summary (and loss plot)
+        rebuilt from metrics.jsonl, at the step of the final checkpoint."""
+        path, metrics = self.run_dir / "summary.json", self.run_dir / "metrics.jsonl"
         stored = json.loads(path.read_text()) if path.exists() else {}
+        rebuilt = not stored
+        if rebuilt:
+            records = [r for r in read_metrics(metrics) if r["step"] <= self.step] if metrics.exists() else []
+            val = next(({"val_loss": r["val_loss"], "val_ppl": r["val_ppl"]} for r in reversed(records)
+                        if "val_loss" in r), {})
+            stored = {**self._summary(records, val),
+                      "rebuilt": f"from {metrics.name} ({len(records)} logged steps) and the checkpoint of step {self.step}"}
         if self.is_main:
+            if rebuilt:
+                write_text_atomic(path, json.dumps(stored, indent=2))
+                if metrics.exists() and not (self.run_dir / "loss.png").exists():
+                    plot_losses(metrics, self.run_dir / "loss.png", title=self.cfg.general.run)
             print(f"run {self.run_dir} is complete (step {self.step} of {self.cfg.tokens.train_steps}, checkpoints in "
-                  f"{self.cfg.checkpoints.dir}); nothing to do. Its stored results:" if stored else
-                  f"run {self.run_dir} is complete (step {self.step}) but has no {path.name}; nothing to do")
-            if stored:
-                print(format_summary(stored, self.run_dir))
+                  f"{self.cfg.checkpoints.dir}); nothing to do. " +
+                  (f"Its {path.name} was missing and is rebuilt {stored['rebuilt']}:" if rebuilt else
+                   "Its stored results:"))
+            print(format_summary(stored, self.run_dir))
         return stored
 
     def _summary(self, history: List[Dict[str, object]], val: Dict[str, float]) -> Dict[str, object]:
@@ -283,7 +297,7 @@ class Trainer:
                 comm[g] = comm.get(g, 0) + b / len(timed)
         return {
             "steps": self.step,
-            "final_train_loss": history[-1]["loss"] if history else None,
+            "final_train_loss": history[-1]["loss"] if history and history[-1]["step"] == self.step else None,
             "final_val_loss": val.get("val_loss"), "final_val_ppl": val.get("val_ppl"),
             "tokens_per_s": sum(r["tokens_per_s"] for r in timed) / len(timed) if timed else None,
             "comm_bytes_per_step": {g: round(b) for g, b in comm.items()},
