@@ -90,8 +90,35 @@ def _flat(d: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
     return out
 
 
-# Keys that shape the saved state: changing one makes a checkpoint unloadable (size mismatch, missing keys).
-_STATE_KEYS = ("model.", "optimizer.name", "parallelism.dp", "parallelism.tp", "parallelism.pp")
+# Keys a resume must not change: they shape the saved state (a change makes the checkpoint unloadable: size
+# mismatch, missing keys) or define what the run continues (the outer loop's state and schedule, the codec):
+# a change there used to give per-rank tracebacks or, worse, continue silently as another experiment.
+_RESUME_PREFIXES = ("model.", "sparseloco.")
+_RESUME_KEYS = {"optimizer.name", "parallelism.dp", "parallelism.tp", "parallelism.pp", "parallelism.layers_per_stage",
+                "parallelism.dp_sync"}
+_RESUME_FREE = {"model.attention"}  # the same math by another kernel
+
+
+def changed_keys(saved: Dict[str, Any], config: Dict[str, Any]) -> List[str]:
+    """'key saved -> now' for each resume-defining key of `config` that differs from the `saved` config."""
+    a, b = _flat(saved), _flat(config)
+    return [f"{k} {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b))
+            if (k.startswith(_RESUME_PREFIXES) or k in _RESUME_KEYS) and k not in _RESUME_FREE and a.get(k) != b.get(k)]
+
+
+def resume_conflict(path: Union[str, Path], config: Dict[str, Any]) -> Optional[str]:
+    """Why the run configured by `config` must not resume from checkpoint `path`, or None: the resume-defining
+    keys that differ from the ones it was saved with (checkpoints written before configs were recorded: None)."""
+    try:
+        saved = read_meta(path).get("config")
+    except (OSError, ValueError):
+        return None
+    diffs = changed_keys(saved, config) if saved else []
+    if not diffs:
+        return None
+    return (f"checkpoint {path} was saved with other settings; config keys that differ from the checkpoint's (saved "
+            f"-> now): {', '.join(diffs)}; set them back to resume, or start afresh with checkpoints.resume=overwrite "
+            "or another checkpoints.dir")
 
 
 def resume_advice(path: Union[str, Path], config: Optional[Dict[str, Any]] = None) -> str:
@@ -104,9 +131,7 @@ def resume_advice(path: Union[str, Path], config: Optional[Dict[str, Any]] = Non
     except (OSError, ValueError):
         saved = None
     if saved and config:
-        a, b = _flat(saved), _flat(config)
-        diffs = [f"{k} {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b))
-                 if k.startswith(_STATE_KEYS) and a.get(k) != b.get(k)]
+        diffs = changed_keys(saved, config)
         if diffs:
             advice.append(f"config keys that differ from the checkpoint's (saved -> now): {', '.join(diffs)}; set them "
                           "back to resume, or start afresh with checkpoints.resume=overwrite or another checkpoints.dir")

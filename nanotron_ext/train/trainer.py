@@ -36,7 +36,7 @@ from nanotron_ext.parallel.link import link_emulator_from_config
 from nanotron_ext.registry import DP_SYNCS
 from nanotron_ext.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
 from nanotron_ext.train.failures import DISK_HINT
-from nanotron_ext.train.guard import claim_folders, remove_other_checkpoints, resume_advice
+from nanotron_ext.train.guard import claim_folders, remove_other_checkpoints, resume_advice, resume_conflict
 from nanotron_ext.train.pipeline_step import evaluate, forward_backward, make_engine
 
 T = TypeVar("T")
@@ -73,14 +73,15 @@ class Trainer:
         self._overwrite_pending = cfg.checkpoints.resume == "overwrite"
         ckpt = latest_checkpoint(cfg.checkpoints.dir) if cfg.checkpoints.resume == "auto" else None
         if ckpt is not None:
+            conflict = resume_conflict(ckpt, config_to_dict(cfg))  # every rank reads the same meta.json
+            if conflict:
+                raise CheckpointError(conflict)
             try:
                 extra = load_checkpoint(ckpt, self.ctx, model=self.model, optimizer=self.optimizer,
                                         scheduler=self.scheduler)
+                self._restore(ckpt, extra)
             except CheckpointError as e:
                 raise CheckpointError(f"{e}; {resume_advice(ckpt, config_to_dict(cfg))}") from None
-            self.step = int(extra["step"])
-            self.train_loader.load_state_dict(extra["loader"])
-            self.dp_sync.load_state_dict(extra.get("dp_sync", {}))
             if self.is_main:
                 print(f"resumed from {ckpt} at step {self.step}")
         # Written only once everything above succeeded and there is training left to do: a launch that
@@ -92,6 +93,22 @@ class Trainer:
         self.flops_token = flops_per_token(cfg.model, self.matmul_params(), cfg.tokens.sequence_length)
         self.peak_tflops = device_peak_tflops(cfg.logging.peak_tflops)
         self.tokens_per_step = p.dp * cfg.tokens.batch_accumulation_per_replica * cfg.tokens.micro_batch_size * cfg.tokens.sequence_length
+
+    def _restore(self, ckpt: Path, extra: Dict[str, object]) -> None:
+        """The step, data position and outer-loop state from a loaded checkpoint; a state that does not fit fails
+        on every rank with one CheckpointError (it used to be a traceback per rank)."""
+        error = None
+        try:
+            self.step = int(extra["step"])
+            self.train_loader.load_state_dict(extra["loader"])
+            self.dp_sync.load_state_dict(extra.get("dp_sync", {}))
+        except Exception as e:  # noqa: BLE001 - reported on every rank below
+            error = f"{type(e).__name__}: {e}"
+        errors: List[Optional[str]] = [None] * self.ctx.world_pg.size()
+        torch_dist.all_gather_object(errors, error, group=self.ctx.world_pg)  # control, not training traffic
+        failed = [f"rank {r}: {e}" for r, e in enumerate(errors) if e is not None]
+        if failed:
+            raise CheckpointError(f"the state saved in {ckpt} does not fit this run ({'; '.join(failed)[:500]})")
 
     def _claim_folders(self) -> list:
         """Rank 0 locks the run and checkpoint folders for this process's life; every rank learns the verdict."""
