@@ -9,6 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 from nanotron_ext.config.schema import LoggingConfig
 from nanotron_ext.metrics.logger import MetricsLogger, read_metrics
 from tests.conftest import SMALL_VOCAB
@@ -123,3 +126,25 @@ def test_a_yaml_alias_bomb_is_refused_quickly_and_plain_aliases_still_load(tmp_p
                   '      "1-2": *slow\n')
     pairs = load_config(ok).parallelism.link.per_stage_pair
     assert pairs["0-1"] == pairs["1-2"] == {"bandwidth_mbps": 80, "latency_ms": 5}
+
+
+def test_the_divergence_guard_judges_against_the_runs_own_history() -> None:
+    from nanotron_ext.train.divergence import DivergenceGuard, weight_sq_norm
+
+    g = DivergenceGuard(max_loss_ratio=1.5, max_weight_growth=10.0)
+    assert g.check_loss(1, 8.0) is None and g.first_loss == 8.0
+    assert g.check_loss(2, 11.9) is None  # 1.4875x
+    assert g.check_loss(3, 12.1).startswith("step 3: the loss 12.1 is more than 1.5x the run's first loss 8")
+    assert g.check_weights(0, 100.0) is None  # the first norm is the reference
+    assert g.check_weights(1, 100.0 * 99) is None  # x9.95
+    assert "grew the weights' norm from 99.5 to 1000 (x10.1" in g.check_weights(2, 1e6)  # norms: sqrt of squares
+    assert "to inf" in g.check_weights(3, float("inf"))
+    off = DivergenceGuard(0, 0)
+    off.check_loss(1, 1.0)
+    assert off.check_loss(2, 1e9) is None and off.check_weights(1, 1.0) is None and off.check_weights(2, 1e30) is None
+    again = DivergenceGuard(1.5, 10)
+    again.load_state_dict(g.state_dict())  # the reference travels in checkpoints
+    assert again.check_loss(9, 12.1) is not None
+    big = [torch.full((3,), 1e30), torch.full((2, 2), -1e30)]  # squares overflow float32, not float64
+    assert weight_sq_norm(big).item() == pytest.approx(sum(t.double().square().sum().item() for t in big), rel=1e-12)
+    assert torch.isinf(sum(t.square().sum() for t in big))  # what float32 would have said

@@ -196,8 +196,11 @@ def test_non_finite_loss_stops_naming_the_step_and_keeps_good_checkpoints(small_
     [out] = run_distributed(_nan_worker, 1, _small_overrides(small_corpus, tmp_path, 1, 1, 1, 6))
     assert out["error"] is not None and out["step"] == 2
     assert out["error"].startswith("step 3: the loss is nan") and "nothing was saved" in out["error"]
-    assert f"last complete checkpoint is {tmp_path / 'ckpt' / 'step_2'}" in out["error"]
-    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir() if p.name.startswith("step_")) == ["step_1", "step_2"]
+    # the weights that gave the NaN are step 2's: its checkpoint is set aside, step 1 is the last good one
+    ckpt = tmp_path / "ckpt"
+    assert f"checkpoint {ckpt / 'step_2'} holds the weights that gave this loss and was moved to {ckpt / 'step_2'}" \
+        ".diverged" in out["error"] and f"last complete checkpoint is {ckpt / 'step_1'}" in out["error"], out["error"]
+    assert sorted(p.name for p in ckpt.iterdir() if p.name.startswith("step_")) == ["step_1", "step_2.diverged"]
 
 
 def _rerun_worker(overrides: list) -> dict:
@@ -444,3 +447,47 @@ def test_resume_refuses_changed_outer_loop_and_codec_settings_naming_the_keys(sm
     # the same settings resume as before
     again = run_job(1, codec + ["model.codec.kind=int8", "tokens.train_steps=4"])
     assert again.returncode == 0 and "resumed from" in again.stdout, again.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_a_diverging_run_stops_before_saving_diverged_weights(small_corpus: Path, tmp_path: Path) -> None:
+    # item 4: optimizer.lr=1e30 trained to finite 1e30 weights (RMSNorm keeps the loss finite), saved them, and the
+    # later error named that checkpoint as the last complete one; lr=1 climbed to a loss of 22 and trained on
+    from tests.helpers.jobs import run_job
+
+    def overrides(name: str, lr: float) -> list:
+        return _small_overrides(small_corpus, tmp_path / name, 1, 1, 1, 12) + [f"optimizer.lr={lr}", "checkpoints.interval=1"]
+
+    runaway = run_job(1, overrides("runaway", 1e30))
+    assert runaway.returncode == 2 and runaway.stderr.count("\n") == 1, runaway.stderr[-3000:]
+    assert runaway.stderr.startswith("error: step 1: the optimizer step grew the weights' norm from ") and \
+        "more than general.max_weight_growth=10 in one step): training diverged; these weights were not saved. there " \
+        f"is no complete checkpoint in {tmp_path / 'runaway' / 'ckpt'}" in runaway.stderr, runaway.stderr
+    assert not list((tmp_path / "runaway" / "ckpt").glob("step_*"))
+    ckpt = tmp_path / "climb" / "ckpt"
+    climb = run_job(1, overrides("climb", 1.0))
+    assert climb.returncode == 2 and climb.stderr.count("\n") == 1, climb.stderr[-3000:]
+    first = _losses(tmp_path / "climb" / "tiny_llama")[1][0]
+    assert f"is more than 1.5x the run's first loss {first:.4g} (general.max_loss_ratio): training diverged" in climb.stderr
+    step = int(climb.stderr.split("error: step ")[1].split(":")[0])
+    assert f"checkpoint {ckpt / f'step_{step - 1}'} holds the weights that gave this loss" in climb.stderr
+    assert f"the last complete checkpoint is {ckpt / f'step_{step - 2}'}" in climb.stderr, climb.stderr
+    assert sorted(p.name for p in ckpt.iterdir() if p.name.startswith("step_"))[-1] == f"step_{step - 1}.diverged"
+    # the guard can be switched off: the same run then trains to the end
+    free = run_job(1, overrides("free", 1.0) + ["general.max_loss_ratio=0"])
+    assert free.returncode == 0, free.stderr[-3000:]
+
+
+def _first_loss_worker(overrides: list) -> float:
+    from nanotron_ext.config.loader import load_config
+    from nanotron_ext.train.trainer import Trainer
+
+    return Trainer(load_config(TINY, overrides)).guard.first_loss
+
+
+@pytest.mark.slow
+def test_the_divergence_reference_survives_a_resume(small_corpus: Path, tmp_path: Path) -> None:
+    overrides = _small_overrides(small_corpus, tmp_path, 1, 1, 1, 2) + ["checkpoints.interval=1"]
+    run_distributed(_train_worker, 1, overrides, None, 1)
+    [first] = run_distributed(_first_loss_worker, 1, overrides + ["tokens.train_steps=4"])
+    assert first == _losses(tmp_path / "tiny_llama")[1][0]

@@ -9,7 +9,7 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, TypeVar
+from typing import Dict, List, Optional
 
 import torch
 import torch.distributed as torch_dist
@@ -34,12 +34,18 @@ from nanotron_ext.parallel.context import build_parallel_context
 from nanotron_ext.parallel.data_parallel import DataParallelSync
 from nanotron_ext.parallel.link import link_emulator_from_config
 from nanotron_ext.registry import DP_SYNCS
-from nanotron_ext.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
-from nanotron_ext.train.failures import DISK_HINT
+from nanotron_ext.train.agreement import RankAgreement
+from nanotron_ext.train.checkpoint import (
+    CheckpointError,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    remove_checkpoint,
+    save_checkpoint,
+)
+from nanotron_ext.train.divergence import DivergenceGuard, weight_sq_norm
 from nanotron_ext.train.guard import claim_folders, remove_other_checkpoints, resume_advice, resume_conflict
 from nanotron_ext.train.pipeline_step import evaluate, forward_backward, make_engine
-
-T = TypeVar("T")
 
 
 class Trainer:
@@ -69,6 +75,8 @@ class Trainer:
         self.ledger = get_ledger()
 
         self.step = 0
+        self.guard = DivergenceGuard(cfg.general.max_loss_ratio, cfg.general.max_weight_growth)
+        self._saved_here: List[Path] = []  # checkpoints this launch wrote
         # resume=overwrite: the earlier checkpoints are deleted once this run's first one is complete, not before
         self._overwrite_pending = cfg.checkpoints.resume == "overwrite"
         ckpt = latest_checkpoint(cfg.checkpoints.dir) if cfg.checkpoints.resume == "auto" else None
@@ -86,9 +94,10 @@ class Trainer:
                 print(f"resumed from {ckpt} at step {self.step}")
         # Written only once everything above succeeded and there is training left to do: a launch that
         # fails, or finds the run complete, leaves the run folder as it was.
-        self._io_error: Optional[OSError] = None  # rank 0's failed write, until the next control all-reduce
+        self.agree = RankAgreement(self.ctx.world_pg, self.ctx.device, self.ledger, self.is_main)
+        self._weights_sq = weight_sq_norm(self.model.parameters())  # of the weights the next step starts from
         if self.step < cfg.tokens.train_steps:
-            self._on_main(lambda: save_config(cfg, self.run_dir / "config.yaml"))
+            self.agree.on_main(lambda: save_config(cfg, self.run_dir / "config.yaml"))
 
         self.flops_token = flops_per_token(cfg.model, self.matmul_params(), cfg.tokens.sequence_length)
         self.peak_tflops = device_peak_tflops(cfg.logging.peak_tflops)
@@ -102,6 +111,7 @@ class Trainer:
             self.step = int(extra["step"])
             self.train_loader.load_state_dict(extra["loader"])
             self.dp_sync.load_state_dict(extra.get("dp_sync", {}))
+            self.guard.load_state_dict(extra.get("guard", {}))  # the run's first loss (older checkpoints: none)
         except Exception as e:  # noqa: BLE001 - reported on every rank below
             error = f"{type(e).__name__}: {e}"
         errors: List[Optional[str]] = [None] * self.ctx.world_pg.size()
@@ -146,62 +156,48 @@ class Trainer:
             grad_norm = clip_grad_norm_(self.model.parameters(), cfg.optimizer.clip_grad, self.ctx.tp_pg, self.ctx.pp_pg)
         lr = self.optimizer.param_groups[0]["lr"]
         loss_value, grad_norm = loss.item(), float(grad_norm)
-        if self._any_rank(not (math.isfinite(loss_value) and math.isfinite(grad_norm))):
-            raise TrainingError(f"step {self.step + 1}: the loss is {loss_value} and the gradient norm {grad_norm} "
-                                f"(not finite); stopped before the optimizer step, nothing was saved. "
-                                f"{self._resume_hint()}; lower optimizer.lr or check the model.* values")
+        stop, weights_sq = self.agree.control(not (math.isfinite(loss_value) and math.isfinite(grad_norm)),
+                                              self._weights_sq)
+        problem = (f"step {self.step + 1}: the loss is {loss_value} and the gradient norm {grad_norm} (not finite)"
+                   if stop else self.guard.check_weights(self.step, weights_sq)
+                   or self.guard.check_loss(self.step + 1, loss_value))
+        if problem:  # the loss judged the weights of the last step, which a checkpoint may hold
+            bad = self._set_aside_checkpoint(self.step)
+            moved = f"; checkpoint {bad} holds the weights that gave this loss and was moved to {bad}.diverged" if bad else ""
+            raise TrainingError(f"{problem}; stopped before the optimizer step, nothing was saved{moved}. "
+                                f"{self._resume_hint(exclude=bad)}; lower optimizer.lr or check the model.* values")
         with nvtx_range("optimizer_step"):
             self.optimizer.step()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
             self.model.after_optimizer_step()
             self.dp_sync.after_step(self.step + 1)
+        self._weights_sq = weight_sq_norm(self.model.parameters())  # judged before saving and at the next step
         return {"loss": loss_value, "grad_norm": grad_norm, "lr": lr}
 
-    def _any_rank(self, flag: bool) -> bool:
-        """True on every rank when `flag` is true on any: all ranks must stop (or go on) together. The same
-        all-reduce carries rank 0's pending file error (see _main_io), raised on every rank."""
-        t = torch.tensor([float(flag), float(self._io_error is not None)], device=self.ctx.device)
-        with self.ledger.tag("control"):  # counted like every byte, under world all_reduce:control
-            dist.all_reduce(t, group=self.ctx.world_pg)
-        stop, io_failed = t.tolist()
-        if io_failed:
-            self._raise_shared(self._io_error)
-        return bool(stop)
-
-    def _main_io(self, write: Callable[..., object], *args: object, **kwargs: object) -> None:
-        """Rank 0's per-step file writing (metrics, progress): a failure (disk full) is kept for the next control
-        all-reduce, which stops every rank with it, instead of leaving the others in a collective rank 0 left."""
-        if self._io_error is None:
-            try:
-                write(*args, **kwargs)
-            except OSError as e:
-                self._io_error = e
-
-    def _on_main(self, write: Callable[[], T]) -> Optional[T]:
-        """Run `write` on rank 0 and share how it went (collective): every rank raises its error."""
-        result, error = None, None
+    def _set_aside_checkpoint(self, step: int) -> Optional[Path]:
+        """Move this launch's checkpoint of `step` (whose weights just gave a diverged loss) out of the resume
+        namespace, kept as step_N.diverged; None when this launch did not write one."""
+        bad = Path(self.cfg.checkpoints.dir) / f"step_{step}"
+        if bad not in self._saved_here:
+            return None
         if self.is_main:
-            try:
-                result = write()
-            except OSError as e:
-                error = e
-        self._raise_shared(error)
-        return result
+            target = bad.with_name(f"{bad.name}.diverged")
+            if target.exists():
+                remove_checkpoint(target)
+            os.replace(bad, target)
+        return bad
 
-    def _raise_shared(self, error: Optional[OSError]) -> None:
-        """Collective: rank 0's file error (or None) becomes the same TrainingError on every rank."""
-        box = [None if error is None else str(error)]
-        torch_dist.broadcast_object_list(box, src=0, group=self.ctx.world_pg)  # control, not training traffic
-        if box[0] is not None:
-            raise TrainingError(f"{box[0]}; {DISK_HINT}") from error
+    def last_checkpoint(self, exclude: Optional[Path] = None) -> Optional[Path]:
+        """This run's newest complete checkpoint but `exclude` (with resume=overwrite the earlier run's, not yet
+        deleted, do not count)."""
+        if self._overwrite_pending:
+            return None
+        found = [p for _, p in list_checkpoints(self.cfg.checkpoints.dir) if p != exclude]
+        return found[-1] if found else None
 
-    def last_checkpoint(self) -> Optional[Path]:
-        """This run's newest complete checkpoint (with resume=overwrite the earlier run's, not yet deleted, do not count)."""
-        return None if self._overwrite_pending else latest_checkpoint(self.cfg.checkpoints.dir)
-
-    def _resume_hint(self) -> str:
-        last = self.last_checkpoint()
+    def _resume_hint(self, exclude: Optional[Path] = None) -> str:
+        last = self.last_checkpoint(exclude)
         return f"the last complete checkpoint is {last}" if last else f"there is no complete checkpoint in {self.cfg.checkpoints.dir}"
 
     def validate(self) -> Dict[str, float]:
@@ -215,15 +211,18 @@ class Trainer:
         return {"val_loss": val, "val_ppl": math.exp(min(val, 50.0))}
 
     def save(self) -> Path:
-        if self._any_rank(not all(bool(torch.isfinite(q).all()) for q in self.model.parameters())):
-            raise TrainingError(f"step {self.step}: the weights are not finite after the optimizer step; not saving "
-                                f"them. {self._resume_hint()}; lower optimizer.lr")
+        stop, weights_sq = self.agree.control(not math.isfinite(float(self._weights_sq)), self._weights_sq)
+        problem = (f"step {self.step}: the weights are not finite after the optimizer step" if stop
+                   else self.guard.check_weights(self.step, weights_sq))
+        if problem:
+            raise TrainingError(f"{problem}; these weights were not saved. {self._resume_hint()}; lower optimizer.lr")
         path = save_checkpoint(
             self.cfg.checkpoints.dir, self.step, self.ctx, model=self.model, optimizer=self.optimizer,
             scheduler=self.scheduler, extra={"step": self.step, "loader": self.train_loader.state_dict(),
-                                             "dp_sync": self.dp_sync.state_dict()},
+                                             "dp_sync": self.dp_sync.state_dict(), "guard": self.guard.state_dict()},
             keep_last=self.cfg.checkpoints.keep_last, config=config_to_dict(self.cfg),
         )
+        self._saved_here.append(path)
         if self._overwrite_pending:  # this run has a complete checkpoint of its own now
             if self.is_main:
                 remove_other_checkpoints(Path(self.cfg.checkpoints.dir), path)
@@ -237,7 +236,7 @@ class Trainer:
         end = min(total, stop_after) if stop_after is not None else total
         if self.step >= end:  # nothing to train: report, and rewrite nothing in the run folder
             return self._report_complete() if self.step >= total else {}
-        log = self._on_main(lambda: MetricsLogger(self.run_dir, cfg.logging, total, self.step, True)) or \
+        log = self.agree.on_main(lambda: MetricsLogger(self.run_dir, cfg.logging, total, self.step, True)) or \
             MetricsLogger(self.run_dir, cfg.logging, total, self.step, False)
         history: List[Dict[str, object]] = []
         val: Dict[str, float] = {}
@@ -262,12 +261,12 @@ class Trainer:
                 if (interval and self.step % interval == 0) or self.step == total:
                     val = self.validate()
                     record.update(val)
-                    self._main_io(log.write, f"step {self.step}: train loss {out['loss']:.4f}, validation loss "
+                    self.agree.main_io(log.write, f"step {self.step}: train loss {out['loss']:.4f}, validation loss "
                                              f"{val['val_loss']:.4f} (ppl {val['val_ppl']:.1f})")
                 if self.step % cfg.logging.log_interval == 0 or "val_loss" in record:
-                    self._main_io(log.log, record)
+                    self.agree.main_io(log.log, record)
                 history.append(record)
-                self._main_io(log.progress, 1, loss=out["loss"], tok_s=tps, lr=out["lr"])
+                self.agree.main_io(log.progress, 1, loss=out["loss"], tok_s=tps, lr=out["lr"])
                 every = cfg.checkpoints.interval
                 if (every and self.step % every == 0) or self.step == total:
                     self.save()
