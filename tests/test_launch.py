@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -149,3 +150,36 @@ def test_a_full_run_folder_is_one_line_naming_the_file(small_corpus: Path, tmp_p
         assert proc.returncode == 2 and _one_line(proc.stderr).startswith(line), proc.stderr[-3000:]
     else:  # torchrun: rank 0's line, then torchrun's report (with torchrun's own traceback)
         assert proc.returncode == 1 and line in proc.stderr.split("ChildFailedError")[0], proc.stderr[-3000:]
+
+
+# ------------------------------------------------------------------------------- interpreter exit (item 6)
+
+
+def test_only_the_main_thread_reaches_interpreter_exit(small_corpus: Path, tmp_path: Path) -> None:
+    """One clean run in ~60 ended with "terminate called without an active exception" (exit -6, no loss.png):
+    threads were still running at interpreter exit: gloo's C++ threads of the process groups (kept alive past
+    destroy_process_group by the trainer, nanotron's cached group lookups, and torch._dynamo when imported after
+    the groups existed), tqdm's monitor, fsspec's event loop and the launcher watchdog. After a run, a worker
+    must have its main thread alone."""
+    from tests.helpers.jobs import REPO
+
+    overrides = _small_overrides(small_corpus, tmp_path, 2, 1, 1, 2) + ["logging.progress_bar=true"]
+    cmd = job_cmd(2, overrides, launcher="torchrun")  # (either launcher: the workers' exit is the same)
+    cmd[cmd.index("-m"):cmd.index("-m") + 2] = [str(REPO / "tests" / "helpers" / "threads_at_exit.py")]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reports = [ln for ln in proc.stdout.splitlines() if ln.startswith("threads at exit")]
+    assert len(reports) == 2, proc.stdout[-3000:]
+    for line in reports:
+        assert re.search(r"native 1 \['python3?'\], python \[\]$", line), line
+
+
+@pytest.mark.slow
+def test_repeated_short_runs_all_end_cleanly(small_corpus: Path, tmp_path: Path) -> None:
+    """The stress test of item 6: short runs back to back, each must exit 0 with its loss plot and summary."""
+    for i in range(6):
+        overrides = _small_overrides(small_corpus, tmp_path / str(i), 2, 1, 1, 2) + ["logging.progress_bar=true"]
+        proc = run_job(2, overrides)
+        run_dir = tmp_path / str(i) / "tiny_llama"
+        assert proc.returncode == 0 and "terminate called" not in proc.stderr, (i, proc.stderr[-3000:])
+        assert (run_dir / "loss.png").exists() and (run_dir / "summary.json").exists(), i

@@ -12,6 +12,13 @@ from nanotron_ext.config.schema import LoggingConfig
 from nanotron_ext.fileio import named, write_text_atomic
 
 
+class _ProgressBar(tqdm):
+    """tqdm without its monitor thread: a daemon thread still running at interpreter exit is one way a process
+    aborts there; the bar is updated every step anyway, so the monitor's forced refreshes are not needed."""
+
+    monitor_interval = 0
+
+
 class MetricsLogger:
     """Writes `<run_dir>/metrics.jsonl`; every call is a no-op on ranks other than the main one."""
 
@@ -34,7 +41,7 @@ class MetricsLogger:
                                    "pip install -e '.[tensorboard]'") from e
             self._tb = SummaryWriter(str(run_dir / "tensorboard"))
         if cfg.progress_bar:
-            self._bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
+            self._bar = _ProgressBar(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
 
     def log(self, record: Dict[str, Any]) -> None:
         if not self.is_main:

@@ -10,6 +10,7 @@ ledger under its role name so bytes are reported per role.
 from __future__ import annotations
 
 import datetime
+import importlib
 import os
 from typing import Any, Optional
 
@@ -101,6 +102,10 @@ def build_parallel_context(
     """
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     validate_parallelism(world_size, dp, tp, pp)
+    # torch._dynamo (imported by the first optimizer, torch.optim's @_disable_dynamo) keeps one process group
+    # alive past destroy_process_group when it is imported after the groups exist: its gloo threads then run
+    # into interpreter exit (a rare "terminate called without an active exception"). Import it first.
+    importlib.import_module("torch._dynamo")
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if not torch_dist.is_initialized():

@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 import time
-from typing import List, NoReturn, Optional
+from typing import Callable, List, NoReturn, Optional
 
 from nanotron_ext.train import failures
 
@@ -42,38 +42,40 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)  # Ctrl-C sent to the whole process group reaches workers too
+    job: dict = {}  # the trainer lives here, not in a local: _release_process_groups must be able to drop it
+    stop_watchdog = None
     if "TORCHELASTIC_RUN_ID" in os.environ:  # launched by torchrun: do not outlive it
         from nanotron_ext.train.guard import exit_with_launcher
 
-        exit_with_launcher()
-    cfg = trainer = None
+        stop_watchdog = exit_with_launcher()
     try:
-        cfg = config_from_args(args)
+        job["cfg"] = config_from_args(args)
         from nanotron_ext.train.trainer import Trainer
 
-        trainer = Trainer(cfg, config_file=args.config_file)
-        trainer.train()
+        job["trainer"] = Trainer(job["cfg"], config_file=args.config_file)
+        job["trainer"].train()
     except UserFacingError as e:
         return failures.report(f"error: {e}", 2)
     except OSError as e:  # a full disk, a read-only folder: the message names the file
         return failures.report(f"error: {e}; {failures.DISK_HINT}", 2)
     except KeyboardInterrupt:
-        return _interrupted(cfg, trainer)
+        return _interrupted(job.get("cfg"), job.get("trainer"))
     except Exception as e:
         # Ctrl-C stops every rank at once: a collective can fail on a peer that stopped first before this
         # rank's own stop signal is handled. Let a pending signal arrive, and report the stop, not the error.
         try:
             time.sleep(0.5)
         except KeyboardInterrupt:
-            return _interrupted(cfg, trainer)
+            return _interrupted(job.get("cfg"), job.get("trainer"))
         if _STOP["requested"]:  # the signal came earlier and was turned into this error (torch.save's writer
-            return _interrupted(cfg, trainer)  # does that), or a peer stopped while this rank sat in a collective
-        line = _collective_failure(e, cfg)
+            return _interrupted(job.get("cfg"), job.get("trainer"))  # does that), or a peer stopped in a collective
+        line = _collective_failure(e, job.get("cfg"))
         if line is None:
             raise
         return failures.report(line, 1, every_rank=True)
     finally:
-        _release_process_group()
+        _release_process_groups(job)
+        _stop_threads(stop_watchdog)
     return 0
 
 
@@ -84,16 +86,45 @@ def _collective_failure(e: Exception, cfg: object) -> Optional[str]:
     return failures.describe_collective_failure(e, get_ledger().group_name, timeout)
 
 
-def _release_process_group() -> None:
-    """Destroy the process group on every way out, errors included, as torch asks: an error path used to leave
-    it to interpreter shutdown, and once in CI such a launch printed its error line and then aborted
-    ("terminate called without an active exception", exit -6; not reproduced in isolation). Local for gloo;
-    a failure here must not replace the exit code."""
+def _release_process_groups(job: dict) -> None:
+    """Destroy every process group on every way out, errors included, while the interpreter is whole.
+
+    A clean run once ended with "terminate called without an active exception" (exit -6, no loss.png): gloo's
+    C++ threads (two per group, plus its TCP loops) were still running at interpreter exit, because the trainer
+    (model, optimizer, parallel context) and nanotron's cached group lookups kept the groups alive past
+    destroy_process_group(). Drop those references, collect, then destroy. Best effort: a failure here must not
+    replace the exit code."""
+    import gc
+
     import torch.distributed as torch_dist
 
     try:
+        job.clear()
+        from nanotron import distributed as nanotron_dist
+
+        nanotron_dist.get_rank.cache_clear()  # functools caches keyed by (and holding) process groups
+        nanotron_dist.get_global_rank.cache_clear()
+        gc.collect()
         if torch_dist.is_initialized():
             torch_dist.destroy_process_group()
+        gc.collect()
+    except Exception:  # noqa: BLE001 - best effort on the way out
+        pass
+
+
+def _stop_threads(stop_watchdog: Optional[Callable[[], None]]) -> None:
+    """End the threads this job started, so only the main thread reaches interpreter exit: the launcher watchdog
+    and fsspec's event-loop thread (datatrove reads shards through fsspec; fsspec has no public stop, so its
+    module-level loop and thread are used, best effort)."""
+    if stop_watchdog is not None:
+        stop_watchdog()
+    try:
+        from fsspec import asyn
+
+        loop, thread = asyn.loop[0], asyn.iothread[0]
+        if loop is not None and thread is not None and thread.is_alive():
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(timeout=5)
     except Exception:  # noqa: BLE001 - best effort on the way out
         pass
 

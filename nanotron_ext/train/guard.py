@@ -12,9 +12,8 @@ import os
 import re
 import signal
 import threading
-import time
 from pathlib import Path
-from typing import IO, Any, Dict, List, Optional, Union
+from typing import IO, Any, Callable, Dict, List, Optional, Union
 
 from nanotron_ext.errors import TrainingError
 from nanotron_ext.fileio import FolderInUseError, lock_folder
@@ -59,8 +58,9 @@ def remove_other_checkpoints(checkpoint_dir: Path, keep: Path) -> List[Path]:
     return removed
 
 
-def exit_with_launcher(grace_s: float = 10.0) -> None:
-    """End this worker promptly when its launcher (torchrun) dies, even by SIGKILL.
+def exit_with_launcher(grace_s: float = 10.0) -> Callable[[], None]:
+    """End this worker promptly when its launcher (torchrun) dies, even by SIGKILL; returns `stop`, which ends
+    the watchdog (call it on the way out: no thread should be left running at interpreter exit).
 
     torch elastic starts workers in their own sessions, so nothing else stops them: orphans would go on
     training beside a restarted job. SIGTERM comes from the kernel (PR_SET_PDEATHSIG, Linux) or from a
@@ -72,15 +72,24 @@ def exit_with_launcher(grace_s: float = 10.0) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # 1 = PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass  # not Linux: the watchdog alone
+    stopped = threading.Event()
 
     def watch() -> None:
         while os.getppid() == parent:
-            time.sleep(0.5)
+            if stopped.wait(0.5):
+                return
         os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(grace_s)
-        os._exit(143)
+        if not stopped.wait(grace_s):
+            os._exit(143)
 
-    threading.Thread(target=watch, name="launcher-watchdog", daemon=True).start()
+    thread = threading.Thread(target=watch, name="launcher-watchdog", daemon=True)
+    thread.start()
+
+    def stop() -> None:
+        stopped.set()
+        thread.join(timeout=5)
+
+    return stop
 
 
 def _flat(d: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
