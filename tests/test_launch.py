@@ -183,3 +183,20 @@ def test_repeated_short_runs_all_end_cleanly(small_corpus: Path, tmp_path: Path)
         run_dir = tmp_path / str(i) / "tiny_llama"
         assert proc.returncode == 0 and "terminate called" not in proc.stderr, (i, proc.stderr[-3000:])
         assert (run_dir / "loss.png").exists() and (run_dir / "summary.json").exists(), i
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", ["general.output_dir", "checkpoints.dir"])
+def test_a_folder_that_cannot_be_written_is_one_line_naming_it(small_corpus: Path, tmp_path: Path, key: str) -> None:
+    """A read-only folder (the README's claim): as root, chmod does not stop writes, so a folder under /sys, where
+    the kernel refuses mkdir to everyone, stands in for it."""
+    if os.geteuid() == 0:
+        folder = Path("/sys/nanotron_ext_test_not_writable")
+    else:
+        (tmp_path / "ro").mkdir(mode=0o555)
+        folder = tmp_path / "ro" / "sub"
+    overrides = _small_overrides(small_corpus, tmp_path, 2, 1, 1, 2) + [f"{key}={folder}"]
+    proc = run_job(2, overrides)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    line = _one_line(proc.stderr)
+    assert line.startswith("error: ") and str(folder) in line and "make it writable" in line, line

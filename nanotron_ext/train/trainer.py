@@ -44,6 +44,7 @@ from nanotron_ext.train.checkpoint import (
     save_checkpoint,
 )
 from nanotron_ext.train.divergence import DivergenceGuard, weight_sq_norm
+from nanotron_ext.train.failures import DISK_HINT
 from nanotron_ext.train.guard import claim_folders, remove_other_checkpoints, resume_advice, resume_conflict
 from nanotron_ext.train.pipeline_step import evaluate, forward_backward, make_engine
 
@@ -128,6 +129,8 @@ class Trainer:
                 locks = claim_folders(self.run_dir, Path(self.cfg.checkpoints.dir), self.cfg.checkpoints.resume)
             except TrainingError as e:
                 error = str(e)
+            except OSError as e:  # a folder that cannot be created or written: every rank stops with the line
+                error = f"{e}; {DISK_HINT}"
         box = [error]
         torch_dist.broadcast_object_list(box, src=0, group=self.ctx.world_pg)
         if box[0] is not None:
