@@ -148,3 +148,51 @@ def test_the_divergence_guard_judges_against_the_runs_own_history() -> None:
     big = [torch.full((3,), 1e30), torch.full((2, 2), -1e30)]  # squares overflow float32, not float64
     assert weight_sq_norm(big).item() == pytest.approx(sum(t.double().square().sum().item() for t in big), rel=1e-12)
     assert torch.isinf(sum(t.square().sum() for t in big))  # what float32 would have said
+
+
+def test_resume_defining_keys_are_the_documented_ones() -> None:
+    from nanotron_ext.train.guard import changed_keys
+
+    saved = {"model": {"hidden_size": 32, "attention": "sdpa", "codec": {"kind": "int8"}},
+             "parallelism": {"dp": 2, "tp": 1, "pp": 1, "pp_engine": "1f1b", "dp_sync": "sparseloco",
+                             "layers_per_stage": None},
+             "sparseloco": {"outer_momentum": 0.0}, "optimizer": {"name": "adamw", "lr": 1e-3},
+             "tokens": {"train_steps": 10}, "logging": {"log_interval": 1}}
+    now = {"model": {"hidden_size": 32, "attention": "flash", "codec": {"kind": "topk"}},
+           "parallelism": {"dp": 2, "tp": 1, "pp": 1, "pp_engine": "afab", "dp_sync": "allreduce",
+                           "layers_per_stage": [2, 2]},
+           "sparseloco": {"outer_momentum": 0.9}, "optimizer": {"name": "muon", "lr": 3e-4},
+           "tokens": {"train_steps": 20}, "logging": {"log_interval": 5}}
+    assert changed_keys(saved, now) == [
+        "model.codec.kind 'int8' -> 'topk'", "optimizer.name 'adamw' -> 'muon'",
+        "parallelism.dp_sync 'sparseloco' -> 'allreduce'", "parallelism.layers_per_stage None -> [2, 2]",
+        "sparseloco.outer_momentum 0.0 -> 0.9"]  # attention kernel, pp engine, lr, steps, logging: free
+
+
+def _group_timeout_worker(dp: int, tp: int, pp: int, group: str) -> tuple:
+    import time
+
+    import torch.distributed as torch_dist
+
+    from nanotron_ext.parallel.context import build_parallel_context
+
+    ctx = build_parallel_context(dp, tp, pp, backend="gloo", timeout_s=3)
+    if torch_dist.get_rank() != 0:
+        time.sleep(10)  # never joins the collective
+        return 0.0, ""
+    t0 = time.time()
+    try:
+        torch_dist.all_reduce(torch.ones(1), group=getattr(ctx, f"{group}_pg"))
+    except RuntimeError as e:
+        return time.time() - t0, str(e)
+    return time.time() - t0, "no error"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("group,layout", [("tp", (1, 2, 1)), ("pp", (1, 1, 2)), ("dp", (2, 1, 1)), ("world", (2, 1, 1))])
+def test_every_process_group_has_the_collective_timeout(group: str, layout: tuple) -> None:
+    # item 5: nanotron created its groups without a timeout (torch's default: 30 minutes)
+    from tests.helpers.dist import run_distributed
+
+    [(took, error), _] = run_distributed(_group_timeout_worker, 2, *layout, group, timeout_s=90)
+    assert "Timed out" in error and took < 3 + 5, (took, error)

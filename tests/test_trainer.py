@@ -71,7 +71,7 @@ def kill_and_resume(corpus: Path, tmp_path: Path, dp: int, tp: int, pp: int, kil
         pids = workers(proc)
         os.kill(pids[-1] if kill == "worker" else proc.pid, signal.SIGKILL)
         proc.wait(timeout=120)
-        deadline = time.time() + 60
+        deadline = time.time() + 30
         while any(alive(p) for p in pids) and time.time() < deadline:  # they hold the run's locks
             time.sleep(0.2)
         assert not any(alive(p) for p in pids), "workers outlived the kill"
@@ -252,6 +252,10 @@ def test_a_second_launch_on_busy_folders_fails_at_once_and_never_overwrites_chec
         second = run_job(1, overrides, timeout=120)
         assert second.returncode == 2 and f"is in use by a running job (pid {holder} on" in second.stderr, second.stderr
         assert second.stderr.count("\n") == 1 and "Traceback" not in second.stderr, second.stderr
+        # another run name, the same checkpoints.dir: the checkpoint folder's own lock refuses it
+        other = run_job(1, overrides + ["general.run=other"], timeout=120)
+        assert other.returncode == 2 and other.stderr.startswith(f"error: checkpoint folder {tmp_path / 'ckpt'} is in "
+                                                                 f"use by a running job (pid {holder} on"), other.stderr
     finally:
         kill_job(first)
     saved = sorted(p.name for p in (tmp_path / "ckpt").iterdir() if p.name.startswith("step_"))
