@@ -1,18 +1,33 @@
-"""Small file helpers every part of the package shares: atomic text writes and file checksums."""
+"""Small file helpers every part of the package shares: atomic text writes, file checksums and folder locks."""
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
+import socket
 import tempfile
+import time
 from pathlib import Path
+from typing import IO
+
+from nanotron_ext.errors import UserFacingError
+
+LOCK_NAME = ".lock"
+
+
+class FolderInUseError(UserFacingError):
+    """Another live process holds the folder's lock; the message names it."""
 
 
 def write_text_atomic(path: Path, text: str) -> None:
     """Write `text` to `path` so that a crash leaves either the old file or the new one, never a torn one
     (a unique temp file in the same folder, fsync, then os.replace; concurrent writers do not collide)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise named(e, path) from e
     try:
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; the result should look like any written file
         with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -20,12 +35,45 @@ def write_text_atomic(path: Path, text: str) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(e, OSError):  # a write error names no file ("[Errno 28] No space left on device")
+            raise named(e, path) from e
         raise
+
+
+def named(error: OSError, path: Path) -> OSError:
+    """`error` naming `path` (the file being written) when it names no file of its own."""
+    if error.filename is not None:
+        return error
+    return type(error)(error.errno, error.strerror or str(error), str(path))
+
+
+def lock_folder(folder: Path, what: str, instead: str) -> IO[str]:
+    """Take an exclusive `flock` on `<folder>/.lock` (folder created if missing) and return the open file: the
+    lock lasts until it is closed or the process ends, however it ends, so it is never stale. The file names its
+    holder for the error a second taker gets: FolderInUseError naming `what` (e.g. "run folder") and, as the
+    way out, `instead` (e.g. "another general.run")."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / LOCK_NAME
+    f = open(path, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise FolderInUseError(f"{what} {folder} is in use by a running job ({holder}; lock {path}): wait for it to "
+                               f"end or stop it, or use {instead}") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+    f.flush()
+    return f
 
 
 def sha256_file(path: Path) -> str:

@@ -462,7 +462,8 @@ def test_grouping_same_numbers_fewer_gemms(tp2: list) -> None:
 @pytest.mark.slow
 def test_rmsnorm_row_linear_matches_tp1(tp2: list, tp4: list, record_property) -> None:
     """fp32 <= 1e-6 vs TP=1 at the model's init scale; at unit scale fp32 TP=1 itself is ~1e-6 from
-    float64, so there the check is that the sharded result is no further from float64 than TP=1."""
+    float64, so there the check is that the sharded result is no further from float64 than TP=1. bf16: no further
+    from float64 than TP=1's bf16 error plus one bf16 rounding per shard and one for their sum."""
     print("\nRMSNorm + row-parallel linear vs TP=1 (max / mean abs diff; max vs float64 for sharded, TP=1):")
     for tp, runs in ((2, tp2), (4, tp4)):
         for (scale, mode, dtype), m in sorted(runs[0]["norm"].items()):
@@ -473,8 +474,10 @@ def test_rmsnorm_row_linear_matches_tp1(tp2: list, tp4: list, record_property) -
                 assert m["max_vs_f64"] <= 1.5 * m["tp1_max_vs_f64"] + 1e-7, (tp, scale, mode, m)
                 if scale == "init":
                     assert m["max"] <= 1e-6, (tp, mode, m)
-            else:
-                assert math.isfinite(m["max"]) and m["max"] < 1e-1, (tp, scale, mode, m)
+            else:  # bf16: TP=1 rounds its output once; the sharded path rounds each of the tp partial outputs and
+                # their sum, each rounding no larger than that one (values up to the output's size): at most TP=1's
+                # own error plus (tp + 1) such roundings, measured against float64 (measured: <= 2.6x TP=1's)
+                assert m["max_vs_f64"] <= (tp + 2) * m["tp1_max_vs_f64"], (tp, scale, mode, m)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -518,3 +518,87 @@ def test_prepare_rebuilds_missing_outputs_and_damaged_shards_are_detected(prepar
     rebuilt = prepare(copy, progress=False, verify=True)
     assert rebuilt.skipped == ["tokenizer", "validation"] and f"rebuilt train: {shard} does not match" in rebuilt.summary()
     assert len(take(build_train_loader(copy), 1)) == 1
+
+
+# ---------------------------------------------------------------- round 2 (issue 21)
+
+
+def test_jsonl_rows_that_are_no_object_and_damaged_gzip_name_file_and_line(tmp_path):
+    # item 10: `[1, 2, 3]` gave AttributeError; a truncated .jsonl.gz an EOFError traceback; plain text named
+    # .jsonl.gz "Not a gzipped file" without the file
+    import gzip
+
+    data = b"".join(json.dumps({"text": t}).encode() + b"\n" for t in corpus_texts())
+    cases = {
+        "rows.jsonl": (data.split(b"\n", 1)[0] + b"\n[1, 2, 3]\n" + data,
+                       r"rows.jsonl: line 2 is JSON but a list, not an object"),
+        "cut.jsonl.gz": (gzip.compress(data)[:2000], r"cut.jsonl.gz: cannot be read after line \d+ \(EOFError"),
+        "plain.jsonl.gz": (data, r"plain.jsonl.gz: cannot be read at its start \(BadGzipFile"),
+    }
+    for name, (content, message) in cases.items():
+        folder = tmp_path / name.replace(".", "_")
+        folder.mkdir()
+        (folder / name).write_bytes(content)
+        with pytest.raises(DataError, match=message):
+            prepare(make_config(tmp_path, paths=[folder], prepared=f"prep_{folder.name}"), progress=False)
+    # the same file intact reads: the errors above are about the damage, not the format
+    (tmp_path / "ok").mkdir()
+    (tmp_path / "ok" / "a.jsonl.gz").write_bytes(gzip.compress(data))
+    assert prepare(make_config(tmp_path, paths=[tmp_path / "ok"], prepared="prep_ok"),
+                   progress=False).manifest["documents"] == N_DOCS
+
+
+def test_a_prepare_on_a_busy_folder_fails_at_once_and_a_damaged_manifest_is_not_trusted(prepared, tmp_path):
+    # item 3: two prepares on one folder both exited 0 with a manifest of `train: 0 documents, files []`, and
+    # `prepare --verify` then said "skipped: all"
+    import fcntl
+
+    from nanotron_ext.errors import UserFacingError
+
+    root, cfg, _, report = prepared
+    copy = make_config(root, paths=cfg.data.paths, prepared=str(tmp_path / "copy"))
+    prep = Path(copy.data.prepared_dir)
+    shutil.copytree(cfg.data.prepared_dir, prep)
+    with open(prep / ".lock", "w") as held:  # what a running prepare holds (flock conflicts even in one process)
+        held.write("pid 4242 on somewhere since now\n")
+        held.flush()
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(UserFacingError, match=rf"data.prepared_dir {prep} is in use by a running job "
+                                                r"\(pid 4242 on somewhere.*use another data.prepared_dir"):
+            prepare(copy, progress=False)
+    empty = {"documents": 0, "tokens": 0, "max_token_id": -1, "files": [], "shard_tokens": {}, "shard_sha256": {}}
+    manifest = json.loads((prep / "manifest.json").read_text())
+    manifest["splits"]["train"].update(empty)  # what the race left: a manifest saying train is empty
+    (prep / "manifest.json").write_text(json.dumps(manifest))
+    repaired = prepare(copy, progress=False, verify=True)
+    assert repaired.skipped == ["tokenizer", "train", "validation"], repaired.summary()  # the shards were fine
+    assert "manifest.json was not trusted: manifest.json and " in repaired.summary()
+    assert repaired.manifest["splits"] == report.manifest["splits"]
+    assert prepare(copy, progress=False).skipped == ["all"]
+    info = json.loads((prep / "train" / "split.json").read_text())  # and a split.json recording no shards
+    (prep / "train" / "split.json").write_text(json.dumps({**info, **empty}))
+    rebuilt = prepare(copy, progress=False, verify=True)
+    assert "rebuilt train: " in rebuilt.summary() and rebuilt.manifest["splits"] == report.manifest["splits"]
+
+
+def test_two_prepares_at_once_leave_one_complete_folder(tmp_path):
+    """The race itself, through the command users type: one prepare wins, the other fails naming the holder
+    (or, if they did not overlap, finds the folder complete); the folder is complete either way."""
+    import subprocess
+
+    write_corpus(tmp_path / "corpus")
+    yaml_text = (f"data: {{source: jsonl, paths: [{tmp_path / 'corpus'}], prepared_dir: {tmp_path / 'prep'}}}\n"
+                 f"tokenizer: {{path: {tmp_path / 'prep' / 'tok.json'}, vocab_size: 300}}\nmodel: {{vocab_size: 512}}\n")
+    (tmp_path / "c.yaml").write_text(yaml_text)
+    cmd = [sys.executable, "-m", "nanotron_ext.data", "prepare", "--config-file", str(tmp_path / "c.yaml"), "--no-progress"]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    codes = sorted(p.returncode for p in procs)
+    assert codes in ([0, 0], [0, 2]), outs
+    for p, (_, err) in zip(procs, outs):
+        if p.returncode == 2:
+            assert err.startswith(f"error: data.prepared_dir {tmp_path / 'prep'} is in use by a running job"), err
+    manifest = json.loads((tmp_path / "prep" / "manifest.json").read_text())
+    assert manifest["splits"]["train"]["documents"] + manifest["splits"]["validation"]["documents"] == N_DOCS
+    again = subprocess.run(cmd + ["--verify"], capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and "skipped: all" in again.stdout, again.stdout + again.stderr

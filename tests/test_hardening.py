@@ -9,10 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 from nanotron_ext.config.schema import LoggingConfig
 from nanotron_ext.metrics.logger import MetricsLogger, read_metrics
 from tests.conftest import SMALL_VOCAB
-from tests.helpers.dist import free_port
+from tests.helpers.jobs import run_job
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = REPO / "examples" / "config_tiny_llama.yaml"
@@ -39,18 +42,15 @@ def test_a_damaged_tokenizer_is_one_line_naming_the_file_from_both_entry_points(
     sets = [f"data.prepared_dir={prepared}", f"tokenizer.path={tok}", f"tokenizer.vocab_size={SMALL_VOCAB}",
             f"model.vocab_size={SMALL_VOCAB}", "parallelism.dp=1", f"general.output_dir={tmp_path / 'runs'}",
             f"checkpoints.dir={tmp_path / 'ckpt'}"]
-    env = {**os.environ, "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(free_port())}
-    # prepare into a fresh folder meets the tokenizer first; training meets it reading the prepared folder
-    for module, extra in (("nanotron_ext.data", ["prepare", "--no-progress", "--max-documents", "40", "--set",
-                                                 f"data.prepared_dir={tmp_path / 'fresh'}"]),
-                          ("nanotron_ext.train", [])):
-        args = [sys.executable, "-m", module] + extra[:1] + ["--config-file", str(TINY)] + \
-            [a for s in sets for a in ("--set", s)] + extra[1:]
-        proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120, cwd=REPO)
-        assert proc.returncode == 2, (module, proc.stderr)
+    # prepare into a fresh folder meets the tokenizer first; training (through the documented launcher) meets it
+    # reading the prepared folder
+    prep = [sys.executable, "-m", "nanotron_ext.data", "prepare", "--config-file", str(TINY)] + \
+        [a for s in sets for a in ("--set", s)] + ["--no-progress", "--max-documents", "40", "--set",
+                                                   f"data.prepared_dir={tmp_path / 'fresh'}"]
+    for proc in (subprocess.run(prep, capture_output=True, text=True, timeout=120, cwd=REPO), run_job(1, sets)):
+        assert proc.returncode == 2, (proc.args, proc.stderr)
         assert proc.stderr.startswith(f"error: tokenizer {tok} cannot be read (") and proc.stderr.count("\n") == 1, \
-            (module, proc.stderr)
+            (proc.args, proc.stderr)
 
 
 def test_a_stop_signal_a_library_turned_into_another_error_is_still_reported_as_a_stop(tmp_path: Path, monkeypatch,
@@ -69,6 +69,9 @@ def test_a_stop_signal_a_library_turned_into_another_error_is_still_reported_as_
 
         def __init__(self, *args, **kwargs) -> None:
             pass
+
+        def last_checkpoint(self) -> None:
+            return None
 
         def train(self) -> None:
             try:
@@ -90,3 +93,106 @@ def test_a_stop_signal_a_library_turned_into_another_error_is_still_reported_as_
             signal.signal(s, h)
     assert code == 130
     assert "interrupted at step 7; last complete checkpoint: none" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- round 2 (issue 21)
+
+
+def test_a_yaml_alias_bomb_is_refused_quickly_and_plain_aliases_still_load(tmp_path: Path) -> None:
+    # item 11: a 1.1 KB file of nested aliases took 38 s and 2.5 GB before a MemoryError traceback
+    import time
+
+    levels = "abcdefghi"
+    lines = ['a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"{x}: &{x} [" + ", ".join([f"*{p}"] * 9) + "]" for p, x in zip(levels, levels[1:])]
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join(lines) + "\n")
+    assert bomb.stat().st_size < 1200
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "nanotron_ext.config", "show", "--config-file", str(bomb)],
+                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert proc.returncode == 2 and time.perf_counter() - t0 < 30, proc.stderr[-2000:]
+    assert proc.stderr.count("\n") == 1 and f"{bomb}: invalid YAML" in proc.stderr and "expand to more than" in proc.stderr
+    recursive = tmp_path / "recursive.yaml"
+    recursive.write_text("general: &g {run: [*g]}\n")
+    proc = subprocess.run([sys.executable, "-m", "nanotron_ext.config", "show", "--config-file", str(recursive)],
+                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert proc.returncode == 2 and "recursive alias" in proc.stderr, proc.stderr[-2000:]
+    # an alias that repeats a small section is fine
+    from nanotron_ext.config.loader import load_config
+
+    ok = tmp_path / "ok.yaml"
+    ok.write_text('parallelism:\n  link:\n    per_stage_pair:\n      "0-1": &slow {bandwidth_mbps: 80, latency_ms: 5}\n'
+                  '      "1-2": *slow\n')
+    pairs = load_config(ok).parallelism.link.per_stage_pair
+    assert pairs["0-1"] == pairs["1-2"] == {"bandwidth_mbps": 80, "latency_ms": 5}
+
+
+def test_the_divergence_guard_judges_against_the_runs_own_history() -> None:
+    from nanotron_ext.train.divergence import DivergenceGuard, weight_sq_norm
+
+    g = DivergenceGuard(max_loss_ratio=1.5, max_weight_growth=10.0)
+    assert g.check_loss(1, 8.0) is None and g.first_loss == 8.0
+    assert g.check_loss(2, 11.9) is None  # 1.4875x
+    assert g.check_loss(3, 12.1).startswith("step 3: the loss 12.1 is more than 1.5x the run's first loss 8")
+    assert g.check_weights(0, 100.0) is None  # the first norm is the reference
+    assert g.check_weights(1, 100.0 * 99) is None  # x9.95
+    assert "grew the weights' norm from 99.5 to 1000 (x10.1" in g.check_weights(2, 1e6)  # norms: sqrt of squares
+    assert "to inf" in g.check_weights(3, float("inf"))
+    off = DivergenceGuard(0, 0)
+    off.check_loss(1, 1.0)
+    assert off.check_loss(2, 1e9) is None and off.check_weights(1, 1.0) is None and off.check_weights(2, 1e30) is None
+    again = DivergenceGuard(1.5, 10)
+    again.load_state_dict(g.state_dict())  # the reference travels in checkpoints
+    assert again.check_loss(9, 12.1) is not None
+    big = [torch.full((3,), 1e30), torch.full((2, 2), -1e30)]  # squares overflow float32, not float64
+    assert weight_sq_norm(big).item() == pytest.approx(sum(t.double().square().sum().item() for t in big), rel=1e-12)
+    assert torch.isinf(sum(t.square().sum() for t in big))  # what float32 would have said
+
+
+def test_resume_defining_keys_are_the_documented_ones() -> None:
+    from nanotron_ext.train.guard import changed_keys
+
+    saved = {"model": {"hidden_size": 32, "attention": "sdpa", "codec": {"kind": "int8"}},
+             "parallelism": {"dp": 2, "tp": 1, "pp": 1, "pp_engine": "1f1b", "dp_sync": "sparseloco",
+                             "layers_per_stage": None},
+             "sparseloco": {"outer_momentum": 0.0}, "optimizer": {"name": "adamw", "lr": 1e-3},
+             "tokens": {"train_steps": 10}, "logging": {"log_interval": 1}}
+    now = {"model": {"hidden_size": 32, "attention": "flash", "codec": {"kind": "topk"}},
+           "parallelism": {"dp": 2, "tp": 1, "pp": 1, "pp_engine": "afab", "dp_sync": "allreduce",
+                           "layers_per_stage": [2, 2]},
+           "sparseloco": {"outer_momentum": 0.9}, "optimizer": {"name": "muon", "lr": 3e-4},
+           "tokens": {"train_steps": 20}, "logging": {"log_interval": 5}}
+    assert changed_keys(saved, now) == [
+        "model.codec.kind 'int8' -> 'topk'", "optimizer.name 'adamw' -> 'muon'",
+        "parallelism.dp_sync 'sparseloco' -> 'allreduce'", "parallelism.layers_per_stage None -> [2, 2]",
+        "sparseloco.outer_momentum 0.0 -> 0.9"]  # attention kernel, pp engine, lr, steps, logging: free
+
+
+def _group_timeout_worker(dp: int, tp: int, pp: int, group: str) -> tuple:
+    import time
+
+    import torch.distributed as torch_dist
+
+    from nanotron_ext.parallel.context import build_parallel_context
+
+    ctx = build_parallel_context(dp, tp, pp, backend="gloo", timeout_s=3)
+    if torch_dist.get_rank() != 0:
+        time.sleep(10)  # never joins the collective
+        return 0.0, ""
+    t0 = time.time()
+    try:
+        torch_dist.all_reduce(torch.ones(1), group=getattr(ctx, f"{group}_pg"))
+    except RuntimeError as e:
+        return time.time() - t0, str(e)
+    return time.time() - t0, "no error"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("group,layout", [("tp", (1, 2, 1)), ("pp", (1, 1, 2)), ("dp", (2, 1, 1)), ("world", (2, 1, 1))])
+def test_every_process_group_has_the_collective_timeout(group: str, layout: tuple) -> None:
+    # item 5: nanotron created its groups without a timeout (torch's default: 30 minutes)
+    from tests.helpers.dist import run_distributed
+
+    [(took, error), _] = run_distributed(_group_timeout_worker, 2, *layout, group, timeout_s=90)
+    assert "Timed out" in error and took < 3 + 5, (took, error)

@@ -1,40 +1,93 @@
-"""SparseLoCo through the trainer: dp = 2 trains and resumes bit-exactly from a checkpoint taken in the
-middle of an inner loop (local weights != global weights, error buffers non-zero), so the outer state
-must travel in the checkpoint; the in-process simulated runner gives the trainer's weights."""
+"""SparseLoCo through the trainer: dp = 2 is SIGKILLed in the middle of an inner loop (local weights != global
+weights, error buffers non-zero) and relaunched, and resumes bit-exactly, so the outer state travels in the
+checkpoint; the distributed outer step (SparseLoCoSync over a gloo DP group) equals a reference written here
+with explicit tile loops (not the package's own math); the in-process simulated runner gives the trainer's
+weights."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from tests.helpers.dist import run_distributed
-from tests.test_trainer import _losses, _small_overrides, _train_worker
+from tests.test_sparseloco_simulated import _sparsify_reference
+from tests.test_trainer import _losses, _shard_models, _small_overrides, _train_worker, kill_and_resume
 
 SPARSELOCO = ["parallelism.dp_sync=sparseloco", "sparseloco.inner_steps=2", "sparseloco.topk=8"]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("pp", [1, 2])
-def test_sparseloco_resume_equals_uninterrupted(small_corpus: Path, tmp_path: Path, pp: int) -> None:
-    """dp = 2 replicas of 1 or 2 pipeline stages (each stage syncs its own layers over its DP group)."""
-    n, world = 3, 2 * pp  # the step-3 checkpoint falls between the syncs after steps 2 and 4
-    straight = run_distributed(_train_worker, world, _small_overrides(small_corpus, tmp_path / "a", 2, 1, pp, 2 * n) + SPARSELOCO,
-                               None, 0)
-    resumed_ovr = _small_overrides(small_corpus, tmp_path / "b", 2, 1, pp, 2 * n) + SPARSELOCO
-    run_distributed(_train_worker, world, resumed_ovr, n, n)
-    resumed = run_distributed(_train_worker, world, resumed_ovr, None, n)
-    a, b = _losses(tmp_path / "a" / "tiny_llama"), _losses(tmp_path / "b" / "tiny_llama")
-    assert sorted(a) == sorted(b) == list(range(1, 2 * n + 1))
-    for step in range(n + 1, 2 * n + 1):
-        assert a[step] == b[step], (step, a[step], b[step])
-    for rank, (wa, wb) in enumerate(zip(straight, resumed)):
-        for name in wa:
-            assert torch.equal(wa[name], wb[name]), (rank, name)
-    # after the last sync (step 6) every rank has a twin (same stage, other replica) with the same weights
-    for r in range(world):
-        twins = [q for q in range(world) if q != r and sorted(straight[q]) == sorted(straight[r])]
-        assert any(all(torch.equal(straight[r][k], straight[q][k]) for k in straight[r]) for q in twins), r
+@pytest.mark.parametrize("pp,kill", [(1, "worker"), (2, "launcher")])
+def test_sparseloco_killed_mid_inner_loop_resumes_bit_exactly(small_corpus: Path, tmp_path: Path, pp: int,
+                                                              kill: str) -> None:
+    """dp = 2 replicas of 1 or 2 pipeline stages (each stage syncs its own layers over its DP group). Syncs
+    every 4 steps, checkpoints every 3: every checkpoint before the end falls inside an inner loop."""
+    steps = 12
+    extra = ["parallelism.dp_sync=sparseloco", "sparseloco.inner_steps=4", "sparseloco.topk=8", "checkpoints.interval=3"]
+    resumed_at = kill_and_resume(small_corpus, tmp_path, 2, 1, pp, kill, steps, extra)
+    assert resumed_at % 4 != 0, resumed_at
+    # after the last sync (step 12) the two replicas of each stage hold the same weights
+    final = _shard_models(tmp_path / "b" / "ckpt" / f"step_{steps}")
+    for stage in range(pp):
+        a, b = final[f"pp{stage}_dp0_tp0.pt"], final[f"pp{stage}_dp1_tp0.pt"]
+        assert all(torch.equal(a[k], b[k]) for k in a), stage
+
+
+def _outer_step_worker(aggregate: str) -> dict:
+    """Two SparseLoCo outer steps of a 128 x 64 linear over a real dp = 2 gloo group: each rank moves its replica
+    by its own seeded amounts before each sync; returns what every replica held before and after each sync."""
+    import torch.distributed as torch_dist
+
+    from nanotron_ext.config.schema import SparseLoCoConfig
+    from nanotron_ext.parallel.context import build_parallel_context
+    from nanotron_ext.sparseloco.outer import SparseLoCoSync
+
+    ctx = build_parallel_context(dp=2, tp=1, pp=1, backend="gloo")
+    rank = torch_dist.get_rank(ctx.dp_pg)
+    torch.manual_seed(rank)  # different starts: the sync must make them agree (rank 0's weights win)
+    model = torch.nn.Linear(128, 64)
+    cfg = SparseLoCoConfig(inner_steps=1, topk=32, beta=0.9, outer_lr=0.8, outer_momentum=0.5, aggregate=aggregate)
+    sync = SparseLoCoSync(model, ctx.dp_pg, SimpleNamespace(sparseloco=cfg))
+    out = {"start": [p.detach().clone() for p in model.parameters()], "local": [], "after": []}
+    gen = torch.Generator().manual_seed(100 + rank)
+    for _ in range(2):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.sub_(torch.randn(p.shape, generator=gen) * 0.01)
+        out["local"].append([p.detach().clone() for p in model.parameters()])
+        sync.sync()
+        out["after"].append([p.detach().clone() for p in model.parameters()])
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("aggregate", ["all", "senders"])
+def test_the_distributed_outer_step_equals_an_independent_reference(aggregate: str) -> None:
+    """The trainer's DP sync (one all_gather of the encoded payloads, decoded on every rank) against the tile-loop
+    reference of test_sparseloco_simulated: error feedback, top-k per 64 x 64 tile (runs of 4096 for 1-D), bf16
+    values, mean over all replicas or over the senders of each position, outer SGD with momentum."""
+    runs = run_distributed(_outer_step_worker, 2, aggregate)
+    beta, lr, mu = 0.9, 0.8, 0.5
+    g = [t.clone() for t in runs[0]["start"]]  # rank 0's weights are everybody's global weights
+    errors = [[torch.zeros_like(t) for t in g] for _ in runs]
+    mom = [torch.zeros_like(t) for t in g]
+    for sync in range(2):
+        for i in range(len(g)):
+            sent = []
+            for r, run in enumerate(runs):
+                acc = beta * errors[r][i] + (g[i] - run["local"][sync][i])
+                sent.append(_sparsify_reference(acc, 32))
+                errors[r][i] = acc - sent[-1]
+            total = sent[0] + sent[1]
+            mean = total / 2 if aggregate == "all" else total / sum((s != 0).float() for s in sent).clamp(min=1)
+            mom[i] = mu * mom[i] + mean
+            g[i] = g[i] - lr * mom[i]
+        for r, run in enumerate(runs):
+            for got, ref in zip(run["after"][sync], g):
+                torch.testing.assert_close(got, ref, rtol=0, atol=1e-6, msg=f"sync {sync}, rank {r}")
+    assert not torch.equal(runs[0]["local"][0][0], runs[1]["local"][0][0])  # the replicas did differ before
 
 
 @pytest.mark.slow

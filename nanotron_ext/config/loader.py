@@ -35,8 +35,45 @@ _NoneType = type(None)
 _EXP_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$")
 
 
+# A config has a few hundred values; aliases may repeat a section (`<<: *base`), never blow it up
+# exponentially (a 1 KB "billion laughs" file: 9 aliases of 9 aliases of ... expands to 9^9 values).
+MAX_YAML_NODES = 100_000
+
+
+def _expanded_size(node: yaml.Node, sizes: Dict[int, int], open_: set) -> int:
+    """Nodes `node` stands for once every alias is expanded; memoised per node, so linear in the file."""
+    key = id(node)
+    if key in sizes:
+        return sizes[key]
+    if key in open_:
+        raise yaml.composer.ComposerError(None, None, "an alias refers to a node that contains it (a recursive "
+                                          "alias); configs must be trees", node.start_mark)
+    open_.add(key)
+    children: list = []
+    if isinstance(node, yaml.SequenceNode):
+        children = node.value
+    elif isinstance(node, yaml.MappingNode):
+        children = [n for pair in node.value for n in pair]
+    total = 1
+    for child in children:
+        total += _expanded_size(child, sizes, open_)
+        if total > MAX_YAML_NODES:  # stop counting: the answer is already "too many"
+            break
+    open_.discard(key)
+    sizes[key] = total
+    return total
+
+
 class _Loader(yaml.SafeLoader):
-    """SafeLoader that reads `3e-4` as a float and rejects duplicate keys."""
+    """SafeLoader that reads `3e-4` as a float, rejects duplicate keys and bounds what aliases expand to."""
+
+    def compose_document(self) -> yaml.Node:
+        node = super().compose_document()
+        if node is not None and _expanded_size(node, {}, set()) > MAX_YAML_NODES:
+            raise yaml.composer.ComposerError(
+                None, None, f"its aliases (*name) expand to more than {MAX_YAML_NODES:,} values, far beyond any "
+                "config (an alias bomb?); write the sections out or use fewer aliases", node.start_mark)
+        return node
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         # PyYAML keeps the last of two equal keys silently; a second `model:` section would

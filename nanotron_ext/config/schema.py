@@ -46,6 +46,12 @@ class GeneralConfig(Extensible, path="general"):
     """torch.distributed backend: auto = nccl with CUDA, gloo without."""
     collective_timeout_s: float = 120.0
     """Seconds a collective may wait for a peer before the run fails instead of hanging."""
+    max_loss_ratio: float = 1.5
+    """The run stops as diverged (before the optimizer step, saving nothing) when the loss exceeds this multiple
+    of the run's first loss; 0 = off."""
+    max_weight_growth: float = 10.0
+    """The run stops as diverged when one optimizer step grows the norm of all weights more than this factor;
+    such weights are never saved. 0 = off."""
 
     def __post_init__(self) -> None:
         require_finite(self, "general")
@@ -56,6 +62,9 @@ class GeneralConfig(Extensible, path="general"):
                  f"{self.run!r} must be a plain name inside general.output_dir (no absolute path, no '..'), "
                  "e.g. 'tiny_llama'")
         require(self.collective_timeout_s > 0, "general.collective_timeout_s", "must be > 0")
+        for key in ("max_loss_ratio", "max_weight_growth"):
+            value = getattr(self, key)
+            require(value == 0 or value > 1, f"general.{key}", f"must be 0 (off) or > 1, got {value}")
 
 
 @dataclasses.dataclass(kw_only=True)

@@ -14,6 +14,7 @@ import dataclasses
 import json
 import os
 import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Set
@@ -24,7 +25,7 @@ from tqdm import tqdm
 
 from nanotron_ext.config.schema import Config
 from nanotron_ext.data.sources import DataError, iter_documents, source_fingerprint
-from nanotron_ext.fileio import sha256_file, write_text_atomic
+from nanotron_ext.fileio import lock_folder, sha256_file, write_text_atomic
 
 EOS_TOKEN = "<|endoftext|>"
 SPLITS = ("train", "validation")
@@ -60,9 +61,14 @@ def train_tokenizer(texts: Iterator[str], vocab_size: int, path: Path, *, length
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(texts, trainer=trainer, length=length)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tok.save(str(tmp))
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)  # unique: prepares may
+    os.close(fd)  # share one tokenizer.path from different prepared_dirs
+    try:
+        tok.save(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 @dataclasses.dataclass
@@ -140,7 +146,15 @@ def _tokenize_split(config: Config, split: str, val: Set[int], n_docs: int, out:
 
 def split_problem(split_dir: Path, info: dict, token_size: int, verify: bool = False) -> Optional[str]:
     """Why the shards in `split_dir` do not match `info` (its split.json or manifest entry), or None.
-    Sizes are always checked; sha256 too with `verify` (it reads every byte)."""
+    The shard list, document and token counts and sizes are always checked; sha256 too with `verify` (it
+    reads every byte)."""
+    on_disk = sorted(p.name for p in split_dir.glob("*.ds"))
+    if not info["files"] or not info["documents"] or not info["tokens"]:
+        return f"{split_dir} is recorded with {info['documents']} documents, {info['tokens']} tokens and no shards"
+    if sorted(info["files"]) != on_disk or sorted(info["shard_tokens"]) != sorted(info["files"]):
+        return f"{split_dir} holds shards {on_disk}, its record lists {sorted(info['files'])}"
+    if sum(info["shard_tokens"].values()) != info["tokens"]:
+        return f"{split_dir}: its shards' token counts do not add up to the recorded {info['tokens']} tokens"
     for name, tokens in info["shard_tokens"].items():
         f = split_dir / name
         if not f.exists() or not f.with_name(f"{name}.index").exists():
@@ -153,6 +167,16 @@ def split_problem(split_dir: Path, info: dict, token_size: int, verify: bool = F
     return None
 
 
+def _manifest_problem(split_dir: Path, entry: dict) -> Optional[str]:
+    """Why the manifest's entry for a split disagrees with the split's own split.json, or None."""
+    try:
+        info = json.loads((split_dir / SPLIT_INFO).read_text())
+    except (OSError, ValueError) as e:
+        return f"{split_dir / SPLIT_INFO} cannot be read ({e})"
+    differ = sorted(k for k in entry if info.get(k) != entry[k])
+    return f"{MANIFEST} and {split_dir / SPLIT_INFO} differ in {', '.join(differ)}" if differ else None
+
+
 def prepare(config: Config, *, max_documents: Optional[int] = None, progress: bool = True,
             verify: bool = False) -> PrepareReport:
     """Build `data.prepared_dir` (and `tokenizer.path` when missing) for `config`; idempotent.
@@ -161,13 +185,21 @@ def prepare(config: Config, *, max_documents: Optional[int] = None, progress: bo
     a split that does not is rebuilt, and the report says why."""
     t0 = time.perf_counter()
     out = Path(config.data.prepared_dir)
-    tok_path = Path(config.tokenizer.path)
     settings = _settings(config, max_documents)  # lists the inputs: missing ones and packages fail first
     _check_no_overlap(config)
-    for split in SPLITS:
+    for split in SPLITS:  # before the lock file: never write into a folder that is not ours
         if (out / split).exists():
             _check_ours(out / split)
+    # Two prepares on one folder used to interleave their temp folders and leave a manifest of 0 documents.
+    with lock_folder(out, "data.prepared_dir", "another data.prepared_dir"):
+        return _prepare_locked(config, out, settings, max_documents, progress, verify, t0)
+
+
+def _prepare_locked(config: Config, out: Path, settings: dict, max_documents: Optional[int], progress: bool,
+                    verify: bool, t0: float) -> PrepareReport:
+    tok_path = Path(config.tokenizer.path)
     manifest_path = out / MANIFEST
+    notes: List[str] = []
     if manifest_path.exists():
         manifest = json.loads(manifest_path.read_text())
         problems = _diff(manifest["settings"], settings)
@@ -179,11 +211,13 @@ def prepare(config: Config, *, max_documents: Optional[int] = None, progress: bo
         if problems:
             raise DataError(f"{out} was prepared with other settings ({'; '.join(problems)}); "
                             "delete it or set data.prepared_dir to another folder")
-        damaged = [split_problem(out / split, manifest["splits"][split], manifest["token_size"], verify)
+        damaged = [_manifest_problem(out / split, manifest["splits"][split])
+                   or split_problem(out / split, manifest["splits"][split], manifest["token_size"], verify)
                    for split in SPLITS]
         if not any(damaged):
             return PrepareReport(manifest, out, ["all"], time.perf_counter() - t0,
                                  _vocab_notes(manifest["vocab_size"], config.tokenizer.vocab_size, tok_path, out))
+        notes += [f"{MANIFEST} was not trusted: {p}" for p in damaged if p]
 
     out.mkdir(parents=True, exist_ok=True)
     stats: Dict[str, Dict[str, int]] = {}
@@ -192,7 +226,6 @@ def prepare(config: Config, *, max_documents: Optional[int] = None, progress: bo
     val = validation_indices(n_docs, config.general.seed, config.data.validation_fraction)
     counts = {"train": n_docs - len(val), "validation": len(val)}
     skipped: List[str] = []
-    notes: List[str] = []
 
     if tok_path.exists():
         skipped.append("tokenizer")

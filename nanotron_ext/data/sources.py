@@ -12,7 +12,7 @@ import importlib.metadata
 import importlib.resources
 import importlib.util
 from pathlib import Path
-from typing import Callable, Dict, Iterator, List, Optional
+from typing import IO, Callable, Dict, Iterator, List, Optional, Tuple
 
 from datatrove.data import Document
 
@@ -98,31 +98,56 @@ def source_fingerprint(data: DataConfig) -> Dict[str, object]:
 def _strict_jsonl_reader(folder: str, text_key: str, adapter: Callable):
     """datatrove's JsonlReader, but decoding and parsing each line on its own: a bad byte or malformed line fails
     naming file and line, where JsonlReader drops the rest of the file (bad bytes) or the line with a warning."""
-    # datatrove / tokenizers only when preparing or reading data (seconds to import)
-    import orjson
     from datatrove.pipeline.readers import JsonlReader
 
     class StrictJsonlReader(JsonlReader):
         def read_file(self, filepath: str) -> Iterator[Document]:
             where = Path(folder) / filepath
             with self.data_folder.open(filepath, "rb", compression=self.compression) as f:
-                for li, raw in enumerate(f):
-                    if not raw.strip():
-                        continue  # blank lines carry no row
-                    try:
-                        raw.decode("utf-8")
-                    except UnicodeDecodeError as e:
-                        raise DataError(f"{where}: line {li + 1} is not valid UTF-8 ({e.reason} at byte "
-                                        f"{e.start}); fix or remove that line, or re-encode the file as UTF-8") from None
-                    try:
-                        row = orjson.loads(raw)
-                    except orjson.JSONDecodeError as e:
-                        raise DataError(f"{where}: line {li + 1} is not valid JSON ({e}); fix or remove that line") from None
-                    document = self.get_document_from_dict(row, filepath, li)
-                    if document:
-                        yield document
+                for li, raw in _numbered_lines(f, where):
+                    if raw.strip():  # blank lines carry no row
+                        document = self.get_document_from_dict(_parse_line(raw, where, li), filepath, li - 1)
+                        if document:
+                            yield document
 
     return StrictJsonlReader(folder, text_key=text_key, adapter=adapter)
+
+
+def _numbered_lines(f: IO[bytes], where: Path) -> Iterator[Tuple[int, bytes]]:
+    """(1-based line number, raw line); a file that cannot be decompressed (truncated, or not compressed as
+    its suffix says) fails naming the file and the last good line instead of with the codec's bare error."""
+    line = 0
+    it = iter(f)
+    while True:
+        try:
+            raw = next(it)
+        except StopIteration:
+            return
+        except Exception as e:  # gzip: EOFError/BadGzipFile(OSError); zstandard: ZstdError
+            at = f"after line {line}" if line else "at its start"
+            raise DataError(f"{where}: cannot be read {at} ({type(e).__name__}: {e}); a .gz/.zst file must be "
+                            "complete and compressed as its suffix says (test it with gzip -t / zstd -t)") from None
+        line += 1
+        yield line, raw
+
+
+def _parse_line(raw: bytes, where: Path, line: int) -> dict:
+    """One jsonl row: UTF-8, JSON, and an object (a row is a mapping of keys to values)."""
+    import orjson
+
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{where}: line {line} is not valid UTF-8 ({e.reason} at byte {e.start}); fix or remove "
+                        "that line, or re-encode the file as UTF-8") from None
+    try:
+        row = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise DataError(f"{where}: line {line} is not valid JSON ({e}); fix or remove that line") from None
+    if not isinstance(row, dict):
+        raise DataError(f"{where}: line {line} is JSON but a {type(row).__name__}, not an object; every line must "
+                        'be one object such as {"text": "..."}')
+    return row
 
 
 class _RowAudit:

@@ -9,7 +9,14 @@ from typing import Any, Dict, Optional
 from tqdm import tqdm
 
 from nanotron_ext.config.schema import LoggingConfig
-from nanotron_ext.fileio import write_text_atomic
+from nanotron_ext.fileio import named, write_text_atomic
+
+
+class _ProgressBar(tqdm):
+    """tqdm without its monitor thread: a daemon thread still running at interpreter exit is one way a process
+    aborts there; the bar is updated every step anyway, so the monitor's forced refreshes are not needed."""
+
+    monitor_interval = 0
 
 
 class MetricsLogger:
@@ -35,12 +42,15 @@ class MetricsLogger:
                                    "pip install -e '.[tensorboard]'") from e
             self._tb = SummaryWriter(str(run_dir / "tensorboard"))
         if cfg.progress_bar:
-            self._bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
+            self._bar = _ProgressBar(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
 
     def log(self, record: Dict[str, Any]) -> None:
         if not self.is_main:
             return
-        self._file.write(json.dumps(record) + "\n")
+        try:
+            self._file.write(json.dumps(record) + "\n")
+        except OSError as e:  # a full disk: the bare error names no file
+            raise named(e, self.path) from e
         if self._tb is not None:
             for key, value in _flatten(record).items():
                 if isinstance(value, (int, float)) and key != "step":
@@ -65,12 +75,20 @@ class MetricsLogger:
             (self._bar.write if self._bar is not None else print)(text)
 
     def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-        if self._tb is not None:
-            self._tb.close()
-        if self._file is not None:
-            self._file.close()
+        """Close the bar, TensorBoard and the file (each at most once, all of them even if one fails)."""
+        bar, tb, file = self._bar, self._tb, self._file
+        self._bar = self._tb = self._file = None
+        try:
+            if bar is not None:
+                bar.close()
+            if tb is not None:
+                tb.close()
+        finally:
+            if file is not None:
+                try:
+                    file.close()
+                except OSError as e:
+                    raise named(e, self.path) from e
 
 
 def _flatten(record: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Building nanotron's ParallelContext: validated first, named groups, bounded timeouts.
+"""Building nanotron's ParallelContext: validated first, named groups, bounded timeouts on every group.
 
 The rank grid is nanotron's (see `ParallelContext._init_parallel_groups`):
 
@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import importlib
 import os
 import socket
 from typing import Any, Iterator, Optional
 
+import numpy as np
 import torch
 import torch.distributed as torch_dist
 from nanotron.parallel import ParallelContext
@@ -27,16 +29,52 @@ from nanotron_ext.parallel.comm import get_ledger
 from nanotron_ext.parallel.layout import validate_parallelism
 
 
+class TimedParallelContext(ParallelContext):
+    """nanotron's ParallelContext whose every group (world, tp, dp, pp, mp, expert) waits at most `timeout`.
+
+    nanotron creates its groups with `dist.new_group(ranks=...)` and no timeout, so they get torch's default
+    (30 minutes for gloo): with one frozen rank, every collective outside the default group hung that long
+    whatever `general.collective_timeout_s` said. nanotron's own world group (made in its __init__, before
+    `_init_parallel_groups`) is replaced by a timed one and left unused.
+    """
+
+    def __init__(self, *args: Any, timeout: datetime.timedelta, **kwargs: Any) -> None:
+        self.timeout = timeout
+        super().__init__(*args, **kwargs)
+
+    def _init_parallel_groups(self) -> None:
+        self.world_pg = torch_dist.new_group(ranks=list(range(int(os.environ["WORLD_SIZE"]))), timeout=self.timeout)
+        super()._init_parallel_groups()
+
+    def create_new_group(self, all_groups_ranks: np.ndarray) -> torch_dist.ProcessGroup:
+        # nanotron's loop (every rank creates every group, in the same order), with the timeout
+        torch_dist.barrier()
+        rank = int(os.environ["RANK"])
+        mine = None
+        for group_ranks in all_groups_ranks:
+            key = tuple(sorted(int(r) for r in group_ranks))
+            if key not in self.world_ranks_to_pg:
+                self.world_ranks_to_pg[key] = torch_dist.new_group(ranks=list(key), timeout=self.timeout)
+            if rank in key:
+                mine = self.world_ranks_to_pg[key]
+        torch_dist.barrier()
+        return mine
+
+
 def build_parallel_context(
     dp: int, tp: int, pp: int, backend: Optional[str] = None, timeout_s: float = 120.0
 ) -> ParallelContext:
     """Initialise torch.distributed (if needed) and nanotron's ParallelContext for a dp x tp x pp grid.
 
-    backend: "gloo", "nccl" or None (nccl with CUDA, gloo without). timeout_s bounds every
-    collective of the default group, so a dead peer turns into an error instead of a hang.
+    backend: "gloo", "nccl" or None (nccl with CUDA, gloo without). timeout_s bounds every collective of
+    every group (default, world, tp, dp, pp, mp), so a dead or frozen peer turns into an error instead of a hang.
     """
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     validate_parallelism(world_size, dp, tp, pp)
+    # torch._dynamo (imported by the first optimizer, torch.optim's @_disable_dynamo) keeps one process group
+    # alive past destroy_process_group when it is imported after the groups exist: its gloo threads then run
+    # into interpreter exit (a rare "terminate called without an active exception"). Import it first.
+    importlib.import_module("torch._dynamo")
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if not torch_dist.is_initialized():
@@ -50,9 +88,8 @@ def build_parallel_context(
             world_size=world_size,
             timeout=datetime.timedelta(seconds=timeout_s),
         )
-    ctx = ParallelContext(
-        tensor_parallel_size=tp, pipeline_parallel_size=pp, data_parallel_size=dp, backend=backend
-    )
+    ctx = TimedParallelContext(tensor_parallel_size=tp, pipeline_parallel_size=pp, data_parallel_size=dp,
+                               backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
     ledger = get_ledger()
     for name in ("tp", "pp", "dp", "mp", "world"):
         ledger.name_group(getattr(ctx, f"{name}_pg"), name)

@@ -1,4 +1,6 @@
-"""torchrun --nproc_per_node=N -m nanotron_ext.train --config-file X.yaml [--set key=value ...]"""
+"""python -m nanotron_ext.launch --nproc_per_node=N -m nanotron_ext.train --config-file X.yaml [--set key=value ...]
+
+(plain `torchrun` works too). Exit codes: 0 done, 2 a user-facing error (one line), 130 interrupted, 1 otherwise."""
 from __future__ import annotations
 
 import argparse
@@ -6,14 +8,9 @@ import os
 import signal
 import sys
 import time
-from typing import List, NoReturn, Optional
+from typing import Callable, List, NoReturn, Optional
 
-
-def _say(line: str) -> None:
-    """Every rank meets the same error; rank 0 alone prints it, before torchrun's own failure banner."""
-    if os.environ.get("RANK", "0") == "0":
-        print(line, file=sys.stderr, flush=True)
-
+from nanotron_ext.train import failures
 
 _STOP = {"requested": False}  # set by the handler: a library may turn the KeyboardInterrupt into another error
 
@@ -26,9 +23,13 @@ def _interrupt(signum: int, frame: object) -> NoReturn:
 def _interrupted(cfg: object, trainer: object) -> int:
     from nanotron_ext.train.checkpoint import latest_checkpoint
 
-    last = latest_checkpoint(cfg.checkpoints.dir) if cfg is not None else None
-    _say(f"interrupted at step {trainer.step if trainer is not None else 0}; last complete checkpoint: "
-         f"{last or 'none'}" + (" (launch again to resume from it)" if last else ""))
+    if trainer is not None:
+        last = trainer.last_checkpoint()
+    else:  # stopped while starting: resume=overwrite would not resume from what is there
+        last = latest_checkpoint(cfg.checkpoints.dir) if cfg is not None and cfg.checkpoints.resume == "auto" else None
+    if failures.rank() == 0:  # printed, not only reported: on Ctrl-C the launcher itself is stopped too
+        print(f"interrupted at step {trainer.step if trainer is not None else 0}; last complete checkpoint: "
+              f"{last or 'none'}" + (" (launch again to resume from it)" if last else ""), file=sys.stderr, flush=True)
     return 130
 
 
@@ -41,50 +42,89 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)  # Ctrl-C sent to the whole process group reaches workers too
+    job: dict = {}  # the trainer lives here, not in a local: _release_process_groups must be able to drop it
+    stop_watchdog = None
     if "TORCHELASTIC_RUN_ID" in os.environ:  # launched by torchrun: do not outlive it
         from nanotron_ext.train.guard import exit_with_launcher
 
-        exit_with_launcher()
-    cfg = trainer = None
+        stop_watchdog = exit_with_launcher()
     try:
-        cfg = config_from_args(args)
+        job["cfg"] = config_from_args(args)
         from nanotron_ext.train.trainer import Trainer
 
-        trainer = Trainer(cfg, config_file=args.config_file)
-        trainer.train()
+        job["trainer"] = Trainer(job["cfg"], config_file=args.config_file)
+        job["trainer"].train()
     except UserFacingError as e:
-        _say(f"error: {e}")
-        return 2
+        return failures.report(f"error: {e}", 2)
     except OSError as e:  # a full disk, a read-only folder: the message names the file
-        _say(f"error: {e}; free space there or make it writable (or set general.output_dir / checkpoints.dir)")
-        return 2
+        return failures.report(f"error: {e}; {failures.DISK_HINT}", 2)
     except KeyboardInterrupt:
-        return _interrupted(cfg, trainer)
-    except Exception:
+        return _interrupted(job.get("cfg"), job.get("trainer"))
+    except Exception as e:
         # Ctrl-C stops every rank at once: a collective can fail on a peer that stopped first before this
         # rank's own stop signal is handled. Let a pending signal arrive, and report the stop, not the error.
         try:
             time.sleep(0.5)
         except KeyboardInterrupt:
-            return _interrupted(cfg, trainer)
+            return _interrupted(job.get("cfg"), job.get("trainer"))
         if _STOP["requested"]:  # the signal came earlier and was turned into this error (torch.save's writer
-            return _interrupted(cfg, trainer)  # does that), or a peer stopped while this rank sat in a collective
-        raise
+            return _interrupted(job.get("cfg"), job.get("trainer"))  # does that), or a peer stopped in a collective
+        line = _collective_failure(e, job.get("cfg"))
+        if line is None:
+            raise
+        return failures.report(line, 1, every_rank=True)
     finally:
-        _release_process_group()
+        _release_process_groups(job)
+        _stop_threads(stop_watchdog)
     return 0
 
 
-def _release_process_group() -> None:
-    """Destroy the process group on every way out, errors included, as torch asks: an error path used to leave
-    it to interpreter shutdown, and once in CI such a launch printed its error line and then aborted
-    ("terminate called without an active exception", exit -6; not reproduced in isolation). Local for gloo;
-    a failure here must not replace the exit code."""
+def _collective_failure(e: Exception, cfg: object) -> Optional[str]:
+    from nanotron_ext.parallel.comm import get_ledger
+
+    timeout = cfg.general.collective_timeout_s if cfg is not None else None
+    return failures.describe_collective_failure(e, get_ledger().group_name, timeout)
+
+
+def _release_process_groups(job: dict) -> None:
+    """Destroy every process group on every way out, errors included, while the interpreter is whole.
+
+    A clean run once ended with "terminate called without an active exception" (exit -6, no loss.png): gloo's
+    C++ threads (two per group, plus its TCP loops) were still running at interpreter exit, because the trainer
+    (model, optimizer, parallel context) and nanotron's cached group lookups kept the groups alive past
+    destroy_process_group(). Drop those references, collect, then destroy. Best effort: a failure here must not
+    replace the exit code."""
+    import gc
+
     import torch.distributed as torch_dist
 
     try:
+        job.clear()
+        from nanotron import distributed as nanotron_dist
+
+        nanotron_dist.get_rank.cache_clear()  # functools caches keyed by (and holding) process groups
+        nanotron_dist.get_global_rank.cache_clear()
+        gc.collect()
         if torch_dist.is_initialized():
             torch_dist.destroy_process_group()
+        gc.collect()
+    except Exception:  # noqa: BLE001 - best effort on the way out
+        pass
+
+
+def _stop_threads(stop_watchdog: Optional[Callable[[], None]]) -> None:
+    """End the threads this job started, so only the main thread reaches interpreter exit: the launcher watchdog
+    and fsspec's event-loop thread (datatrove reads shards through fsspec; fsspec has no public stop, so its
+    module-level loop and thread are used, best effort)."""
+    if stop_watchdog is not None:
+        stop_watchdog()
+    try:
+        from fsspec import asyn
+
+        loop, thread = asyn.loop[0], asyn.iothread[0]
+        if loop is not None and thread is not None and thread.is_alive():
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(timeout=5)
     except Exception:  # noqa: BLE001 - best effort on the way out
         pass
 

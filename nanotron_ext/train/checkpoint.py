@@ -129,8 +129,8 @@ def _all_gather(obj: Any, group: Any) -> List[Any]:
 def _raise_if_any(errors: List[Optional[str]], what: str, cause: Optional[BaseException] = None) -> None:
     """Raise the same error on every rank when any rank failed, so none is left waiting in a collective."""
     failed = [(r, e) for r, e in enumerate(errors) if e is not None]
-    if failed:
-        detail = "; ".join(f"rank {r}: {e}" for r, e in failed)
+    if failed:  # one line, bounded: torch's load_state_dict lists every missing key on lines of their own
+        detail = "; ".join(f"rank {r}: {' '.join(e.split())[:300]}" for r, e in failed)
         raise CheckpointError(f"{what} failed on {len(failed)} rank(s): {detail}") from cause
 
 

@@ -1,72 +1,66 @@
 """Run-folder ownership (one live job per run folder and per checkpoint folder) and resume advice.
 
-`claim_folders` takes an exclusive `fcntl.flock` on `<folder>/.lock` for each folder and keeps the
-files open for the life of the process: the kernel drops the lock when the process ends, however it
-ends (killed included), so a lock is never stale. The lock file names its holder for the error a
-second launch gets.
+`claim_folders` locks each folder with `fileio.lock_folder` (an exclusive `flock` on `<folder>/.lock`, which
+the kernel drops however the process ends, so it is never stale) and keeps the files open for the life of
+the process.
 """
 from __future__ import annotations
 
 import ctypes
-import fcntl
+import logging
 import os
 import re
 import signal
-import socket
 import threading
-import time
 from pathlib import Path
-from typing import IO, Any, Dict, List, Optional, Union
+from typing import IO, Any, Callable, Dict, List, Optional, Union
 
 from nanotron_ext.errors import TrainingError
+from nanotron_ext.fileio import FolderInUseError, lock_folder
 from nanotron_ext.train.checkpoint import list_checkpoints, read_meta, remove_checkpoint
 
-LOCK_NAME = ".lock"
-
-
-def lock_folder(folder: Path, what: str) -> IO[str]:
-    """Lock `folder` (created if missing) or raise TrainingError naming the live holder."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / LOCK_NAME
-    f = open(path, "a+")
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.seek(0)
-        holder = f.read().strip() or "another process"
-        f.close()
-        raise TrainingError(f"{what} {folder} is in use by a running job ({holder}; lock {path}): wait for it to "
-                            f"end or stop it, or launch with another {'general.run' if what == 'run folder' else 'checkpoints.dir'}") from None
-    f.seek(0)
-    f.truncate()
-    f.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-    f.flush()
-    return f
-
+logger = logging.getLogger(__name__)
 
 def claim_folders(run_dir: Path, checkpoint_dir: Path, resume: str) -> List[IO[str]]:
     """Lock both folders (keep the returned files open) and apply `checkpoints.resume` to existing checkpoints.
 
     resume=never refuses a folder that already holds checkpoints (they would be overwritten, pruned, or later
-    auto-resumed as if they were this run's); resume=overwrite deletes them first, as asked.
+    auto-resumed as if they were this run's). resume=overwrite deletes nothing here: the trainer deletes them
+    once its own first checkpoint is complete (`remove_other_checkpoints`), so a launch that fails before that
+    (bad data, a crash) loses nothing.
     """
-    locks = [lock_folder(run_dir, "run folder")]
-    if checkpoint_dir.resolve() != run_dir.resolve():  # flock on one file twice from one process would clash
-        locks.append(lock_folder(checkpoint_dir, "checkpoint folder"))
+    try:
+        locks = [lock_folder(run_dir, "run folder", "another general.run")]
+        if checkpoint_dir.resolve() != run_dir.resolve():  # flock on one file twice from one process would clash
+            locks.append(lock_folder(checkpoint_dir, "checkpoint folder", "another checkpoints.dir"))
+    except FolderInUseError as e:
+        raise TrainingError(str(e)) from None
     existing = list_checkpoints(checkpoint_dir)
     if existing and resume == "never":
         names = ", ".join(p.name for _, p in existing)
         raise TrainingError(f"checkpoints.dir {checkpoint_dir} holds checkpoints ({names}) and checkpoints.resume="
                             "never would overwrite or prune them: set checkpoints.resume=auto to continue that run, "
                             "checkpoints.resume=overwrite to delete them and start afresh, or use another checkpoints.dir")
-    if resume == "overwrite":
-        for _, p in existing:
-            remove_checkpoint(p)
     return locks
 
 
-def exit_with_launcher(grace_s: float = 10.0) -> None:
-    """End this worker promptly when its launcher (torchrun) dies, even by SIGKILL.
+def remove_other_checkpoints(checkpoint_dir: Path, keep: Path) -> List[Path]:
+    """Delete every complete checkpoint in `checkpoint_dir` but `keep` (resume=overwrite, after the first save);
+    returns what was deleted. A checkpoint that cannot be deleted is left, with a warning: training goes on."""
+    removed = []
+    for _, p in list_checkpoints(checkpoint_dir):
+        if p.resolve() != Path(keep).resolve():
+            try:
+                remove_checkpoint(p)
+                removed.append(p)
+            except OSError as e:
+                logger.warning("checkpoints.resume=overwrite: could not delete the earlier checkpoint %s: %s", p, e)
+    return removed
+
+
+def exit_with_launcher(grace_s: float = 10.0) -> Callable[[], None]:
+    """End this worker promptly when its launcher (torchrun) dies, even by SIGKILL; returns `stop`, which ends
+    the watchdog (call it on the way out: no thread should be left running at interpreter exit).
 
     torch elastic starts workers in their own sessions, so nothing else stops them: orphans would go on
     training beside a restarted job. SIGTERM comes from the kernel (PR_SET_PDEATHSIG, Linux) or from a
@@ -78,15 +72,24 @@ def exit_with_launcher(grace_s: float = 10.0) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # 1 = PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass  # not Linux: the watchdog alone
+    stopped = threading.Event()
 
     def watch() -> None:
         while os.getppid() == parent:
-            time.sleep(0.5)
+            if stopped.wait(0.5):
+                return
         os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(grace_s)
-        os._exit(143)
+        if not stopped.wait(grace_s):
+            os._exit(143)
 
-    threading.Thread(target=watch, name="launcher-watchdog", daemon=True).start()
+    thread = threading.Thread(target=watch, name="launcher-watchdog", daemon=True)
+    thread.start()
+
+    def stop() -> None:
+        stopped.set()
+        thread.join(timeout=5)
+
+    return stop
 
 
 def _flat(d: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
@@ -96,8 +99,35 @@ def _flat(d: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
     return out
 
 
-# Keys that shape the saved state: changing one makes a checkpoint unloadable (size mismatch, missing keys).
-_STATE_KEYS = ("model.", "optimizer.name", "parallelism.dp", "parallelism.tp", "parallelism.pp")
+# Keys a resume must not change: they shape the saved state (a change makes the checkpoint unloadable: size
+# mismatch, missing keys) or define what the run continues (the outer loop's state and schedule, the codec):
+# a change there used to give per-rank tracebacks or, worse, continue silently as another experiment.
+_RESUME_PREFIXES = ("model.", "sparseloco.")
+_RESUME_KEYS = {"optimizer.name", "parallelism.dp", "parallelism.tp", "parallelism.pp", "parallelism.layers_per_stage",
+                "parallelism.dp_sync"}
+_RESUME_FREE = {"model.attention"}  # the same math by another kernel
+
+
+def changed_keys(saved: Dict[str, Any], config: Dict[str, Any]) -> List[str]:
+    """'key saved -> now' for each resume-defining key of `config` that differs from the `saved` config."""
+    a, b = _flat(saved), _flat(config)
+    return [f"{k} {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b))
+            if (k.startswith(_RESUME_PREFIXES) or k in _RESUME_KEYS) and k not in _RESUME_FREE and a.get(k) != b.get(k)]
+
+
+def resume_conflict(path: Union[str, Path], config: Dict[str, Any]) -> Optional[str]:
+    """Why the run configured by `config` must not resume from checkpoint `path`, or None: the resume-defining
+    keys that differ from the ones it was saved with (checkpoints written before configs were recorded: None)."""
+    try:
+        saved = read_meta(path).get("config")
+    except (OSError, ValueError):
+        return None
+    diffs = changed_keys(saved, config) if saved else []
+    if not diffs:
+        return None
+    return (f"checkpoint {path} was saved with other settings; config keys that differ from the checkpoint's (saved "
+            f"-> now): {', '.join(diffs)}; set them back to resume, or start afresh with checkpoints.resume=overwrite "
+            "or another checkpoints.dir")
 
 
 def resume_advice(path: Union[str, Path], config: Optional[Dict[str, Any]] = None) -> str:
@@ -110,9 +140,7 @@ def resume_advice(path: Union[str, Path], config: Optional[Dict[str, Any]] = Non
     except (OSError, ValueError):
         saved = None
     if saved and config:
-        a, b = _flat(saved), _flat(config)
-        diffs = [f"{k} {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b))
-                 if k.startswith(_STATE_KEYS) and a.get(k) != b.get(k)]
+        diffs = changed_keys(saved, config)
         if diffs:
             advice.append(f"config keys that differ from the checkpoint's (saved -> now): {', '.join(diffs)}; set them "
                           "back to resume, or start afresh with checkpoints.resume=overwrite or another checkpoints.dir")

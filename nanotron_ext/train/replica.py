@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import torch
 from nanotron import distributed as dist
@@ -64,15 +64,17 @@ class Replica:
         with nvtx_range("forward_backward"), self.autocast():
             return forward_backward(self.model, self.engine, micro_batches, self.ctx, self.dp_sync)
 
-    def update(self, step: int, loss: float) -> Dict[str, float]:
-        """Finish optimiser step `step` (1-based) after `backward`; `loss` is the step's loss to report (and
-        to guard). Raises TrainingError, before the optimiser step, when the loss or the gradient norm is
-        not finite on any rank."""
+    def update(self, step: int, loss: float, judge: Optional[Callable[[float, float], None]] = None) -> Dict[str, float]:
+        """Finish optimiser step `step` (1-based) after `backward`; `loss` is the step's loss to report.
+        Before the optimiser step `judge(loss, grad_norm)` may stop the run (every rank together, raising);
+        by default a TrainingError when the loss or the gradient norm is not finite on any rank."""
         with nvtx_range("clip_grad"):
             grad_norm = float(clip_grad_norm_(self.model.parameters(), self.cfg.optimizer.clip_grad,
                                               self.ctx.tp_pg, self.ctx.pp_pg))
         lr = self.optimizer.param_groups[0]["lr"]
-        if self.any_rank(not (math.isfinite(loss) and math.isfinite(grad_norm))):
+        if judge is not None:
+            judge(loss, grad_norm)
+        elif self.any_rank(not (math.isfinite(loss) and math.isfinite(grad_norm))):
             raise TrainingError(f"step {step}: the loss is {loss} and the gradient norm {grad_norm} (not finite); "
                                 f"stopped before the optimizer step, nothing was saved. {resume_hint(self.cfg)}; "
                                 "lower optimizer.lr or check the model.* values")

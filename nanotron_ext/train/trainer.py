@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -20,15 +21,25 @@ from nanotron_ext.errors import TrainingError
 from nanotron_ext.fileio import write_text_atomic
 from nanotron_ext.metrics.comm import total_sent_bytes
 from nanotron_ext.metrics.flops import device_peak_tflops, flops_per_token, matmul_weights, mfu
-from nanotron_ext.metrics.logger import MetricsLogger, plot_losses
+from nanotron_ext.metrics.logger import MetricsLogger, plot_losses, read_metrics
 from nanotron_ext.metrics.memory import peak_memory_bytes
 from nanotron_ext.metrics.nvtx import enable_nvtx
 from nanotron_ext.parallel.comm import get_ledger
 from nanotron_ext.parallel.context import context_for
 from nanotron_ext.parallel.link import link_emulator_from_config
-from nanotron_ext.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
-from nanotron_ext.train.guard import claim_folders, resume_advice
-from nanotron_ext.train.replica import Replica, resume_hint, validation_summary
+from nanotron_ext.train.agreement import RankAgreement
+from nanotron_ext.train.checkpoint import (
+    CheckpointError,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    remove_checkpoint,
+    save_checkpoint,
+)
+from nanotron_ext.train.divergence import DivergenceGuard, weight_sq_norm
+from nanotron_ext.train.failures import DISK_HINT
+from nanotron_ext.train.guard import claim_folders, remove_other_checkpoints, resume_advice, resume_conflict
+from nanotron_ext.train.replica import Replica, validation_summary
 
 
 class Trainer:
@@ -57,26 +68,50 @@ class Trainer:
         self.ledger = get_ledger()
 
         self.step = 0
+        self.guard = DivergenceGuard(cfg.general.max_loss_ratio, cfg.general.max_weight_growth)
+        self._saved_here: List[Path] = []  # checkpoints this launch wrote
+        # resume=overwrite: the earlier checkpoints are deleted once this run's first one is complete, not before
+        self._overwrite_pending = cfg.checkpoints.resume == "overwrite"
         ckpt = latest_checkpoint(cfg.checkpoints.dir) if cfg.checkpoints.resume == "auto" else None
         if ckpt is not None:
+            conflict = resume_conflict(ckpt, config_to_dict(cfg))  # every rank reads the same meta.json
+            if conflict:
+                raise CheckpointError(conflict)
             try:
                 extra = load_checkpoint(ckpt, self.ctx, model=self.model, optimizer=self.optimizer,
                                         scheduler=self.scheduler)
+                self._restore(ckpt, extra)
             except CheckpointError as e:
                 raise CheckpointError(f"{e}; {resume_advice(ckpt, config_to_dict(cfg))}") from None
-            self.step = int(extra["step"])
-            self.train_loader.load_state_dict(extra["loader"])
-            self.dp_sync.load_state_dict(extra.get("dp_sync", {}))
             if self.is_main:
                 print(f"resumed from {ckpt} at step {self.step}")
         # Written only once everything above succeeded and there is training left to do: a launch that
         # fails, or finds the run complete, leaves the run folder as it was.
-        if self.is_main and self.step < cfg.tokens.train_steps:
-            save_config(cfg, self.run_dir / "config.yaml")
+        self.agree = RankAgreement(self.ctx.world_pg, self.ctx.device, self.ledger, self.is_main)
+        self._weights_sq = weight_sq_norm(self.model.parameters())  # of the weights the next step starts from
+        if self.step < cfg.tokens.train_steps:
+            self.agree.on_main(lambda: save_config(cfg, self.run_dir / "config.yaml"))
 
         self.flops_token = flops_per_token(cfg.model, self.matmul_params(), cfg.tokens.sequence_length)
         self.peak_tflops = device_peak_tflops(cfg.logging.peak_tflops)
         self.tokens_per_step = p.dp * cfg.tokens.batch_accumulation_per_replica * cfg.tokens.micro_batch_size * cfg.tokens.sequence_length
+
+    def _restore(self, ckpt: Path, extra: Dict[str, object]) -> None:
+        """The step, data position and outer-loop state from a loaded checkpoint; a state that does not fit fails
+        on every rank with one CheckpointError (it used to be a traceback per rank)."""
+        error = None
+        try:
+            self.step = int(extra["step"])
+            self.train_loader.load_state_dict(extra["loader"])
+            self.dp_sync.load_state_dict(extra.get("dp_sync", {}))
+            self.guard.load_state_dict(extra.get("guard", {}))  # the run's first loss (older checkpoints: none)
+        except Exception as e:  # noqa: BLE001 - reported on every rank below
+            error = f"{type(e).__name__}: {e}"
+        errors: List[Optional[str]] = [None] * self.ctx.world_pg.size()
+        torch_dist.all_gather_object(errors, error, group=self.ctx.world_pg)  # control, not training traffic
+        failed = [f"rank {r}: {e}" for r, e in enumerate(errors) if e is not None]
+        if failed:
+            raise CheckpointError(f"the state saved in {ckpt} does not fit this run ({'; '.join(failed)[:500]})")
 
     def _claim_folders(self) -> list:
         """Rank 0 locks the run and checkpoint folders for this process's life; every rank learns the verdict."""
@@ -86,6 +121,8 @@ class Trainer:
                 locks = claim_folders(self.run_dir, Path(self.cfg.checkpoints.dir), self.cfg.checkpoints.resume)
             except TrainingError as e:
                 error = str(e)
+            except OSError as e:  # a folder that cannot be created or written: every rank stops with the line
+                error = f"{e}; {DISK_HINT}"
         box = [error]
         torch_dist.broadcast_object_list(box, src=0, group=self.ctx.world_pg)
         if box[0] is not None:
@@ -103,22 +140,71 @@ class Trainer:
     def train_step(self) -> Dict[str, float]:
         micro = [next(self.train_loader) for _ in range(self.cfg.tokens.batch_accumulation_per_replica)]
         loss = self.replica.backward(micro)
-        return self.replica.update(self.step + 1, loss.item())
+        out = self.replica.update(self.step + 1, loss.item(), judge=self._judge)
+        self._weights_sq = weight_sq_norm(self.model.parameters())  # judged before saving and at the next step
+        return out
+
+    def _judge(self, loss_value: float, grad_norm: float) -> None:
+        """Before optimiser step self.step + 1, on every rank together: stop on a non-finite loss or gradient
+        norm, on weights the last step grew too much, or on a loss too far above the run's first."""
+        stop, weights_sq = self.agree.control(not (math.isfinite(loss_value) and math.isfinite(grad_norm)),
+                                              self._weights_sq)
+        problem = (f"step {self.step + 1}: the loss is {loss_value} and the gradient norm {grad_norm} (not finite)"
+                   if stop else self.guard.check_weights(self.step, weights_sq)
+                   or self.guard.check_loss(self.step + 1, loss_value))
+        if problem:  # the loss judged the weights of the last step, which a checkpoint may hold
+            bad = self._set_aside_checkpoint(self.step)
+            moved = f"; checkpoint {bad} holds the weights that gave this loss and was moved to {bad}.diverged" if bad else ""
+            raise TrainingError(f"{problem}; stopped before the optimizer step, nothing was saved{moved}. "
+                                f"{self._resume_hint(exclude=bad)}; lower optimizer.lr or check the model.* values")
+
+    def _set_aside_checkpoint(self, step: int) -> Optional[Path]:
+        """Move this launch's checkpoint of `step` (whose weights just gave a diverged loss) out of the resume
+        namespace, kept as step_N.diverged; None when this launch did not write one."""
+        bad = Path(self.cfg.checkpoints.dir) / f"step_{step}"
+        if bad not in self._saved_here:
+            return None
+        if self.is_main:
+            target = bad.with_name(f"{bad.name}.diverged")
+            if target.exists():
+                remove_checkpoint(target)
+            os.replace(bad, target)
+        return bad
+
+    def last_checkpoint(self, exclude: Optional[Path] = None) -> Optional[Path]:
+        """This run's newest complete checkpoint but `exclude` (with resume=overwrite the earlier run's, not yet
+        deleted, do not count)."""
+        if self._overwrite_pending:
+            return None
+        found = [p for _, p in list_checkpoints(self.cfg.checkpoints.dir) if p != exclude]
+        return found[-1] if found else None
+
+    def _resume_hint(self, exclude: Optional[Path] = None) -> str:
+        last = self.last_checkpoint(exclude)
+        return f"the last complete checkpoint is {last}" if last else f"there is no complete checkpoint in {self.cfg.checkpoints.dir}"
 
     def validate(self) -> Dict[str, float]:
         batches = list(itertools.islice(self.val_loader, self.cfg.tokens.val_steps))
         return validation_summary([loss.item() for loss in self.replica.validation_losses(batches)])
 
     def save(self) -> Path:
-        if self.replica.any_rank(not all(bool(torch.isfinite(q).all()) for q in self.model.parameters())):
-            raise TrainingError(f"step {self.step}: the weights are not finite after the optimizer step; not saving "
-                                f"them. {resume_hint(self.cfg)}; lower optimizer.lr")
-        return save_checkpoint(
+        stop, weights_sq = self.agree.control(not math.isfinite(float(self._weights_sq)), self._weights_sq)
+        problem = (f"step {self.step}: the weights are not finite after the optimizer step" if stop
+                   else self.guard.check_weights(self.step, weights_sq))
+        if problem:
+            raise TrainingError(f"{problem}; these weights were not saved. {self._resume_hint()}; lower optimizer.lr")
+        path = save_checkpoint(
             self.cfg.checkpoints.dir, self.step, self.ctx, model=self.model, optimizer=self.optimizer,
             scheduler=self.scheduler, extra={"step": self.step, "loader": self.train_loader.state_dict(),
-                                             "dp_sync": self.dp_sync.state_dict()},
+                                             "dp_sync": self.dp_sync.state_dict(), "guard": self.guard.state_dict()},
             keep_last=self.cfg.checkpoints.keep_last, config=config_to_dict(self.cfg),
         )
+        self._saved_here.append(path)
+        if self._overwrite_pending:  # this run has a complete checkpoint of its own now
+            if self.is_main:
+                remove_other_checkpoints(Path(self.cfg.checkpoints.dir), path)
+            self._overwrite_pending = False
+        return path
 
     def train(self, stop_after: Optional[int] = None) -> Dict[str, object]:
         """Train to tokens.train_steps; `stop_after` ends early at that step (an interruption, for tests)."""
@@ -127,7 +213,8 @@ class Trainer:
         end = min(total, stop_after) if stop_after is not None else total
         if self.step >= end:  # nothing to train: report, and rewrite nothing in the run folder
             return self._report_complete() if self.step >= total else {}
-        log = MetricsLogger(self.run_dir, cfg.logging, total, self.step, self.is_main)
+        log = self.agree.on_main(lambda: MetricsLogger(self.run_dir, cfg.logging, total, self.step, True)) or \
+            MetricsLogger(self.run_dir, cfg.logging, total, self.step, False)
         history: List[Dict[str, object]] = []
         val: Dict[str, float] = {}
         n_devices = self.ctx.world_pg.size()
@@ -140,7 +227,7 @@ class Trainer:
                 comm = total_sent_bytes(self.ledger, self.ctx.world_pg, self.ctx.device)  # this step's, all ranks
                 self.step += 1
                 tps = self.tokens_per_step / elapsed
-                log.progress(1, loss=out["loss"], tok_s=tps, lr=out["lr"])  # before validation: its line follows
+                self.agree.main_io(log.progress, 1, loss=out["loss"], tok_s=tps, lr=out["lr"])  # validation's line follows
                 record = {
                     "step": self.step, **out, "tokens_per_s": tps, "step_time_s": elapsed,
                     "peak_memory_bytes": peak_memory_bytes(), "comm_bytes": comm,
@@ -152,10 +239,10 @@ class Trainer:
                 if (interval and self.step % interval == 0) or self.step == total:
                     val = self.validate()
                     record.update(val)
-                    log.write(f"step {self.step}: train loss {out['loss']:.4f}, validation loss {val['val_loss']:.4f} "
-                              f"(ppl {val['val_ppl']:.1f})")
+                    self.agree.main_io(log.write, f"step {self.step}: train loss {out['loss']:.4f}, validation loss "
+                                             f"{val['val_loss']:.4f} (ppl {val['val_ppl']:.1f})")
                 if self.step % cfg.logging.log_interval == 0 or "val_loss" in record:
-                    log.log(record)
+                    self.agree.main_io(log.log, record)
                 history.append(record)
                 every = cfg.checkpoints.interval
                 if (every and self.step % every == 0) or self.step == total:
@@ -171,14 +258,28 @@ class Trainer:
         return summary
 
     def _report_complete(self) -> Dict[str, object]:
-        path = self.run_dir / "summary.json"
+        """A launch that finds the run complete: print its stored results and rewrite nothing. A run whose end
+        failed (disk full writing summary.json, a kill after the final checkpoint) gets its summary (and loss plot)
+        rebuilt from metrics.jsonl, at the step of the final checkpoint."""
+        path, metrics = self.run_dir / "summary.json", self.run_dir / "metrics.jsonl"
         stored = json.loads(path.read_text()) if path.exists() else {}
+        rebuilt = not stored
+        if rebuilt:
+            records = [r for r in read_metrics(metrics) if r["step"] <= self.step] if metrics.exists() else []
+            val = next(({"val_loss": r["val_loss"], "val_ppl": r["val_ppl"]} for r in reversed(records)
+                        if "val_loss" in r), {})
+            stored = {**self._summary(records, val),
+                      "rebuilt": f"from {metrics.name} ({len(records)} logged steps) and the checkpoint of step {self.step}"}
         if self.is_main:
+            if rebuilt:
+                write_text_atomic(path, json.dumps(stored, indent=2))
+                if metrics.exists() and not (self.run_dir / "loss.png").exists():
+                    plot_losses(metrics, self.run_dir / "loss.png", title=self.cfg.general.run)
             print(f"run {self.run_dir} is complete (step {self.step} of {self.cfg.tokens.train_steps}, checkpoints in "
-                  f"{self.cfg.checkpoints.dir}); nothing to do. Its stored results:" if stored else
-                  f"run {self.run_dir} is complete (step {self.step}) but has no {path.name}; nothing to do")
-            if stored:
-                print(format_summary(stored, self.run_dir))
+                  f"{self.cfg.checkpoints.dir}); nothing to do. " +
+                  (f"Its {path.name} was missing and is rebuilt {stored['rebuilt']}:" if rebuilt else
+                   "Its stored results:"))
+            print(format_summary(stored, self.run_dir))
         return stored
 
     def _summary(self, history: List[Dict[str, object]], val: Dict[str, float]) -> Dict[str, object]:
@@ -189,7 +290,7 @@ class Trainer:
                 comm[g] = comm.get(g, 0) + b / len(timed)
         return {
             "steps": self.step,
-            "final_train_loss": history[-1]["loss"] if history else None,
+            "final_train_loss": history[-1]["loss"] if history and history[-1]["step"] == self.step else None,
             "final_val_loss": val.get("val_loss"), "final_val_ppl": val.get("val_ppl"),
             "tokens_per_s": sum(r["tokens_per_s"] for r in timed) / len(timed) if timed else None,
             "comm_bytes_per_step": {g: round(b) for g, b in comm.items()},

@@ -1,0 +1,115 @@
+"""`python -m nanotron_ext.launch [torchrun options] -m nanotron_ext.train --config-file X.yaml [--set ...]`
+
+torchrun (`torch.distributed.run`: the same options and defaults) that ends the way the README promises: a
+user-facing error is one line and exit code 2, not one line followed by torchrun's ~30-line ChildFailedError
+report with a traceback of its own and exit 1. The workers hand their one-line errors over through torch
+elastic's error files (`nanotron_ext.train.failures`); this launcher prints the first and exits with its code:
+
+    0    the job finished                 2    a user-facing error (config, data, checkpoint, disk)
+    1    a rank crashed or lost a peer    130  interrupted (Ctrl-C); 143 stopped by SIGTERM
+
+No banner is printed (torchrun's OMP_NUM_THREADS notice and its per-worker shutdown warnings are silenced), and
+`--shutdown-timeout` defaults to 10 s instead of 30 and also applies when a worker failed (torch waits a fixed
+30 s there), so a frozen worker is killed 10 s after a peer reported it.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import List, Optional, Tuple
+
+SHUTDOWN_TIMEOUT_S = 10
+
+
+def _ours(failure: object) -> Optional[dict]:
+    """Our part of a failed worker's error file ({"exitcode", "time", "rank"}), or None."""
+    data = getattr(failure, "error_file_data", None)
+    return data.get("nanotron_ext") if isinstance(data, dict) else None
+
+
+# How a worker ends when the launcher stops it because another one failed (or the user pressed Ctrl-C).
+_STOPPED = (130, 143, -2, -15)
+
+
+def _how(rank: int, failure: object) -> str:
+    code = failure.exitcode
+    if code in _STOPPED:
+        return f"rank {rank} (pid {failure.pid}) was stopped"
+    if code < 0:
+        return f"rank {rank} (pid {failure.pid}) was killed by {failure.signal_name()}"
+    return f"rank {rank} (pid {failure.pid}) exited with code {code}"
+
+
+def verdict(failures: dict) -> Tuple[str, int]:
+    """The one line to print and the exit code for a failed job, from torch elastic's {rank: ProcessFailure}.
+
+    A user-facing error (exit code 2) wins over everything else: it is the cause, the others stopped because of
+    it. Then the earliest line a worker reported; then how the ranks ended, those that failed first. Ranks that
+    were only stopped (exit 130 or SIGTERM: the launcher stops the rest once one failed) are never the cause;
+    when every rank was stopped, the job was interrupted (130, nothing to add to rank 0's line)."""
+    causes = {r: f for r, f in failures.items() if f.exitcode not in _STOPPED}
+    if not causes:
+        return "", 130
+    reported = sorted((_ours(f)["time"], r, f) for r, f in causes.items() if _ours(f) is not None)
+    for _, _r, f in reported:
+        if f.exitcode == 2:
+            return f.message, 2
+    if reported:
+        _, first, f = reported[0]
+        line, code = f.message, f.exitcode
+    else:
+        first = min(causes, key=lambda r: (causes[r].timestamp, r))
+        line, code = f"error: {_how(first, causes[first])} (its output is above)", causes[first].exitcode
+    rest = [_how(r, f) for r, f in sorted(failures.items()) if r != first]
+    return line + (f"; then {', '.join(rest)}" if rest else ""), code if code > 0 else 1
+
+
+def _agent_class() -> type:
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    class Agent(LocalElasticAgent):
+        """Stops the other workers after a failure with --shutdown-timeout's grace: torch's process context does it
+        with `close()` and its fixed 30 s default (a frozen worker only dies by the SIGKILL after the grace)."""
+
+        def _start_workers(self, worker_group: object) -> dict:
+            ids = super()._start_workers(worker_group)
+            close = self._pcontext.close
+            self._pcontext.close = lambda death_sig=None, timeout=None: close(
+                death_sig, self._shutdown_timeout if timeout is None else timeout)
+            return ids
+
+    return Agent
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher import api as launcher_api
+    from torch.distributed.run import get_args_parser, run
+
+    from nanotron_ext.train.failures import LAUNCHER_ENV
+
+    parser = get_args_parser()
+    parser.prog = "python -m nanotron_ext.launch"
+    args = parser.parse_args(argv)
+    if args.shutdown_timeout is None and "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" not in os.environ:
+        args.shutdown_timeout = SHUTDOWN_TIMEOUT_S
+    for name in ("torch.distributed.run", "torch.distributed.elastic", "torch.distributed.launcher"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)  # our exit line replaces their reports
+    os.environ[LAUNCHER_ENV] = "1"  # workers hand their errors to us instead of printing them
+    launcher_api.LocalElasticAgent = _agent_class()  # what launch_agent builds (no parameter chooses the class)
+    try:
+        run(args)
+    except ChildFailedError as e:
+        line, code = verdict(e.failures)
+        if line:  # (nothing to add when every rank was only stopped: rank 0 has printed where)
+            print(line, file=sys.stderr, flush=True)
+        return code
+    except SignalException as e:  # Ctrl-C or SIGTERM to the launcher: workers were stopped with the same signal
+        return 128 + int(e.sigval)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

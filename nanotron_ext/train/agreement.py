@@ -1,0 +1,68 @@
+"""What every rank of a job must agree on, so that none is left waiting in a collective for a rank that left.
+
+Rank 0 alone writes the run folder (config.yaml, metrics, progress, the summary); when such a write fails
+(a full disk) the other ranks used to go on into the next collective and die there with a gloo traceback. Here
+rank 0's failure reaches every rank, which all stop with the same one-line error naming the file:
+
+- `on_main(write)`: a one-off write, shared at once (one broadcast);
+- `main_io(write, ...)`: a per-step write, kept until the next `control` all-reduce;
+- `control(flag, weights_sq)`: the one all-reduce per step (tagged `control` in the comm ledger) that carries
+  "stop" flags, rank 0's pending write error and the squared norm of all weights (the divergence guard's).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Tuple, TypeVar
+
+import torch
+import torch.distributed as torch_dist
+from nanotron import distributed as dist
+
+from nanotron_ext.errors import TrainingError
+from nanotron_ext.train.failures import DISK_HINT
+
+T = TypeVar("T")
+
+
+class RankAgreement:
+    def __init__(self, world_pg: Any, device: torch.device, ledger: Any, is_main: bool) -> None:
+        self.world_pg, self.device, self.ledger, self.is_main = world_pg, device, ledger, is_main
+        self.io_error: Optional[OSError] = None  # rank 0's failed per-step write, until the next control
+
+    def control(self, flag: bool, weights_sq: torch.Tensor) -> Tuple[bool, float]:
+        """(`flag` on any rank, the sum of `weights_sq` over ranks); raises rank 0's pending write error on
+        every rank. Every rank must call it at the same point."""
+        t = torch.stack([torch.tensor(float(flag), dtype=torch.float64, device=self.device),
+                         torch.tensor(float(self.io_error is not None), dtype=torch.float64, device=self.device),
+                         weights_sq.to(device=self.device, dtype=torch.float64)])
+        with self.ledger.tag("control"):  # counted like every byte, under world all_reduce:control
+            dist.all_reduce(t, group=self.world_pg)
+        stop, io_failed, total_sq = t.tolist()
+        if io_failed:
+            self.raise_shared(self.io_error)
+        return bool(stop), total_sq
+
+    def main_io(self, write: Callable[..., object], *args: object, **kwargs: object) -> None:
+        """Rank 0's per-step write (metrics, progress): a failure is kept for the next `control`."""
+        if self.is_main and self.io_error is None:
+            try:
+                write(*args, **kwargs)
+            except OSError as e:
+                self.io_error = e
+
+    def on_main(self, write: Callable[[], T]) -> Optional[T]:
+        """Run `write` on rank 0 and share how it went (collective): every rank raises its error."""
+        result, error = None, None
+        if self.is_main:
+            try:
+                result = write()
+            except OSError as e:
+                error = e
+        self.raise_shared(error)
+        return result
+
+    def raise_shared(self, error: Optional[OSError]) -> None:
+        """Collective: rank 0's write error (or None) becomes the same TrainingError on every rank."""
+        box = [None if error is None else str(error)]
+        torch_dist.broadcast_object_list(box, src=0, group=self.world_pg)  # control, not training traffic
+        if box[0] is not None:
+            raise TrainingError(f"{box[0]}; {DISK_HINT}") from error

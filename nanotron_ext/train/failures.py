@@ -1,0 +1,89 @@
+"""How a worker reports the error that ends it: one line, from the right rank, to the right place.
+
+Under `python -m nanotron_ext.launch` (which sets LAUNCHER_ENV) no worker prints its error: each writes it to
+the error file torch elastic gives it (TORCHELASTIC_ERROR_FILE, the documented torchrun protocol) and the
+launcher prints the first one and exits with its code. Under plain torchrun rank 0 prints user-facing errors
+(every rank meets the same one) and any rank prints a collective failure of its own; the error file is written
+too, so torchrun's failure report shows the line instead of "To enable traceback see ...".
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sys
+import time
+import traceback
+from typing import Callable, Optional
+
+LAUNCHER_ENV = "NANOTRON_EXT_LAUNCHER"  # set by nanotron_ext.launch for its workers: it prints their errors
+_ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
+
+
+DISK_HINT = "free space there or make it writable (or set general.output_dir / checkpoints.dir)"
+
+
+def rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def report(line: str, code: int, *, every_rank: bool = False) -> int:
+    """Report `line` (made one line) as this worker's last word and return `code` (its exit status).
+
+    From here the way out is decided: a launcher stopping the other workers (SIGTERM) or a second Ctrl-C must
+    not turn it into "interrupted" or a traceback, so both are ignored from now on."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+    line = "; ".join(part.strip() for part in line.splitlines() if part.strip())  # one line, always
+    write_error_file(line, code)
+    if os.environ.get(LAUNCHER_ENV) != "1" and (every_rank or rank() == 0):
+        print(line, file=sys.stderr, flush=True)
+    return code
+
+
+def write_error_file(line: str, code: int) -> None:
+    """torch elastic's error-file format ({"message", "timestamp"}), plus our exit code and a precise time so the
+    launcher can tell which rank failed first."""
+    path = os.environ.get(_ERROR_FILE_ENV)
+    if not path:
+        return
+    now = time.time()
+    try:
+        with open(path, "w") as f:
+            json.dump({"message": line, "timestamp": int(now),
+                       "nanotron_ext": {"exitcode": code, "time": now, "rank": rank()}}, f)
+    except OSError:
+        pass  # e.g. a full /tmp: the launcher then names the exit code without the line
+
+
+_COMM_MARKERS = ("Timed out waiting", "Connection closed by peer", "Connection reset by peer", "Broken pipe",
+                 "/gloo/", "NCCL")
+
+
+def describe_collective_failure(exc: BaseException, group_name: Callable[[object], str],
+                                timeout_s: Optional[float]) -> Optional[str]:
+    """One line for an exception raised by a collective or point-to-point call whose peer stopped responding
+    or went away (gloo/NCCL timeout or a closed connection), or None for any other exception.
+
+    The call and its group are read from the innermost torch.distributed frame of the traceback (its `group`
+    argument), named by `group_name` (the comm ledger's role names: tp, pp, dp, world)."""
+    import torch.distributed as torch_dist
+
+    text = str(exc)
+    if not isinstance(exc, torch_dist.DistError) and not (
+            isinstance(exc, RuntimeError) and any(m in text for m in _COMM_MARKERS)):
+        return None
+    call, group = "a collective", None
+    for frame, _ in traceback.walk_tb(exc.__traceback__):
+        code = frame.f_code
+        if code.co_filename.endswith("distributed_c10d.py") and not code.co_name.startswith("_"):
+            call, group = code.co_name, frame.f_locals.get("group")
+    where = f"{call} on the {group_name(group)} group"
+    first = re.sub(r"^\[[^\]]*\]\s*", "", " ".join(text.split()))[:200]  # without gloo's "[path/file.cc:78]"
+    if "Timed out" in text or "timed out" in text or "Timeout" in text:
+        limit = f" (general.collective_timeout_s={timeout_s:g})" if timeout_s else ""
+        return (f"error: rank {rank()}: {where} timed out{limit}: a peer rank stopped responding (frozen, stopped "
+                f"or overloaded) [{first}]")
+    return (f"error: rank {rank()}: {where} failed because a peer rank went away (it exited or was killed; its own "
+            f"report says why) [{first}]")
