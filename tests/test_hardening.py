@@ -122,7 +122,7 @@ def test_a_yaml_alias_bomb_is_refused_quickly_and_plain_aliases_still_load(tmp_p
     from nanotron_ext.config.loader import load_config
 
     ok = tmp_path / "ok.yaml"
-    ok.write_text('parallelism:\n  link:\n    per_stage_pair:\n      "0-1": &slow {bandwidth_mbps: 80, latency_ms: 5}\n'
+    ok.write_text('parallelism:\n  pp: 3\n  link:\n    per_stage_pair:\n      "0-1": &slow {bandwidth_mbps: 80, latency_ms: 5}\n'
                   '      "1-2": *slow\n')
     pairs = load_config(ok).parallelism.link.per_stage_pair
     assert pairs["0-1"] == pairs["1-2"] == {"bandwidth_mbps": 80, "latency_ms": 5}
