@@ -28,6 +28,7 @@ SCRIPTS = [
     ("boost/fig6_scaling.py", "boost/cpu_fig6_scaling.json"),
     ("boost/fig7_compute.py", "boost/cpu_fig7_compute.json"),
     ("boost/fig8_comm.py", "boost/cpu_fig8_comm.json"),
+    ("boost/table7_intensity.py", "boost/cpu_table7_intensity.json"),
     ("resbm/table2_convergence.py", "resbm/cpu_table2.json"),
     ("resbm/table3_throughput.py", "resbm/cpu_table3.json"),
     ("mapl/main_table.py", "mapl/cpu_main_table.json"),

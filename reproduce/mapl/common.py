@@ -1,0 +1,52 @@
+"""What the MAPL scripts share: the CPU-scale run of one design and seed, and the analysis of its final
+checkpoint (nanotron_ext.mapl.analyse: energy kept, rank for 99% energy, pair-cosine Pearson r, principal
+angles, distance from the Stiefel manifold).
+
+Runs go to runs/mapl_findings/<name>_s<seed>/ through the shared trainer harness (bench.training), which
+reuses a finished run of exactly the same resolved config: the manifold ablation and the findings
+script share their SPEL runs.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Dict, List, Sequence
+
+from nanotron_ext.bench.launch import last_error_line, launch
+from nanotron_ext.bench.training import latest_checkpoint_of, run_training
+
+CPU_CONFIG = "reproduce/mapl/cpu_small.yaml"
+ROOT = Path("runs/mapl_findings")
+# P = 8 over the CPU config's 8 layers: a codec boundary after every layer but the last (7 boundaries)
+P8 = ["model.codec.kind=mapl", "model.codec.boundaries=every_layer"]
+# Muon's orthogonalisation in fp32: the same iteration, 5-20x faster than bf16 on CPUs (optimizer.muon_ns_dtype)
+CPU_FAST = ["optimizer.muon_ns_dtype=fp32"]
+
+
+def train(name: str, overrides: Sequence[str], seed: int, config: str = CPU_CONFIG,
+          torchrun_args: Sequence[str] = ()) -> Dict[str, Any]:
+    """One single-process run (boundaries simulated in one process); a finished identical run is reused."""
+    return run_training(config, [*overrides, f"general.seed={seed}"], f"{name}_s{seed}", root=ROOT,
+                        torchrun_args=torchrun_args, reuse=True)
+
+
+def analyse(summary: Dict[str, Any], batches: int = 8) -> Dict[str, Any]:
+    """mapl.analyse on the run's final checkpoint ({"boundaries": [...], "meta": {...}}); cached beside the
+    run and redone when the run is newer."""
+    run_dir = Path(summary["run_dir"])
+    out = run_dir / "mapl_analysis.json"
+    if not (out.exists() and out.stat().st_mtime >= (run_dir / "summary.json").stat().st_mtime):
+        ckpt = latest_checkpoint_of(summary)
+        args = ["--config-file", str(run_dir / "config.yaml"), "--checkpoint", str(ckpt), "--batches", str(batches),
+                "--out", str(out)]
+        rc, tail = launch("nanotron_ext.mapl.analyse", args, ["--standalone", "--nproc_per_node", "1", "-m"],
+                          run_dir / "mapl_analysis.log", timeout_s=1800)
+        if rc != 0:
+            raise RuntimeError(f"mapl.analyse of {run_dir} failed (rc {rc}): {last_error_line(tail)}")
+    saved = json.loads(out.read_text())
+    return {"boundaries": saved["rows"], "meta": saved["meta"]}
+
+
+def boundary_mean(analysis: Dict[str, Any], key: str) -> float:
+    rows: List[Dict[str, Any]] = analysis["boundaries"]
+    return sum(float(r[key]) for r in rows) / len(rows)
