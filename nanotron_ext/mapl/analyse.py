@@ -3,7 +3,8 @@
 - the fraction of boundary-activation energy a basis keeps, ||(X - anchor) A||^2 / ||X - anchor||^2,
   for the learned A_p and for a random orthonormal basis of the same rank;
 - principal angles between the learned subspaces of different boundaries;
-- the rank the boundary activations need for 99% of their energy (sec. 3.1: ~250 of d = 1024);
+- the rank the boundary activations need for 99% of their energy (sec. 3.1: ~250 of d = 1024), as they are
+  and centred (a direction common to all tokens can hold most of the energy on its own);
 - isometry: the Pearson correlation of token-pair cosine similarities before and after projection
   (paper: r = 0.992), for the learned and for a random basis;
 - how far A_p is from the Stiefel manifold, max |A^T A - I| (the manifold-unaware ablation).
@@ -82,6 +83,7 @@ def analyse(projections: Dict[int, torch.Tensor], activations: Dict[int, torch.T
         x, rand = activations[b], random_basis(a.shape[0], a.shape[1], seed + b)
         row = {"boundary": b, "rank": a.shape[1], "energy_learned": energy_kept(x, a),
                "energy_random": energy_kept(x, rand), "rank_99": rank_for_energy(x, 0.99), "d": a.shape[0],
+               "rank_99_centred": rank_for_energy(x - x.mean(0), 0.99),  # without the tokens' common direction
                "pearson_learned": pair_cosine_pearson(x, a, seed=seed + b),
                "pearson_random": pair_cosine_pearson(x, rand, seed=seed + b), "stiefel_error": stiefel_error(a)}
         if initial is not None:

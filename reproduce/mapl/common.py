@@ -21,13 +21,22 @@ ROOT = Path("runs/mapl_findings")
 P8 = ["model.codec.kind=mapl", "model.codec.boundaries=every_layer"]
 # Muon's orthogonalisation in fp32: the same iteration, 5-20x faster than bf16 on CPUs (optimizer.muon_ns_dtype)
 CPU_FAST = ["optimizer.muon_ns_dtype=fp32"]
+# the manifold ablation's rows (optimizer.spel.mode); "spel" is also the findings script's run
+ROWS: Dict[str, List[str]] = {
+    "uncompressed": ["model.codec.kind=identity"],
+    "spel": [*P8, "optimizer.spel.mode=stiefel"],
+    "fixed": [*P8, "optimizer.spel.mode=fixed"],
+    "euclidean": [*P8, "optimizer.spel.mode=euclidean"],
+    "euclidean_qr": [*P8, "optimizer.spel.mode=euclidean_qr"],
+}
 
 
-def train(name: str, overrides: Sequence[str], seed: int, config: str = CPU_CONFIG,
-          torchrun_args: Sequence[str] = ()) -> Dict[str, Any]:
-    """One single-process run (boundaries simulated in one process); a finished identical run is reused."""
-    return run_training(config, [*overrides, f"general.seed={seed}"], f"{name}_s{seed}", root=ROOT,
-                        torchrun_args=torchrun_args, reuse=True)
+def train_row(row: str, seed: int, steps: int, config: str = CPU_CONFIG, extra: Sequence[str] = (),
+              torchrun_args: Sequence[str] = ()) -> Dict[str, Any]:
+    """One ablation row at one seed, single process (boundaries simulated in one process); a finished run
+    of the same resolved config is reused (so both scripts share the SPEL runs)."""
+    overrides = [*ROWS[row], *CPU_FAST, f"tokens.train_steps={steps}", *extra, f"general.seed={seed}"]
+    return run_training(config, overrides, f"ablation_{row}_s{seed}", root=ROOT, torchrun_args=torchrun_args, reuse=True)
 
 
 def analyse(summary: Dict[str, Any], batches: int = 8) -> Dict[str, Any]:

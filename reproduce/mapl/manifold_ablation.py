@@ -35,15 +35,8 @@ sys.path.insert(0, str(ROOT))
 from nanotron_ext.bench import report as br  # noqa: E402
 from nanotron_ext.bench.launch import split_argv  # noqa: E402
 from nanotron_ext.bench.paper import PaperClaim, evaluate, mean_se  # noqa: E402
-from reproduce.mapl.common import CPU_CONFIG, CPU_FAST, P8, analyse, boundary_mean, train  # noqa: E402
+from reproduce.mapl.common import CPU_CONFIG, ROWS, analyse, boundary_mean, train_row  # noqa: E402
 
-ROWS: Dict[str, List[str]] = {
-    "uncompressed": ["model.codec.kind=identity"],
-    "spel": [*P8, "optimizer.spel.mode=stiefel"],
-    "fixed": [*P8, "optimizer.spel.mode=fixed"],
-    "euclidean": [*P8, "optimizer.spel.mode=euclidean"],
-    "euclidean_qr": [*P8, "optimizer.spel.mode=euclidean_qr"],
-}
 TITLE = "MAPL manifold-unaware ablation: validation loss by how A_p is trained (P = 8)"
 SRC = "sec. 3 (design 3), Highlights"
 
@@ -52,8 +45,7 @@ def measure(args: Any, torchrun_args: Sequence[str]) -> Dict[str, Any]:
     rows = []
     for seed in args.seeds:
         for name in args.rows:
-            s = train(f"ablation_{name}", [*ROWS[name], *CPU_FAST, f"tokens.train_steps={args.steps}", *args.set],
-                      seed, args.config_file, torchrun_args)
+            s = train_row(name, seed, args.steps, args.config_file, args.set, torchrun_args)
             row = {"row": name, "seed": seed, "val_loss": s["final_val_loss"], "val_curve": s["val_curve"],
                    "tokens_per_s": s.get("tokens_per_s")}
             if name != "uncompressed":
