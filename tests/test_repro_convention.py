@@ -47,7 +47,8 @@ SCRIPTS = [
 ]
 CONVERGENCE = ["resbm/table2_convergence.py", "mapl/main_table.py", "sm/cpu_compare.py",
                "het_sparseloco/table1_main.py", "het_sparseloco/table2_ratio_sweep.py",
-               "het_sparseloco/table3_no_inner_loop.py", "het_sparseloco/table4_ablations.py", "sm/fig3_depth.py"]
+               "het_sparseloco/table3_no_inner_loop.py", "het_sparseloco/table4_ablations.py", "sm/fig3_depth.py",
+               "resbm/fig2_vs_sm.py", "mapl/manifold_ablation.py", "mapl/activation_findings.py"]
 
 
 def test_every_script_is_listed() -> None:

@@ -23,8 +23,10 @@ Readings of claims the text states in words (our choices): "nearly identical" co
 
 CPU preset: the SPEL runs of manifold_ablation.py (reproduce/mapl/cpu_small.yaml, d = 128, r = 32 = d/4,
 P = 8 as a boundary after every layer, 150 steps, seeds 42 43 44); a run already trained there is reused.
+GPU preset: reproduce/mapl/mapl_1b.yaml (1.0B, d = 2048, r = 256, bf16), P = 8 simulated, one GPU.
 
     .venv/bin/python reproduce/mapl/activation_findings.py           # runs/mapl/activation_findings.*
+    .venv/bin/python reproduce/mapl/activation_findings.py --preset gpu --data /data/dclm/jsonl --dry-run
     .venv/bin/python reproduce/mapl/activation_findings.py --from-json reproduce/mapl/cpu_activation_findings.json
 """
 from __future__ import annotations
@@ -36,10 +38,11 @@ from typing import Any, Dict, List, Optional, Sequence
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from nanotron_ext.bench import presets  # noqa: E402
 from nanotron_ext.bench import report as br  # noqa: E402
 from nanotron_ext.bench.launch import split_argv  # noqa: E402
 from nanotron_ext.bench.paper import PaperClaim, evaluate, mean_se  # noqa: E402
-from reproduce.mapl.common import CPU_CONFIG, analyse, boundary_mean, train_row  # noqa: E402
+from reproduce.mapl.common import CPU_CONFIG, GPU_CONFIG, analyse, boundary_mean, row_runs, train  # noqa: E402
 
 TITLE = "MAPL findings on trained checkpoints: 99% energy rank, pair-cosine isometry, energy kept, angles (P = 8)"
 PAPER = {"rank99_over_d": 250 / 1024, "energy_learned": 0.80, "energy_random": 0.36, "pearson": 0.992,
@@ -71,13 +74,19 @@ def per_run(analysis: Dict[str, Any]) -> Dict[str, float]:
 
 
 def measure(args: Any, torchrun_args: Sequence[str]) -> Dict[str, Any]:
+    planned = row_runs(["spel"], args.seeds, args)
+    if args.dry_run:
+        return {"dry_run": presets.dry_run(planned)}
     runs, boundaries = [], []
-    for seed in args.seeds:
-        a = analyse(train_row("spel", seed, args.steps, args.config_file, args.set, torchrun_args))
+    for key, (config, overrides) in planned.items():
+        seed = int(key.split(" seed ")[1])
+        a = analyse(train(key, config, overrides, torchrun_args))
         runs.append({"seed": seed, **per_run(a)})
         boundaries += [{"seed": seed, **b} for b in a["boundaries"]]
         print(f"seed {seed}: " + ", ".join(f"{k} {runs[-1][k]:.3f}" for k in STATS), flush=True)
-    meta = br.run_meta({"config": args.config_file, "steps": args.steps, "seeds": args.seeds, "P": 8,
+    gpu = args.preset == "gpu"
+    meta = br.run_meta({"config": GPU_CONFIG if gpu else args.config_file, "steps": None if gpu else args.steps,
+                        "preset": args.preset, "seeds": args.seeds, "P": 8,
                         "command": "python reproduce/mapl/activation_findings.py " + " ".join(args.argv)})
     return {"meta": meta, "rows": runs, "boundaries": boundaries}
 
@@ -123,7 +132,7 @@ def render(saved: Dict[str, Any]) -> Dict[str, Any]:
     for b in sorted({int(x["boundary"]) for x in bounds}):
         mine = [x for x in bounds if int(x["boundary"]) == b]
 
-        def avg(key: str) -> float:
+        def avg(key: str, mine: List[Dict[str, Any]] = mine) -> float:
             return sum(float(x[key]) for x in mine) / len(mine)
 
         body.append([b, f"{avg('rank_99'):.1f} of {mine[0]['d']}", f"{avg('rank_99_centred'):.1f}", f"{avg('energy_learned'):.3f}",
@@ -166,10 +175,11 @@ def _plot(bounds: List[Dict[str, Any]]) -> Any:
 
 def build_parser() -> Any:
     p = br.script_parser(__doc__, "runs/mapl/activation_findings.json")
-    p.add_argument("--config-file", default=CPU_CONFIG, help="the base config")
-    p.add_argument("--steps", type=int, default=150, help="training steps per run")
-    p.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44], help="one MAPL (SPEL) run per seed")
+    p.add_argument("--config-file", default=CPU_CONFIG, help="CPU preset: the base config")
+    p.add_argument("--steps", type=int, default=150, help="CPU preset: training steps per run")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config overrides for every run")
+    presets.add_preset_args(p, f"{GPU_CONFIG} (1.0B, r = 256, bf16) on one 80 GB GPU, P = 8 simulated",
+                            seeds=(42, 43, 44))
     return br.help_with_defaults(p)
 
 
@@ -178,6 +188,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(own)
     args.argv = own
     saved = br.read_saved(args.from_json) if args.from_json else measure(args, torchrun_args)
+    if "dry_run" in saved:
+        return saved["dry_run"]
     r = render(saved)
     br.publish(args.out, saved["rows"], saved["meta"], TITLE, r["headers"], r["body"], r["verdicts"], r["figure"],
                r["notes"], r["extra"])

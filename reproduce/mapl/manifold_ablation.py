@@ -18,9 +18,11 @@ Rows (optimizer.spel.mode; everything else equal: same momentum, polar direction
 CPU preset: reproduce/mapl/cpu_small.yaml (d = 128, 8 layers, r = 32, the paper's hybrid optimiser with
 Muon's orthogonalisation in fp32 for speed), P = 8 simulated as a codec boundary after every layer,
 150 steps, seeds 42 43 44; max |A^T A - I| of each row's final projections is measured from its
-checkpoint (nanotron_ext.mapl.analyse). The runs are shared with activation_findings.py.
+checkpoint (nanotron_ext.mapl.analyse). The runs are shared with activation_findings.py. GPU preset:
+reproduce/mapl/mapl_1b.yaml (1.0B, r = 256, bf16), P = 8 simulated over its 16 layers, on one GPU.
 
     .venv/bin/python reproduce/mapl/manifold_ablation.py                      # runs/mapl/manifold_ablation.*
+    .venv/bin/python reproduce/mapl/manifold_ablation.py --preset gpu --data /data/dclm/jsonl --seeds 42 43 --dry-run
     .venv/bin/python reproduce/mapl/manifold_ablation.py --from-json reproduce/mapl/cpu_manifold_ablation.json
 """
 from __future__ import annotations
@@ -32,31 +34,37 @@ from typing import Any, Dict, List, Optional, Sequence
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from nanotron_ext.bench import presets  # noqa: E402
 from nanotron_ext.bench import report as br  # noqa: E402
 from nanotron_ext.bench.launch import split_argv  # noqa: E402
 from nanotron_ext.bench.paper import PaperClaim, evaluate, mean_se  # noqa: E402
-from reproduce.mapl.common import CPU_CONFIG, ROWS, analyse, boundary_mean, train_row  # noqa: E402
+from reproduce.mapl.common import CPU_CONFIG, GPU_CONFIG, ROWS, analyse, boundary_mean, row_runs, train  # noqa: E402
 
 TITLE = "MAPL manifold-unaware ablation: validation loss by how A_p is trained (P = 8)"
 SRC = "sec. 3 (design 3), Highlights"
 
 
 def measure(args: Any, torchrun_args: Sequence[str]) -> Dict[str, Any]:
+    runs = row_runs(args.rows, args.seeds, args)
+    if args.dry_run:
+        return {"dry_run": presets.dry_run(runs)}
     rows = []
-    for seed in args.seeds:
-        for name in args.rows:
-            s = train_row(name, seed, args.steps, args.config_file, args.set, torchrun_args)
-            row = {"row": name, "seed": seed, "val_loss": s["final_val_loss"], "val_curve": s["val_curve"],
-                   "tokens_per_s": s.get("tokens_per_s")}
-            if name != "uncompressed":
-                a = analyse(s)
-                row.update(stiefel_error=max(float(b["stiefel_error"]) for b in a["boundaries"]),
-                           energy_learned=boundary_mean(a, "energy_learned"),
-                           mean_angle_to_init_deg=boundary_mean(a, "mean_angle_to_init_deg"))
-            rows.append(row)
-            print(f"{name:<13} seed {seed}: val loss {row['val_loss']:.4f}"
-                  + (f", max |A^T A - I| {row['stiefel_error']:.1e}" if "stiefel_error" in row else ""), flush=True)
-    meta = br.run_meta({"config": args.config_file, "steps": args.steps, "seeds": args.seeds, "P": 8,
+    for key, (config, overrides) in runs.items():
+        name, seed = key.split(" seed ")[0], int(key.split(" seed ")[1])
+        s = train(key, config, overrides, torchrun_args)
+        row = {"row": name, "seed": seed, "val_loss": s["final_val_loss"], "val_curve": s["val_curve"],
+               "tokens_per_s": s.get("tokens_per_s")}
+        if name != "uncompressed":
+            a = analyse(s)
+            row.update(stiefel_error=max(float(b["stiefel_error"]) for b in a["boundaries"]),
+                       energy_learned=boundary_mean(a, "energy_learned"),
+                       mean_angle_to_init_deg=boundary_mean(a, "mean_angle_to_init_deg"))
+        rows.append(row)
+        print(f"{name:<13} seed {seed}: val loss {row['val_loss']:.4f}"
+              + (f", max |A^T A - I| {row['stiefel_error']:.1e}" if "stiefel_error" in row else ""), flush=True)
+    gpu = args.preset == "gpu"
+    meta = br.run_meta({"config": GPU_CONFIG if gpu else args.config_file, "steps": None if gpu else args.steps,
+                        "preset": args.preset, "seeds": args.seeds, "P": 8,
                         "command": "python reproduce/mapl/manifold_ablation.py " + " ".join(args.argv)})
     return {"meta": meta, "rows": rows}
 
@@ -128,11 +136,12 @@ def _plot(rows: List[Dict[str, Any]], order: List[str]) -> Any:
 
 def build_parser() -> Any:
     p = br.script_parser(__doc__, "runs/mapl/manifold_ablation.json")
-    p.add_argument("--config-file", default=CPU_CONFIG, help="the base config")
-    p.add_argument("--steps", type=int, default=150, help="training steps per run")
-    p.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44], help="one run per row and seed")
+    p.add_argument("--config-file", default=CPU_CONFIG, help="CPU preset: the base config")
+    p.add_argument("--steps", type=int, default=150, help="CPU preset: training steps per run")
     p.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS), help="rows to run")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config overrides for every run")
+    presets.add_preset_args(p, f"{GPU_CONFIG} (1.0B, r = 256, batch 512 x 2048, bf16) on one 80 GB GPU, P = 8 "
+                               "simulated", seeds=(42, 43, 44))
     return br.help_with_defaults(p)
 
 
@@ -141,6 +150,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(own)
     args.argv = own
     saved = br.read_saved(args.from_json) if args.from_json else measure(args, torchrun_args)
+    if "dry_run" in saved:
+        return saved["dry_run"]
     r = render(saved)
     br.publish(args.out, saved["rows"], saved["meta"], TITLE, r["headers"], r["body"], r["verdicts"], r["figure"],
                r["notes"], r["extra"])
