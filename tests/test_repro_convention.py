@@ -33,6 +33,8 @@ SCRIPTS = [
     ("resbm/table3_throughput.py", "resbm/cpu_table3.json"),
     ("mapl/main_table.py", "mapl/cpu_main_table.json"),
     ("mapl/throughput.py", "mapl/cpu_throughput.json"),
+    ("mapl/manifold_ablation.py", "mapl/cpu_manifold_ablation.json"),
+    ("mapl/activation_findings.py", "mapl/cpu_activation_findings.json"),
     ("sm/cpu_compare.py", "sm/cpu_table1.json"),
     ("sm/table1_throughput.py", "sm/cpu_table1_throughput.json"),
     ("sm/fig3_depth.py", "sm/cpu_fig3_depth.json"),
