@@ -196,6 +196,24 @@ def test_muon_ns_dtype_reaches_the_optimizer_and_its_step() -> None:
     torch.testing.assert_close(w.detach(), expected, rtol=0, atol=1e-7)
 
 
+def test_clip_norm_is_accumulated_in_float64() -> None:
+    """torch's fp32 norm on CPU is off by ~1e-6..1e-4 on large tensors (by a different amount per TP shard
+    layout); clip_grad_norm_ must return the float64 norm to fp32 rounding, and clip by it."""
+    g = torch.Generator().manual_seed(0)
+    params = [nn.Parameter(torch.zeros(4096, 128)), nn.Parameter(torch.zeros(7))]
+    params[0].grad = torch.rand(4096, 128, generator=g) * 1e-2
+    params[0].grad[5] += 1.0
+    params[1].grad = torch.rand(7, generator=g)
+    exact = math.sqrt(sum(float(p.grad.double().pow(2).sum()) for p in params))
+    assert abs(float(torch.nn.utils.get_total_norm([p.grad for p in params])) / exact - 1) > 1e-6  # the fp32 error
+    before = [p.grad.clone() for p in params]
+    norm = clip_grad_norm_(params, 0.5, None, None)
+    assert norm == pytest.approx(exact, rel=1e-7)
+    for p, b in zip(params, before):
+        torch.testing.assert_close(p.grad, b * (0.5 / (float(torch.tensor(exact, dtype=torch.float32)) + 1e-6)),
+                                   rtol=1e-6, atol=0)
+
+
 # ----------------------------------------------------------------------------------------------
 # exact resume (single process)
 # ----------------------------------------------------------------------------------------------
