@@ -429,3 +429,22 @@ def test_figure_scripts_smoke(tmp_path: Path) -> None:
         assert (tmp_path / f"{stem}.png").exists() and (tmp_path / f"{stem}.md").exists()
         data = json.loads((tmp_path / f"{stem}.json").read_text())
         assert data["rows"] and data["paper"] and any(p["held"] is not None for p in data["paper"])
+
+
+def test_table7_gemm_sums_equal_the_printed_formulas_and_the_quoted_7b_ratios() -> None:
+    """BOOST Table 7: each design's per-rank MLP GEMMs (written from its sharding) sum to the paper's printed
+    FLOPs, data movement and A.I. for any shape; at LLaMA-7B, b s = 4096, TP = 4 they give the quoted 0.2x
+    (vanilla / full rank) and 2.5x (BTP / vanilla); a SwiGLU gate leaves the A.I. unchanged."""
+    t7 = _load(REPRO / "table7_intensity.py", "repro_boost_table7")
+    for d, d_ff, r, tokens, tp in [(4096, 11008, 1024, 4096, 4), (512, 1376, 64, 300, 2), (2048, 8192, 256, 64, 8),
+                                   (1024, 2816, 512, 1, 1)]:
+        for design in t7.DESIGNS:
+            ours = t7.intensity(t7.mlp_gemms(design, d, d_ff, r, tokens, tp))
+            printed = t7.paper_formulas(design, d, d_ff, r, tokens, tp)
+            for k in ("flops", "bytes", "ai"):
+                assert ours[k] == pytest.approx(printed[k], rel=1e-12), (design, k, d, tp)
+            gated = t7.intensity(t7.mlp_gemms(design, d, d_ff, r, tokens, tp, gated=True))
+            assert gated["flops"] == pytest.approx(1.5 * ours["flops"]) and gated["ai"] == pytest.approx(ours["ai"])
+    ai = {x: t7.intensity(t7.mlp_gemms(x, 4096, 11008, 1024, 4096, 4))["ai"] for x in t7.DESIGNS}
+    assert ai["vanilla"] / ai["megatron"] == pytest.approx(0.2, abs=0.005)
+    assert ai["btp"] / ai["vanilla"] == pytest.approx(2.5, abs=0.06)

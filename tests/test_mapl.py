@@ -251,6 +251,45 @@ def test_muon_with_polar_express_takes_the_polar_express_step() -> None:
     assert not torch.equal(one_step("polar_express"), one_step("newton_schulz"))
 
 
+def test_spel_modes_of_the_manifold_unaware_ablation() -> None:
+    """optimizer.spel.mode: euclidean takes A - lr polar(g) (no tangent projection, no retraction) and
+    leaves the manifold; euclidean_qr re-orthonormalises that step by QR; fixed never moves A; stiefel
+    (SPEL) differs from both."""
+    from nanotron_ext.config.loader import from_dict
+    from nanotron_ext.config.schema import OptimizerConfig
+    from nanotron_ext.mapl.spel import SPEL, build_spel
+    from nanotron_ext.optim.polar_express import polar_express
+
+    g = torch.Generator().manual_seed(3)
+    a0 = torch.linalg.qr(torch.randn(32, 8, generator=g, dtype=torch.float64))[0]
+    c = torch.randn(32, 32, generator=g, dtype=torch.float64)
+    c = c @ c.T
+
+    def train(mode: str, steps: int) -> torch.Tensor:
+        p = torch.nn.Parameter(a0.clone())
+        opt = SPEL([p], lr=0.05, momentum=0.9, mode=mode)
+        for _ in range(steps):
+            opt.zero_grad()
+            (-torch.trace(p.T @ c @ p)).backward()
+            opt.step()
+        return p.detach()
+
+    grad = -2 * c @ a0  # d/dA of -tr(A^T C A); first momentum (1 - beta) g has the same polar factor
+    torch.testing.assert_close(train("euclidean", 1), a0 - 0.05 * polar_express(grad, dtype=torch.float32),
+                               rtol=0, atol=1e-6)
+    eye = torch.eye(8, dtype=torch.float64)
+    escaped = train("euclidean", 50)
+    assert (escaped.T @ escaped - eye).abs().max() > 0.1  # manifold escape
+    qr = train("euclidean_qr", 50)
+    assert (qr.T @ qr - eye).abs().max() < 1e-10
+    assert torch.equal(train("fixed", 20), a0)
+    assert (train("stiefel", 1) - train("euclidean_qr", 1)).abs().max() > 1e-4
+    with pytest.raises(ValueError, match="mode"):
+        SPEL([torch.nn.Parameter(a0.clone())], lr=0.1, mode="adam")
+    opt = build_spel([torch.nn.Parameter(a0.clone())], from_dict(OptimizerConfig, {"name": "muon", "spel": {"mode": "fixed"}}))
+    assert opt.param_groups[0]["mode"] == "fixed"
+
+
 def test_energy_and_principal_angles_match_closed_forms() -> None:
     from nanotron_ext.mapl.analyse import analyse, energy_kept, principal_angles_deg
 
@@ -267,6 +306,35 @@ def test_energy_and_principal_angles_match_closed_forms() -> None:
     out = analyse({0: a, 3: b}, {0: x, 3: x})
     assert out["mean_principal_angle_deg"]["0-3"] == pytest.approx(math.degrees(theta) / 2, abs=1e-6)
     assert out["boundaries"][0]["energy_learned"] == pytest.approx(1.0)
+
+
+def test_rank_for_energy_pair_cosine_pearson_and_stiefel_error_match_closed_forms() -> None:
+    import numpy as np
+
+    from nanotron_ext.mapl.analyse import pair_cosine_pearson, random_basis, rank_for_energy, stiefel_error
+
+    g = torch.Generator().manual_seed(5)
+    u = torch.linalg.qr(torch.randn(50, 4, generator=g, dtype=torch.float64))[0]
+    v = torch.linalg.qr(torch.randn(6, 4, generator=g, dtype=torch.float64))[0]
+    x = u @ torch.diag(torch.tensor([3.0, 2.0, 1.0, 0.1], dtype=torch.float64)) @ v.T
+    # energies 9, 4, 1, 0.01 of 14.01: rank 2 keeps 92.8%, rank 3 99.93%
+    assert rank_for_energy(x, 0.99) == 3 and rank_for_energy(x, 0.9) == 2 and rank_for_energy(x, 0.9999) == 4
+    assert rank_for_energy(x, 9 / 14.01) == 1  # exactly at a boundary
+    # a basis containing the rows' span keeps every cosine: r = 1; numpy's Pearson on a random basis
+    assert pair_cosine_pearson(x, torch.eye(6, dtype=torch.float64)) == pytest.approx(1.0, abs=1e-12)
+    assert pair_cosine_pearson(x, v) == pytest.approx(1.0, abs=1e-12)
+    b = random_basis(6, 2, 0)
+    gi = torch.Generator().manual_seed(9)
+    i = torch.randint(0, 50, (4096,), generator=gi)
+    j = (i + torch.randint(1, 50, (4096,), generator=gi)) % 50
+    xn, zn = x.numpy(), (x @ b).numpy()
+
+    def cos(m: np.ndarray) -> np.ndarray:
+        return (m[i] * m[j]).sum(1) / np.linalg.norm(m[i], axis=1) / np.linalg.norm(m[j], axis=1)
+
+    assert pair_cosine_pearson(x, b, seed=9) == pytest.approx(np.corrcoef(cos(xn), cos(zn))[0, 1], abs=1e-12)
+    a = torch.linalg.qr(torch.randn(6, 3, generator=g, dtype=torch.float64))[0]
+    assert stiefel_error(a) < 1e-12 and stiefel_error(2 * a) == pytest.approx(3.0)
 
 
 def test_hybrid_optimiser_puts_anchor_tables_on_adamw_and_projections_on_spel() -> None:

@@ -147,6 +147,73 @@ def test_param_groups_and_peaks() -> None:
     assert [(g["name"], g["weight_decay"]) for g in plain.param_groups] == [("adamw_decay", 0.1), ("adamw_no_decay", 0.0)]
 
 
+def test_fp32_newton_schulz_is_the_quintic_on_each_singular_value() -> None:
+    """optimizer.muon_ns_dtype=fp32: the NS iteration maps each normalised singular value s by the
+    scalar quintic p(s) = a s + b s^3 + c s^5 and keeps the singular vectors (a closed form, not the
+    code's own matrices); torch's bf16 NS agrees at bf16 precision."""
+    from torch.optim._muon import DEFAULT_A, DEFAULT_B, DEFAULT_C, EPS, _zeropower_via_newtonschulz
+
+    from nanotron_ext.optim.muon_tp import newton_schulz
+
+    g = torch.Generator().manual_seed(0)
+    u = torch.linalg.qr(torch.randn(12, 5, generator=g, dtype=torch.float64))[0]
+    v = torch.linalg.qr(torch.randn(5, 5, generator=g, dtype=torch.float64))[0]
+    s = torch.tensor([3.0, 2.0, 1.0, 0.5, 0.1], dtype=torch.float64)
+    x = u @ torch.diag(s) @ v.T  # tall: NS works on the transpose
+    coeffs = (DEFAULT_A, DEFAULT_B, DEFAULT_C)
+    t = s / s.norm()  # ||X||_F = ||s||
+    for _ in range(5):
+        t = DEFAULT_A * t + DEFAULT_B * t**3 + DEFAULT_C * t**5
+    expected = u @ torch.diag(t) @ v.T
+    torch.testing.assert_close(newton_schulz(x, coeffs, 5, EPS, torch.float64), expected, rtol=0, atol=1e-12)
+    torch.testing.assert_close(newton_schulz(x.float(), coeffs, 5, EPS), expected.float(), rtol=0, atol=1e-5)
+    torch.testing.assert_close(_zeropower_via_newtonschulz(x.float(), coeffs, 5, EPS).float(), expected.float(),
+                               rtol=0, atol=5e-2)
+
+
+def test_muon_ns_dtype_reaches_the_optimizer_and_its_step() -> None:
+    """With muon_ns_dtype=fp32 every Muon matrix takes W <- W(1 - lr wd) - adjusted_lr NS_fp32(nesterov
+    momentum); bf16 (the default) keeps torch's own path."""
+    from torch.optim._muon import DEFAULT_A, DEFAULT_B, DEFAULT_C, EPS, _adjust_lr
+
+    from nanotron_ext.optim.muon_tp import newton_schulz
+
+    torch.manual_seed(0)
+    model = _TinyLM()
+    cfg = OptimizerConfig(name="muon", muon_ns_dtype="fp32", muon_lr=0.02, weight_decay=0.1)
+    opt = build_optimizer(model, cfg, tp_pg=None)
+    muon = opt.optimizers[0]
+    assert muon.ns_dtype == torch.float32 and muon.gather_dtype is None
+    assert build_optimizer(model, OptimizerConfig(name="muon"), tp_pg=None).optimizers[0].ns_dtype == torch.bfloat16
+    w = model.layers[0].up.weight
+    before = w.detach().clone()
+    _tiny_lm_loss(model, 0).backward()
+    grad = w.grad.detach().clone()
+    opt.step()
+    update = grad.lerp(grad * (1 - 0.95), 0.95)  # nesterov on a fresh buffer: buf = (1 - m) grad
+    ortho = newton_schulz(update, (DEFAULT_A, DEFAULT_B, DEFAULT_C), 5, EPS)
+    expected = before * (1 - 0.02 * 0.1) - _adjust_lr(0.02, "original", w.shape) * ortho
+    torch.testing.assert_close(w.detach(), expected, rtol=0, atol=1e-7)
+
+
+def test_clip_norm_is_accumulated_in_float64() -> None:
+    """torch's fp32 norm on CPU is off by ~1e-6..1e-4 on large tensors (by a different amount per TP shard
+    layout); clip_grad_norm_ must return the float64 norm to fp32 rounding, and clip by it."""
+    g = torch.Generator().manual_seed(0)
+    params = [nn.Parameter(torch.zeros(4096, 128)), nn.Parameter(torch.zeros(7))]
+    params[0].grad = torch.rand(4096, 128, generator=g) * 1e-2
+    params[0].grad[5] += 1.0
+    params[1].grad = torch.rand(7, generator=g)
+    exact = math.sqrt(sum(float(p.grad.double().pow(2).sum()) for p in params))
+    assert abs(float(torch.nn.utils.get_total_norm([p.grad for p in params])) / exact - 1) > 1e-6  # the fp32 error
+    before = [p.grad.clone() for p in params]
+    norm = clip_grad_norm_(params, 0.5, None, None)
+    assert norm == pytest.approx(exact, rel=1e-7)
+    for p, b in zip(params, before):
+        torch.testing.assert_close(p.grad, b * (0.5 / (float(torch.tensor(exact, dtype=torch.float32)) + 1e-6)),
+                                   rtol=1e-6, atol=0)
+
+
 # ----------------------------------------------------------------------------------------------
 # exact resume (single process)
 # ----------------------------------------------------------------------------------------------

@@ -28,10 +28,13 @@ SCRIPTS = [
     ("boost/fig6_scaling.py", "boost/cpu_fig6_scaling.json"),
     ("boost/fig7_compute.py", "boost/cpu_fig7_compute.json"),
     ("boost/fig8_comm.py", "boost/cpu_fig8_comm.json"),
+    ("boost/table7_intensity.py", "boost/cpu_table7_intensity.json"),
     ("resbm/table2_convergence.py", "resbm/cpu_table2.json"),
     ("resbm/table3_throughput.py", "resbm/cpu_table3.json"),
     ("mapl/main_table.py", "mapl/cpu_main_table.json"),
     ("mapl/throughput.py", "mapl/cpu_throughput.json"),
+    ("mapl/manifold_ablation.py", "mapl/cpu_manifold_ablation.json"),
+    ("mapl/activation_findings.py", "mapl/cpu_activation_findings.json"),
     ("sm/cpu_compare.py", "sm/cpu_table1.json"),
     ("sm/table1_throughput.py", "sm/cpu_table1_throughput.json"),
     ("sm/fig3_depth.py", "sm/cpu_fig3_depth.json"),
@@ -42,10 +45,12 @@ SCRIPTS = [
     ("het_sparseloco/table4_ablations.py", "het_sparseloco/table4_cpu.json"),
     ("het_sparseloco/sim_sweep.py", "het_sparseloco/cpu_sweep_m4.json"),
     ("het_sparseloco/utilisation.py", "het_sparseloco/cpu_baseline.json"),
+    ("het_sparseloco/stage_link.py", "het_sparseloco/cpu_stage_link.json"),
 ]
 CONVERGENCE = ["resbm/table2_convergence.py", "mapl/main_table.py", "sm/cpu_compare.py",
                "het_sparseloco/table1_main.py", "het_sparseloco/table2_ratio_sweep.py",
-               "het_sparseloco/table3_no_inner_loop.py", "het_sparseloco/table4_ablations.py", "sm/fig3_depth.py"]
+               "het_sparseloco/table3_no_inner_loop.py", "het_sparseloco/table4_ablations.py", "sm/fig3_depth.py",
+               "resbm/fig2_vs_sm.py", "mapl/manifold_ablation.py", "mapl/activation_findings.py"]
 
 
 def test_every_script_is_listed() -> None:

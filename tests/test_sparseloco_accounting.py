@@ -8,6 +8,8 @@ from nanotron_ext.sparseloco.accounting import (
     compute_utilisation,
     dense_allreduce_bytes,
     outer_sync_bytes,
+    pipeline_utilisation,
+    stage_link_bytes,
     utilisation_curve,
 )
 from nanotron_ext.sparseloco.config import SparseLoCoConfig
@@ -37,6 +39,18 @@ def test_utilisation_by_hand() -> None:
     # 560 B over 1 kbit/s: 4.48 s after 5 s of compute; dense 65792 B: 2 hops of 32896 B = 526.336 s
     assert curve[0][1] == pytest.approx(5 / 9.48) and curve[0][2] == pytest.approx(0.5 / 526.836)
     assert curve[1][1] > curve[0][1] and curve[1][2] > curve[0][2]
+
+
+def test_stage_link_model_by_hand() -> None:
+    # 1000 tokens, d = 64 bf16 forward and back: 128 kB each way; k = 8 with an int32 id: 20 kB / 16 kB
+    assert stage_link_bytes(1000, 64) == (128_000, 128_000)
+    assert stage_link_bytes(1000, 8, id_bytes=4) == (20_000, 16_000)
+    # 256 kB over 1 Mbit/s = 2.048 s beside 1 s of compute: blocking 1 / 3.048, overlapped 1 / 2.048
+    assert pipeline_utilisation(1.0, 256_000, 1e6) == pytest.approx(1 / 3.048)
+    assert pipeline_utilisation(1.0, 256_000, 1e6, overlap=True) == pytest.approx(1 / 2.048)
+    assert pipeline_utilisation(3.0, 256_000, 1e6, overlap=True) == 1.0  # transfer hidden
+    # H = 10 such steps and a 4 s sync: 10 / (10 * 3.048 + 4)
+    assert pipeline_utilisation(1.0, 256_000, 1e6, inner_steps=10, sync_s=4.0) == pytest.approx(10 / 34.48)
 
 
 @pytest.mark.parametrize("kwargs,key", [({"chunk": 1000}, "sparseloco.chunk"), ({"topk": 0}, "sparseloco.topk"),

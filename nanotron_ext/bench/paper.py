@@ -140,6 +140,17 @@ class Verdict:
                 "verdict": self.status}
 
 
+def mean_se(values: Sequence[float]) -> Tuple[Optional[float], Optional[float]]:
+    """(mean, standard error of the mean) over seeds or repeats; s.e. None from one value (a verdict
+    then says "undetermined (1 run)"), both None from none."""
+    import statistics
+
+    vals = [float(v) for v in values if v is not None]
+    if not vals:
+        return None, None
+    return statistics.fmean(vals), (statistics.stdev(vals) / len(vals) ** 0.5 if len(vals) > 1 else None)
+
+
 def _finite(v: Any) -> Optional[float]:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None

@@ -12,9 +12,10 @@ LLaMA); "as configured" counts everything the file builds (ResBM's sizes include
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from pathlib import Path
-from typing import Any, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 HEADER = re.compile(r"^# parameters: ([\d,]+) \((uncompressed model|as configured)\); paper: ([\d,.]*\d)([MB]?)",
                     re.MULTILINE)
@@ -23,10 +24,10 @@ UNCOMPRESSED = ("model.codec.kind=identity", "model.embedding.kind=standard", "m
                 "sparseloco.compressed_replicas=[]")
 
 
-def count_params(cfg: Any) -> int:
-    """Distinct parameters of the whole model of `cfg` (one process, tp = pp = 1), built on the
-    meta device. With codec boundaries at `stages` and pp > 1 the boundaries sit where pp stages
-    would end, so the count is that of the pipelined model."""
+def param_shapes(cfg: Any) -> List[Tuple[int, ...]]:
+    """Shapes of the distinct parameters of the whole model of `cfg` (one process, tp = pp = 1), built
+    on the meta device. With codec boundaries at `stages` and pp > 1 the boundaries sit where pp stages
+    would end, so these are the pipelined model's parameters."""
     import torch
 
     from nanotron_ext.models.llama import LlamaForTraining
@@ -40,7 +41,12 @@ def count_params(cfg: Any) -> int:
         model_cfg = dataclasses.replace(model_cfg, codec=dataclasses.replace(model_cfg.codec, boundaries=stage_ends))
     with torch.device("meta"):
         model = LlamaForTraining(model_cfg, ctx, AccountedP2P(ctx.pp_pg, device=torch.device("meta")))
-    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    return [tuple(p.shape) for p in {id(p): p for p in model.parameters()}.values()]
+
+
+def count_params(cfg: Any) -> int:
+    """Distinct parameters of the whole model of `cfg` (see `param_shapes`)."""
+    return sum(math.prod(s) for s in param_shapes(cfg))
 
 
 def count_config_file(path: str | Path, uncompressed: bool = False) -> int:

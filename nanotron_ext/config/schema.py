@@ -171,6 +171,9 @@ class OptimizerConfig(Extensible, path="optimizer"):
     """Muon momentum."""
     muon_orthogonaliser: Literal["newton_schulz", "polar_express"] = "newton_schulz"
     """How Muon orthogonalises its update: torch's Newton-Schulz quintic, or PolarExpress (MAPL)."""
+    muon_ns_dtype: Literal["bf16", "fp32"] = "bf16"
+    """Compute dtype of that orthogonalisation: bf16 (torch.optim.Muon's) or fp32 (the same iteration; on
+    CPUs without native bf16 matmuls, bf16 is 5-20x slower and dominates a small model's step)."""
     muon_adjust_lr: Literal["original", "match_rms_adamw"] = "original"
     """torch.optim.Muon's lr adjustment: original = sqrt(max(1, rows/cols)); match_rms_adamw = 0.2 *
     sqrt(max(rows, cols)), which gives Muon updates AdamW's RMS so one peak lr serves both (Moonlight)."""

@@ -2,7 +2,12 @@
 
 - the fraction of boundary-activation energy a basis keeps, ||(X - anchor) A||^2 / ||X - anchor||^2,
   for the learned A_p and for a random orthonormal basis of the same rank;
-- principal angles between the learned subspaces of different boundaries.
+- principal angles between the learned subspaces of different boundaries;
+- the rank the boundary activations need for 99% of their energy (sec. 3.1: ~250 of d = 1024), as they are
+  and centred (a direction common to all tokens can hold most of the energy on its own);
+- isometry: the Pearson correlation of token-pair cosine similarities before and after projection
+  (paper: r = 0.992), for the learned and for a random basis;
+- how far A_p is from the Stiefel manifold, max |A^T A - I| (the manifold-unaware ablation).
 
     torchrun --standalone --nproc_per_node 1 -m nanotron_ext.mapl.analyse \
         --config-file runs/<run>/config.yaml --checkpoint checkpoints/<run>/step_<N> --out runs/<run>/mapl_analysis.json
@@ -33,19 +38,54 @@ def principal_angles_deg(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.rad2deg(torch.arccos(cosines))  # svdvals descend, so the angles ascend
 
 
+def rank_for_energy(x: torch.Tensor, fraction: float = 0.99) -> int:
+    """Smallest k whose best rank-k basis (top right singular vectors) keeps `fraction` of the energy of
+    the rows of x [N, d]."""
+    s2 = torch.linalg.svdvals(x.double()).square()
+    kept = torch.cumsum(s2, 0) / s2.sum()
+    return int(torch.searchsorted(kept, torch.tensor([fraction], dtype=kept.dtype) - 1e-12)[0]) + 1
+
+
+def pair_cosine_pearson(x: torch.Tensor, basis: torch.Tensor, pairs: int = 4096, seed: int = 0) -> float:
+    """Pearson r between cos(x_i, x_j) and cos(x_i B, x_j B) over `pairs` random pairs of distinct rows
+    of x [N, d] (MAPL's isometry finding)."""
+    g = torch.Generator().manual_seed(seed)
+    n = x.shape[0]
+    i = torch.randint(0, n, (pairs,), generator=g)
+    j = (i + torch.randint(1, n, (pairs,), generator=g)) % n  # j != i
+    x = x.double()
+    z = x @ basis.double()
+
+    def cos(v: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cosine_similarity(v[i], v[j], dim=1)
+
+    return float(torch.corrcoef(torch.stack([cos(x), cos(z)]))[0, 1])
+
+
+def stiefel_error(a: torch.Tensor) -> float:
+    """max |A^T A - I|: 0 on the Stiefel manifold."""
+    a = a.double()
+    return float((a.T @ a - torch.eye(a.shape[1], dtype=a.dtype)).abs().max())
+
+
 def random_basis(d: int, r: int, seed: int) -> torch.Tensor:
     return torch.linalg.qr(torch.randn(d, r, generator=torch.Generator().manual_seed(seed), dtype=torch.float64))[0]
 
 
 def analyse(projections: Dict[int, torch.Tensor], activations: Dict[int, torch.Tensor], seed: int = 0,
             initial: Optional[Dict[int, torch.Tensor]] = None) -> Dict[str, object]:
-    """Per boundary: energy kept by the learned and by a random basis (and, given the initial bases, how
-    far training turned each); per pair: mean principal angle."""
+    """Per boundary: energy kept by the learned and by a random basis, the rank for 99% energy, the pair-cosine
+    Pearson r through each basis, A's distance from the manifold (and, given the initial bases, how far
+    training turned each); per pair: mean principal angle."""
     rows: List[Dict[str, object]] = []
     for b in sorted(projections):
         a = projections[b]
-        row = {"boundary": b, "rank": a.shape[1], "energy_learned": energy_kept(activations[b], a),
-               "energy_random": energy_kept(activations[b], random_basis(a.shape[0], a.shape[1], seed + b))}
+        x, rand = activations[b], random_basis(a.shape[0], a.shape[1], seed + b)
+        row = {"boundary": b, "rank": a.shape[1], "energy_learned": energy_kept(x, a),
+               "energy_random": energy_kept(x, rand), "rank_99": rank_for_energy(x, 0.99), "d": a.shape[0],
+               "rank_99_centred": rank_for_energy(x - x.mean(0), 0.99),  # without the tokens' common direction
+               "pearson_learned": pair_cosine_pearson(x, a, seed=seed + b),
+               "pearson_random": pair_cosine_pearson(x, rand, seed=seed + b), "stiefel_error": stiefel_error(a)}
         if initial is not None:
             row["mean_angle_to_init_deg"] = float(principal_angles_deg(a, initial[b]).mean())
         rows.append(row)
@@ -114,9 +154,11 @@ def write(result: Dict[str, object], out: Path, title: str) -> None:
     rows = result["boundaries"]
     write_rows(out, rows, meta | {"mean_principal_angle_deg": result["mean_principal_angle_deg"],
                                   "random_pair_mean_angle_deg": result["random_pair_mean_angle_deg"]})
-    headers = ["boundary", "rank", "energy kept: learned A_p", "energy kept: random basis", "mean angle to init (deg)"]
+    headers = ["boundary", "rank", "energy kept: learned A_p", "energy kept: random basis", "rank for 99% energy",
+               "pair-cosine Pearson: learned", "random", "max |A^T A - I|", "mean angle to init (deg)"]
     body = [[r["boundary"], r["rank"], f"{r['energy_learned']:.3f}", f"{r['energy_random']:.3f}",
-             f"{r.get('mean_angle_to_init_deg', float('nan')):.1f}"] for r in rows]
+             f"{r['rank_99']} of {r['d']}", f"{r['pearson_learned']:.4f}", f"{r['pearson_random']:.4f}",
+             f"{r['stiefel_error']:.1e}", f"{r.get('mean_angle_to_init_deg', float('nan')):.1f}"] for r in rows]
     angles = [[k, f"{v:.1f}"] for k, v in result["mean_principal_angle_deg"].items()]
     angles.append(["two random bases", f"{result['random_pair_mean_angle_deg']:.1f}"])
     out.with_suffix(".md").write_text(f"# {title}\n\n" + markdown_table(headers, body) + "\n\n"
@@ -153,7 +195,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     write(result, out, f"MAPL projections: {args.checkpoint}")
     for r in result["boundaries"]:
         print(f"boundary {r['boundary']}: energy kept learned {r['energy_learned']:.3f} vs random {r['energy_random']:.3f}"
-              f"; turned {r.get('mean_angle_to_init_deg', float('nan')):.1f} deg from its initial basis")
+              f"; turned {r.get('mean_angle_to_init_deg', float('nan')):.1f} deg from its initial basis; 99% energy at "
+              f"rank {r['rank_99']} of {r['d']}; pair-cosine Pearson {r['pearson_learned']:.4f} (random basis "
+              f"{r['pearson_random']:.4f}); max |A^T A - I| {r['stiefel_error']:.1e}")
     for k, v in result["mean_principal_angle_deg"].items():
         print(f"mean principal angle {k}: {v:.1f} deg")
     print(f"two random {projections_shape(result)} bases: {result['random_pair_mean_angle_deg']:.1f} deg")

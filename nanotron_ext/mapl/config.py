@@ -57,6 +57,9 @@ class SpelConfig:
     """Heavy-ball momentum beta of the Riemannian gradient."""
     polar_steps: int = 5
     """PolarExpress iterations for the direction polar(m)."""
+    mode: Literal["stiefel", "euclidean", "euclidean_qr", "fixed"] = "stiefel"
+    """stiefel = SPEL (MAPL); the manifold-unaware ablation: euclidean (raw gradient, no retraction: A leaves
+    the manifold), euclidean_qr (the same step, then QR re-orthonormalisation), fixed (A never trained)."""
 
     def __post_init__(self) -> None:
         require_finite(self, "optimizer.spel")

@@ -78,6 +78,9 @@ def _adamw(groups: List[Dict[str, Any]], cfg: OptimizerConfig) -> torch.optim.Ad
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay)
 
 
+_NS_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
 def build_optimizer(
     model: torch.nn.Module,
     cfg: OptimizerConfig,
@@ -131,8 +134,10 @@ def build_optimizer(
         optimizers.append(TensorParallelMuon(
             [{"params": [p for _, p in split.muon], "name": "muon"}],
             lr=cfg.muon_lr, weight_decay=cfg.weight_decay, momentum=cfg.muon_momentum, nesterov=nesterov,
-            ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn, tp_pg=tp_pg, gather_dtype=gather_dtype,
-            orthogonaliser=cfg.muon_orthogonaliser,
+            ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn, tp_pg=tp_pg,
+            # a bf16 gather only saves bytes when the orthogonaliser casts to bf16 anyway
+            gather_dtype=gather_dtype if cfg.muon_ns_dtype == "bf16" else None,
+            orthogonaliser=cfg.muon_orthogonaliser, ns_dtype=_NS_DTYPES[cfg.muon_ns_dtype],
         ))
     if adamw_groups:
         optimizers.append(_adamw(adamw_groups, cfg))

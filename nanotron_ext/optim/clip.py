@@ -9,9 +9,12 @@ Each gradient element of the model replica must be counted exactly once:
   grads on every TP rank) or exist on TP rank 0 alone (the bias of nanotron's row-parallel linear).
 
 The counted squares are summed, all-reduced over TP, then over PP; DP replicas are assumed to
-hold already-averaged, identical grads, so DP is not reduced. Norm and clip coefficient are
-torch's own (`get_total_norm`, `clip_grads_with_norm_`: coef = max_norm / (norm + 1e-6), clamped
-to 1), so the result matches torch.nn.utils.clip_grad_norm_ on the unsharded model.
+hold already-averaged, identical grads, so DP is not reduced. Each tensor's norm is accumulated in
+float64: torch's fp32 norm on CPU is off by up to ~1e-4 relative on a large, uneven gradient (a
+4096 x 128 embedding: 8e-5), and by a different amount for each TP shard layout, so clipping would
+scale the same gradient differently at TP = 1 and TP = 2 (BOOST Fig. 4 found it). The clip itself
+is torch's (`clip_grads_with_norm_`: coef = max_norm / (norm + 1e-6), clamped to 1), so the result
+matches torch.nn.utils.clip_grad_norm_ on the unsharded model.
 """
 from __future__ import annotations
 
@@ -51,14 +54,14 @@ def clip_grad_norm_(
     tp_rank = dist.get_rank(tp_pg) if tp_split else 0
     counted = [p.grad for p in params if _counted_here(p, tp_rank)]
     device = params[0].grad.device if params else torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    # Squares in fp32 at least, so bf16 grads do not lose the sum.
-    dtype = torch.promote_types(params[0].grad.dtype, torch.float32) if params else torch.float32
-    sq = (torch.nn.utils.get_total_norm(counted, 2.0).to(device=device, dtype=dtype) ** 2) if counted \
-        else torch.zeros((), device=device, dtype=dtype)
+    # Squares summed in float64 (module docstring): the norm must not depend on how TP shards a tensor.
+    sq = torch.zeros((), device=device, dtype=torch.float64)
+    for g in counted:
+        sq += torch.linalg.vector_norm(g, dtype=torch.float64).to(device) ** 2
     for pg in (tp_pg, pp_pg):
         if pg is not None and pg.size() > 1:
             dist.all_reduce(sq, op=dist.ReduceOp.SUM, group=pg)
-    total = sq.sqrt()
+    total = sq.sqrt().to(torch.promote_types(params[0].grad.dtype, torch.float32) if params else torch.float32)
     if max_norm > 0 and params:
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
     return float(total)

@@ -24,7 +24,10 @@ result. A further saving, not implemented: give each TP rank a disjoint subset o
 orthogonalise and all-gather the results, so NS compute is split instead of replicated.
 
 Newton–Schulz and the lr adjustment are torch's own (`torch.optim._muon`), so the update
-tracks torch's Muon exactly; tests/test_optim.py checks the result against it.
+tracks torch's Muon exactly; tests/test_optim.py checks the result against it. torch's NS runs in
+bf16; `ns_dtype` (optimizer.muon_ns_dtype) runs the same iteration in fp32 instead (`newton_schulz`):
+on CPUs without native bf16 matmuls (e.g. the 2-core EPYC of our CI) bf16 is 5-20x slower and
+dominated the step time of every Muon run at CPU scale.
 """
 from __future__ import annotations
 
@@ -48,6 +51,23 @@ from torch.optim.optimizer import ParamsT
 from nanotron_ext.optim.polar_express import polar_express
 
 Slices = Tuple[slice, ...]
+
+
+def newton_schulz(grad: torch.Tensor, ns_coefficients: Tuple[float, float, float], ns_steps: int, eps: float,
+                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """torch's `_zeropower_via_newtonschulz` (the same quintic X <- aX + (bA + cA^2)X, A = X X^T, on the wide
+    orientation after X / max(||X||_F, eps)) computed in `dtype`; torch's own always casts to bf16.
+    Written out because torch exposes no dtype argument."""
+    if grad.ndim != 2:
+        raise ValueError(f"newton_schulz expects a matrix, got shape {tuple(grad.shape)}")
+    a, b, c = ns_coefficients
+    tall = grad.shape[0] > grad.shape[1]
+    x = (grad.T if tall else grad).to(dtype)
+    x = x / x.norm().clamp(min=eps)
+    for _ in range(ns_steps):
+        gram = x @ x.T
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.T if tall else x
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,7 +166,8 @@ class TensorParallelMuon(torch.optim.Muon):
         None gathers in the parameter's dtype.
 
     orthogonaliser: "newton_schulz" (torch's quintic, `ns_coefficients`) or "polar_express" (the
-        published per-step quintics, nanotron_ext.optim.polar_express; `ns_steps` iterations, bf16).
+        published per-step quintics, nanotron_ext.optim.polar_express; `ns_steps` iterations).
+    ns_dtype: the orthogonaliser's compute dtype: bf16 (torch's) or fp32 (`newton_schulz`, module doc).
 
     With newton_schulz, params not sharded over >1 rank take torch's own Muon code path unchanged. State (the
     momentum buffers) has the local shard's shape, so state_dict() is per TP rank, like the
@@ -169,6 +190,7 @@ class TensorParallelMuon(torch.optim.Muon):
         tp_pg: Optional[dist.ProcessGroup] = None,
         gather_dtype: Optional[torch.dtype] = torch.bfloat16,
         orthogonaliser: str = "newton_schulz",
+        ns_dtype: torch.dtype = torch.bfloat16,
     ) -> None:
         super().__init__(
             params, lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
@@ -180,6 +202,7 @@ class TensorParallelMuon(torch.optim.Muon):
         if orthogonaliser not in ("newton_schulz", "polar_express"):
             raise ValueError(f"optimizer.muon_orthogonaliser={orthogonaliser!r}: use newton_schulz or polar_express")
         self.orthogonaliser = orthogonaliser
+        self.ns_dtype = ns_dtype
         self.tp_pg = tp_pg
         self.gather_dtype = gather_dtype
         self._layouts = _build_layouts(sharded, tp_pg) if sharded else {}
@@ -207,7 +230,8 @@ class TensorParallelMuon(torch.optim.Muon):
                 nesterov=group["nesterov"], ns_coefficients=group["ns_coefficients"], eps=group["eps"],
                 ns_steps=group["ns_steps"], adjust_lr_fn=group["adjust_lr_fn"],
             )
-            torch_path = self.orthogonaliser == "newton_schulz"  # torch's own Muon for unsharded matrices
+            # torch's own Muon for unsharded matrices (its NS is bf16 only)
+            torch_path = self.orthogonaliser == "newton_schulz" and self.ns_dtype == torch.bfloat16
             local = [i for i, p in enumerate(params) if id(p) not in self._layouts] if torch_path else []
             if local:
                 _torch_muon(
@@ -226,8 +250,10 @@ class TensorParallelMuon(torch.optim.Muon):
                 full = update if layout is None else self._gather_full(update, layout)
                 if torch_path:
                     ortho = _zeropower_via_newtonschulz(full, hyper["ns_coefficients"], hyper["ns_steps"], hyper["eps"])
+                elif self.orthogonaliser == "newton_schulz":
+                    ortho = newton_schulz(full, hyper["ns_coefficients"], hyper["ns_steps"], hyper["eps"], self.ns_dtype)
                 else:
-                    ortho = polar_express(full, steps=hyper["ns_steps"], dtype=torch.bfloat16)
+                    ortho = polar_express(full, steps=hyper["ns_steps"], dtype=self.ns_dtype)
                 # The lr adjustment depends on the matrix's shape: the full one, not the shard's.
                 adjusted_lr = _adjust_lr(lr, hyper["adjust_lr_fn"], p.shape if layout is None else layout.full_shape)
                 p.mul_(1 - lr * hyper["weight_decay"])

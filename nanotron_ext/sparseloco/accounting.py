@@ -1,5 +1,7 @@
-"""Communication accounting and a compute-utilisation model for SparseLoCo vs dense data parallelism
-("Heterogeneous Low-Bandwidth Pre-Training of LLMs", figs. 2 and 3b: utilisation over bandwidth).
+"""Communication accounting and compute-utilisation models for SparseLoCo ("Heterogeneous Low-Bandwidth
+Pre-Training of LLMs", figs. 2 and 3b: utilisation over bandwidth): over the DP link between replicas
+(SparseLoCo vs dense data parallelism), and over the links between a replica's pipeline stages (the
+paper's figures: uncompressed vs subspace-compressed stage boundaries).
 
 Bytes are payload bytes as the comm ledger counts them (what one replica hands to the collective).
 Time model (documented choices, not the paper's; the paper does not give its formula):
@@ -9,6 +11,12 @@ Time model (documented choices, not the paper's; the paper does not give its for
 - dense DP's ring all-reduce of N bytes: 2 (M-1) hops of N / M bytes: t = 2 (M-1) (8 N / (M B) + latency);
 - utilisation = compute time / (compute time + communication time) over one outer round of H inner steps
   (dense DP: H = 1, one all-reduce per step).
+Pipeline-stage links (`stage_link_bytes`, `pipeline_utilisation`; also our choices):
+- every boundary has its own link of `bandwidth_bps`; per inner step it carries the activations forward
+  and their gradient backward, one after the other (the two directions share the link's budget);
+- every stage computes for `compute_s` per inner step; "blocking": the transfers add to it, "overlapped"
+  (1F1B hiding transfers behind other micro-batches perfectly): the step takes the longer of the two;
+- an outer round is H such steps and one blocking outer sync.
 """
 from __future__ import annotations
 
@@ -61,3 +69,24 @@ def utilisation_curve(
     sparse, dense = outer_sync_bytes(shapes, cfg), dense_allreduce_bytes(shapes)
     return [(b, compute_utilisation(step_time_s, cfg.inner_steps, sparse, replicas, b, "all_gather", latency_s),
              compute_utilisation(step_time_s, 1, dense, replicas, b, "all_reduce", latency_s)) for b in bandwidths_bps]
+
+
+def stage_link_bytes(tokens: int, width: int, value_bytes: int = 2, id_bytes: int = 0) -> Tuple[int, int]:
+    """(forward, backward) bytes one pipeline boundary carries per replica step: `tokens` activations of
+    `width` values (+ the token id a subspace codec sends beside each), and their gradient back (ids have
+    none). Uncompressed: width = d; subspace-compressed: width = k."""
+    return tokens * (width * value_bytes + id_bytes), tokens * width * value_bytes
+
+
+def pipeline_step_time_s(compute_s: float, link_bytes: float, bandwidth_bps: float, overlap: bool = False) -> float:
+    """One inner step of a pipeline replica whose boundaries each move `link_bytes` (both directions) over
+    their own link (module docstring)."""
+    transfer = 8 * link_bytes / bandwidth_bps
+    return max(compute_s, transfer) if overlap else compute_s + transfer
+
+
+def pipeline_utilisation(compute_s: float, link_bytes: float, bandwidth_bps: float, inner_steps: int = 1,
+                         sync_s: float = 0.0, overlap: bool = False) -> float:
+    """Share of an outer round (H inner steps + a blocking sync of `sync_s`) that stages spend computing."""
+    step = pipeline_step_time_s(compute_s, link_bytes, bandwidth_bps, overlap)
+    return inner_steps * compute_s / (inner_steps * step + sync_s)

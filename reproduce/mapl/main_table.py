@@ -31,10 +31,8 @@ from nanotron_ext.bench import report as br  # noqa: E402
 from nanotron_ext.bench.launch import split_argv  # noqa: E402
 from nanotron_ext.bench.paper import PaperClaim, evaluate  # noqa: E402
 from nanotron_ext.bench.training import run_training  # noqa: E402
+from reproduce.mapl.common import BOUNDARIES, GPU_BOUNDARIES, GPU_CONFIG  # noqa: E402
 
-BOUNDARIES = {4: "[1, 3, 5]", 8: "every_layer"}  # sending layers for P stages over 8 layers (CPU preset)
-GPU_CONFIG = "reproduce/mapl/mapl_1b.yaml"
-GPU_BOUNDARIES = {4: "[3, 7, 11]", 8: "[1, 3, 5, 7, 9, 11, 13]"}  # over the 1B model's 16 layers
 # MAPL+VQ at the paper's ratio: twice MAPL's compression. Against a bf16 Z (r x 16 bits per token) that is
 # G * R * log2 K = r * 8 bits: G = r scalar groups, R = 2 rounds of K = 16 levels. K stays small because the
 # codebooks stream 1/K per micro-batch: K = 16 cycles ~9 times in a 150-step CPU run, K = 256 never once.

@@ -33,16 +33,12 @@ sys.path.insert(0, str(REPO))
 from nanotron_ext.bench import presets  # noqa: E402
 from nanotron_ext.bench import report as br  # noqa: E402
 from nanotron_ext.bench.paper import PaperClaim, evaluate  # noqa: E402
+from reproduce.resbm.common import nearest_h  # noqa: E402
 
 PAPER_PPL = {"baseline_adamw": 21.75, "resbm_muon_100x": 21.60, "resbm_muon_128x": 21.77}
 PAPER_RATIOS = (100, 128)
 CPU_CONFIG = "reproduce/resbm/cpu_base.yaml"
 TITLE = "ResBM Table 2: final validation perplexity, baseline vs ResBM (AdamW, Muon)"
-
-
-def nearest_h(d: int, ratio: float) -> int:
-    """The wire width whose d / h is nearest `ratio` (at d = 4096: 100x -> 40, 128x -> 32)."""
-    return min(range(1, d + 1), key=lambda h: (abs(d / h - ratio), h))
 
 
 def variants(h_values: Sequence[int], gpu: bool) -> Dict[str, Tuple[str, List[str]]]:

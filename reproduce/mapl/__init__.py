@@ -1,0 +1,1 @@
+"""MAPL reproduction scripts (importable for their shared helpers in common.py)."""

@@ -1,0 +1,1 @@
+"""ResBM reproduction scripts (importable for their shared helpers in common.py)."""
