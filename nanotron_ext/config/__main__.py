@@ -21,10 +21,10 @@ from nanotron_ext.config.loader import (
     config_from_args,
     config_to_yaml,
     describe,
-    dump_yaml,
     section_doc,
 )
 from nanotron_ext.config.schema import Config, ConfigError
+from nanotron_ext.config.yaml_io import dump_yaml
 from nanotron_ext.registry import techniques
 
 

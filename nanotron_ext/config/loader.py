@@ -13,7 +13,6 @@ import dataclasses
 import difflib
 import functools
 import inspect
-import re
 import textwrap
 import types
 import typing
@@ -25,78 +24,12 @@ import yaml
 
 from nanotron_ext.config.compose import composed, core_class
 from nanotron_ext.config.schema import Config, ConfigError
+from nanotron_ext.config.yaml_io import EXP_FLOAT, ConfigLoader, dump_yaml, read_yaml, yaml_problem
 from nanotron_ext.fileio import write_text_atomic
 
 T = TypeVar("T")
 _NoneType = type(None)
 
-# PyYAML implements YAML 1.1, whose float needs a dot and a signed exponent: `3e-4` and `1.0e5`
-# load as strings. This is the YAML 1.2 exponent form that 1.1 misses.
-_EXP_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$")
-
-
-# A config has a few hundred values; aliases may repeat a section (`<<: *base`), never blow it up
-# exponentially (a 1 KB "billion laughs" file: 9 aliases of 9 aliases of ... expands to 9^9 values).
-MAX_YAML_NODES = 100_000
-
-
-def _expanded_size(node: yaml.Node, sizes: Dict[int, int], open_: set) -> int:
-    """Nodes `node` stands for once every alias is expanded; memoised per node, so linear in the file."""
-    key = id(node)
-    if key in sizes:
-        return sizes[key]
-    if key in open_:
-        raise yaml.composer.ComposerError(None, None, "an alias refers to a node that contains it (a recursive "
-                                          "alias); configs must be trees", node.start_mark)
-    open_.add(key)
-    children: list = []
-    if isinstance(node, yaml.SequenceNode):
-        children = node.value
-    elif isinstance(node, yaml.MappingNode):
-        children = [n for pair in node.value for n in pair]
-    total = 1
-    for child in children:
-        total += _expanded_size(child, sizes, open_)
-        if total > MAX_YAML_NODES:  # stop counting: the answer is already "too many"
-            break
-    open_.discard(key)
-    sizes[key] = total
-    return total
-
-
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that reads `3e-4` as a float, rejects duplicate keys and bounds what aliases expand to."""
-
-    def compose_document(self) -> yaml.Node:
-        node = super().compose_document()
-        if node is not None and _expanded_size(node, {}, set()) > MAX_YAML_NODES:
-            raise yaml.composer.ComposerError(
-                None, None, f"its aliases (*name) expand to more than {MAX_YAML_NODES:,} values, far beyond any "
-                "config (an alias bomb?); write the sections out or use fewer aliases", node.start_mark)
-        return node
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
-        # PyYAML keeps the last of two equal keys silently; a second `model:` section would
-        # then replace the first wholesale. Only the node's own keys count (not `<<` merges).
-        seen: dict = {}
-        for key_node, _ in node.value:
-            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
-                ident = (key_node.tag, key_node.value)
-                if ident in seen:
-                    raise yaml.constructor.ConstructorError(
-                        "while constructing a mapping", node.start_mark,
-                        f"found duplicate key {key_node.value!r} (first at line {seen[ident].line + 1})",
-                        key_node.start_mark)
-                seen[ident] = key_node.start_mark
-        return super().construct_mapping(node, deep=deep)
-
-
-class _Dumper(yaml.SafeDumper):
-    """SafeDumper whose resolver matches `_Loader`, so a string like "1e3" is written quoted."""
-
-
-for _cls in (_Loader, _Dumper):
-    _cls.add_implicit_resolver("tag:yaml.org,2002:float", _EXP_FLOAT, list("-+.0123456789"))
 
 
 class _Mismatch(ConfigError):
@@ -222,7 +155,7 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
         # Dicts loaded with plain yaml.safe_load still hold `3e-4` as a string.
-        if isinstance(value, str) and _EXP_FLOAT.match(value):
+        if isinstance(value, str) and EXP_FLOAT.match(value):
             return float(value.replace("_", ""))
         raise _Mismatch(path, tp, value)
     if tp is str:
@@ -314,9 +247,9 @@ def _parse_override(text: str) -> Tuple[List[str], Any, str]:
     if not key or not all(keys):
         raise ConfigError(f"override {text!r}: {key!r} is not a dotted key like optimizer.lr")
     try:
-        value = yaml.load(raw, Loader=_Loader)
+        value = yaml.load(raw, Loader=ConfigLoader)
     except yaml.YAMLError as e:
-        raise ConfigError(f"override {text!r}: value is not valid YAML ({_yaml_problem(e)})") from None
+        raise ConfigError(f"override {text!r}: value is not valid YAML ({yaml_problem(e)})") from None
     return keys, value, raw.strip()
 
 
@@ -353,37 +286,11 @@ def apply_overrides(
     return out
 
 
-def _yaml_problem(e: yaml.YAMLError) -> str:
-    mark = getattr(e, "problem_mark", None)
-    problem = getattr(e, "problem", None) or str(e)
-    if mark is None:
-        return problem
-    text = f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
-    context, context_mark = getattr(e, "context", None), getattr(e, "context_mark", None)
-    if context and context_mark is not None and context_mark.line != mark.line:
-        # e.g. an unclosed `[` is only noticed at the end of the file; say where it opened.
-        text += f" ({context} at line {context_mark.line + 1})"
-    return text
-
-
-def _read_yaml(path: Path) -> Any:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"config file not found: {path}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot read config file {path}: {e}") from None
-    try:
-        return yaml.load(text, Loader=_Loader)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: invalid YAML at {_yaml_problem(e)}") from None
-
-
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> Config:
     """Read a YAML run configuration, apply `a.b=value` overrides and build the typed `Config`.
     An empty file gives every default. Any problem raises `ConfigError` naming the key."""
     path = Path(path)
-    data = _read_yaml(path)
+    data = read_yaml(path)
     if data is not None and not isinstance(data, Mapping):
         raise ConfigError(f"{path}: the top level must be a mapping of sections, got {_given(data)}")
     return from_dict(Config, apply_overrides(data, overrides))
@@ -392,13 +299,6 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> Config:
 def config_to_dict(config: Config) -> Dict[str, Any]:
     """The config as plain nested dicts/lists/scalars (what the YAML file holds)."""
     return dataclasses.asdict(config)
-
-
-def dump_yaml(data: Any, flow: bool = False) -> str:
-    """YAML text that `load_config` reads back to equal values (keys kept in schema order);
-    `flow` writes one line (`[q, k]`, `{}`) for showing a single value."""
-    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=flow, allow_unicode=True,
-                     width=10_000 if flow else 80)
 
 
 def config_to_yaml(config: Config) -> str:
