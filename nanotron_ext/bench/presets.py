@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from nanotron_ext.bench.params import count_params, fmt_count
 
@@ -71,3 +71,23 @@ def dry_run(runs: Mapping[str, Tuple[str | Path, Sequence[str]]]) -> int:
 def runs_for_seeds(base: Mapping[str, Tuple[str | Path, Sequence[str]]], seeds: Sequence[int]) -> Dict[str, Tuple[str | Path, List[str]]]:
     """Each run once per seed, named '<run> seed <s>'."""
     return {f"{name} seed {s}": (cfg, with_seed(ovr, s)) for name, (cfg, ovr) in base.items() for s in seeds}
+
+
+def script_main(argv: Optional[Sequence[str]], build_parser: Callable[[], argparse.ArgumentParser],
+                measure: Callable[[argparse.Namespace, List[str]], Dict[str, Any]],
+                render: Callable[[Dict[str, Any]], Dict[str, Any]], title: str) -> int:
+    """main() of a training reproduction script: its own options before `--`, torchrun's after; `--from-json`
+    re-renders, `--dry-run` (measure returns {"dry_run": code}) plans only, else measure, render, publish."""
+    import sys
+
+    from nanotron_ext.bench import report as br
+    from nanotron_ext.bench.launch import split_argv
+
+    own, torchrun_args = split_argv(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(own)
+    args.argv = own
+    saved = br.read_saved(args.from_json) if args.from_json else measure(args, torchrun_args)
+    if "dry_run" in saved:
+        return saved["dry_run"]
+    br.publish_rendered(args.out, saved, title, render(saved))
+    return 0

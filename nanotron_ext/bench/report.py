@@ -135,6 +135,14 @@ def publish(out: str | Path, rows: Sequence[Mapping[str, Any]], meta: Mapping[st
     return write_report(out, rows, meta, title, headers, body, verdicts, figure, notes, extra)
 
 
+def publish_rendered(out: str | Path, saved: Mapping[str, Any], title: str, rendered: Mapping[str, Any]) -> Dict[str, Path]:
+    """`publish` of a script's saved result (`rows`, `meta`) and its render() output (`headers`, `body`,
+    `verdicts`, `figure`, `notes`, `extra`)."""
+    r = rendered
+    return publish(out, saved["rows"], saved["meta"], title, r["headers"], r["body"], r["verdicts"], r["figure"],
+                   r["notes"], r["extra"])
+
+
 # ------------------------------------------------------------------------------------------------
 # cells and tables
 # ------------------------------------------------------------------------------------------------

@@ -173,9 +173,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = argv
     saved = br.read_saved(args.from_json) if args.from_json else measure(args)
-    r = render(saved)
-    br.publish(args.out, saved["rows"], saved["meta"], TITLE, r["headers"], r["body"], r["verdicts"], r["figure"],
-               r["notes"], r["extra"])
+    br.publish_rendered(args.out, saved, TITLE, render(saved))
     return 0
 
 

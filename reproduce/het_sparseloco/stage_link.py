@@ -231,9 +231,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if 1000.0 not in args.mbps or 100.0 not in args.mbps:
             raise SystemExit("--mbps must include 100 and 1000 (the paper's claims are at 100 Mbit/s - 1 Gbit/s)")
         saved = measure(args)
-    r = render(saved)
-    br.publish(args.out, saved["rows"], saved["meta"], TITLE, r["headers"], r["body"], r["verdicts"], r["figure"],
-               r["notes"], r["extra"])
+    br.publish_rendered(args.out, saved, TITLE, render(saved))
     return 0
 
 

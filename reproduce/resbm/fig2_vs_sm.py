@@ -39,7 +39,6 @@ sys.path.insert(0, str(REPO))
 
 from nanotron_ext.bench import presets  # noqa: E402
 from nanotron_ext.bench import report as br  # noqa: E402
-from nanotron_ext.bench.launch import split_argv  # noqa: E402
 from nanotron_ext.bench.paper import PaperClaim, evaluate, mean_se  # noqa: E402
 from nanotron_ext.bench.training import latest_checkpoint_of, run_training  # noqa: E402
 from reproduce.resbm.common import nearest_h  # noqa: E402
@@ -260,16 +259,7 @@ def build_parser() -> Any:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    own, torchrun_args = split_argv(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(own)
-    args.argv = own
-    saved = br.read_saved(args.from_json) if args.from_json else measure(args, torchrun_args)
-    if "dry_run" in saved:
-        return saved["dry_run"]
-    r = render(saved)
-    br.publish(args.out, saved["rows"], saved["meta"], TITLE, r["headers"], r["body"], r["verdicts"], r["figure"],
-               r["notes"], r["extra"])
-    return 0
+    return presets.script_main(argv, build_parser, measure, render, TITLE)
 
 
 if __name__ == "__main__":
