@@ -85,8 +85,8 @@ def _apply_link_preset(section: object, key: str) -> None:
 
 
 @dataclasses.dataclass(kw_only=True)
-class TierLinkConfig:
-    """One collective tier's link (every pair of neighbours on the tier's ring), for parallelism.link.tp / .dp."""
+class TierLinkConfig(Extensible, path="parallelism.link.tp"):
+    """The TP group's links (every pair of neighbours on the tier's ring); parallelism.link.dp has the same keys."""
 
     preset: Optional[str] = None
     """A named link (nvlink, infiniband, 10gbe, datacenter-wan-1g, internet-200m-50ms, internet-80m; README
@@ -98,6 +98,11 @@ class TierLinkConfig:
     duplex: Optional[Literal["full", "half"]] = None
     """half: a rank's send and receive share one budget, doubling the ring's bandwidth term (unset: the
     preset's, else full)."""
+
+
+class DpLinkConfig(TierLinkConfig, path="parallelism.link.dp"):
+    """The DP / outer-sync group's links (every pair of neighbours on the tier's ring)."""
+    # the same keys as TierLinkConfig (a subclass, not re-decorated); its own class for its own section path
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -121,7 +126,7 @@ class LinkConfig(Extensible, path="parallelism.link"):
     Unset: the preset's, else full."""
     tp: TierLinkConfig = field(default_factory=TierLinkConfig)
     """The tensor-parallel group's links (its all-reduces / all-gathers wait as a ring would)."""
-    dp: TierLinkConfig = field(default_factory=TierLinkConfig)
+    dp: DpLinkConfig = field(default_factory=DpLinkConfig)
     """The data-parallel group's links: gradient all-reduce, or a technique's outer sync (SparseLoCo)."""
 
     def __post_init__(self) -> None:
