@@ -1,0 +1,59 @@
+"""The WAN meter (nanotron_ext/bench/wan.py): reading runs, time to target, pooling seeds, the dry run and the
+three-tier slot; the arithmetic against numbers worked out by hand."""
+from __future__ import annotations
+
+import pytest
+
+from nanotron_ext.bench import wan
+
+
+def _records(step_times, val_at):
+    """metrics.jsonl records: step i+1 takes step_times[i]; val_at {step: val_loss}."""
+    return [{"step": i + 1, "step_time_s": t, **({"val_loss": val_at[i + 1]} if i + 1 in val_at else {})}
+            for i, t in enumerate(step_times)]
+
+
+def test_run_curve_and_time_to_target() -> None:
+    curve = wan.run_curve(_records([5.0, 1.0, 2.0, 1.0], {2: 4.0, 4: 3.0}))
+    assert curve["steady_step_s"] == 1.0  # median of [1, 2, 1]: the first step (start-up) is left out
+    assert curve["val_vs_wall"] == [[6.0, 4.0], [9.0, 3.0]]
+    assert wan.time_to_target(curve["val_vs_wall"], 3.5) == 9.0
+    assert wan.time_to_target(curve["val_vs_wall"], 4.0) == 6.0
+    assert wan.time_to_target(curve["val_vs_wall"], 2.9) is None
+
+
+def _run(system, seed, step, curve):
+    return {"system": system, "preset": "p", "seed": seed, "steady_step_s": step, "val_vs_wall": curve,
+            "wall_s": curve[-1][0], "final_val_loss": curve[-1][1], "bytes_per_step": {"tp": 0, "pp": 8, "dp": 0},
+            "link_wait_fraction": {"pp": 0.5, "tp": 0.0, "dp": 0.0}}
+
+
+def test_pooled_rows_target_seeds_and_not_reached() -> None:
+    runs = [_run("pipeline", 1, 2.0, [[10.0, 4.0], [20.0, 3.0]]), _run("pipeline", 2, 4.0, [[10.0, 4.0], [30.0, 3.1]]),
+            _run("ddp", 1, 1.0, [[5.0, 3.1], [9.0, 3.0]]), _run("sparseloco", 1, 0.5, [[3.0, 5.0], [6.0, 4.0]])]
+    rows = {r["system"]: r for r in wan.pooled_rows(runs, "pipeline", 0.02)}
+    target = 3.05 * 1.02  # mean of the reference's final losses (3.0, 3.1), + 2%: 3.111
+    assert rows["pipeline"]["target_val_loss"] == pytest.approx(target)
+    assert rows["pipeline"]["time_to_target_s"] == pytest.approx(25.0)  # seeds: 20 s and 30 s
+    assert rows["pipeline"]["time_to_target_s_se"] == pytest.approx(5.0)  # stdev 7.07 / sqrt(2)
+    assert rows["pipeline"]["steady_step_s"] == 3.0 and rows["pipeline"]["reached"] == "2/2"
+    assert rows["ddp"]["time_to_target_s"] == 5.0 and rows["ddp"]["step_time_ratio_vs_pipeline"] == 3.0
+    assert rows["sparseloco"]["time_to_target_s"] is None and rows["sparseloco"]["reached"] == "0/1"
+    headers, body = wan.table(list(rows.values()))
+    assert body[-1][headers.index("time to target s")] == "not reached"
+
+
+def test_dry_run_resolves_every_system(capsys: pytest.CaptureFixture) -> None:
+    assert wan.main(["--dry-run", "--seeds", "1", "--systems", *wan.DEFAULT_SYSTEMS, "resbm_pipeline"]) == 0
+    out = capsys.readouterr().out
+    assert "5 run(s)" in out
+    for system in [*wan.DEFAULT_SYSTEMS, "resbm_pipeline"]:
+        assert f"internet-200m-50ms {system} seed 1" in out
+    assert "parallelism.link.dp.preset=internet-200m-50ms" in out and "codec=subspace" in out
+
+
+def test_three_tiers_slot_names_the_config_it_needs(capsys: pytest.CaptureFixture) -> None:
+    if (wan.REPO / wan.THREE_TIERS).exists():
+        pytest.skip("the three-tier config exists: the slot runs it")
+    assert wan.main(["--system", "three_tiers", "--dry-run"]) == 2
+    assert wan.THREE_TIERS in capsys.readouterr().err
