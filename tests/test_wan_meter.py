@@ -57,3 +57,17 @@ def test_three_tiers_slot_names_the_config_it_needs(capsys: pytest.CaptureFixtur
         pytest.skip("the three-tier config exists: the slot runs it")
     assert wan.main(["--system", "three_tiers", "--dry-run"]) == 2
     assert wan.THREE_TIERS in capsys.readouterr().err
+
+
+def test_anchor_link_scales_protocolnanogpt_to_our_compute() -> None:
+    import argparse
+
+    # their compressed step (compute) 19.9 s, uncompressed 100.5 s: communication = 4.05 x compute. Ours: C = 0.5 s
+    # and F = 1e6 boundary bytes per step -> the link must move 8e6 bit in 4.05 x 0.5 s; latency 50 ms x 0.5 / 19.9
+    bw, lat = wan.anchor_link(0.5, 1e6)
+    assert bw == pytest.approx(8e6 / (80.6 / 19.9 * 0.5) / 1e6) and lat == pytest.approx(50 * 0.5 / 19.9)
+    args = argparse.Namespace(anchor_link=(bw, lat), tp_preset="nvlink", steps=4, val_every=2,
+                              inner_steps=10, set=[])
+    sets = wan.run_overrides("pipeline", wan.ANCHOR, 1, args)
+    assert f"parallelism.link.bandwidth_mbps={bw}" in sets and "parallelism.link.preset=" not in " ".join(sets)
+    assert bw == pytest.approx(3.9503, abs=1e-4)
