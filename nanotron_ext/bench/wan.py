@@ -92,6 +92,11 @@ CLAIMS = [
                ">", 1.0, where={"system": "subspace_pipeline", "preset": ANCHOR},
                err_column="step_time_ratio_vs_pipeline_se", source="ProtocolNanoGPT",
                setting="200 Mbit/s + 50 ms per stage, 100.5 vs 19.9 s/step; ours: its compute:comm ratio scaled"),
+    PaperClaim("step time uncompressed / subspace pipeline, unscaled link (CPU compute-bound: value only)",
+               "step_time_ratio_vs_pipeline", 5.05, None, where={"system": "subspace_pipeline",
+                                                                 "preset": "internet-200m-50ms"},
+               err_column="step_time_ratio_vs_pipeline_se", source="ProtocolNanoGPT",
+               setting="200 Mbit/s + 50 ms per stage, 100.5 vs 19.9 s/step; ours: the same link, our compute"),
     PaperClaim("step time uncompressed / ResBM 128x pipeline (throughput gain)", "step_time_ratio_vs_pipeline",
                7837 / 609, ">", 1.0, where={"system": "resbm_pipeline", "preset": "internet-80m"},
                err_column="step_time_ratio_vs_pipeline_se", source="ResBM Table 3",
@@ -320,7 +325,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     headers, body = table(rows)
     notes = ["Wall-clock = summed training step time (start-up and validation excluded); target = the reference "
              f"run's final validation loss x {1 + meta.get('target_rel', 0.02):g}. Step times: {meta.get('note', '')}."]
-    publish(args.out, rows, meta, title, headers, body, evaluate(CLAIMS, rows), figure(rows), notes)
+    claims = [c for c in CLAIMS if any(c.matches(r) for r in rows)]  # the anchors of the presets measured
+    publish(args.out, rows, meta, title, headers, body, evaluate(claims, rows), figure(rows), notes)
     return 0
 
 
