@@ -183,3 +183,16 @@ def test_trainer_logs_the_dp_tier_wait_fraction(small_corpus: Path, tmp_path: Pa
         waited_s = r["link_wait_fraction"]["dp"] * r["step_time_s"]
         assert waited_s == pytest.approx(expected_s, rel=0.15), (r["link_wait_fraction"], r["step_time_s"])
         assert r["link_wait_fraction"]["pp"] == r["link_wait_fraction"]["tp"] == 0.0
+
+
+# -- heterogeneous SparseLoCo's utilisation model prices the DP link as the emulated DP tier waits ------------------
+@pytest.mark.parametrize("kind,nbytes,replicas,mbps,latency_ms", [
+    ("all_gather", 123_456, 2, 100.0, 0.0), ("all_gather", 10**6, 8, 1000.0, 10.0),
+    ("all_reduce", 7 * 10**6, 4, 80.0, 50.0), ("all_reduce", 10**5, 2, 1.0, 0.0),
+])
+def test_utilisation_model_and_emulated_dp_tier_agree(kind: str, nbytes: int, replicas: int, mbps: float,
+                                                      latency_ms: float) -> None:
+    from nanotron_ext.sparseloco.accounting import collective_time_s
+
+    model = collective_time_s(nbytes, replicas, mbps * 1e6, kind, latency_ms / 1e3)
+    assert ring_collective_s(kind, nbytes, replicas, LinkSpec(mbps, latency_ms)) == pytest.approx(model, rel=1e-12)
