@@ -196,3 +196,19 @@ def test_utilisation_model_and_emulated_dp_tier_agree(kind: str, nbytes: int, re
 
     model = collective_time_s(nbytes, replicas, mbps * 1e6, kind, latency_ms / 1e3)
     assert ring_collective_s(kind, nbytes, replicas, LinkSpec(mbps, latency_ms)) == pytest.approx(model, rel=1e-12)
+
+
+def test_a_saved_config_with_presets_reloads_equal(tmp_path: Path) -> None:
+    """The run's saved config.yaml (resolved values beside the preset) loads back to the same config: a resume
+    compares them (train/guard.py resume_conflict)."""
+    from nanotron_ext.config.loader import config_to_dict
+
+    path = tmp_path / "c.yaml"
+    path.write_text("parallelism:\n  link: {enabled: true, preset: internet-80m, dp: {preset: 10gbe, latency_ms: 3}}\n")
+    cfg = load_config(path)
+    again = tmp_path / "again.yaml"
+    import yaml
+
+    again.write_text(yaml.safe_dump(config_to_dict(cfg)))
+    assert config_to_dict(load_config(again)) == config_to_dict(cfg)
+    assert load_config(again).parallelism.link.dp.latency_ms == 3.0
