@@ -66,8 +66,14 @@ def test_anchor_link_scales_protocolnanogpt_to_our_compute() -> None:
     # and F = 1e6 boundary bytes per step -> the link must move 8e6 bit in 4.05 x 0.5 s; latency 50 ms x 0.5 / 19.9
     bw, lat = wan.anchor_link(0.5, 1e6)
     assert bw == pytest.approx(8e6 / (80.6 / 19.9 * 0.5) / 1e6) and lat == pytest.approx(50 * 0.5 / 19.9)
-    args = argparse.Namespace(anchor_link=(bw, lat), tp_preset="nvlink", steps=4, val_every=2,
+    args = argparse.Namespace(anchor_links={wan.ANCHOR: (bw, lat)}, tp_preset="nvlink", steps=4, val_every=2,
                               inner_steps=10, set=[])
     sets = wan.run_overrides("pipeline", wan.ANCHOR, 1, args)
     assert f"parallelism.link.bandwidth_mbps={bw}" in sets and "parallelism.link.preset=" not in " ".join(sets)
     assert bw == pytest.approx(3.9503, abs=1e-4)
+    # ResBM Table 3: 7530 tok/s compute-bound vs 609 over 80 Mbit/s half duplex: communication 11.36 x compute
+    bw, lat = wan.anchor_link(0.5, 1e6, wan.ANCHORS["resbm-80m-cpu"])
+    assert bw == pytest.approx(8e6 / ((7530 - 609) / 609 * 0.5) / 1e6) and lat == 0.0
+    args.anchor_links = {"resbm-80m-cpu": (bw, lat)}
+    sets = wan.run_overrides("resbm_pipeline", "resbm-80m-cpu", 1, args)
+    assert "parallelism.link.duplex=half" in sets and "parallelism.link.dp.duplex=half" in sets

@@ -30,8 +30,9 @@ scaled to this machine: one calibration run of the uncompressed pipeline without
 the compute step time C and the boundary bytes per step (fwd + bwd, F); the link then gets
 bandwidth = F * 8 / (R * C) with R = (100.5 - 19.9) / 19.9 (their uncompressed communication time per step
 over their compressed step time, taken as compute), and latency = 50 ms * C / 19.9 s (their latency in units
-of their compute). Over the plain `internet-200m-50ms` preset a CPU step is compute-bound and the ratio is
-near 1. Only the direction of a ratio (> 1) is judged against the paper; its size depends on that scaling.
+of their compute). `--preset resbm-80m-cpu` does the same for ResBM Table 3's half-duplex 80 Mbit/s link
+(R = 7530 / 609 - 1: its centralised 10 Gbps throughput over its 80 Mbps one, no latency). Over the plain
+`internet-200m-50ms` preset a CPU step is compute-bound and the ratio is near 1. Only the direction of a ratio (> 1) is judged against the paper; its size depends on that scaling.
 """
 from __future__ import annotations
 
@@ -84,8 +85,26 @@ SYSTEMS: Dict[str, System] = {
     "three_tiers": System("three tiers dp=2 x tp=2 x pp=2 (issue 17)", 8, (), config=THREE_TIERS),
 }
 DEFAULT_SYSTEMS = ["pipeline", "subspace_pipeline", "ddp", "sparseloco"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Anchor:
+    """A paper's link scaled to this machine: its communication / compute time per step, its latency per second
+    of compute, its duplex, and its unscaled link (Mbit/s, ms; what a dry run shows)."""
+
+    comm_over_compute: float
+    latency_ms_per_compute_s: float
+    duplex: str
+    unscaled: Tuple[float, float]
+
+
 ANCHOR = "protocolnanogpt-cpu"  # ProtocolNanoGPT's link scaled to this machine's compute (module docstring)
-PNG_COMPUTE_S, PNG_COMM_S, PNG_LATENCY_MS = 19.9, 100.5 - 19.9, 50.0
+ANCHORS: Dict[str, Anchor] = {
+    # 100.5 s/step uncompressed, 19.9 s/step compressed (taken as compute), 50 ms per stage
+    ANCHOR: Anchor((100.5 - 19.9) / 19.9, 50.0 / 19.9, "full", (200.0, 50.0)),
+    # ResBM Table 3: 7530 tok/s at 10 Gbps (compute-bound) vs 609 tok/s at 80 Mbps half duplex; no latency
+    "resbm-80m-cpu": Anchor(7530 / 609 - 1, 0.0, "half", (80.0, 0.0)),
+}
 
 CLAIMS = [
     PaperClaim("step time uncompressed / subspace-compressed pipeline", "step_time_ratio_vs_pipeline", 5.05,
@@ -98,9 +117,9 @@ CLAIMS = [
                err_column="step_time_ratio_vs_pipeline_se", source="ProtocolNanoGPT",
                setting="200 Mbit/s + 50 ms per stage, 100.5 vs 19.9 s/step; ours: the same link, our compute"),
     PaperClaim("step time uncompressed / ResBM 128x pipeline (throughput gain)", "step_time_ratio_vs_pipeline",
-               7837 / 609, ">", 1.0, where={"system": "resbm_pipeline", "preset": "internet-80m"},
+               7837 / 609, ">", 1.0, where={"system": "resbm_pipeline", "preset": "resbm-80m-cpu"},
                err_column="step_time_ratio_vs_pipeline_se", source="ResBM Table 3",
-               setting="80 Mbit/s half duplex; 609 vs 7837 tok/s"),
+               setting="80 Mbit/s half duplex, 609 vs 7837 tok/s (AdamW 128x); ours: its compute:comm ratio scaled"),
 ]
 
 
@@ -139,11 +158,12 @@ def measure_run(system: str, preset: str, seed: int, args: argparse.Namespace) -
 def run_overrides(system: str, preset: str, seed: int, args: argparse.Namespace) -> List[str]:
     """The keys one run sets: the system's, the link preset on every tier, the budget and the seed."""
     s = SYSTEMS[system]
-    if preset == ANCHOR:
-        bw, lat = getattr(args, "anchor_link", None) or (200.0, 50.0)  # dry run: the unscaled setting
-        link = [f"parallelism.link.{t}{k}={v}" for t in ("", "dp.") for k, v in (("bandwidth_mbps", bw), ("latency_ms", lat))]
-        link = ["parallelism.link.enabled=true", "parallelism.link.duplex=full", *link,
-                f"parallelism.link.tp.preset={args.tp_preset}"]
+    if preset in ANCHORS:
+        anchor = ANCHORS[preset]
+        bw, lat = getattr(args, "anchor_links", {}).get(preset, anchor.unscaled)  # dry run: the unscaled link
+        link = [f"parallelism.link.{t}{k}={v}" for t in ("", "dp.")
+                for k, v in (("bandwidth_mbps", bw), ("latency_ms", lat), ("duplex", anchor.duplex))]
+        link = ["parallelism.link.enabled=true", *link, f"parallelism.link.tp.preset={args.tp_preset}"]
     else:
         link = ["parallelism.link.enabled=true", f"parallelism.link.preset={preset}",
                 f"parallelism.link.dp.preset={preset}", f"parallelism.link.tp.preset={args.tp_preset}"]
@@ -153,14 +173,16 @@ def run_overrides(system: str, preset: str, seed: int, args: argparse.Namespace)
     return [*s.overrides, *link, *budget, f"general.seed={seed}", "logging.progress_bar=false", *args.set]
 
 
-def anchor_link(compute_s: float, boundary_bytes: float) -> Tuple[float, float]:
-    """(bandwidth Mbit/s, latency ms) giving ProtocolNanoGPT's communication / compute ratio and latency / compute
-    to a step of `compute_s` seconds that sends `boundary_bytes` over the stage link (fwd + bwd)."""
-    return boundary_bytes * 8 / (PNG_COMM_S / PNG_COMPUTE_S * compute_s) / 1e6, PNG_LATENCY_MS * compute_s / PNG_COMPUTE_S
+def anchor_link(compute_s: float, boundary_bytes: float, anchor: Anchor = ANCHORS[ANCHOR]) -> Tuple[float, float]:
+    """(bandwidth Mbit/s, latency ms) giving `anchor`'s communication / compute ratio and latency / compute to a
+    step of `compute_s` seconds that sends `boundary_bytes` over the stage link (fwd + bwd: the GPipe schedule
+    sends the two directions one after the other, and a half-duplex link carries both in one budget anyway)."""
+    return (boundary_bytes * 8 / (anchor.comm_over_compute * compute_s) / 1e6,
+            anchor.latency_ms_per_compute_s * compute_s)
 
 
-def calibrate_anchor(args: argparse.Namespace) -> Dict[str, float]:
-    """ProtocolNanoGPT's link scaled to this machine (module docstring), from one uncompressed pipeline run
+def calibrate_anchor(args: argparse.Namespace) -> Dict[str, Any]:
+    """The anchors' links scaled to this machine (module docstring), from one uncompressed pipeline run
     without link emulation."""
     from nanotron_ext.bench.training import run_training
     from nanotron_ext.metrics.logger import read_metrics
@@ -172,9 +194,8 @@ def calibrate_anchor(args: argparse.Namespace) -> Dict[str, float]:
     compute_s = run_curve(read_metrics(Path(summary["run_dir"]) / "metrics.jsonl"))["steady_step_s"]
     comm = summary["comm_bytes_per_step"]
     boundary = comm.get("pp:send:fwd", 0) + comm.get("pp:send:bwd", 0)
-    bw, lat = anchor_link(compute_s, boundary)
-    return {"compute_step_s": compute_s, "boundary_bytes_per_step": boundary, "bandwidth_mbps": round(bw, 4),
-            "latency_ms": round(lat, 4)}
+    links = {name: [round(v, 4) for v in anchor_link(compute_s, boundary, a)] for name, a in ANCHORS.items()}
+    return {"compute_step_s": compute_s, "boundary_bytes_per_step": boundary, "links_mbps_ms": links}
 
 
 # -- rows: seeds pooled per (preset, system) ------------------------------------------------------------------
@@ -270,10 +291,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     from nanotron_ext.parallel.link import LINK_PRESETS
 
     p = script_parser(__doc__, "runs/wan/result.json")
-    p.add_argument("--preset", nargs="+", default=["internet-200m-50ms"], choices=[*LINK_PRESETS, ANCHOR],
-                   help=f"link preset(s) of the pipeline and DP tiers; one row per system per preset ({ANCHOR}: "
-                        "ProtocolNanoGPT's link scaled to this machine's compute, calibrated first)")
-    p.add_argument("--calibration-steps", type=int, default=8, help=f"steps of the {ANCHOR} calibration run")
+    p.add_argument("--preset", nargs="+", default=["internet-200m-50ms"], choices=[*LINK_PRESETS, *ANCHORS],
+                   help="link preset(s) of the pipeline and DP tiers; one row per system per preset ("
+                        f"{', '.join(ANCHORS)}: a paper's link scaled to this machine's compute, calibrated first)")
+    p.add_argument("--calibration-steps", type=int, default=8, help="steps of the anchors' calibration run")
     p.add_argument("--tp-preset", default="nvlink", choices=list(LINK_PRESETS), help="the TP group's link preset")
     p.add_argument("--systems", "--system", nargs="+", default=DEFAULT_SYSTEMS, choices=list(SYSTEMS),
                    help=f"systems to meter (known: {', '.join(SYSTEMS)})")
@@ -312,10 +333,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from tqdm import tqdm
 
         extra: Dict[str, Any] = {}
-        if ANCHOR in args.preset:
+        if set(ANCHORS) & set(args.preset):
             extra["anchor_calibration"] = calibrate_anchor(args)
-            args.anchor_link = (extra["anchor_calibration"]["bandwidth_mbps"], extra["anchor_calibration"]["latency_ms"])
-            print(f"{ANCHOR}: {extra['anchor_calibration']}")
+            args.anchor_links = {k: tuple(v) for k, v in extra["anchor_calibration"]["links_mbps_ms"].items()}
+            print(f"anchor calibration: {extra['anchor_calibration']}")
         jobs = [(p, s, seed) for p in args.preset for s in args.systems for seed in args.seeds]
         runs = [measure_run(s, p, seed, args) for p, s, seed in tqdm(jobs, desc="wan meter runs", unit="run")]
         rows = pooled_rows(runs, args.reference, args.target_rel)
