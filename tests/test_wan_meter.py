@@ -78,3 +78,19 @@ def test_anchor_link_scales_protocolnanogpt_to_our_compute() -> None:
     args.anchor_links = {"resbm-80m-cpu": (bw, lat)}
     sets = wan.run_overrides("resbm_pipeline", "resbm-80m-cpu", 1, args)
     assert "parallelism.link.duplex=half" in sets and "parallelism.link.dp.duplex=half" in sets
+
+
+@pytest.mark.slow
+def test_tiny_meter_run_writes_its_result(tmp_path) -> None:
+    """One system, two steps, through the real trainer: the JSON, markdown and PNG, its bytes and waits."""
+    import json
+
+    out = tmp_path / "wan.json"
+    assert wan.main(["--systems", "ddp", "--steps", "2", "--val-every", "2", "--seeds", "1", "--reference", "ddp",
+                     "--runs", str(tmp_path / "runs"), "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    [row] = data["rows"]
+    assert row["system"] == "ddp" and row["reached"] == "1/1"  # its own final loss is within its own target
+    assert row["bytes_per_step"]["dp"] > 0 and row["bytes_per_step"]["pp"] == 0
+    assert row["link_wait_fraction"]["dp"] > 0
+    assert out.with_suffix(".md").exists() and out.with_suffix(".png").exists()
