@@ -29,6 +29,7 @@ from nanotron_ext.parallel.layout import (
     stage_pair,
     validate_parallelism,
 )
+from nanotron_ext.parallel.link import link_preset
 from nanotron_ext.registry import DP_SYNCS, techniques
 
 MAX_LR = 10.0  # a peak learning rate above this diverges in any optimiser we ship; larger values are typos
@@ -67,26 +68,71 @@ class GeneralConfig(Extensible, path="general"):
             require(value == 0 or value > 1, f"general.{key}", f"must be 0 (off) or > 1, got {value}")
 
 
+def _apply_link_preset(section: object, key: str) -> None:
+    """Fill the keys `section` leaves unset (None) from its `preset`, then the defaults (0 = unlimited, full)."""
+    preset = None
+    if section.preset is not None:
+        try:
+            preset = link_preset(section.preset)
+        except ValueError as e:
+            raise ConfigError(f"{key}.preset: {e}") from None
+    for name, default in (("bandwidth_mbps", 0.0), ("latency_ms", 0.0), ("duplex", "full")):
+        if getattr(section, name) is None:
+            setattr(section, name, getattr(preset, name) if preset is not None else default)
+    require_finite(section, key)
+    require(section.bandwidth_mbps >= 0, f"{key}.bandwidth_mbps", "must be >= 0")
+    require(section.latency_ms >= 0, f"{key}.latency_ms", "must be >= 0")
+
+
+@dataclasses.dataclass(kw_only=True)
+class TierLinkConfig(Extensible, path="parallelism.link.tp"):
+    """The TP group's links (every pair of neighbours on the tier's ring); parallelism.link.dp has the same keys."""
+
+    preset: Optional[str] = None
+    """A named link (nvlink, infiniband, 10gbe, datacenter-wan-1g, internet-200m-50ms, internet-80m; README
+    "Link presets" gives their sources); keys set beside it override its values."""
+    bandwidth_mbps: Optional[float] = None
+    """Bandwidth in Mbit/s per direction (0 = unlimited; unset: the preset's, else 0)."""
+    latency_ms: Optional[float] = None
+    """One-way latency in ms per ring step (unset: the preset's, else 0)."""
+    duplex: Optional[Literal["full", "half"]] = None
+    """half: a rank's send and receive share one budget, doubling the ring's bandwidth term (unset: the
+    preset's, else full)."""
+
+
+class DpLinkConfig(TierLinkConfig, path="parallelism.link.dp"):
+    """The DP / outer-sync group's links (every pair of neighbours on the tier's ring)."""
+    # the same keys as TierLinkConfig (a subclass, not re-decorated); its own class for its own section path
+
+
 @dataclasses.dataclass(kw_only=True)
 class LinkConfig(Extensible, path="parallelism.link"):
-    """Emulated pipeline links (bandwidth and latency between stages), on any backend."""
+    """Emulated links, on any backend: pipeline stage pairs (the top-level keys), and the TP and DP
+    (outer-sync) groups, whose collectives wait as a ring over such links would (parallel/link.py)."""
 
     enabled: bool = False
-    """Delay pipeline messages as a link of the given bandwidth/latency would."""
-    bandwidth_mbps: float = 0.0
-    """Default link bandwidth in Mbit/s (0 = unlimited)."""
-    latency_ms: float = 0.0
-    """Default one-way latency in ms."""
+    """Delay messages and collectives as links of the given bandwidth/latency would."""
+    preset: Optional[str] = None
+    """The pipeline links' named link (see `tp.preset`); keys set beside it override its values."""
+    bandwidth_mbps: Optional[float] = None
+    """Default pipeline link bandwidth in Mbit/s (0 = unlimited; unset: the preset's, else 0)."""
+    latency_ms: Optional[float] = None
+    """Default pipeline one-way latency in ms (unset: the preset's, else 0)."""
     per_stage_pair: Dict[str, Dict[str, float]] = field(default_factory=dict)
     """Overrides per stage pair, e.g. {"0-1": {"bandwidth_mbps": 80, "latency_ms": 5}} (both directions)."""
-    duplex: Literal["full", "half"] = "full"
+    duplex: Optional[Literal["full", "half"]] = None
     """full: each direction has the bandwidth; half: both directions of a stage pair share one budget
-    (the ResBM paper's Table 3 link, forward activations and backward gradients on one 80 Mbit/s)."""
+    (the ResBM paper's Table 3 link, forward activations and backward gradients on one 80 Mbit/s).
+    Unset: the preset's, else full."""
+    tp: TierLinkConfig = field(default_factory=TierLinkConfig)
+    """The tensor-parallel group's links (its all-reduces / all-gathers wait as a ring would)."""
+    dp: DpLinkConfig = field(default_factory=DpLinkConfig)
+    """The data-parallel group's links: gradient all-reduce, or a technique's outer sync (SparseLoCo)."""
 
     def __post_init__(self) -> None:
-        require_finite(self, "parallelism.link")
-        require(self.bandwidth_mbps >= 0, "parallelism.link.bandwidth_mbps", "must be >= 0")
-        require(self.latency_ms >= 0, "parallelism.link.latency_ms", "must be >= 0")
+        _apply_link_preset(self, "parallelism.link")
+        for tier in ("tp", "dp"):
+            _apply_link_preset(getattr(self, tier), f"parallelism.link.{tier}")
         for pair, spec in self.per_stage_pair.items():
             key = f"parallelism.link.per_stage_pair.{pair}"
             try:
@@ -111,7 +157,7 @@ class ParallelismConfig(Extensible, path="parallelism"):
     layers_per_stage: Optional[List[int]] = None
     """Decoder layers on each stage (sums to model.num_layers); default: as even as possible."""
     link: LinkConfig = field(default_factory=LinkConfig)
-    """Emulated pipeline links."""
+    """Emulated links: pipeline stage pairs, TP group, DP / outer-sync group."""
     dp_sync: str = "allreduce"
     """How data-parallel replicas agree: allreduce = average gradients every step; techniques register
     outer loops (e.g. SparseLoCo) that replace it."""

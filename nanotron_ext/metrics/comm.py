@@ -37,3 +37,17 @@ def total_sent_bytes(ledger: CommLedger, world_pg: dist.ProcessGroup,
     if world_pg.size() > 1:
         dist.all_reduce(vec, group=world_pg)
     return {g: int(v) for g, v in zip(KEYS, vec.tolist()) if v}
+
+
+LINK_TIERS = ("pp", "tp", "dp")
+
+
+def link_wait_fractions(waited_s: Dict[str, float], step_s: float, world_pg: dist.ProcessGroup,
+                        device: Optional[torch.device] = None) -> Dict[str, float]:
+    """The fraction of a step each rank spent waiting on each tier's emulated links (`waited_s`: this rank's
+    seconds this step, parallel/link.py), averaged over ranks (one tiny all-reduce, counted under "world")."""
+    vec = torch.tensor([waited_s.get(t, 0.0) / step_s for t in LINK_TIERS], dtype=torch.float64, device=device)
+    if world_pg.size() > 1:
+        dist.all_reduce(vec, group=world_pg)
+        vec /= world_pg.size()
+    return {t: round(float(v), 6) for t, v in zip(LINK_TIERS, vec.tolist())}

@@ -1,4 +1,6 @@
-"""Emulated pipeline links: bandwidth and latency on any backend.
+"""Emulated links per tier (pipeline stage pairs, the TP group, the DP / outer-sync group) on any backend.
+
+Pipeline tier (point-to-point, `LinkEmulator`, used by parallel/p2p.py):
 
 A link (one direction between two pipeline stages) serialises its messages: a message starts
 when both it is sent and the previous one on the link has left, takes nbytes * 8 / bandwidth
@@ -15,6 +17,35 @@ how the ResBM paper's Table 3 link behaves (80 Mbit/s carrying activations and g
 80e6 / (2 x 4096 x 16 bit)). The two directions are sent by different processes, so their shared
 "free at" clock lives in a small file under the temp dir, keyed by the run (torchrun's run id or the
 rendezvous port) and the stage pair, read and advanced under an exclusive file lock.
+
+TP and DP tiers (collectives, `CollectiveLinks`): patch 0007 reports every collective made through
+nanotron.distributed to hooks before it is issued; the hook installed here sleeps, on every rank of the
+group, the time the collective would take on a ring of p ranks joined by links of bandwidth B bit/s
+and one-way latency a seconds, then lets the real collective run (and the ledger count its bytes). The
+real collective finishes when its last rank arrives, so the group finishes together at
+max(arrival) + T, as a ring would. With N = the bytes handed to the call on this rank (the ledger's
+count) and b = 8 / B seconds per byte, the standard ring costs (Patarasuk & Yuan, "Bandwidth optimal
+all-reduce algorithms for clusters of workstations", JPDC 2009; Thakur, Rabenseifner & Gropp,
+"Optimization of collective communication operations in MPICH", IJHPCA 2005, section 4) are:
+
+    all_reduce      reduce-scatter then all-gather, 2(p-1) steps of N/p bytes each:
+                    T = 2 (p-1)/p * N * b + 2 (p-1) * a
+    reduce_scatter  (N = the whole input) p-1 steps of N/p:     T = (p-1)/p * N * b + (p-1) * a
+    all_gather      (N = the local shard)  p-1 steps of N:      T = (p-1) * N * b + (p-1) * a
+                    (= (p-1)/p * pN * b: the same ring factor on the gathered size)
+    broadcast       pipelined chain, many segments (the limit): T = N * b + (p-1) * a
+
+Every step of a ring sends on one link and receives on another at the same time; with duplex "half"
+a rank's send and receive share one budget, so the bandwidth term doubles (latency does not).
+Point-to-point calls on TP/DP groups and collectives on the pp / world / mp groups (the loss broadcast,
+gradient-norm and agreement reductions: a few bytes of control traffic) are not delayed. Asynchronous
+collectives are waited for at issue (overlap with compute is not modelled: an upper bound on their cost).
+
+Waits are accumulated per tier (`waited_seconds`) so the trainer can log the fraction of each step spent
+waiting on each tier: for the pipeline, the receiver's sleep until a message arrives (time the link
+adds beyond the sender's compute); for collectives, the sleep above.
+
+Presets (`LINK_PRESETS`) name common links; each entry says where its numbers come from.
 """
 from __future__ import annotations
 
@@ -26,7 +57,7 @@ import struct
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, Mapping, Optional, Protocol, Tuple
+from typing import Callable, Dict, Mapping, Optional, Protocol, Tuple
 
 
 class LinkSettings(Protocol):
@@ -134,10 +165,11 @@ class LinkEmulator:
 
     @staticmethod
     def wait_until(arrival: float) -> None:
-        """Sleep until wall-clock time `arrival` (no-op if it has passed)."""
+        """Sleep until wall-clock time `arrival` (no-op if it has passed); counted as the pipeline tier's wait."""
         delay = arrival - time.time()
         if delay > 0:
             time.sleep(delay)
+            _WAITED["pp"] = _WAITED.get("pp", 0.0) + delay
 
 
 def link_emulator_from_config(cfg: LinkSettings) -> Optional[LinkEmulator]:
@@ -162,3 +194,134 @@ def link_emulator_from_config(cfg: LinkSettings) -> Optional[LinkEmulator]:
     duplex = getattr(cfg, "duplex", "full")
     shared = Path(tempfile.gettempdir()) / "nanotron_ext_links" / run_key() if duplex == "half" else None
     return LinkEmulator(default, per_pair, duplex=duplex, shared_dir=shared)
+
+
+# -- presets ----------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class LinkPreset:
+    """A named link: bandwidth (Mbit/s, one direction), one-way latency (ms), duplex, and where the numbers come from."""
+
+    bandwidth_mbps: float
+    latency_ms: float
+    duplex: str
+    source: str
+
+    @property
+    def spec(self) -> LinkSpec:
+        return LinkSpec(self.bandwidth_mbps, self.latency_ms)
+
+
+LINK_PRESETS: Dict[str, LinkPreset] = {
+    "nvlink": LinkPreset(3.6e6, 0.002, "full",
+                         "NVIDIA H100 SXM datasheet: NVLink 4 at 900 GB/s bidirectional = 450 GB/s = 3.6 Tbit/s per "
+                         "direction; ~2 us one NVSwitch hop (order of magnitude, our assumption)"),
+    "infiniband": LinkPreset(4e5, 0.002, "full",
+                             "NVIDIA ConnectX-7 / Quantum-2 NDR InfiniBand: 400 Gbit/s per port; ~2 us end to end "
+                             "(order of magnitude, our assumption). ResBM's introduction quotes ~300 Gb/s"),
+    "10gbe": LinkPreset(1e4, 0.05, "full",
+                        "IEEE 802.3ae 10 Gbit/s Ethernet, ResBM Table 3's centralised baseline (10 Gbps); 50 us one "
+                        "way is a typical same-rack TCP latency (our assumption)"),
+    "datacenter-wan-1g": LinkPreset(1e3, 10.0, "full",
+                                    "1 Gbit/s between sites: heterogeneous SparseLoCo's Fig. 3(b) stage links and ResBM's "
+                                    "'consumer internet ... around 1 Gb/s'; 10 ms one way for regions on one continent "
+                                    "(our assumption)"),
+    "internet-200m-50ms": LinkPreset(200.0, 50.0, "full",
+                                     "Pluralis' ProtocolNanoGPT: 200 Mbit/s and 50 ms per pipeline stage (100.5 s/step "
+                                     "uncompressed vs 19.9 s/step with subspace compression, 5.05x)"),
+    "internet-80m": LinkPreset(80.0, 0.0, "half",
+                               "ResBM Table 3's decentralised link: 80 Mbit/s carrying activations and gradients in one "
+                               "budget (609 tok/s = 80e6 / (2 x 4096 x 16 bit): half duplex, latency not in the number)"),
+}
+
+
+def link_preset(name: str) -> LinkPreset:
+    """The preset `name`; ValueError listing the known ones otherwise."""
+    try:
+        return LINK_PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown link preset {name!r}; known: {', '.join(LINK_PRESETS)}") from None
+
+
+# -- collectives (TP and DP tiers) -----------------------------------------------------------------
+
+COLLECTIVE_TIERS = ("tp", "dp")  # the ledger's names of the groups whose collectives a tier delays
+
+
+def ring_collective_s(op: str, nbytes: int, group_size: int, spec: LinkSpec, duplex: str = "full") -> float:
+    """Seconds a collective `op` of `nbytes` (this rank's payload, as the ledger counts it) takes on a ring of
+    `group_size` ranks over links `spec` (the closed forms of the module docstring); 0 for other ops."""
+    p = group_size
+    if p <= 1:
+        return 0.0
+    base = op.split(":")[0]
+    steps, volume = {
+        "all_reduce": (2 * (p - 1), 2 * (p - 1) / p * nbytes),
+        "reduce_scatter": (p - 1, (p - 1) / p * nbytes),
+        "all_gather": (p - 1, (p - 1) * nbytes),
+        "broadcast": (p - 1, float(nbytes)),
+    }.get(base, (0, 0.0))
+    if steps == 0:
+        return 0.0
+    serialise = volume * 8 / (spec.bandwidth_mbps * 1e6) if spec.bandwidth_mbps else 0.0
+    return (2.0 if duplex == "half" else 1.0) * serialise + steps * spec.latency_ms / 1e3
+
+
+class CollectiveLinks:
+    """The TP / DP tiers: a comm hook that sleeps each collective's ring time before it is issued."""
+
+    def __init__(self, tiers: Mapping[str, Tuple[LinkSpec, str]], group_name: Callable[[object], str]) -> None:
+        self.tiers = {t: v for t, v in tiers.items() if not v[0].is_ideal}
+        self.group_name = group_name
+
+    def wait_s(self, op: str, nbytes: int, group: object) -> Tuple[Optional[str], float]:
+        """(tier, seconds) this collective waits; (None, 0) when no tier delays it."""
+        if group is None or op.startswith(("send", "recv")):
+            return None, 0.0
+        tier = self.group_name(group)
+        if tier not in self.tiers:
+            return None, 0.0
+        spec, duplex = self.tiers[tier]
+        return tier, ring_collective_s(op, nbytes, group.size(), spec, duplex)  # type: ignore[attr-defined]
+
+    def __call__(self, op: str, nbytes: int, group: object, peer: Optional[int] = None) -> None:
+        tier, seconds = self.wait_s(op, nbytes, group)
+        if seconds > 0:
+            time.sleep(seconds)
+            _WAITED[tier] = _WAITED.get(tier, 0.0) + seconds
+
+
+_WAITED: Dict[str, float] = {}  # seconds this process has waited on each tier's emulated links
+_INSTALLED: Dict[str, Callable[[], None]] = {}
+
+
+def waited_seconds() -> Dict[str, float]:
+    """Seconds waited on each tier's emulated links so far in this process (a copy)."""
+    return dict(_WAITED)
+
+
+def install_collective_links(cfg: "TierLinkSettings", group_name: Callable[[object], str]) -> Optional[CollectiveLinks]:
+    """Hook the TP / DP tiers of `parallelism.link` into nanotron.distributed (replacing an earlier install);
+    None when the section is disabled or neither tier is limited."""
+    import nanotron.distributed as dist  # here: link.py stays importable without torch (the config loader)
+
+    remove = _INSTALLED.pop("collectives", None)
+    if remove is not None:
+        remove()
+    if not cfg.enabled:
+        return None
+    tiers = {t: (LinkSpec(float(getattr(cfg, t).bandwidth_mbps), float(getattr(cfg, t).latency_ms)),
+                 getattr(cfg, t).duplex) for t in COLLECTIVE_TIERS}
+    links = CollectiveLinks(tiers, group_name)
+    if not links.tiers:
+        return None
+    _INSTALLED["collectives"] = dist.register_comm_hook(links)
+    return links
+
+
+class TierLinkSettings(Protocol):
+    """What install_collective_links reads: `enabled` and one settings object per collective tier."""
+
+    enabled: bool
+    tp: object
+    dp: object

@@ -19,14 +19,14 @@ from nanotron_ext.config.schema import Config
 from nanotron_ext.data.loader import build_train_loader, build_validation_loader
 from nanotron_ext.errors import TrainingError
 from nanotron_ext.fileio import write_text_atomic
-from nanotron_ext.metrics.comm import total_sent_bytes
+from nanotron_ext.metrics.comm import link_wait_fractions, total_sent_bytes
 from nanotron_ext.metrics.flops import device_peak_tflops, flops_per_token, matmul_weights, mfu
 from nanotron_ext.metrics.logger import MetricsLogger, plot_losses, read_metrics
 from nanotron_ext.metrics.memory import peak_memory_bytes
 from nanotron_ext.metrics.nvtx import enable_nvtx
 from nanotron_ext.parallel.comm import get_ledger
 from nanotron_ext.parallel.context import context_for
-from nanotron_ext.parallel.link import link_emulator_from_config
+from nanotron_ext.parallel.link import install_collective_links, link_emulator_from_config, waited_seconds
 from nanotron_ext.train.agreement import RankAgreement
 from nanotron_ext.train.checkpoint import (
     CheckpointError,
@@ -52,6 +52,8 @@ class Trainer:
         self.run_dir = Path(cfg.general.output_dir) / cfg.general.run
         self._locks = self._claim_folders()
         enable_nvtx(cfg.logging.nvtx)
+        # the TP / DP tiers' collectives wait as their links would (pipeline links: in the model's P2P)
+        self.link_tiers = install_collective_links(p.link, get_ledger().group_name)
 
         dp_rank = dist.get_rank(self.ctx.dp_pg)
         # this rank's part of its DP replica: the model (built from the replica's config, self.model_cfg;
@@ -221,10 +223,12 @@ class Trainer:
         try:
             while self.step < end:
                 self.ledger.reset()
+                waited0 = waited_seconds()
                 t0 = time.perf_counter()
                 out = self.train_step()
                 elapsed = time.perf_counter() - t0
                 comm = total_sent_bytes(self.ledger, self.ctx.world_pg, self.ctx.device)  # this step's, all ranks
+                waited = {t: s - waited0.get(t, 0.0) for t, s in waited_seconds().items()}
                 self.step += 1
                 tps = self.tokens_per_step / elapsed
                 self.agree.main_io(log.progress, 1, loss=out["loss"], tok_s=tps, lr=out["lr"])  # validation's line follows
@@ -232,6 +236,9 @@ class Trainer:
                     "step": self.step, **out, "tokens_per_s": tps, "step_time_s": elapsed,
                     "peak_memory_bytes": peak_memory_bytes(), "comm_bytes": comm,
                 }
+                if cfg.parallelism.link.enabled:  # where the step's time went: waiting on each tier's links
+                    record["link_wait_fraction"] = link_wait_fractions(waited, elapsed, self.ctx.world_pg,
+                                                                       self.ctx.device)
                 step_mfu = mfu(tps / n_devices, self.flops_token, self.peak_tflops)
                 if step_mfu is not None:
                     record["mfu"] = step_mfu
@@ -288,12 +295,14 @@ class Trainer:
         for r in timed:
             for g, b in r["comm_bytes"].items():
                 comm[g] = comm.get(g, 0) + b / len(timed)
+        waits = [r["link_wait_fraction"] for r in timed if "link_wait_fraction" in r]
         return {
             "steps": self.step,
             "final_train_loss": history[-1]["loss"] if history and history[-1]["step"] == self.step else None,
             "final_val_loss": val.get("val_loss"), "final_val_ppl": val.get("val_ppl"),
             "tokens_per_s": sum(r["tokens_per_s"] for r in timed) / len(timed) if timed else None,
             "comm_bytes_per_step": {g: round(b) for g, b in comm.items()},
+            **({"link_wait_fraction": {t: sum(w[t] for w in waits) / len(waits) for t in waits[0]}} if waits else {}),
             "layout": {"dp": self.cfg.parallelism.dp, "tp": self.cfg.parallelism.tp, "pp": self.cfg.parallelism.pp},
         }
 
@@ -312,5 +321,8 @@ def format_summary(summary: Dict[str, object], run_dir: Path) -> str:
     lines.append("bytes sent per step (all ranks):")
     for g, b in sorted(summary["comm_bytes_per_step"].items()):
         lines.append(f"  {g:<6} {mib(b)}")
+    if "link_wait_fraction" in summary:
+        waits = ", ".join(f"{t} {f:.1%}" for t, f in summary["link_wait_fraction"].items())
+        lines.append(f"step time waiting on emulated links (mean over ranks): {waits}")
     lines.append(f"metrics: {run_dir / 'metrics.jsonl'}  plot: {run_dir / 'loss.png'}")
     return "\n".join(lines)

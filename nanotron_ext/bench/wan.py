@@ -1,0 +1,367 @@
+"""The meter: over MY links, which system reaches a given loss soonest?
+
+Every system trains the same model on the same data for the same token budget (the same tokens per
+step and steps) through the real trainer, over the same emulated link preset (parallelism.link: the
+preset on the pipeline stage pairs and on the DP / outer-sync group, `--tp-preset` on the TP group;
+parallel/link.py), and the meter reports per system, mean and standard error over seeds:
+
+- steady step time: the median step time of metrics.jsonl, first step excluded;
+- bytes per tier per step (all ranks, sent; the ledger) and the fraction of step time spent waiting on
+  each tier's emulated links (the trainer's link_wait_fraction);
+- validation loss against wall-clock (cumulative training step time: start-up and validation excluded),
+  and the headline: wall-clock to reach the target validation loss (default: the reference run's final
+  validation loss + 2%; `--reference`, default the uncompressed pipeline). A run that does not reach it
+  says so ("not reached": its time is not averaged in).
+
+    python -m nanotron_ext.bench.wan --preset internet-200m-50ms                  # the committed CPU result
+    python -m nanotron_ext.bench.wan --preset internet-200m-50ms internet-80m --systems pipeline subspace_pipeline
+    python -m nanotron_ext.bench.wan --dry-run                                    # resolve every run, train nothing
+    python -m nanotron_ext.bench.wan --system three_tiers                         # dp=2 x tp=2 x pp=2 (8 processes)
+
+`three_tiers` runs examples/config_three_tiers.yaml (the composition of issue 17: fast TP, slow PP, slowest
+DP links); while that file does not exist the system refuses with a message naming it.
+
+Anchors printed beside ours (bench.paper): ProtocolNanoGPT's step time uncompressed / subspace-compressed
+over 200 Mbit/s and 50 ms per stage (100.5 / 19.9 s = 5.05x), and ResBM Table 3's 80 Mbit/s half-duplex
+throughput gain of ResBM 128x over the uncompressed run (7837 / 609 = 12.9x) when `internet-80m` is measured.
+
+`--preset protocolnanogpt-cpu` is the ProtocolNanoGPT setting with its compute-to-communication ratio
+scaled to this machine: one calibration run of the uncompressed pipeline without link emulation measures
+the compute step time C and the boundary bytes per step (fwd + bwd, F); the link then gets
+bandwidth = F * 8 / (R * C) with R = (100.5 - 19.9) / 19.9 (their uncompressed communication time per step
+over their compressed step time, taken as compute), and latency = 50 ms * C / 19.9 s (their latency in units
+of their compute). `--preset resbm-80m-cpu` does the same for ResBM Table 3's half-duplex 80 Mbit/s link
+(R = 7530 / 609 - 1: its centralised 10 Gbps throughput over its 80 Mbps one, no latency). Over the plain
+`internet-200m-50ms` preset a CPU step is compute-bound and the ratio is near 1. Only the direction of a ratio (> 1) is judged against the paper; its size depends on that scaling.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import statistics
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from nanotron_ext.bench.paper import PaperClaim, evaluate, mean_se
+from nanotron_ext.bench.report import (
+    fmt_bytes,
+    grouped_bars,
+    help_with_defaults,
+    new_figure,
+    publish,
+    read_saved,
+    run_meta,
+    script_parser,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+BASE = "reproduce/wan/cpu_base.yaml"
+THREE_TIERS = "examples/config_three_tiers.yaml"
+TIERS = ("tp", "pp", "dp")
+SM = ["model.codec.kind=subspace", "model.embedding.kind=subspace", "model.output_constraint.kind=subspace",
+      "model.subspace.k=16"]
+
+
+@dataclasses.dataclass(frozen=True)
+class System:
+    """One row of the meter: how it is launched (processes, config keys) and which tiers its traffic crosses."""
+
+    label: str
+    nproc: int
+    overrides: Tuple[str, ...]
+    config: Optional[str] = None  # its own YAML instead of --config (the three-tier composition)
+
+
+PIPE = ("parallelism.pp=2", "parallelism.dp=1", "tokens.batch_accumulation_per_replica=4")
+DATA = ("parallelism.pp=1", "parallelism.dp=2", "tokens.batch_accumulation_per_replica=2")
+SYSTEMS: Dict[str, System] = {
+    "pipeline": System("uncompressed pipeline (pp=2)", 2, PIPE),
+    "subspace_pipeline": System("SM subspace codec k=d/8 (pp=2)", 2, PIPE + tuple(SM)),
+    "resbm_pipeline": System("ResBM 128x (pp=2)", 2, PIPE + ("model.codec.kind=resbm", "model.codec.resbm.h=1")),
+    "ddp": System("DP all-reduce every step (dp=2)", 2, DATA),
+    "sparseloco": System("SparseLoCo (dp=2; --inner-steps)", 2, DATA + ("parallelism.dp_sync=sparseloco",)),
+    # opt-in rows (not in DEFAULT_SYSTEMS; resolved by tests/test_wan_meter.py, not yet in a committed result)
+    "topk_pipeline": System("lossy top-k 8x (pp=2)", 2, PIPE + ("model.codec.kind=topk", "model.codec.ratio=8")),
+    "int4_pipeline": System("lossy int4 (pp=2)", 2, PIPE + ("model.codec.kind=int4",)),
+    "lowrank_pipeline": System("lossy low-rank 8x (pp=2)", 2, PIPE + ("model.codec.kind=lowrank", "model.codec.ratio=8")),
+    "mapl_pipeline": System("MAPL (pp=2)", 2, PIPE + ("model.codec.kind=mapl",)),
+    "mapl_vq_pipeline": System("MAPL + VQ (pp=2)", 2, PIPE + ("model.codec.kind=mapl", "model.codec.mapl.vq_groups=32",
+                                                             "model.codec.mapl.vq_rounds=2",
+                                                             "model.codec.mapl.vq_codebook=16")),
+    "het_sparseloco": System("heterogeneous SparseLoCo, replica 0 subspace-compressed (dp=2 x pp=2)", 4,
+                             ("parallelism.pp=2", "parallelism.dp=2", "tokens.batch_accumulation_per_replica=2",
+                              "parallelism.dp_sync=sparseloco", "sparseloco.compressed_replicas=[0]",
+                              "model.subspace.k=16")),
+    "three_tiers": System("three tiers dp=2 x tp=2 x pp=2 (issue 17)", 8, (), config=THREE_TIERS),
+}
+DEFAULT_SYSTEMS = ["pipeline", "subspace_pipeline", "ddp", "sparseloco"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Anchor:
+    """A paper's link scaled to this machine: its communication / compute time per step, its latency per second
+    of compute, its duplex, and its unscaled link (Mbit/s, ms; what a dry run shows)."""
+
+    comm_over_compute: float
+    latency_ms_per_compute_s: float
+    duplex: str
+    unscaled: Tuple[float, float]
+
+
+ANCHOR = "protocolnanogpt-cpu"  # ProtocolNanoGPT's link scaled to this machine's compute (module docstring)
+ANCHORS: Dict[str, Anchor] = {
+    # 100.5 s/step uncompressed, 19.9 s/step compressed (taken as compute), 50 ms per stage
+    ANCHOR: Anchor((100.5 - 19.9) / 19.9, 50.0 / 19.9, "full", (200.0, 50.0)),
+    # ResBM Table 3: 7530 tok/s at 10 Gbps (compute-bound) vs 609 tok/s at 80 Mbps half duplex; no latency
+    "resbm-80m-cpu": Anchor(7530 / 609 - 1, 0.0, "half", (80.0, 0.0)),
+}
+
+CLAIMS = [
+    PaperClaim("step time uncompressed / subspace-compressed pipeline", "step_time_ratio_vs_pipeline", 5.05,
+               ">", 1.0, where={"system": "subspace_pipeline", "preset": ANCHOR},
+               err_column="step_time_ratio_vs_pipeline_se", source="ProtocolNanoGPT",
+               setting="200 Mbit/s + 50 ms per stage, 100.5 vs 19.9 s/step; ours: its compute:comm ratio scaled"),
+    PaperClaim("step time uncompressed / subspace pipeline, unscaled link (CPU compute-bound: value only)",
+               "step_time_ratio_vs_pipeline", 5.05, None, where={"system": "subspace_pipeline",
+                                                                 "preset": "internet-200m-50ms"},
+               err_column="step_time_ratio_vs_pipeline_se", source="ProtocolNanoGPT",
+               setting="200 Mbit/s + 50 ms per stage, 100.5 vs 19.9 s/step; ours: the same link, our compute"),
+    PaperClaim("step time uncompressed / ResBM 128x pipeline (throughput gain)", "step_time_ratio_vs_pipeline",
+               7837 / 609, ">", 1.0, where={"system": "resbm_pipeline", "preset": "resbm-80m-cpu"},
+               err_column="step_time_ratio_vs_pipeline_se", source="ResBM Table 3",
+               setting="80 Mbit/s half duplex, 609 vs 7837 tok/s (AdamW 128x); ours: its compute:comm ratio scaled"),
+]
+
+
+# -- reading one run ------------------------------------------------------------------------------------------
+def run_curve(metrics: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
+    """Steady step time, and validation loss against cumulative step time, from a run's metrics.jsonl records."""
+    times = [r["step_time_s"] for r in metrics if "step_time_s" in r]
+    clock, val = 0.0, []
+    for r in metrics:
+        clock += r.get("step_time_s", 0.0)
+        if "val_loss" in r:
+            val.append([clock, r["val_loss"]])
+    return {"steady_step_s": statistics.median(times[1:] or times), "val_vs_wall": val, "wall_s": clock}
+
+
+def time_to_target(val_vs_wall: Sequence[Sequence[float]], target: float) -> Optional[float]:
+    """Wall-clock (s) of the first validation at or below `target`; None when the run never reaches it."""
+    return next((t for t, loss in val_vs_wall if loss <= target), None)
+
+
+def measure_run(system: str, preset: str, seed: int, args: argparse.Namespace) -> Dict[str, Any]:
+    from nanotron_ext.bench.training import run_training
+    from nanotron_ext.metrics.logger import read_metrics
+
+    s = SYSTEMS[system]
+    summary = run_training(s.config or args.config, run_overrides(system, preset, seed, args),
+                           f"{preset}_{system}_seed{seed}", nproc=s.nproc, root=Path(args.runs),
+                           timeout_s=args.timeout_s, reuse=args.reuse)
+    curve = run_curve(read_metrics(Path(summary["run_dir"]) / "metrics.jsonl"))
+    comm = summary["comm_bytes_per_step"]
+    return {"system": system, "preset": preset, "seed": seed, **curve,
+            "bytes_per_step": {t: comm.get(t, 0) for t in TIERS},
+            "link_wait_fraction": summary.get("link_wait_fraction", {}), "final_val_loss": summary["final_val_loss"]}
+
+
+def run_overrides(system: str, preset: str, seed: int, args: argparse.Namespace) -> List[str]:
+    """The keys one run sets: the system's, the link preset on every tier, the budget and the seed."""
+    s = SYSTEMS[system]
+    if preset in ANCHORS:
+        anchor = ANCHORS[preset]
+        bw, lat = getattr(args, "anchor_links", {}).get(preset, anchor.unscaled)  # dry run: the unscaled link
+        link = [f"parallelism.link.{t}{k}={v}" for t in ("", "dp.")
+                for k, v in (("bandwidth_mbps", bw), ("latency_ms", lat), ("duplex", anchor.duplex))]
+        link = ["parallelism.link.enabled=true", *link, f"parallelism.link.tp.preset={args.tp_preset}"]
+    else:
+        link = ["parallelism.link.enabled=true", f"parallelism.link.preset={preset}",
+                f"parallelism.link.dp.preset={preset}", f"parallelism.link.tp.preset={args.tp_preset}"]
+    budget = [] if s.config else [f"tokens.train_steps={args.steps}", f"tokens.val_check_interval={args.val_every}"]
+    if "parallelism.dp_sync=sparseloco" in s.overrides:
+        budget.append(f"sparseloco.inner_steps={args.inner_steps}")
+    return [*s.overrides, *link, *budget, f"general.seed={seed}", "logging.progress_bar=false", *args.set]
+
+
+def anchor_link(compute_s: float, boundary_bytes: float, anchor: Anchor = ANCHORS[ANCHOR]) -> Tuple[float, float]:
+    """(bandwidth Mbit/s, latency ms) giving `anchor`'s communication / compute ratio and latency / compute to a
+    step of `compute_s` seconds that sends `boundary_bytes` over the stage link (fwd + bwd: the GPipe schedule
+    sends the two directions one after the other, and a half-duplex link carries both in one budget anyway)."""
+    return (boundary_bytes * 8 / (anchor.comm_over_compute * compute_s) / 1e6,
+            anchor.latency_ms_per_compute_s * compute_s)
+
+
+def calibrate_anchor(args: argparse.Namespace) -> Dict[str, Any]:
+    """The anchors' links scaled to this machine (module docstring), from one uncompressed pipeline run
+    without link emulation."""
+    from nanotron_ext.bench.training import run_training
+    from nanotron_ext.metrics.logger import read_metrics
+
+    sets = [*SYSTEMS["pipeline"].overrides, "parallelism.link.enabled=false", f"tokens.train_steps={args.calibration_steps}",
+            "tokens.val_check_interval=0", "logging.progress_bar=false", *args.set]
+    summary = run_training(args.config, sets, "anchor_calibration", nproc=2, root=Path(args.runs),
+                           timeout_s=args.timeout_s, reuse=args.reuse)
+    compute_s = run_curve(read_metrics(Path(summary["run_dir"]) / "metrics.jsonl"))["steady_step_s"]
+    comm = summary["comm_bytes_per_step"]
+    boundary = comm.get("pp:send:fwd", 0) + comm.get("pp:send:bwd", 0)
+    links = {name: [round(v, 4) for v in anchor_link(compute_s, boundary, a)] for name, a in ANCHORS.items()}
+    return {"compute_step_s": compute_s, "boundary_bytes_per_step": boundary, "links_mbps_ms": links}
+
+
+# -- rows: seeds pooled per (preset, system) ------------------------------------------------------------------
+def pooled_rows(runs: Sequence[Mapping[str, Any]], reference: str, target_rel: float) -> List[Dict[str, Any]]:
+    """One row per (preset, system): means and standard errors over seeds, time to the preset's target."""
+    rows: List[Dict[str, Any]] = []
+    for preset in dict.fromkeys(r["preset"] for r in runs):
+        mine = [r for r in runs if r["preset"] == preset]
+        ref = [r["final_val_loss"] for r in mine if r["system"] == reference and r["final_val_loss"] is not None]
+        target = statistics.fmean(ref) * (1 + target_rel) if ref else None
+        ref_step = statistics.fmean([r["steady_step_s"] for r in mine if r["system"] == reference] or [math.nan])
+        for system in dict.fromkeys(r["system"] for r in mine):
+            seeds = [r for r in mine if r["system"] == system]
+            step, step_se = mean_se([r["steady_step_s"] for r in seeds])
+            loss, loss_se = mean_se([r["final_val_loss"] for r in seeds])
+            hits = [time_to_target(r["val_vs_wall"], target) for r in seeds] if target is not None else []
+            reached = [h for h in hits if h is not None]
+            ttt, ttt_se = mean_se(reached)
+            ratios = [ref_step / r["steady_step_s"] for r in seeds]
+            ratio, ratio_se = mean_se(ratios)
+            waits = [r["link_wait_fraction"] for r in seeds if r["link_wait_fraction"]]
+            rows.append({
+                "preset": preset, "system": system, "label": SYSTEMS[system].label if system in SYSTEMS else system,
+                "seeds": [r["seed"] for r in seeds], "steady_step_s": step, "steady_step_s_se": step_se,
+                "step_time_ratio_vs_pipeline": ratio if math.isfinite(ratio) else None,
+                "step_time_ratio_vs_pipeline_se": ratio_se,
+                "bytes_per_step": {t: statistics.fmean(r["bytes_per_step"][t] for r in seeds) for t in TIERS},
+                "link_wait_fraction": {t: statistics.fmean(w.get(t, 0.0) for w in waits) for t in TIERS} if waits else {},
+                "final_val_loss": loss, "final_val_loss_se": loss_se, "target_val_loss": target,
+                "time_to_target_s": ttt, "time_to_target_s_se": ttt_se, "reached": f"{len(reached)}/{len(seeds)}",
+                "curves": [r["val_vs_wall"] for r in seeds],
+            })
+    return rows
+
+
+def _pm(v: Optional[float], se: Optional[float], fmt: str = "{:.2f}") -> str:
+    if v is None:
+        return "-"
+    return fmt.format(v) + (f" ± {fmt.format(se)}" if se is not None else "")
+
+
+def table(rows: Sequence[Mapping[str, Any]]) -> Tuple[List[str], List[List[Any]]]:
+    headers = ["preset", "system", "seeds", "steady step s", "x vs reference (step time)", "KiB/step tp | pp | dp",
+               "waiting tp | pp | dp", "final val loss", "target", "time to target s", "reached"]
+    body = []
+    for r in rows:
+        w = r["link_wait_fraction"]
+        body.append([
+            r["preset"], r["system"], len(r["seeds"]), _pm(r["steady_step_s"], r["steady_step_s_se"], "{:.3f}"),
+            _pm(r["step_time_ratio_vs_pipeline"], r["step_time_ratio_vs_pipeline_se"]),
+            " | ".join(fmt_bytes(r["bytes_per_step"][t], "KiB") for t in TIERS),
+            " | ".join(f"{w.get(t, 0.0):.0%}" for t in TIERS) if w else "-",
+            _pm(r["final_val_loss"], r["final_val_loss_se"], "{:.3f}"),
+            "-" if r["target_val_loss"] is None else f"{r['target_val_loss']:.3f}",
+            _pm(r["time_to_target_s"], r["time_to_target_s_se"], "{:.1f}") if r["time_to_target_s"] is not None
+            else "not reached", r["reached"],
+        ])
+    return headers, body
+
+
+def figure(rows: Sequence[Mapping[str, Any]]) -> Any:
+    """Validation loss vs wall-clock (one line per system, first preset; thin lines: other seeds) and
+    time-to-target bars per preset."""
+    import matplotlib
+
+    fig, (left, right) = new_figure(2, width=6.0)
+    first = rows[0]["preset"] if rows else ""
+    colours = {s: matplotlib.colormaps["tab10"](i) for i, s in enumerate(dict.fromkeys(r["system"] for r in rows))}
+    for r in (r for r in rows if r["preset"] == first):
+        for i, curve in enumerate(r["curves"]):
+            if curve:
+                xs, ys = zip(*curve)
+                left.plot(xs, ys, color=colours[r["system"]], lw=1.8 if i == 0 else 0.6, marker="o" if i == 0 else None,
+                          ms=3, label=r["system"] if i == 0 else None)
+        if r["target_val_loss"] is not None:
+            left.axhline(r["target_val_loss"], color="k", lw=0.6, ls="--")
+    left.set(xlabel="wall-clock (s, training steps only)", ylabel="validation loss", title=f"{first}; dashed: target")
+    left.legend(fontsize=7)
+    presets = list(dict.fromkeys(r["preset"] for r in rows))
+    systems = list(colours)
+    by = {(r["preset"], r["system"]): r for r in rows}
+    series = {s: [by[(p, s)]["time_to_target_s"] if (p, s) in by else None for p in presets] for s in systems}
+    errors = {s: [by[(p, s)]["time_to_target_s_se"] if (p, s) in by else None for p in presets] for s in systems}
+    grouped_bars(right, presets, series, errors, ylabel="wall-clock to target validation loss (s)",
+                 color=lambda s: colours[s])
+    right.set_title("missing bar: target not reached")
+    right.legend(fontsize=7)
+    return fig
+
+
+# -- command line -----------------------------------------------------------------------------------------------
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    from nanotron_ext.parallel.link import LINK_PRESETS
+
+    p = script_parser(__doc__, "runs/wan/result.json")
+    p.add_argument("--preset", nargs="+", default=["internet-200m-50ms"], choices=[*LINK_PRESETS, *ANCHORS],
+                   help="link preset(s) of the pipeline and DP tiers; one row per system per preset ("
+                        f"{', '.join(ANCHORS)}: a paper's link scaled to this machine's compute, calibrated first)")
+    p.add_argument("--calibration-steps", type=int, default=8, help="steps of the anchors' calibration run")
+    p.add_argument("--tp-preset", default="nvlink", choices=list(LINK_PRESETS), help="the TP group's link preset")
+    p.add_argument("--systems", "--system", nargs="+", default=DEFAULT_SYSTEMS, choices=list(SYSTEMS),
+                   help=f"systems to meter (known: {', '.join(SYSTEMS)})")
+    p.add_argument("--reference", default="pipeline", help="the system whose final validation loss sets the target")
+    p.add_argument("--target-rel", type=float, default=0.02, help="target = reference final validation loss x (1 + this)")
+    p.add_argument("--config", default=BASE, help="model, data and budget every system shares")
+    p.add_argument("--steps", type=int, default=60, help="training steps (the same token budget for every system)")
+    p.add_argument("--val-every", type=int, default=10, help="validation interval in steps (the loss-vs-time points)")
+    p.add_argument("--inner-steps", type=int, default=10, help="SparseLoCo's inner steps H between outer syncs")
+    p.add_argument("--seeds", type=int, nargs="+", default=[1, 2], help="one run per seed per system")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra override for every run")
+    p.add_argument("--runs", default="runs/wan", help="where the runs' folders go")
+    p.add_argument("--timeout-s", type=float, default=1800, help="per run")
+    p.add_argument("--reuse", action="store_true", help="read a finished run of the same resolved config instead of training")
+    p.add_argument("--dry-run", action="store_true", help="resolve and print every run's config, train nothing")
+    return help_with_defaults(p).parse_args(argv)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    title = "Wall-clock to a target validation loss over one emulated link preset"
+    if args.from_json:
+        data = read_saved(args.from_json)
+        rows, meta = data["rows"], data["meta"]
+    else:
+        missing = [s for s in args.systems if SYSTEMS[s].config and not (REPO / SYSTEMS[s].config).exists()]
+        if missing:
+            print(f"--system {missing[0]} needs {SYSTEMS[missing[0]].config} (issue 17's dp=2 x tp=2 x pp=2 "
+                  "composition), which this checkout does not have", file=sys.stderr)
+            return 2
+        if args.dry_run:
+            from nanotron_ext.bench.presets import dry_run
+
+            return dry_run({f"{p} {s} seed {seed}": (SYSTEMS[s].config or args.config, run_overrides(s, p, seed, args))
+                            for p in args.preset for s in args.systems for seed in args.seeds})
+        from tqdm import tqdm
+
+        extra: Dict[str, Any] = {}
+        if set(ANCHORS) & set(args.preset):
+            extra["anchor_calibration"] = calibrate_anchor(args)
+            args.anchor_links = {k: tuple(v) for k, v in extra["anchor_calibration"]["links_mbps_ms"].items()}
+            print(f"anchor calibration: {extra['anchor_calibration']}")
+        jobs = [(p, s, seed) for p in args.preset for s in args.systems for seed in args.seeds]
+        runs = [measure_run(s, p, seed, args) for p, s, seed in tqdm(jobs, desc="wan meter runs", unit="run")]
+        rows = pooled_rows(runs, args.reference, args.target_rel)
+        meta = run_meta({"presets": args.preset, "tp_preset": args.tp_preset, "steps": args.steps,
+                         "config": args.config, "reference": args.reference, "target_rel": args.target_rel,
+                         "note": "step times measured on a shared, loaded machine unless stated otherwise", **extra})
+    headers, body = table(rows)
+    notes = ["Wall-clock = summed training step time (start-up and validation excluded); target = the reference "
+             f"run's final validation loss x {1 + meta.get('target_rel', 0.02):g}. Step times: {meta.get('note', '')}."]
+    claims = [c for c in CLAIMS if any(c.matches(r) for r in rows)]  # the anchors of the presets measured
+    publish(args.out, rows, meta, title, headers, body, evaluate(claims, rows), figure(rows), notes)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""The WAN meter (nanotron_ext/bench/wan.py): reading runs, time to target, pooling seeds, the dry run and the
+three-tier slot; the arithmetic against numbers worked out by hand."""
+from __future__ import annotations
+
+import pytest
+
+from nanotron_ext.bench import wan
+
+
+def _records(step_times, val_at):
+    """metrics.jsonl records: step i+1 takes step_times[i]; val_at {step: val_loss}."""
+    return [{"step": i + 1, "step_time_s": t, **({"val_loss": val_at[i + 1]} if i + 1 in val_at else {})}
+            for i, t in enumerate(step_times)]
+
+
+def test_run_curve_and_time_to_target() -> None:
+    curve = wan.run_curve(_records([5.0, 1.0, 2.0, 1.0], {2: 4.0, 4: 3.0}))
+    assert curve["steady_step_s"] == 1.0  # median of [1, 2, 1]: the first step (start-up) is left out
+    assert curve["val_vs_wall"] == [[6.0, 4.0], [9.0, 3.0]]
+    assert wan.time_to_target(curve["val_vs_wall"], 3.5) == 9.0
+    assert wan.time_to_target(curve["val_vs_wall"], 4.0) == 6.0
+    assert wan.time_to_target(curve["val_vs_wall"], 2.9) is None
+
+
+def _run(system, seed, step, curve):
+    return {"system": system, "preset": "p", "seed": seed, "steady_step_s": step, "val_vs_wall": curve,
+            "wall_s": curve[-1][0], "final_val_loss": curve[-1][1], "bytes_per_step": {"tp": 0, "pp": 8, "dp": 0},
+            "link_wait_fraction": {"pp": 0.5, "tp": 0.0, "dp": 0.0}}
+
+
+def test_pooled_rows_target_seeds_and_not_reached() -> None:
+    runs = [_run("pipeline", 1, 2.0, [[10.0, 4.0], [20.0, 3.0]]), _run("pipeline", 2, 4.0, [[10.0, 4.0], [30.0, 3.1]]),
+            _run("ddp", 1, 1.0, [[5.0, 3.1], [9.0, 3.0]]), _run("sparseloco", 1, 0.5, [[3.0, 5.0], [6.0, 4.0]])]
+    rows = {r["system"]: r for r in wan.pooled_rows(runs, "pipeline", 0.02)}
+    target = 3.05 * 1.02  # mean of the reference's final losses (3.0, 3.1), + 2%: 3.111
+    assert rows["pipeline"]["target_val_loss"] == pytest.approx(target)
+    assert rows["pipeline"]["time_to_target_s"] == pytest.approx(25.0)  # seeds: 20 s and 30 s
+    assert rows["pipeline"]["time_to_target_s_se"] == pytest.approx(5.0)  # stdev 7.07 / sqrt(2)
+    assert rows["pipeline"]["steady_step_s"] == 3.0 and rows["pipeline"]["reached"] == "2/2"
+    assert rows["ddp"]["time_to_target_s"] == 5.0 and rows["ddp"]["step_time_ratio_vs_pipeline"] == 3.0
+    assert rows["sparseloco"]["time_to_target_s"] is None and rows["sparseloco"]["reached"] == "0/1"
+    headers, body = wan.table(list(rows.values()))
+    assert body[-1][headers.index("time to target s")] == "not reached"
+
+
+def test_dry_run_resolves_every_system(capsys: pytest.CaptureFixture) -> None:
+    systems = [s for s, sys_ in wan.SYSTEMS.items() if sys_.config is None]  # three_tiers: its own config
+    assert wan.main(["--dry-run", "--seeds", "1", "--systems", *systems]) == 0
+    out = capsys.readouterr().out
+    assert f"{len(systems)} run(s)" in out
+    for system in systems:
+        assert f"internet-200m-50ms {system} seed 1" in out
+    assert "parallelism.link.dp.preset=internet-200m-50ms" in out and "codec=subspace" in out
+
+
+def test_three_tiers_slot_names_the_config_it_needs(capsys: pytest.CaptureFixture) -> None:
+    if (wan.REPO / wan.THREE_TIERS).exists():
+        pytest.skip("the three-tier config exists: the slot runs it")
+    assert wan.main(["--system", "three_tiers", "--dry-run"]) == 2
+    assert wan.THREE_TIERS in capsys.readouterr().err
+
+
+def test_anchor_link_scales_protocolnanogpt_to_our_compute() -> None:
+    import argparse
+
+    # their compressed step (compute) 19.9 s, uncompressed 100.5 s: communication = 4.05 x compute. Ours: C = 0.5 s
+    # and F = 1e6 boundary bytes per step -> the link must move 8e6 bit in 4.05 x 0.5 s; latency 50 ms x 0.5 / 19.9
+    bw, lat = wan.anchor_link(0.5, 1e6)
+    assert bw == pytest.approx(8e6 / (80.6 / 19.9 * 0.5) / 1e6) and lat == pytest.approx(50 * 0.5 / 19.9)
+    args = argparse.Namespace(anchor_links={wan.ANCHOR: (bw, lat)}, tp_preset="nvlink", steps=4, val_every=2,
+                              inner_steps=10, set=[])
+    sets = wan.run_overrides("pipeline", wan.ANCHOR, 1, args)
+    assert f"parallelism.link.bandwidth_mbps={bw}" in sets and "parallelism.link.preset=" not in " ".join(sets)
+    assert bw == pytest.approx(3.9503, abs=1e-4)
+    # ResBM Table 3: 7530 tok/s compute-bound vs 609 over 80 Mbit/s half duplex: communication 11.36 x compute
+    bw, lat = wan.anchor_link(0.5, 1e6, wan.ANCHORS["resbm-80m-cpu"])
+    assert bw == pytest.approx(8e6 / ((7530 - 609) / 609 * 0.5) / 1e6) and lat == 0.0
+    args.anchor_links = {"resbm-80m-cpu": (bw, lat)}
+    sets = wan.run_overrides("resbm_pipeline", "resbm-80m-cpu", 1, args)
+    assert "parallelism.link.duplex=half" in sets and "parallelism.link.dp.duplex=half" in sets
+
+
+@pytest.mark.slow
+def test_tiny_meter_run_writes_its_result(tmp_path) -> None:
+    """One system, two steps, through the real trainer: the JSON, markdown and PNG, its bytes and waits."""
+    import json
+
+    out = tmp_path / "wan.json"
+    assert wan.main(["--systems", "ddp", "--steps", "2", "--val-every", "2", "--seeds", "1", "--reference", "ddp",
+                     "--runs", str(tmp_path / "runs"), "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    [row] = data["rows"]
+    assert row["system"] == "ddp" and row["reached"] == "1/1"  # its own final loss is within its own target
+    assert row["bytes_per_step"]["dp"] > 0 and row["bytes_per_step"]["pp"] == 0
+    assert row["link_wait_fraction"]["dp"] > 0
+    assert out.with_suffix(".md").exists() and out.with_suffix(".png").exists()
