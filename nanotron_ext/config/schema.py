@@ -14,7 +14,7 @@ from dataclasses import field
 from pathlib import PurePath
 from typing import Dict, List, Literal, Optional
 
-from nanotron_ext.config.checks import ConfigError, require, require_finite, require_registered
+from nanotron_ext.config.checks import ConfigError, check_residual_layout, require, require_finite, require_registered
 from nanotron_ext.config.compose import Extensible
 from nanotron_ext.config.model_schema import (  # noqa: F401  (re-exported: the model section's classes)
     CodecConfig,
@@ -320,6 +320,7 @@ class Config(Extensible, path=""):
                 f"raise it or set parallelism.pp_engine=afab")
         for technique in techniques():
             technique.check(self)
+        check_residual_layout(m, p.tp)
 
     def codec_boundaries(self) -> List[int]:
         """The sending-layer indices of the codec boundaries this config places (model.codec.boundaries

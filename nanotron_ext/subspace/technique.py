@@ -22,6 +22,11 @@ class SubspaceTechnique(Technique):
     sections = {"model.subspace": SubspaceConfig}
     provides = {"model.codec.kind": ["subspace"], "model.embedding.kind": list(SPLIT_EMBEDDINGS),
                 "model.output_constraint.kind": ["subspace"], "optimizer group": [SUBSPACE_ADAMW_TAG]}
+    needs_replicated_residual = {
+        "model.codec.kind=subspace": "the subspace codec projects all d features (Z = (X - T_fixed) U)",
+        "model.embedding.kind=subspace": "the split embedding writes all d features (T_fixed + T_S U^T)",
+        "model.embedding.kind=subspace_adapted": "the adapted split table writes all d features (T_fixed + T_S)",
+        "model.output_constraint.kind=subspace": "the span(U) constraint acts on whole d-wide output projections"}
     pieces = "nanotron_ext.subspace.pieces:SubspacePieces"
 
     def resolve_model(self, model: "ModelConfig") -> None:
