@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import List, Optional
 
 import pytest
+import torch
 
 from nanotron_ext.config import ConfigError, load_config
 
@@ -81,3 +82,70 @@ def test_command_line_prints_one_line_and_exits_2(strategy: str, codec: str, syn
                          cwd=REPO, capture_output=True, text=True, timeout=120)
     first = refusal(strategy, codec, sync).split("|")[0]
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and first in out.stderr, out.stderr
+
+
+# -- the slow link carries each wire once (parallelism.pp_scatter_gather) --------------------------------------
+SMALL = dict(vocab_size=320, hidden_size=32, ffn_size=48, num_layers=4, num_heads=4, num_kv_heads=2, max_seq_len=16,
+             tie_embeddings=False)
+SEQ, MB, N_MICRO = 8, 2, 2
+
+
+def _wire_worker(tp: int, pp: int, codec: dict, scatter_gather: bool) -> dict:
+    """One step of the composed model on a fixed batch: loss, this rank's gradients (by name), the ledger."""
+    import nanotron.distributed as dist
+    import torch
+
+    from nanotron_ext.config.loader import from_dict
+    from nanotron_ext.config.schema import Config
+    from nanotron_ext.models.build import build_model
+    from nanotron_ext.parallel.comm import get_ledger
+    from nanotron_ext.parallel.context import build_parallel_context
+    from nanotron_ext.train.pipeline_step import forward_backward, make_engine
+
+    ctx = build_parallel_context(dp=1, tp=tp, pp=pp, backend="gloo")
+    cfg = from_dict(Config, {
+        "model": {**SMALL, "codec": codec},
+        "parallelism": {"dp": 1, "tp": tp, "pp": pp, "pp_scatter_gather": scatter_gather},
+        "tokenizer": {"vocab_size": 260},
+        "tokens": {"sequence_length": SEQ, "micro_batch_size": MB, "batch_accumulation_per_replica": N_MICRO}})
+    model = build_model(cfg, ctx)
+    rows = torch.randint(0, SMALL["vocab_size"], (N_MICRO * MB, SEQ + 1), generator=torch.Generator().manual_seed(7))
+    micro = [{"input_ids": rows[i * MB:(i + 1) * MB, :-1], "label_ids": rows[i * MB:(i + 1) * MB, 1:]}
+             for i in range(N_MICRO)]
+    ledger = get_ledger()
+    ledger.reset()
+    loss = forward_backward(model, make_engine("1f1b"), micro, ctx)
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    return {"loss": loss.item(), "grads": grads, "comm": ledger.snapshot(), "pp_rank": dist.get_rank(ctx.pp_pg)}
+
+
+def _pp_bytes(results: list, op: str) -> int:
+    return sum(r["comm"].get("pp", {}).get(op, {}).get("bytes", 0) for r in results)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("codec", [{"kind": "identity"}, {"kind": "resbm", "resbm": {"ratio": 4}}], ids=["identity", "resbm"])
+def test_the_slow_link_carries_each_megatron_wire_once(codec: dict) -> None:
+    """Megatron TP (the wire is the same on every TP rank): pipeline bytes per boundary at tp = 2 equal tp = 1's,
+    the receiving stage's TP all-gather is counted in the tp group, and the loss and every gradient are
+    bit-identical to the run in which every TP rank sends its own copy (pp_scatter_gather=false, twice the
+    pipeline bytes)."""
+    from tests.helpers.dist import run_distributed
+
+    one = run_distributed(_wire_worker, 2, 1, 2, codec, True)
+    once = run_distributed(_wire_worker, 4, 2, 2, codec, True)
+    copies = run_distributed(_wire_worker, 4, 2, 2, codec, False)
+    width = SMALL["hidden_size"] if codec["kind"] == "identity" else SMALL["hidden_size"] // 4  # ResBM's h = d / ratio
+    boundary = N_MICRO * MB * SEQ * width * 4  # fp32, per step, each direction: the closed form
+    for op in ("send:fwd", "send:bwd", "recv:fwd", "recv:bwd"):
+        assert _pp_bytes(one, op) == boundary, (op, one[0]["comm"])
+        assert _pp_bytes(once, op) == boundary, (op, once[0]["comm"])
+        assert _pp_bytes(copies, op) == 2 * boundary, (op, copies[0]["comm"])
+    gathered = sum(r["comm"].get("tp", {}).get("all_gather:pp-wire", {}).get("bytes", 0) for r in once)
+    assert gathered == 2 * boundary  # both directions, each receiving TP rank hands in its half
+    assert not any("all_gather:pp-wire" in r["comm"].get("tp", {}) for r in copies)
+    for a, b in zip(once, copies):
+        assert a["loss"] == b["loss"] and a["grads"].keys() == b["grads"].keys()
+        for name, g in a["grads"].items():
+            assert torch.equal(g, b["grads"][name]), name
+    assert abs(once[-1]["loss"] - one[-1]["loss"]) <= 1e-5 * abs(one[-1]["loss"])

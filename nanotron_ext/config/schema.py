@@ -115,6 +115,11 @@ class ParallelismConfig(Extensible, path="parallelism"):
     dp_sync: str = "allreduce"
     """How data-parallel replicas agree: allreduce = average gradients every step; techniques register
     outer loops (e.g. SparseLoCo) that replace it."""
+    pp_scatter_gather: bool = True
+    """The slow pipeline link carries each wire once: a wire replicated over TP (Megatron's residual stream,
+    a codec's wire) leaves each TP rank as 1/tp of it and is all-gathered over TP by the receiving stage
+    (Megatron-LM's scatter/gather; gradients likewise); a TP-sharded wire (btp's residual) is sent whole.
+    false: every TP rank sends its own full copy (tp times the pipeline bytes; for comparison)."""
 
     def __post_init__(self) -> None:
         require_registered(DP_SYNCS, self.dp_sync)
