@@ -121,8 +121,13 @@ def _pp_bytes(results: list, op: str) -> int:
     return sum(r["comm"].get("pp", {}).get(op, {}).get("bytes", 0) for r in results)
 
 
+RVQ = {"kind": "mapl", "mapl": {"rank": 8, "anchor_width": 4, "vq_groups": 2, "vq_rounds": 2, "vq_codebook": 16,
+                                 "grad_bits": 8}}  # token ids packed in the wire, a forward narrower than its gradient
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("codec", [{"kind": "identity"}, {"kind": "resbm", "resbm": {"ratio": 4}}], ids=["identity", "resbm"])
+@pytest.mark.parametrize("codec", [{"kind": "identity"}, {"kind": "resbm", "resbm": {"ratio": 4}}, RVQ],
+                         ids=["identity", "resbm", "mapl_rvq"])
 def test_the_slow_link_carries_each_megatron_wire_once(codec: dict) -> None:
     """Megatron TP (the wire is the same on every TP rank): pipeline bytes per boundary at tp = 2 equal tp = 1's,
     the receiving stage's TP all-gather is counted in the tp group, and the loss and every gradient are
@@ -133,14 +138,15 @@ def test_the_slow_link_carries_each_megatron_wire_once(codec: dict) -> None:
     one = run_distributed(_wire_worker, 2, 1, 2, codec, True)
     once = run_distributed(_wire_worker, 4, 2, 2, codec, True)
     copies = run_distributed(_wire_worker, 4, 2, 2, codec, False)
-    width = SMALL["hidden_size"] if codec["kind"] == "identity" else SMALL["hidden_size"] // 4  # ResBM's h = d / ratio
-    boundary = N_MICRO * MB * SEQ * width * 4  # fp32, per step, each direction: the closed form
-    for op in ("send:fwd", "send:bwd", "recv:fwd", "recv:bwd"):
+    width = {"identity": SMALL["hidden_size"], "resbm": SMALL["hidden_size"] // 4}.get(codec["kind"])  # h = d / ratio
+    boundary = N_MICRO * MB * SEQ * width * 4 if width else _pp_bytes(one, "send:fwd")  # fp32, per step: closed form
+    for op in ("send:fwd", "recv:fwd", "send:bwd", "recv:bwd"):  # (MAPL-RVQ's forward and backward widths differ)
+        boundary = boundary if width or op.endswith("fwd") else _pp_bytes(one, "send:bwd")
         assert _pp_bytes(one, op) == boundary, (op, one[0]["comm"])
         assert _pp_bytes(once, op) == boundary, (op, once[0]["comm"])
         assert _pp_bytes(copies, op) == 2 * boundary, (op, copies[0]["comm"])
     gathered = sum(r["comm"].get("tp", {}).get("all_gather:pp-wire", {}).get("bytes", 0) for r in once)
-    assert gathered == 2 * boundary  # both directions, each receiving TP rank hands in its half
+    assert gathered == _pp_bytes(one, "send:fwd") + _pp_bytes(one, "send:bwd")  # each receiving TP rank's half
     assert not any("all_gather:pp-wire" in r["comm"].get("tp", {}) for r in copies)
     for a, b in zip(once, copies):
         assert a["loss"] == b["loss"] and a["grads"].keys() == b["grads"].keys()
