@@ -197,3 +197,17 @@ def test_heterogeneous_sparseloco_dp2_tp2_replicas_identical_after_sync(small_co
     assert sorted(one) == sorted(two) == [1, 2, 3, 4]
     for step in one:
         assert abs(one[step][0] - two[step][0]) <= 1e-4 * abs(one[step][0]), (step, one[step], two[step])
+
+
+def test_config_show_names_the_technique_of_every_tier() -> None:
+    out = subprocess.run([sys.executable, "-m", "nanotron_ext.config", "show", "--config-file",
+                          str(REPO / "examples" / "config_three_tiers.yaml")], cwd=REPO, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    tiers = out.stdout[out.stdout.index("# tiers:"):].splitlines()
+    assert tiers == [
+        "# tiers: dp=2 x tp=2 x pp=2",
+        "#   TP (inside a stage, 2 ranks): megatron (core)",
+        "#   PP (between stages, 1 links; 1 codec boundaries): subspace (subspace) on replicas [0], identity (core) on "
+        "replicas [1]; each wire once over TP (parallelism.pp_scatter_gather); emulated 80 Mbit/s, 5 ms",
+        "#   DP (between replicas, 2): sparseloco (sparseloco)"]
