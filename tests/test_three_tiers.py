@@ -211,3 +211,56 @@ def test_config_show_names_the_technique_of_every_tier() -> None:
         "#   PP (between stages, 1 links; 1 codec boundaries): subspace (subspace) on replicas [0], identity (core) on "
         "replicas [1]; each wire once over TP (parallelism.pp_scatter_gather); emulated 80 Mbit/s, 5 ms",
         "#   DP (between replicas, 2): sparseloco (sparseloco)"]
+
+
+# -- the subspace codec on a BTP-sharded residual stream --------------------------------------------------------
+def _sharded_subspace_worker(seed: int) -> dict:
+    """Encode this rank's feature shard, decode back to it; loss = sum(W * X') over the shards (summed over TP)."""
+    import torch.distributed as torch_dist
+
+    from nanotron_ext.config.schema import ModelConfig
+    from nanotron_ext.subspace.basis import SubspaceHub
+    from nanotron_ext.subspace.codec import SubspaceDecoder, SubspaceEncoder, feature_shard
+
+    torch_dist.init_process_group("gloo")
+    pg = torch_dist.new_group(list(range(torch_dist.get_world_size())))
+    cfg = ModelConfig(vocab_size=64, hidden_size=24, ffn_size=32, num_heads=2, num_kv_heads=2, num_layers=2,
+                      tie_embeddings=False)
+    cfg.subspace.k = 4
+    hub = SubspaceHub(cfg)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        hub.fixed.copy_(torch.randn(64, 24, generator=g))
+    ids = torch.randint(0, 64, (2, 5), generator=g)
+    residual, branch, weight = (torch.randn(2, 5, 24, generator=g) for _ in range(3))
+    mine = feature_shard(pg, 24)
+    res = residual[..., mine].clone().requires_grad_(True)
+    br = branch[..., mine].clone().requires_grad_(True)
+    wire = SubspaceEncoder(hub, torch.float32, pg)(residual=res, branch=br, input_ids=ids)
+    x, _ = SubspaceDecoder(hub, 0, accumulate=False, sharded_pg=pg)(wire, ids)
+    (weight[..., mine] * x).sum().backward()
+    return {"wire": wire.detach(), "x": x.detach(), "d_res": res.grad, "d_branch": br.grad, "mine": (mine.start, mine.stop),
+            "basis": hub.basis, "fixed": hub.fixed, "ids": ids, "residual": residual, "branch": branch, "weight": weight}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tp", [2, 3])
+def test_sharded_subspace_codec_equals_the_unsharded_codec_in_float64(tp: int) -> None:
+    """Z = sum over feature shards of (X - T_fixed[ids])_S U_S (one all-reduce of the k-wide Z), the decoder
+    column-parallel (its backward all-reduces dZ): the wire, the rebuilt shard and the gradients of both
+    inputs equal the unsharded codec's, computed here in float64 by autograd."""
+    results = run_distributed(_sharded_subspace_worker, tp, 11)
+    r0 = results[0]
+    u, fixed, ids = r0["basis"].double(), r0["fixed"].double(), r0["ids"]
+    residual = r0["residual"].double().requires_grad_(True)
+    branch = r0["branch"].double().requires_grad_(True)
+    z = (residual + branch - fixed[ids]) @ u
+    x = z @ u.T + fixed[ids]
+    (r0["weight"].double() * x).sum().backward()
+    for r in results:
+        lo, hi = r["mine"]
+        assert torch.equal(r["wire"], r0["wire"])  # replicated over TP: the pipeline may send it once
+        torch.testing.assert_close(r["wire"].double(), z.detach(), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(r["x"].double(), x.detach()[..., lo:hi], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(r["d_res"].double(), residual.grad[..., lo:hi], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(r["d_branch"].double(), branch.grad[..., lo:hi], rtol=1e-5, atol=1e-5)
