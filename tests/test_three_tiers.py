@@ -88,7 +88,7 @@ SMALL = dict(vocab_size=320, hidden_size=32, ffn_size=48, num_layers=4, num_head
 SEQ, MB, N_MICRO = 8, 2, 2
 
 
-def _wire_worker(tp: int, pp: int, codec: dict, scatter_gather: bool) -> dict:
+def _wire_worker(tp: int, pp: int, codec: dict, scatter_gather: bool, model: Optional[dict] = None) -> dict:
     """One step of the composed model on a fixed batch: loss, this rank's gradients (by name), the ledger."""
     import nanotron.distributed as dist
     import torch
@@ -102,12 +102,12 @@ def _wire_worker(tp: int, pp: int, codec: dict, scatter_gather: bool) -> dict:
 
     ctx = build_parallel_context(dp=1, tp=tp, pp=pp, backend="gloo")
     cfg = from_dict(Config, {
-        "model": {**SMALL, "codec": codec},
+        "model": {**(model or SMALL), "codec": codec},
         "parallelism": {"dp": 1, "tp": tp, "pp": pp, "pp_scatter_gather": scatter_gather},
         "tokenizer": {"vocab_size": 260},
         "tokens": {"sequence_length": SEQ, "micro_batch_size": MB, "batch_accumulation_per_replica": N_MICRO}})
     model = build_model(cfg, ctx)
-    rows = torch.randint(0, SMALL["vocab_size"], (N_MICRO * MB, SEQ + 1), generator=torch.Generator().manual_seed(7))
+    rows = torch.randint(0, 260, (N_MICRO * MB, SEQ + 1), generator=torch.Generator().manual_seed(7))
     micro = [{"input_ids": rows[i * MB:(i + 1) * MB, :-1], "label_ids": rows[i * MB:(i + 1) * MB, 1:]}
              for i in range(N_MICRO)]
     ledger = get_ledger()
@@ -153,6 +153,21 @@ def test_the_slow_link_carries_each_megatron_wire_once(codec: dict) -> None:
         for name, g in a["grads"].items():
             assert torch.equal(g, b["grads"][name]), name
     assert abs(once[-1]["loss"] - one[-1]["loss"]) <= 1e-5 * abs(one[-1]["loss"])
+
+
+@pytest.mark.slow
+def test_pp_bytes_at_tp_3_equal_tp_1_with_a_padded_wire() -> None:
+    """tp = 3 and a ResBM wire of h = 10 (16 tokens x 10 = 160 values: each TP rank sends 54, the last two
+    padded): pipeline bytes per boundary are tp = 1's up to that padding, and loss follows tp = 1's."""
+    model = {**SMALL, "hidden_size": 48, "num_heads": 6, "num_kv_heads": 3, "ffn_size": 96, "vocab_size": 324}
+    codec = {"kind": "resbm", "resbm": {"h": 10}}
+    one = run_distributed(_wire_worker, 2, 1, 2, codec, True, model)
+    three = run_distributed(_wire_worker, 6, 3, 2, codec, True, model)
+    values = MB * SEQ * 10
+    for op in ("send:fwd", "recv:fwd", "send:bwd", "recv:bwd"):
+        assert _pp_bytes(one, op) == N_MICRO * values * 4, (op, one[0]["comm"])
+        assert _pp_bytes(three, op) == N_MICRO * 3 * -(-values // 3) * 4, (op, three[0]["comm"])
+    assert abs(three[-1]["loss"] - one[-1]["loss"]) <= 1e-5 * abs(one[-1]["loss"])
 
 
 # -- heterogeneous SparseLoCo under TP (vocab-sharded T_S, replicated T_fixed) ---------------------------------
