@@ -70,6 +70,13 @@ class Technique:
     provides: ClassVar[Mapping[str, Sequence[str]]] = {}
     """Names this technique provides, by extension-point key (nanotron_ext.registry), e.g.
     {"model.codec.kind": ["resbm"]}. Checked at config load without importing `pieces`."""
+    shards_residual: ClassVar[Sequence[str]] = ()
+    """The `model.tp_strategy` names (of those in `provides`) that shard the residual stream on d over the TP
+    group (BOOST's btp); the core checks `needs_replicated_residual` against them at config load."""
+    needs_replicated_residual: ClassVar[Mapping[str, str]] = {}
+    """Pieces this technique provides that cannot run on a residual stream sharded over TP (tp > 1), by
+    "key=name" (e.g. "model.codec.kind=mapl"), each with the reason; the core turns one such choice
+    under a sharding strategy into one config error naming both keys (nanotron_ext.config.schema)."""
     pieces: ClassVar[Union[str, type]] = ""
     """"module:Class" of this technique's `Pieces` subclass, imported when a model is built (or the class itself,
     for a technique registered in-process with nanotron_ext.registry.register_technique)."""

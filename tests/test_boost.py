@@ -341,8 +341,9 @@ def test_tp2_pp2_end_to_end(tp4: list) -> None:
     for i in range(2):
         e2e = [r["e2e"][i] for r in tp4]
         _check_parity([[r] for r in e2e])
-        # the pipeline boundary carries this TP rank's residual ([b, s, d/tp] under btp), fp32, per micro-batch
-        boundary = 4 * MB * SEQ * e2e[0]["d_local"] * 4
+        # the pipeline boundary carries this TP rank's residual shard ([b, s, d/tp] under btp), or its 1/tp slice
+        # of the replicated residual under vanilla (parallelism.pp_scatter_gather): fp32, per micro-batch
+        boundary = 4 * MB * SEQ * (MODEL["hidden_size"] // 2) * 4
         for r in e2e:
             pp_comm = r["comm"].get("pp", {})
             assert pp_comm.get("send:fwd", {}).get("bytes", 0) == (boundary if r["pp_rank"] == 0 else 0), r["comm"]

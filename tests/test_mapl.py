@@ -163,7 +163,7 @@ def _mapl_worker(tp: int, pp: int, engine: str, sync: str = "rows") -> dict:
                                                (1, 2, "1f1b", "dense")])
 def test_mapl_codec_matches_the_float64_reference(tp: int, pp: int, engine: str, sync: str) -> None:
     results = run_distributed(_mapl_worker, tp * pp, tp, pp, engine, sync)
-    wire = MB * SEQ * (R * 4 + 4)  # r fp32 columns + one int32 id column, per micro-batch
+    wire = MB * SEQ * (R * 4 + 4) // tp  # r fp32 columns + one int32 id column, per micro-batch, once over TP
     d, v = MODEL["hidden_size"], MODEL["vocab_size"]
     distinct = _global_batch(1)[:, :-1].unique().numel()  # U: the rows of the anchor table this step touched
     assert distinct < v

@@ -18,7 +18,7 @@ def _global_batch(dp: int) -> torch.Tensor:
     return torch.randint(0, MODEL["vocab_size"], (dp * N_MICRO * MB, SEQ + 1), generator=g)
 
 
-def _parity_worker(dp: int, tp: int, pp: int, engine: str, model_overrides: dict) -> dict:
+def _parity_worker(dp: int, tp: int, pp: int, engine: str, model_overrides: dict, scatter_gather: bool = True) -> dict:
     import nanotron.distributed as dist
 
     from nanotron_ext.config.schema import Config, ModelConfig, ParallelismConfig, TokenizerConfig, TokensConfig
@@ -32,7 +32,7 @@ def _parity_worker(dp: int, tp: int, pp: int, engine: str, model_overrides: dict
     ctx = build_parallel_context(dp=dp, tp=tp, pp=pp, backend="gloo")
     cfg = Config(
         model=ModelConfig(**{**MODEL, **model_overrides}),
-        parallelism=ParallelismConfig(dp=dp, tp=tp, pp=pp, pp_engine=engine),
+        parallelism=ParallelismConfig(dp=dp, tp=tp, pp=pp, pp_engine=engine, pp_scatter_gather=scatter_gather),
         tokenizer=TokenizerConfig(vocab_size=260),
         tokens=TokensConfig(sequence_length=SEQ, micro_batch_size=MB, batch_accumulation_per_replica=N_MICRO),
     )
@@ -80,8 +80,9 @@ def _check_parity(results: list, dp: int, pp: int, tp: int = 1, qk_norm: bool = 
         assert r["worst_grad_rel"] <= 1e-5, (r["worst_name"], r["worst_grad_rel"])
     covered = set().union(*(r["names"] for r in results))
     assert covered == set(results[0]["ref_names"]), covered ^ set(results[0]["ref_names"])
-    # pipeline boundaries: every micro-batch sends [MB, SEQ, d] fp32 forward and the same gradient back
-    boundary = N_MICRO * MB * SEQ * MODEL["hidden_size"] * 4
+    # pipeline boundaries: every micro-batch sends [MB, SEQ, d] fp32 forward and the same gradient back, once
+    # over the TP group (each TP rank 1/tp of it: parallelism.pp_scatter_gather, the default)
+    boundary = N_MICRO * MB * SEQ * MODEL["hidden_size"] * 4 // tp
     for r in results:
         pp_comm = r["comm"].get("pp", {})
         sends_fwd = pp_comm.get("send:fwd", {}).get("bytes", 0)

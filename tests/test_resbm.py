@@ -82,8 +82,9 @@ def _check(results: List[dict], pp: int) -> None:
         assert abs(r["loss"] - r["ref_loss"]) <= 1e-5 * abs(r["ref_loss"]), r["loss"]
         assert r["worst"] <= 1e-5, (r["worst_name"], r["worst"])
     assert set().union(*(r["names"] for r in results)) == set(results[0]["ref_names"])
-    # one boundary per stage pair: h floats per token forward, their gradient backward, per micro-batch
-    per_direction = N_MICRO * MB * SEQ * H * 4
+    # one boundary per stage pair: h floats per token forward, their gradient backward, per micro-batch,
+    # once over TP (each TP rank sends 1/tp of the replicated wire: parallelism.pp_scatter_gather)
+    per_direction = N_MICRO * MB * SEQ * H * 4 // (len(results) // pp)
     for r in results:
         pp_comm = r["comm"].get("pp", {})
         assert pp_comm.get("send:fwd", {}).get("bytes", 0) == (per_direction if r["pp_rank"] < pp - 1 else 0)

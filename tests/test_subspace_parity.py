@@ -94,7 +94,7 @@ def _parity_worker(tp: int, pp: int, engine: str, subspace: dict) -> dict:
 
 def _check_bytes(results: List[dict], pp: int) -> None:
     # forward: Z (k fp32) + one int32 id per token; backward: the packed wire's gradient, same width
-    per_micro = MB * SEQ * (K * 4 + 4)
+    per_micro = MB * SEQ * (K * 4 + 4) // (len(results) // pp)  # once over TP: 1/tp per TP rank
     for r in results:
         fwd = r["comm"].get("send:fwd", {}).get("bytes", 0)
         bwd = r["comm"].get("send:bwd", {}).get("bytes", 0)

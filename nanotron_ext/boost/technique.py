@@ -17,6 +17,7 @@ class BoostTechnique(Technique):
     name = "boost"
     sections = {"model.low_rank": LowRankConfig, "model.boost": BoostConfig}
     provides = {"model.tp_strategy": LOW_RANK_STRATEGIES}
+    shards_residual = ("btp",)  # BTP: each TP rank holds d/tp features of the residual stream
     pieces = "nanotron_ext.boost.pieces:BoostPieces"
 
     def resolve_model(self, model: "ModelConfig") -> None:

@@ -74,6 +74,12 @@ class BoundaryCodec:
     def decoder(self, boundary: int) -> BoundaryDecoder:
         raise NotImplementedError
 
+    def wire_replicated(self, residual_sharded: bool) -> bool:
+        """Whether this codec's wire is the same on every TP rank (the pipeline then sends it once, as 1/tp
+        slices: nanotron_ext.parallel.p2p) rather than sharded over TP (sent whole). By default the wire
+        follows the residual stream (replicated under Megatron/vanilla, sharded under btp)."""
+        return not residual_sharded
+
     def after_backward(
         self, encoders: Dict[int, BoundaryEncoder], decoders: Dict[int, BoundaryDecoder], p2p: P2P
     ) -> None:

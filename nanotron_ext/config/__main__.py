@@ -1,7 +1,8 @@
 """Inspect the run configuration from the command line.
 
     python -m nanotron_ext.config show [--config-file X.yaml] [--set key=value ...]
-        print the resolved config (defaults, file, overrides) as YAML
+        print the resolved config (defaults, file, overrides) as YAML, then (as comments) which
+        bandwidth tier (TP / PP / DP) runs which technique
     python -m nanotron_ext.config doc
         print every section and key with its type, default and meaning
 """
@@ -25,7 +26,7 @@ from nanotron_ext.config.loader import (
 )
 from nanotron_ext.config.schema import Config, ConfigError
 from nanotron_ext.config.yaml_io import dump_yaml
-from nanotron_ext.registry import techniques
+from nanotron_ext.registry import CODECS, DP_SYNCS, TP_STRATEGIES, techniques
 
 
 def _sections(cls: type, path: str = "") -> Iterator[Tuple[str, type]]:
@@ -84,6 +85,32 @@ def render_doc(width: Optional[int] = None) -> str:
     return "\n".join(out) + "\n"
 
 
+def render_tiers(config: Config) -> str:
+    """Which bandwidth tier (TP inside a stage, PP between stages, DP between replicas) runs which technique,
+    as YAML comments (the output stays a loadable config). Names come from the registry: the core knows none."""
+    p, m = config.parallelism, config.model
+
+    def owner(point: Any, name: str) -> str:
+        return f"{name} ({point.owner(name).name})"
+
+    by_codec: dict = {}
+    for replica in range(p.dp):  # per-replica configs: heterogeneous SparseLoCo gives some replicas a codec
+        codec = DP_SYNCS.owner(p.dp_sync).replica_config(config, replica).model.codec.kind
+        by_codec.setdefault(codec, []).append(replica)
+    codecs = ", ".join(f"{owner(CODECS, c)} on replicas {r}" if len(by_codec) > 1 else owner(CODECS, c)
+                       for c, r in by_codec.items())
+    boundaries = len(config.codec_boundaries())
+    once = "" if p.tp == 1 or p.pp == 1 else (
+        "; each wire once over TP" if p.pp_scatter_gather else "; one copy per TP rank") + " (parallelism.pp_scatter_gather)"
+    lines = [f"tiers: dp={p.dp} x tp={p.tp} x pp={p.pp}",
+             f"  TP (inside a stage, {p.tp} ranks): {owner(TP_STRATEGIES, m.tp_strategy)}"
+             + (f", low-rank {m.low_rank.kind}" if m.low_rank.kind != "none" else ""),
+             f"  PP (between stages, {p.pp - 1} links; {boundaries} codec boundaries): {codecs}{once}"
+             + (f"; emulated {p.link.bandwidth_mbps:g} Mbit/s, {p.link.latency_ms:g} ms" if p.link.enabled else ""),
+             f"  DP (between replicas, {p.dp}): {owner(DP_SYNCS, p.dp_sync)}"]
+    return "".join(f"# {line}\n" for line in lines)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m nanotron_ext.config", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -100,6 +127,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"config error: {e}", file=sys.stderr)
         return 2
     sys.stdout.write(config_to_yaml(config))
+    sys.stdout.write(render_tiers(config))
     return 0
 
 

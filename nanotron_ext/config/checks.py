@@ -6,9 +6,13 @@ import functools
 import logging
 import math
 import os
+from typing import TYPE_CHECKING
 
 from nanotron_ext.errors import UserFacingError
-from nanotron_ext.registry import ExtensionPoint
+from nanotron_ext.registry import ExtensionPoint, techniques
+
+if TYPE_CHECKING:
+    from nanotron_ext.config.schema import ModelConfig
 
 
 class ConfigError(UserFacingError, ValueError):
@@ -48,3 +52,24 @@ def machine_memory_bytes() -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return 0
+
+
+RESIDUAL_KEYS = ("model.codec.kind", "model.embedding.kind", "model.output_constraint.kind")
+
+
+def check_residual_layout(model: "ModelConfig", tp: int) -> None:
+    """One config error naming both keys when a piece that needs the residual stream replicated over TP
+    (Technique.needs_replicated_residual) meets a TP strategy that shards it (Technique.shards_residual)
+    at tp > 1: caught here, before any process group, instead of as a traceback on every rank."""
+    if tp < 2 or not any(model.tp_strategy in t.shards_residual for t in techniques()):
+        return
+    for key in RESIDUAL_KEYS:
+        value = model
+        for part in key.split(".")[1:]:
+            value = getattr(value, part)
+        for t in techniques():
+            reason = t.needs_replicated_residual.get(f"{key}={value}")
+            require(reason is None, key,
+                    f"{value!r} cannot run with model.tp_strategy={model.tp_strategy!r} at parallelism.tp={tp}: "
+                    f"{reason} (the strategy shards the residual stream on d); use model.tp_strategy='vanilla' or "
+                    "parallelism.tp=1")

@@ -14,7 +14,7 @@ from dataclasses import field
 from pathlib import PurePath
 from typing import Dict, List, Literal, Optional
 
-from nanotron_ext.config.checks import ConfigError, require, require_finite, require_registered
+from nanotron_ext.config.checks import ConfigError, check_residual_layout, require, require_finite, require_registered
 from nanotron_ext.config.compose import Extensible
 from nanotron_ext.config.model_schema import (  # noqa: F401  (re-exported: the model section's classes)
     CodecConfig,
@@ -161,6 +161,11 @@ class ParallelismConfig(Extensible, path="parallelism"):
     dp_sync: str = "allreduce"
     """How data-parallel replicas agree: allreduce = average gradients every step; techniques register
     outer loops (e.g. SparseLoCo) that replace it."""
+    pp_scatter_gather: bool = True
+    """The slow pipeline link carries each wire once: a wire replicated over TP (Megatron's residual stream,
+    a codec's wire) leaves each TP rank as 1/tp of it and is all-gathered over TP by the receiving stage
+    (Megatron-LM's scatter/gather; gradients likewise); a TP-sharded wire (btp's residual) is sent whole.
+    false: every TP rank sends its own full copy (tp times the pipeline bytes; for comparison)."""
 
     def __post_init__(self) -> None:
         require_registered(DP_SYNCS, self.dp_sync)
@@ -366,6 +371,7 @@ class Config(Extensible, path=""):
                 f"raise it or set parallelism.pp_engine=afab")
         for technique in techniques():
             technique.check(self)
+        check_residual_layout(m, p.tp)
 
     def codec_boundaries(self) -> List[int]:
         """The sending-layer indices of the codec boundaries this config places (model.codec.boundaries

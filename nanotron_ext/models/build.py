@@ -17,6 +17,8 @@ def build_model(cfg: Config, parallel_context: ParallelContext, link: LinkEmulat
     """The model for this rank's stage and TP shard, initialised from `general.seed` (or `model.init_from`)."""
     p2p = AccountedP2P(parallel_context.pp_pg, device=parallel_context.device, link=link)
     model = LlamaForTraining(cfg.model, parallel_context, p2p, cfg.parallelism.layers_per_stage)
+    if cfg.parallelism.pp_scatter_gather:
+        p2p.scatter_gather(parallel_context.tp_pg, model.replicated_wires)
     model.to(parallel_context.device)
     init_weights_(model, seed=cfg.general.seed, std=cfg.model.init_std, num_layers=cfg.model.num_layers)
     imported = None

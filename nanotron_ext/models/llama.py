@@ -119,6 +119,10 @@ class LlamaForTraining(nn.Module):
         self.codec_encoders: Dict[int, BoundaryEncoder] = {}  # this rank's codec modules by boundary
         self.codec_decoders: Dict[int, BoundaryDecoder] = {}
         self._pp_pg = parallel_context.pp_pg
+        sharded = self.strategy.residual_sharded
+        self.replicated_wires = {self.stage_of_layer[i] for i in stage_ends
+                                 if (self.codec.wire_replicated(sharded) if i in self.codec_after else not sharded)}
+        """Stages whose outgoing pipeline wire is the same on every TP rank (AccountedP2P.scatter_gather)."""
         self._p2p = p2p  # the codec's once-per-step exchanges travel the pipeline's own links
 
         self.token_embedding = PipelineBlock(

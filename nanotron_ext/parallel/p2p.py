@@ -13,12 +13,22 @@ c columns only. Its header is the one nanotron writes for the view t[..., :c]
 (non-contiguous, so its stride holds the full width); every other tensor is sent contiguous, so
 the receiver knows a non-contiguous header means "c columns of a wider wire", receives the c
 columns and pads the rest with zeros. The gradient of that full-width tensor then goes back whole.
+
+The slow link carries each wire once (`scatter_gather`, parallelism.pp_scatter_gather; Megatron-LM's
+scatter/gather of pipeline sends): a wire REPLICATED over the TP group (Megatron's residual stream, a
+codec's wire computed the same on every TP rank) leaves each TP rank of the sending stage as 1/tp of its
+flattened payload (padded to a multiple of tp), after the whole tensor's header; the TP ranks of the
+receiving stage each take their slice and all-gather it over TP (ledger: `all_gather:pp-wire` in the tp
+group). Its gradient, the same on every TP rank of the receiving stage, goes back the same way. A wire
+SHARDED over TP (BTP's residual stream: each rank holds other features) is sent whole. Which stage pairs
+carry a replicated wire is the model's to say (LlamaForTraining.replicated_wires); both ends know it,
+so nothing in the message marks it.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import List, Optional, Tuple
+from typing import Iterable, List, Optional, Set, Tuple
 
 import torch
 from nanotron import distributed as dist
@@ -69,6 +79,44 @@ class AccountedP2P(P2P):
         self.link = link
         self.ledger = get_ledger()
         self._received_widths: List[Optional[int]] = []
+        self.tp_pg: Optional[dist.ProcessGroup] = None
+        self._replicated_after: Set[int] = set()
+
+    def scatter_gather(self, tp_pg: dist.ProcessGroup, replicated_after: Iterable[int]) -> None:
+        """Send the wires leaving the stages in `replicated_after` (replicated over `tp_pg`) as 1/tp slices."""
+        self.tp_pg, self._replicated_after = tp_pg, set(replicated_after)
+
+    def _sliced(self, peer: int, kind: Optional[str]) -> bool:
+        """A pipeline data message (activation or its gradient) of a TP-replicated wire, at tp > 1."""
+        return (kind is None and self.tp_pg is not None and self.tp_pg.size() > 1
+                and min(peer, dist.get_rank(self.pg)) in self._replicated_after)
+
+    def _own_slice(self, payload: torch.Tensor) -> torch.Tensor:
+        """This TP rank's 1/tp of the flattened payload, zero-padded to a multiple of tp."""
+        tp, rank = self.tp_pg.size(), dist.get_rank(self.tp_pg)
+        flat = payload.reshape(-1)
+        size = -(-flat.numel() // tp)
+        flat = torch.nn.functional.pad(flat, (0, size * tp - flat.numel()))
+        return flat[rank * size:(rank + 1) * size].contiguous()
+
+    def _recv_sliced(self, num_tensors: int, from_rank: int, tag: int) -> List[torch.Tensor]:
+        """Each tensor's header (the whole tensor's), this rank's slice, then the TP all-gather."""
+        tp = self.tp_pg.size()
+        out = []
+        for _ in range(num_tensors):
+            self._received_widths = []
+            meta = self._recv_meta(from_rank=from_rank, tag=tag)
+            numel = math.prod(int(n) for n in meta.shape)
+            part = torch.empty(-(-numel // tp), dtype=meta.dtype, device=self.device)
+            dist.recv(part, src=dist.get_global_rank(self.pg, from_rank), group=self.pg, tag=tag)
+            whole = torch.empty(part.numel() * tp, dtype=meta.dtype, device=self.device)
+            with self.ledger.tag("pp-wire"):
+                dist.all_gather_into_tensor(whole, part, group=self.tp_pg)
+            buffer = whole[:numel].view(tuple(int(n) for n in meta.shape)).requires_grad_(meta.requires_grad)
+            if self._received_widths[0] is not None:
+                setattr(buffer, _FULL_WIDTH, self._received_widths[0])
+            out.append(buffer)
+        return out
 
     def _direction(self, peer: int, sending: bool) -> str:
         # activations flow to later stages: a send to a later stage or a recv from an earlier one is "fwd"
@@ -108,14 +156,18 @@ class AccountedP2P(P2P):
                 # the host queues kernels ahead of the GPU: stamp the departure once the data exists,
                 # else the emulated link starts sending before the tensor is computed
                 torch.cuda.current_stream(self.device).synchronize()
-            arrival = self.link.schedule_send(me, to_rank, sum(t.numel() * t.element_size() for t in payloads))
+            share = self.tp_pg.size() if self._sliced(to_rank, kind) else 1  # a slice per TP rank's link
+            arrival = self.link.schedule_send(me, to_rank, sum(-(-t.numel() // share) * t.element_size() for t in payloads))
             # on the P2P's device: an NCCL group cannot send a CPU tensor
             clock = torch.tensor([arrival], dtype=torch.float64, device=self.device)
             with self.ledger.tag("link-clock"):
                 futures.append(self._isend_raw(clock, to_rank, tag))
         with self.ledger.tag(self._tag(to_rank, sending=True, kind=kind)):
             for view, payload in zip(views, payloads):
-                if view is None:
+                if self._sliced(to_rank, kind):  # the whole tensor's header, then this TP rank's slice
+                    self._send_meta(payload if view is None else view, to_rank=to_rank, tag=tag)
+                    futures.append(self._isend_raw(self._own_slice(payload), to_rank, tag))
+                elif view is None:
                     futures += super().isend_tensors([payload], to_rank=to_rank, tag=tag)
                 else:  # the view's header (its stride carries the full width), then only its columns
                     self._send_meta(view, to_rank=to_rank, tag=tag)
@@ -134,7 +186,12 @@ class AccountedP2P(P2P):
             with self.ledger.tag("link-clock"):
                 dist.recv(clock, src=dist.get_global_rank(self.pg, from_rank), group=self.pg, tag=tag)
             arrival = float(clock.item())
-        buffers, futures = self.irecv_tensors(num_tensors, from_rank=from_rank, tag=tag, kind=kind)
+        if self._sliced(from_rank, kind):
+            with self.ledger.tag(self._tag(from_rank, sending=False, kind=kind)):
+                buffers = self._recv_sliced(num_tensors, from_rank, tag)
+            futures = []
+        else:
+            buffers, futures = self.irecv_tensors(num_tensors, from_rank=from_rank, tag=tag, kind=kind)
         for future in futures:
             future.wait()
         if arrival is not None:

@@ -37,6 +37,11 @@ all inside one SparseLoCo outer loop.
   6.25% of the table at M = 8, k = 32: 0.5 B per table element against 4 B for the whole T_fixed; sending
   changed rows instead would not help at the paper's M = 8, where 1 - (1 - 1/64)^(M k) ~ 98% of the rows of
   a 64 x 64 tile receive an entry.
+- Under (Megatron) TP the table T_S is vocab-sharded (each TP rank holds rows [min_id, max_id), and SparseLoCo
+  syncs each shard over its own DP group) while T_fixed is replicated. Adaptation is row-wise in V: the initial
+  split and the fold act on this rank's rows, and the TP group all-gathers the rest (`_gather_rows`; the
+  outer step, or f after a Grassmann update, V d x 4 B per sync over the fast TP link, ledger tp
+  `all_gather:embedding_fold`), so every TP rank computes the same f for every row and T_fixed stays replicated.
 """
 from __future__ import annotations
 
@@ -59,6 +64,16 @@ def find_embedding(model: nn.Module) -> Optional[AdaptedSplitEmbedding]:
     return next((m for m in model.modules() if isinstance(m, AdaptedSplitEmbedding)), None)
 
 
+def _gather_rows(rows: torch.Tensor, tp_pg: Optional[dist.ProcessGroup]) -> torch.Tensor:
+    """The whole [V, d] from every TP rank's [V / tp, d] rows (as is at tp = 1)."""
+    if tp_pg is None or tp_pg.size() == 1:
+        return rows
+    out = torch.empty((rows.shape[0] * tp_pg.size(), *rows.shape[1:]), dtype=rows.dtype, device=rows.device)
+    with get_ledger().tag(FOLD_TAG):
+        dist.all_gather_into_tensor(out, rows.contiguous(), group=tp_pg)
+    return out
+
+
 @torch.no_grad()
 def split_(emb: AdaptedSplitEmbedding, adaptation: bool) -> None:
     """Initial split of the standard table T (T_S as initialised): T_S = T U U^T, and T_fixed = T - T U U^T
@@ -67,7 +82,7 @@ def split_(emb: AdaptedSplitEmbedding, adaptation: bool) -> None:
     u = emb.hub.basis.to(t.dtype)
     in_span = (t @ u) @ u.T
     if adaptation:
-        emb.hub.fixed.copy_(t - in_span)
+        emb.hub.fixed.copy_(_gather_rows(t - in_span, emb.tp_pg))
     t.copy_(in_span)
 
 
@@ -77,7 +92,7 @@ def adapt_(emb: AdaptedSplitEmbedding) -> None:
     t = emb.table.weight
     u = emb.hub.basis.to(t.dtype)
     in_span = (t @ u) @ u.T
-    emb.hub.fixed.add_(t - in_span)
+    emb.hub.fixed.add_(_gather_rows(t - in_span, emb.tp_pg))
     t.copy_(in_span)
 
 
@@ -116,6 +131,7 @@ class HeteroHook:
         """`syncs()`: outer syncs done so far, the one just applied included (the driver's SparseLoCoOuter.syncs)."""
         self.cfg, self.hubs, self.embeddings, self.pp_pg, self.syncs = cfg, hubs, embeddings, pp_pg, syncs
         self.table_index = table_index
+        self._emb = next((e for e in embeddings.values() if e is not None), None)  # its TP group and rows
         self._previous: Optional[torch.Tensor] = None  # the global T_S after the last fold (in span(U))
         self._fold: Optional[Tuple[Optional[torch.Tensor], torch.Tensor, Optional[torch.Tensor]]] = None
         for hub in hubs.values():
@@ -157,18 +173,23 @@ class HeteroHook:
 
     @torch.no_grad()
     def _fold_global(self, table: torch.Tensor, grassmann: bool):
-        """Project the global T_S back onto span(U) and return (rows or None for all, f, the step) (eq. 3-4)."""
-        step = self._previous - table  # this sync's outer step (zero outside the entries it sent)
+        """Project the global T_S (this TP rank's rows) back onto span(U) and return (rows or None for all, f,
+        the step) over the whole vocabulary (eq. 3-4): what T_fixed, replicated over TP, takes."""
+        tp_pg, mine = self._emb.tp_pg, self._emb.local_rows()
+        step = self._previous - table  # this sync's outer step on these rows (zero outside the entries it sent)
         if grassmann:  # U moved: re-split every row on the new U
             u = self._basis.to(table.dtype)
-            rows, f = None, table - (table @ u) @ u.T
-        else:
-            rows = changed_rows(step)
-            f = fold_step(step[rows], self._basis)
-        if rows is None:
-            table.sub_(f)
-        else:
-            table[rows] -= f
+            f_mine = table - (table @ u) @ u.T
+            table.sub_(f_mine)
+            self._previous = table.detach().clone()
+            return None, _gather_rows(f_mine, tp_pg), None
+        step = _gather_rows(step, tp_pg)  # every TP rank folds every row with the same ops: T_fixed stays replicated
+        rows = changed_rows(step)
+        f = fold_step(step[rows], self._basis)
+        lo = mine.start or 0
+        hi = table.shape[0] + lo
+        here = (rows >= lo) & (rows < hi)
+        table[rows[here] - lo] -= f[here]
         self._previous = table.detach().clone()
         return rows, f, step
 

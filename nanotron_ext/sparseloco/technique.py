@@ -6,7 +6,8 @@ import copy
 import dataclasses
 from typing import TYPE_CHECKING
 
-from nanotron_ext.config.checks import ConfigError, require
+from nanotron_ext.config.checks import ConfigError, check_residual_layout, require
+from nanotron_ext.registry import techniques
 from nanotron_ext.sparseloco.config import SparseLoCoConfig
 from nanotron_ext.subspace.technique import heterogeneous_replica
 from nanotron_ext.technique import Technique
@@ -50,6 +51,26 @@ class SparseLoCoTechnique(Technique):
                 f"{s.compressed_replicas} compress nothing: their subspace codec sits at model.codec.boundaries="
                 f"{m.codec.boundaries!r}, and parallelism.pp={p.pp} has no such boundary; set parallelism.pp >= 2, or "
                 "model.codec.boundaries=every_layer (or a list of sending layers)")
+        self._check_replica_models(cfg)
+
+    def _check_replica_models(self, cfg: "Config") -> None:
+        """The keys replica_config sets must pass the rules the run's own keys pass (the TP layout, the split
+        table's): a compressed and an uncompressed replica each, so a refusal is one config error here
+        rather than a traceback on every rank of the replicas that build it."""
+        s = cfg.sparseloco
+        plain = [r for r in range(cfg.parallelism.dp) if r not in s.compressed_replicas]
+        for replica in [s.compressed_replicas[0], *plain[:1]]:
+            rc = self.replica_config(cfg, replica)
+            try:
+                check_residual_layout(rc.model, rc.parallelism.tp)
+                for t in techniques():
+                    if t is not self:
+                        t.check(rc)
+            except ConfigError as e:
+                raise ConfigError(f"{e} [heterogeneous SparseLoCo: sparseloco.compressed_replicas={s.compressed_replicas} "
+                                  f"sets model.embedding.kind={rc.model.embedding.kind!r}"
+                                  + (f", model.codec.kind={rc.model.codec.kind!r}" if replica in s.compressed_replicas
+                                     else "") + f" on replica {replica}]") from None
 
     def replica_config(self, cfg: "Config", replica: int) -> "Config":
         """Heterogeneous (sec. 2.3): replicas in sparseloco.compressed_replicas run the subspace codec, the

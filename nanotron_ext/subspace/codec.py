@@ -10,6 +10,18 @@ mbs * seq * (k * element_size + 4); the gradient of the packed wire has the same
 is zero), so backward bytes are the same as forward (measured: tests/test_subspace_parity.py,
 tests/test_codec.py).
 
+On a residual stream sharded over TP (BOOST's btp: rank r holds features S_r, d/tp of them), the codec
+needs no all-gather of d-wide activations, because Z is a sum over feature shards:
+    Z = (X - T_fixed[ids]) U = sum_r (X_{S_r} - T_fixed[ids]_{S_r}) U_{S_r}     (U_{S_r}: the rows S_r of U)
+so each rank multiplies its shard by its rows of U (a row-parallel product) and ONE all-reduce of the
+k-wide partial Z in the TP group completes it (backward: identity, each rank's dZ is the whole dZ). The
+wire Z is then the same on every TP rank (the pipeline sends it once: wire_replicated). The decoder is
+column-parallel: X_{S_r} = Z U_{S_r}^T + T_fixed[ids]_{S_r}, no forward communication; backward,
+dZ = sum_r dX_{S_r} U_{S_r}, one all-reduce of the k-wide dZ (nanotron's differentiable_identity).
+Reachable as a module today (tests/test_three_tiers.py checks it against an unsharded float64 codec); the
+split embedding and the span(U) constraint under btp are not built yet, so the config still refuses
+model.codec.kind=subspace with model.tp_strategy=btp at tp > 1.
+
 Every decoder also records A += G^T G of the gradient it receives (before projection: the full gradient
 of the receiving stage) when Grassmann updates are on; the update uses the last boundary's A
 (nanotron_ext.subspace.grassmann).
@@ -20,6 +32,10 @@ from typing import Dict, Optional, Tuple
 
 import torch
 from nanotron import distributed as dist
+from nanotron.parallel.tensor_parallel.distributed_differentiable_primitives import (
+    differentiable_all_reduce_sum,
+    differentiable_identity,
+)
 
 from nanotron_ext.codecs.base import BoundaryCodec, BoundaryDecoder, BoundaryEncoder, from_wire, to_wire
 from nanotron_ext.config.schema import ModelConfig
@@ -45,20 +61,38 @@ class _ExactBoundary:
         return {}
 
 
+def feature_shard(tp_pg: Optional[dist.ProcessGroup], d: int) -> slice:
+    """This TP rank's features of a residual stream sharded over `tp_pg` (all of them for None)."""
+    if tp_pg is None:
+        return slice(None)
+    width = d // tp_pg.size()
+    rank = dist.get_rank(tp_pg)
+    return slice(rank * width, (rank + 1) * width)
+
+
 class SubspaceEncoder(_ExactBoundary, BoundaryEncoder):
-    def __init__(self, hub: SubspaceHub, dtype: torch.dtype) -> None:
+    """`sharded_pg`: the TP group the residual stream is sharded over (None: replicated); see module docstring."""
+
+    def __init__(self, hub: SubspaceHub, dtype: torch.dtype, sharded_pg: Optional[dist.ProcessGroup] = None) -> None:
         super().__init__()
-        self.hub, self.dtype = hub, dtype
+        self.hub, self.dtype, self.sharded_pg = hub, dtype, sharded_pg
 
     def forward(self, residual: torch.Tensor, branch: torch.Tensor, input_ids: Optional[torch.Tensor]) -> torch.Tensor:
         x = residual + branch
-        return to_wire((x - self.hub.fixed[input_ids].to(x.dtype)) @ self.hub.basis.to(x.dtype), self.dtype)
+        mine = feature_shard(self.sharded_pg, self.hub.basis.shape[0])
+        z = (x - self.hub.fixed[input_ids][..., mine].to(x.dtype)) @ self.hub.basis[mine].to(x.dtype)
+        if self.sharded_pg is not None:
+            z = differentiable_all_reduce_sum(z, group=self.sharded_pg)  # sum over the feature shards
+        return to_wire(z, self.dtype)
 
 
 class SubspaceDecoder(_ExactBoundary, BoundaryDecoder):
-    def __init__(self, hub: SubspaceHub, boundary: int, accumulate: bool) -> None:
+    def __init__(self, hub: SubspaceHub, boundary: int, accumulate: bool,
+                 sharded_pg: Optional[dist.ProcessGroup] = None) -> None:
         super().__init__()
-        self.hub, self.boundary = hub, boundary
+        self.hub, self.boundary, self.sharded_pg = hub, boundary, sharded_pg
+        if accumulate and sharded_pg is not None:
+            raise ValueError("Grassmann updates accumulate G^T G of the whole residual gradient: not on a sharded stream")
         d = hub.basis.shape[0]
         # A of this boundary, persistent so a resumed run keeps what it accumulated since the last update
         self.register_buffer("grad_gram", torch.zeros(d, d) if accumulate else torch.zeros(0))
@@ -71,7 +105,10 @@ class SubspaceDecoder(_ExactBoundary, BoundaryDecoder):
 
     def forward(self, wire: torch.Tensor, input_ids: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
         z = from_wire(wire)
-        x = z @ self.hub.basis.T + self.hub.fixed[input_ids]
+        mine = feature_shard(self.sharded_pg, self.hub.basis.shape[0])
+        if self.sharded_pg is not None:
+            z = differentiable_identity(z, group=self.sharded_pg)  # backward: dZ summed over the feature shards
+        x = z @ self.hub.basis[mine].T + self.hub.fixed[input_ids][..., mine]
         if self.grad_gram.numel() and x.requires_grad:
             x.register_hook(self._accumulate)  # the sum of both uses' gradients: G of the residual stream
         return x, x
@@ -83,12 +120,18 @@ class SubspaceCodec(BoundaryCodec):
 
     needs_token_ids = True
 
-    def __init__(self, cfg: ModelConfig, tp_pg: dist.ProcessGroup, hub: SubspaceHub) -> None:
+    def __init__(self, cfg: ModelConfig, tp_pg: dist.ProcessGroup, hub: SubspaceHub,
+                 residual_sharded: bool = False) -> None:
         super().__init__(cfg, tp_pg)
         self.hub = hub
+        self.sharded_pg = tp_pg if residual_sharded and tp_pg.size() > 1 else None
+
+    def wire_replicated(self, residual_sharded: bool) -> bool:
+        return True  # Z is all-reduced over TP on a sharded stream, and computed alike on a replicated one
 
     def encoder(self, boundary: int) -> BoundaryEncoder:
-        return SubspaceEncoder(self.hub, self.wire_dtype)
+        return SubspaceEncoder(self.hub, self.wire_dtype, self.sharded_pg)
 
     def decoder(self, boundary: int) -> BoundaryDecoder:
-        return SubspaceDecoder(self.hub, boundary, accumulate=self.cfg.subspace.grassmann_every > 0)
+        return SubspaceDecoder(self.hub, boundary, accumulate=self.cfg.subspace.grassmann_every > 0,
+                               sharded_pg=self.sharded_pg)

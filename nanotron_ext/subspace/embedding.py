@@ -12,9 +12,10 @@ identical everywhere, as the codec needs.
 """
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, Optional
 
 import torch
+from nanotron import distributed as dist
 from nanotron.parallel.tensor_parallel.enum import TensorParallelLinearMode
 from nanotron.parallel.tensor_parallel.nn import TensorParallelEmbedding
 from torch import nn
@@ -87,12 +88,28 @@ class AdaptedSplitEmbedding(nn.Module):
     A compressed replica (model.codec.kind = subspace) embeds T_fixed[ids] + T_S[ids] U U^T, so what its
     codec sends stays exact even while T_S drifts out of span(U) within an inner loop; an uncompressed
     replica embeds T_fixed[ids] + T_S[ids]. Embedding adaptation (nanotron_ext.sparseloco.hetero) keeps
-    T_S in span(U) at the start of every inner loop, where both forms agree."""
+    T_S in span(U) at the start of every inner loop, where both forms agree.
 
-    def __init__(self, cfg: ModelConfig, hub: SubspaceHub, compressed: bool) -> None:
+    Under (Megatron) TP, T_S is vocab-sharded like the standard table (nanotron's TensorParallelEmbedding:
+    this rank's rows [min_id, max_id), the lookup all-reduced), T_fixed replicated: adaptation is row-wise in
+    V, so each TP rank adapts its own rows of T_S and the TP group all-gathers what T_fixed gains."""
+
+    def __init__(self, cfg: ModelConfig, hub: SubspaceHub, compressed: bool,
+                 tp_pg: Optional[dist.ProcessGroup] = None) -> None:
         super().__init__()
         self.hub, self.compressed = hub, compressed
-        self.table = nn.Embedding(cfg.vocab_size, cfg.hidden_size)  # init_weights_ draws it like a standard table
+        # init_weights_ draws it like a standard table (layout-independent: the same rows at any tp); without a
+        # process group (unit tests, one process) a plain table
+        self.table = nn.Embedding(cfg.vocab_size, cfg.hidden_size) if tp_pg is None else TensorParallelEmbedding(
+            cfg.vocab_size, cfg.hidden_size, pg=tp_pg, mode=TensorParallelLinearMode.ALL_REDUCE)
+
+    @property
+    def tp_pg(self) -> Optional[dist.ProcessGroup]:
+        return getattr(self.table, "pg", None)
+
+    def local_rows(self) -> slice:
+        """This TP rank's rows of the vocabulary (of T_S's shard and of the replicated T_fixed)."""
+        return slice(getattr(self.table, "min_id", None), getattr(self.table, "max_id", None))
 
     def _composed(self, t_s: torch.Tensor) -> torch.Tensor:
         if self.compressed:
@@ -102,14 +119,14 @@ class AdaptedSplitEmbedding(nn.Module):
 
     # nanotron_ext.models.dense.DenseEquivalent: the one token table this replica embeds with
     def dense_equivalent(self, full: FullTensor, exact: bool = True) -> Dict[str, torch.Tensor]:
-        return {"weight": self._composed(self.table.weight.detach().double().cpu()).float()}
+        return {"weight": self._composed(full(self.table.weight).detach().double().cpu()).float()}
 
     @torch.no_grad()
     def load_dense_(self, dense: Dict[str, torch.Tensor]) -> Dict[str, float]:
-        """T_S = E - T_fixed (tp = 1 here: whole rows); a compressed replica embeds its span(U) part only."""
+        """T_S = E - T_fixed (this TP rank's rows); a compressed replica embeds its span(U) part only."""
         e = dense["weight"].double()
         t_s = e - self.hub.fixed.double().cpu()
-        self.table.weight.copy_(t_s.to(self.table.weight.dtype))
+        self.table.weight.copy_(t_s[self.local_rows()].to(self.table.weight.dtype))
         return {"weight": float((self._composed(t_s) - e).norm() / e.norm().clamp_min(1e-30))}
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -121,5 +138,5 @@ class AdaptedSplitEmbedding(nn.Module):
 
 
 def adapted_split_embedding(cfg: ModelConfig, strategy: TPStrategy, hub: SubspaceHub) -> nn.Module:
-    """model.embedding.kind = subspace_adapted (untied, tp = 1: checked at config load)."""
-    return AdaptedSplitEmbedding(cfg, hub, compressed=cfg.codec.kind == "subspace")
+    """model.embedding.kind = subspace_adapted (untied; a replicated residual stream: checked at config load)."""
+    return AdaptedSplitEmbedding(cfg, hub, compressed=cfg.codec.kind == "subspace", tp_pg=strategy.tp_pg)

@@ -33,7 +33,7 @@ class SubspacePieces(Pieces):
         return self._hub
 
     def codec(self, name: str, strategy: TPStrategy) -> BoundaryCodec:
-        return SubspaceCodec(self.cfg, self.tp_pg, self.hub)
+        return SubspaceCodec(self.cfg, self.tp_pg, self.hub, residual_sharded=strategy.residual_sharded)
 
     def embedding(self, name: str, strategy: TPStrategy) -> nn.Module:
         build = split_embedding if name == "subspace" else adapted_split_embedding

@@ -11,7 +11,7 @@ from nanotron_ext.subspace.config import SubspaceConfig
 from nanotron_ext.technique import Technique
 
 if TYPE_CHECKING:
-    from nanotron_ext.config.schema import Config, ModelConfig
+    from nanotron_ext.config.schema import ModelConfig
 
 SUBSPACE_ADAMW_TAG = "subspace_adamw"
 SPLIT_EMBEDDINGS = ("subspace", "subspace_adapted")  # T_fixed + a part in span(U): what the codec subtracts
@@ -22,6 +22,11 @@ class SubspaceTechnique(Technique):
     sections = {"model.subspace": SubspaceConfig}
     provides = {"model.codec.kind": ["subspace"], "model.embedding.kind": list(SPLIT_EMBEDDINGS),
                 "model.output_constraint.kind": ["subspace"], "optimizer group": [SUBSPACE_ADAMW_TAG]}
+    needs_replicated_residual = {
+        "model.codec.kind=subspace": "the subspace codec projects all d features (Z = (X - T_fixed) U)",
+        "model.embedding.kind=subspace": "the split embedding writes all d features (T_fixed + T_S U^T)",
+        "model.embedding.kind=subspace_adapted": "the adapted split table writes all d features (T_fixed + T_S)",
+        "model.output_constraint.kind=subspace": "the span(U) constraint acts on whole d-wide output projections"}
     pieces = "nanotron_ext.subspace.pieces:SubspacePieces"
 
     def resolve_model(self, model: "ModelConfig") -> None:
@@ -49,12 +54,6 @@ class SubspaceTechnique(Technique):
             require(not model.tie_embeddings, "model.tie_embeddings",
                     "true is not supported with model.embedding.kind='subspace_adapted' (the table is T_S + T_fixed, "
                     "not one parameter); set model.tie_embeddings=false")
-
-    def check(self, cfg: "Config") -> None:
-        if cfg.model.embedding.kind == "subspace_adapted":
-            require(cfg.parallelism.tp == 1, "parallelism.tp",
-                    f"{cfg.parallelism.tp} with model.embedding.kind='subspace_adapted': T_fixed is adapted from whole "
-                    "rows of T_S, which needs parallelism.tp=1")
 
 
 def heterogeneous_replica(model: "ModelConfig", compressed: bool, *, reproject: bool, modified_adamw: bool,

@@ -1,0 +1,281 @@
+"""Three bandwidth tiers in one job (issue 17): {megatron, btp} x {identity, resbm, subspace, mapl} x
+{allreduce, sparseloco, heterogeneous sparseloco} at dp = 2 x tp = 2 x pp = 2. Every combination either
+loads or fails at config load with one line naming both keys (exit 2 from the command line), never as a
+traceback from a rank that builds the model."""
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import pytest
+import torch
+
+from nanotron_ext.config import ConfigError, load_config
+from tests.helpers.dist import run_distributed
+
+REPO = Path(__file__).resolve().parents[1]
+HET = REPO / "examples" / "config_tiny_het_sparseloco.yaml"  # d = 128, 4 layers, dp = 2, pp = 2, compressed_replicas [0]
+
+STRATEGIES = ("megatron", "btp")
+CODECS = ("identity", "resbm", "subspace", "mapl")
+SYNCS = ("allreduce", "sparseloco", "het_sparseloco")
+
+
+def overrides(strategy: str, codec: str, sync: str, tp: int = 2) -> List[str]:
+    sets = [f"parallelism.tp={tp}", "parallelism.pp=2", "parallelism.dp=2", f"model.codec.kind={codec}"]
+    if strategy == "btp":
+        sets += ["model.low_rank.kind=cola", "model.tp_strategy=btp"]
+    if sync == "allreduce":
+        sets += ["parallelism.dp_sync=allreduce", "sparseloco=null"]
+    elif sync == "sparseloco":
+        sets += ["sparseloco.compressed_replicas=[]"]
+    return sets
+
+
+def refusal(strategy: str, codec: str, sync: str) -> Optional[str]:
+    """What the config loader must say about this combination at tp = 2 (None: it loads). Written from the
+    techniques' constraints, not read back from the loader."""
+    if sync == "het_sparseloco" and codec != "identity":
+        # meaningless: heterogeneous SparseLoCo sets each replica's codec itself (subspace or none)
+        return f"model.codec.kind: '{codec}': with sparseloco.compressed_replicas the per-replica model is set by sparseloco"
+    if strategy == "btp" and codec != "identity":
+        return f"model.codec.kind: '{codec}' cannot run with model.tp_strategy='btp' at parallelism.tp=2"
+    if sync == "het_sparseloco" and strategy == "btp":
+        return ("model.codec.kind: 'subspace' cannot run with model.tp_strategy='btp' at parallelism.tp=2"
+                "|sparseloco.compressed_replicas=[0]")
+    return None
+
+
+MATRIX = list(itertools.product(STRATEGIES, CODECS, SYNCS))
+
+
+@pytest.mark.parametrize("strategy,codec,sync", MATRIX)
+def test_every_combination_loads_or_fails_at_load_naming_both_keys(strategy: str, codec: str, sync: str) -> None:
+    expected = refusal(strategy, codec, sync)
+    if expected is None:
+        cfg = load_config(HET, overrides(strategy, codec, sync))
+        assert (cfg.model.codec.kind, cfg.parallelism.tp) == (codec, 2)
+        return
+    with pytest.raises(ConfigError) as e:
+        load_config(HET, overrides(strategy, codec, sync))
+    message = str(e.value)
+    assert "\n" not in message and all(part in message for part in expected.split("|")), message
+
+
+def test_the_sharded_residual_rule_leaves_tp_1_alone() -> None:
+    """At tp = 1 BTP's shard is the whole residual stream: the rule does not refuse (the layout BOOST's own
+    tests and the het example with a low-rank model use)."""
+    load_config(HET, overrides("btp", "identity", "het_sparseloco", tp=1))
+    load_config(HET, overrides("btp", "resbm", "allreduce", tp=1))
+
+
+@pytest.mark.parametrize("strategy,codec,sync", [("btp", "mapl", "allreduce"), ("btp", "identity", "het_sparseloco")])
+def test_command_line_prints_one_line_and_exits_2(strategy: str, codec: str, sync: str) -> None:
+    """MAPL under BTP (a per-rank traceback before), heterogeneous SparseLoCo's subspace codec under BTP."""
+    out = subprocess.run([sys.executable, "-m", "nanotron_ext.config", "show", "--config-file", str(HET),
+                          *[a for kv in overrides(strategy, codec, sync) for a in ("--set", kv)]],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    first = refusal(strategy, codec, sync).split("|")[0]
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and first in out.stderr, out.stderr
+
+
+# -- the slow link carries each wire once (parallelism.pp_scatter_gather) --------------------------------------
+SMALL = dict(vocab_size=320, hidden_size=32, ffn_size=48, num_layers=4, num_heads=4, num_kv_heads=2, max_seq_len=16,
+             tie_embeddings=False)
+SEQ, MB, N_MICRO = 8, 2, 2
+
+
+def _wire_worker(tp: int, pp: int, codec: dict, scatter_gather: bool, model: Optional[dict] = None) -> dict:
+    """One step of the composed model on a fixed batch: loss, this rank's gradients (by name), the ledger."""
+    import nanotron.distributed as dist
+    import torch
+
+    from nanotron_ext.config.loader import from_dict
+    from nanotron_ext.config.schema import Config
+    from nanotron_ext.models.build import build_model
+    from nanotron_ext.parallel.comm import get_ledger
+    from nanotron_ext.parallel.context import build_parallel_context
+    from nanotron_ext.train.pipeline_step import forward_backward, make_engine
+
+    ctx = build_parallel_context(dp=1, tp=tp, pp=pp, backend="gloo")
+    cfg = from_dict(Config, {
+        "model": {**(model or SMALL), "codec": codec},
+        "parallelism": {"dp": 1, "tp": tp, "pp": pp, "pp_scatter_gather": scatter_gather},
+        "tokenizer": {"vocab_size": 260},
+        "tokens": {"sequence_length": SEQ, "micro_batch_size": MB, "batch_accumulation_per_replica": N_MICRO}})
+    model = build_model(cfg, ctx)
+    rows = torch.randint(0, 260, (N_MICRO * MB, SEQ + 1), generator=torch.Generator().manual_seed(7))
+    micro = [{"input_ids": rows[i * MB:(i + 1) * MB, :-1], "label_ids": rows[i * MB:(i + 1) * MB, 1:]}
+             for i in range(N_MICRO)]
+    ledger = get_ledger()
+    ledger.reset()
+    loss = forward_backward(model, make_engine("1f1b"), micro, ctx)
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    return {"loss": loss.item(), "grads": grads, "comm": ledger.snapshot(), "pp_rank": dist.get_rank(ctx.pp_pg)}
+
+
+def _pp_bytes(results: list, op: str) -> int:
+    return sum(r["comm"].get("pp", {}).get(op, {}).get("bytes", 0) for r in results)
+
+
+RVQ = {"kind": "mapl", "mapl": {"rank": 8, "anchor_width": 4, "vq_groups": 2, "vq_rounds": 2, "vq_codebook": 16,
+                                 "grad_bits": 8}}  # token ids packed in the wire, a forward narrower than its gradient
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("codec", [{"kind": "identity"}, {"kind": "resbm", "resbm": {"ratio": 4}}, RVQ],
+                         ids=["identity", "resbm", "mapl_rvq"])
+def test_the_slow_link_carries_each_megatron_wire_once(codec: dict) -> None:
+    """Megatron TP (the wire is the same on every TP rank): pipeline bytes per boundary at tp = 2 equal tp = 1's,
+    the receiving stage's TP all-gather is counted in the tp group, and the loss and every gradient are
+    bit-identical to the run in which every TP rank sends its own copy (pp_scatter_gather=false, twice the
+    pipeline bytes)."""
+    from tests.helpers.dist import run_distributed
+
+    one = run_distributed(_wire_worker, 2, 1, 2, codec, True)
+    once = run_distributed(_wire_worker, 4, 2, 2, codec, True)
+    copies = run_distributed(_wire_worker, 4, 2, 2, codec, False)
+    width = {"identity": SMALL["hidden_size"], "resbm": SMALL["hidden_size"] // 4}.get(codec["kind"])  # h = d / ratio
+    boundary = N_MICRO * MB * SEQ * width * 4 if width else _pp_bytes(one, "send:fwd")  # fp32, per step: closed form
+    for op in ("send:fwd", "recv:fwd", "send:bwd", "recv:bwd"):  # (MAPL-RVQ's forward and backward widths differ)
+        boundary = boundary if width or op.endswith("fwd") else _pp_bytes(one, "send:bwd")
+        assert _pp_bytes(one, op) == boundary, (op, one[0]["comm"])
+        assert _pp_bytes(once, op) == boundary, (op, once[0]["comm"])
+        assert _pp_bytes(copies, op) == 2 * boundary, (op, copies[0]["comm"])
+    gathered = sum(r["comm"].get("tp", {}).get("all_gather:pp-wire", {}).get("bytes", 0) for r in once)
+    assert gathered == _pp_bytes(one, "send:fwd") + _pp_bytes(one, "send:bwd")  # each receiving TP rank's half
+    assert not any("all_gather:pp-wire" in r["comm"].get("tp", {}) for r in copies)
+    for a, b in zip(once, copies):
+        assert a["loss"] == b["loss"] and a["grads"].keys() == b["grads"].keys()
+        for name, g in a["grads"].items():
+            assert torch.equal(g, b["grads"][name]), name
+    assert abs(once[-1]["loss"] - one[-1]["loss"]) <= 1e-5 * abs(one[-1]["loss"])
+
+
+@pytest.mark.slow
+def test_pp_bytes_at_tp_3_equal_tp_1_with_a_padded_wire() -> None:
+    """tp = 3 and a ResBM wire of h = 10 (16 tokens x 10 = 160 values: each TP rank sends 54, the last two
+    padded): pipeline bytes per boundary are tp = 1's up to that padding, and loss follows tp = 1's."""
+    model = {**SMALL, "hidden_size": 48, "num_heads": 6, "num_kv_heads": 3, "ffn_size": 96, "vocab_size": 324}
+    codec = {"kind": "resbm", "resbm": {"h": 10}}
+    one = run_distributed(_wire_worker, 2, 1, 2, codec, True, model)
+    three = run_distributed(_wire_worker, 6, 3, 2, codec, True, model)
+    values = MB * SEQ * 10
+    for op in ("send:fwd", "recv:fwd", "send:bwd", "recv:bwd"):
+        assert _pp_bytes(one, op) == N_MICRO * values * 4, (op, one[0]["comm"])
+        assert _pp_bytes(three, op) == N_MICRO * 3 * -(-values // 3) * 4, (op, three[0]["comm"])
+    assert abs(three[-1]["loss"] - one[-1]["loss"]) <= 1e-5 * abs(one[-1]["loss"])
+
+
+# -- heterogeneous SparseLoCo under TP (vocab-sharded T_S, replicated T_fixed) ---------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("pp", [1, 2])
+def test_heterogeneous_sparseloco_dp2_tp2_replicas_identical_after_sync(small_corpus: Path, tmp_path: Path,
+                                                                         pp: int) -> None:
+    """dp = 2 x tp = 2 x pp (replica 0 compressed: the subspace codec after layer 1, the stage boundary at pp = 2),
+    H = 2, 4 steps (2 outer syncs): after the last sync both replicas hold the same parameters bit for bit on each
+    (TP, PP) rank, T_fixed is the same on every rank that holds it (the decoding stage's included), every TP
+    rank's rows of T_S are back in span(U), and the losses follow the tp = 1 run's."""
+    from tests.test_sparseloco_hetero import HET, _het_train_worker
+    from tests.test_trainer import _losses, _small_overrides
+
+    ovr = HET + ["model.codec.boundaries=[1]"]
+    tp2 = run_distributed(_het_train_worker, 4 * pp, _small_overrides(small_corpus, tmp_path / "tp2", 2, 2, pp, 4) + ovr,
+                          None, 0, timeout_s=600)
+    run_distributed(_het_train_worker, 2 * pp, _small_overrides(small_corpus, tmp_path / "tp1", 2, 1, pp, 4) + ovr,
+                    None, 0, timeout_s=600)
+    by = {}
+    for r in tp2:
+        by.setdefault(r["dp"], []).append(r)
+    assert [r["codec"] for r in by[0]] == ["subspace"] * 2 * pp and [r["codec"] for r in by[1]] == ["identity"] * 2 * pp
+    decoders = [r["state"][k] for r in by[0] for k in r["state"] if k.endswith("boundary_decoder.hub.fixed")]
+    assert len(decoders) == 2 and all(torch.equal(f, tp2[0]["state"]["token_embedding.pp_block.embedding.hub.fixed"])
+                                      for f in decoders)
+    fixed = "token_embedding.pp_block.embedding.hub.fixed"
+    table = "token_embedding.pp_block.embedding.table.weight"
+    for a, b in zip(by[0], by[1]):  # the same (TP, PP) rank of the two replicas
+        shared = [k for k in b["state"] if k in a["state"] and not k.endswith(("grad_gram", "hub.steps"))]  # codec-side counters
+        assert len(shared) >= 10
+        for k in shared:
+            assert torch.equal(a["state"][k], b["state"][k]), k
+        if table not in a["state"]:
+            continue  # a later stage
+        u = a["state"]["token_embedding.pp_block.embedding.hub.basis"]
+        t_s = a["state"][table]
+        assert t_s.shape[0] * 2 == a["state"][fixed].shape[0]  # vocab-sharded T_S, whole T_fixed
+        torch.testing.assert_close(t_s @ u @ u.T, t_s, rtol=0, atol=1e-5)
+    assert all(torch.equal(r["state"][fixed], tp2[0]["state"][fixed]) for r in tp2 if fixed in r["state"])
+    one, two = _losses(tmp_path / "tp1" / "tiny_llama"), _losses(tmp_path / "tp2" / "tiny_llama")
+    assert sorted(one) == sorted(two) == [1, 2, 3, 4]
+    for step in one:
+        assert abs(one[step][0] - two[step][0]) <= 1e-4 * abs(one[step][0]), (step, one[step], two[step])
+
+
+def test_config_show_names_the_technique_of_every_tier() -> None:
+    out = subprocess.run([sys.executable, "-m", "nanotron_ext.config", "show", "--config-file",
+                          str(REPO / "examples" / "config_three_tiers.yaml")], cwd=REPO, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    tiers = out.stdout[out.stdout.index("# tiers:"):].splitlines()
+    assert tiers == [
+        "# tiers: dp=2 x tp=2 x pp=2",
+        "#   TP (inside a stage, 2 ranks): megatron (core)",
+        "#   PP (between stages, 1 links; 1 codec boundaries): subspace (subspace) on replicas [0], identity (core) on "
+        "replicas [1]; each wire once over TP (parallelism.pp_scatter_gather); emulated 80 Mbit/s, 5 ms",
+        "#   DP (between replicas, 2): sparseloco (sparseloco)"]
+
+
+# -- the subspace codec on a BTP-sharded residual stream --------------------------------------------------------
+def _sharded_subspace_worker(seed: int) -> dict:
+    """Encode this rank's feature shard, decode back to it; loss = sum(W * X') over the shards (summed over TP)."""
+    import torch.distributed as torch_dist
+
+    from nanotron_ext.config.schema import ModelConfig
+    from nanotron_ext.subspace.basis import SubspaceHub
+    from nanotron_ext.subspace.codec import SubspaceDecoder, SubspaceEncoder, feature_shard
+
+    torch_dist.init_process_group("gloo")
+    pg = torch_dist.new_group(list(range(torch_dist.get_world_size())))
+    cfg = ModelConfig(vocab_size=64, hidden_size=24, ffn_size=32, num_heads=2, num_kv_heads=2, num_layers=2,
+                      tie_embeddings=False)
+    cfg.subspace.k = 4
+    hub = SubspaceHub(cfg)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        hub.fixed.copy_(torch.randn(64, 24, generator=g))
+    ids = torch.randint(0, 64, (2, 5), generator=g)
+    residual, branch, weight = (torch.randn(2, 5, 24, generator=g) for _ in range(3))
+    mine = feature_shard(pg, 24)
+    res = residual[..., mine].clone().requires_grad_(True)
+    br = branch[..., mine].clone().requires_grad_(True)
+    wire = SubspaceEncoder(hub, torch.float32, pg)(residual=res, branch=br, input_ids=ids)
+    x, _ = SubspaceDecoder(hub, 0, accumulate=False, sharded_pg=pg)(wire, ids)
+    (weight[..., mine] * x).sum().backward()
+    return {"wire": wire.detach(), "x": x.detach(), "d_res": res.grad, "d_branch": br.grad, "mine": (mine.start, mine.stop),
+            "basis": hub.basis, "fixed": hub.fixed, "ids": ids, "residual": residual, "branch": branch, "weight": weight}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tp", [2, 3])
+def test_sharded_subspace_codec_equals_the_unsharded_codec_in_float64(tp: int) -> None:
+    """Z = sum over feature shards of (X - T_fixed[ids])_S U_S (one all-reduce of the k-wide Z), the decoder
+    column-parallel (its backward all-reduces dZ): the wire, the rebuilt shard and the gradients of both
+    inputs equal the unsharded codec's, computed here in float64 by autograd."""
+    results = run_distributed(_sharded_subspace_worker, tp, 11)
+    r0 = results[0]
+    u, fixed, ids = r0["basis"].double(), r0["fixed"].double(), r0["ids"]
+    residual = r0["residual"].double().requires_grad_(True)
+    branch = r0["branch"].double().requires_grad_(True)
+    z = (residual + branch - fixed[ids]) @ u
+    x = z @ u.T + fixed[ids]
+    (r0["weight"].double() * x).sum().backward()
+    for r in results:
+        lo, hi = r["mine"]
+        assert torch.equal(r["wire"], r0["wire"])  # replicated over TP: the pipeline may send it once
+        torch.testing.assert_close(r["wire"].double(), z.detach(), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(r["x"].double(), x.detach()[..., lo:hi], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(r["d_res"].double(), residual.grad[..., lo:hi], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(r["d_branch"].double(), branch.grad[..., lo:hi], rtol=1e-5, atol=1e-5)
