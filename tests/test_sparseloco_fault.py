@@ -128,8 +128,8 @@ def _run_churn(tmp_path: Path, kill: Dict[str, int]) -> List[Dict[str, object]]:
             procs.append(p)
             return p
 
-        start(0, 300, stop), start(1, 300, stop)
-        victim = start(2, 300, **kill)
+        start(0, 5000, stop), start(1, 5000, stop)  # until the restarted replica is done
+        victim = start(2, 5000, **kill)
         victim.join(timeout=90)
         assert victim.exitcode == -signal.SIGKILL, f"replica 2 was to be killed, exit code {victim.exitcode}"
         restarted = start(2, 4 * H)
@@ -172,7 +172,16 @@ def _check_churn(records: List[Dict[str, object]]) -> None:
     shared = [r for r in second if any(o["replica"] != 2 for o in by_step[r["ft_step"]])]
     assert len(shared) >= 2, "the restarted replica never synced with the survivors"
     done = [r for r in records if r["event"] == "done"]
-    assert any(d["ledger"].get("recovery", {}).get("bytes", 0) > 0 for d in done if d["replica"] == 2)
+    # recovery traffic in the ledger: the healed replica received the float32 global weights (a closed form: the
+    # 48 x 32 linear's 1568 parameters, no outer momentum), a survivor staged them
+    assert [d["ledger"]["recv:recovery"]["bytes"] for d in done if d["replica"] == 2] == [1568 * 4]
+    staged = [d["ledger"].get("send:recovery", {"bytes": 0, "calls": 0}) for d in done if d["replica"] < 2]
+    assert sum(c["calls"] for c in staged) >= 1 and all(c["bytes"] == c["calls"] * 1568 * 4 for c in staged), staged
+    # each payload: 1 flag byte + 200 kept entries as bf16 values and 6-bit indices (closed form), per gather
+    payload = 1 + 200 * 2 + (200 * 6 + 7) // 8
+    for d in done:
+        gathers = d["ledger"]["all_gather"]
+        assert gathers["bytes"] == gathers["calls"] * payload, (d["replica"], gathers, payload)
     assert all(d["ledger"].get("quorum", {}).get("calls", 0) > 0 for d in done)
 
 

@@ -19,9 +19,10 @@ Semantics (tests/test_sparseloco_fault.py):
   global ones; it takes part in that same sync without a payload, so after it all replicas hold the same bits;
 - a (re)starting replica joins once before its first inner step (`start`, after its own checkpoint is loaded),
   so it trains from the current global weights;
-- the ledger counts, under group "ft": the payload all_gather (bytes), "quorum" and "commit" calls (torchft's
-  gRPC messages: calls only, their bytes are not visible from Python) and "recovery" bytes (the state a healed
-  replica received).
+- the ledger counts, under group "ft": the payload all_gather (bytes, flag byte included), "quorum" and
+  "commit" calls (torchft's gRPC messages: calls only, their bytes are not visible from Python), "send:recovery"
+  on the live peer (the state it staged, once per heal) and "recv:recovery" on the healed replica (bytes of
+  tensors; torchft's HTTP/pickle framing is not counted).
 Neither templar churn bug can happen here: error feedback lives only in a committed sync (a failed or
 absent round leaves it untouched, a heal zeroes it; #537), and payloads are fixed-size, decoded locally after
 one bounded collective (#574).
@@ -139,22 +140,23 @@ class FaultTolerantSparseLoCoSync(SparseLoCoSync):
 
     # -- torchft recovery: what a live peer sends, what a healed replica takes ---------------------------
     def _peer_state(self) -> Dict[str, Any]:
+        """Staged by torchft for the replicas it heals from this one (served over HTTP once per healed replica)."""
         o = self.outer
-        return {"global": list(o.global_params), "momentum": list(o.momentum), "syncs": o.syncs}
+        state = {"global": list(o.global_params), "momentum": list(o.momentum), "syncs": o.syncs}
+        self.ledger.record("send:recovery", _nbytes(state["global"] + state["momentum"]), self.pg)
+        return state
 
     @torch.no_grad()
     def _load_peer_state(self, state: Dict[str, Any]) -> None:
         o = self.outer
-        nbytes = 0
         for dst, src in zip(o.global_params + o.momentum, state["global"] + state["momentum"]):
             dst.copy_(src)
-            nbytes += src.numel() * src.element_size()
         o.syncs = int(state["syncs"])
         for e in self.error:
             e.zero_()
         o.load_into(self.params)
         self.healed = True
-        self.ledger.record("recovery", nbytes, self.pg)
+        self.ledger.record("recv:recovery", _nbytes(state["global"] + state["momentum"]), self.pg)
         self._global_loaded()
 
     # -- checkpoints: the outer state, plus torchft's committed step -----------------------------------
@@ -168,3 +170,7 @@ class FaultTolerantSparseLoCoSync(SparseLoCoSync):
 
     def close(self) -> None:
         self.manager.shutdown(wait=False)
+
+
+def _nbytes(tensors: List[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
