@@ -201,3 +201,21 @@ def test_replica_killed_mid_sync_retried_then_rejoins_fault(tmp_path: Path) -> N
     _check_churn(records)
     retried = [r for r in records if r["event"] == "sync" and r["replica"] in (0, 1) and r["attempts"] > 1]
     assert retried, "no survivor sync needed a retry: the kill did not land mid-sync"
+
+
+@pytest.mark.parametrize("override,key", [
+    (["parallelism.dp=2"], "parallelism.dp"),
+    (["sparseloco.fault_tolerance.replica=2"], "sparseloco.fault_tolerance.replica"),
+    (["sparseloco.fault_tolerance.lighthouse=localhost:29510"], "sparseloco.fault_tolerance.lighthouse"),
+    (["sparseloco.fault_tolerance.max_retries=-1"], "sparseloco.fault_tolerance.max_retries"),
+    (["sparseloco.compressed_replicas=[0]"], "sparseloco.compressed_replicas"),
+])
+def test_fault_tolerance_config_errors_name_the_key(override: List[str], key: str) -> None:
+    """The example loads; a bad fault-tolerance setting fails at load, naming the key."""
+    from nanotron_ext.config import ConfigError, load_config
+
+    example = Path(__file__).parent.parent / "examples" / "config_tiny_sparseloco_ft.yaml"
+    assert load_config(str(example)).sparseloco.fault_tolerance.enabled
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        cfg = load_config(str(example), overrides=override)
+        cfg.validate(world_size=cfg.parallelism.dp)
