@@ -219,3 +219,30 @@ def test_fault_tolerance_config_errors_name_the_key(override: List[str], key: st
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         cfg = load_config(str(example), overrides=override)
         cfg.validate(world_size=cfg.parallelism.dp)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_trainer_replicas_without_fault_agree_after_each_sync(small_corpus: Path, tmp_path: Path) -> None:
+    """The launcher path: ft_launch starts a lighthouse and two trainer jobs (dp = 1 each, their own data shards);
+    after the last outer sync both replicas' saved weights are bit-identical, and the byte report has group ft."""
+    import subprocess
+    import sys
+
+    from tests.helpers.dist import free_port
+    from tests.test_trainer import _shard_models, _small_overrides
+
+    sets = _small_overrides(small_corpus, tmp_path, 1, 1, 1, 6) + [
+        "general.run=ft", "sparseloco.inner_steps=3", "sparseloco.topk=8", "checkpoints.interval=6",
+        f"sparseloco.fault_tolerance.lighthouse=http://127.0.0.1:{free_port()}"]
+    example = Path(__file__).parent.parent / "examples" / "config_tiny_sparseloco_ft.yaml"
+    cmd = [sys.executable, "-m", "nanotron_ext.sparseloco.ft_launch", "--nproc_per_node=1", "--config-file",
+           str(example), *[x for s in sets for x in ("--set", s)]]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=360)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    a, b = (_shard_models(tmp_path / f"ckpt_r{r}" / "step_6")["pp0_dp0_tp0.pt"] for r in (0, 1))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    first = [_records(tmp_path / f"ft_r{r}" / "metrics.jsonl")[0] for r in (0, 1)]
+    assert first[0]["loss"] != first[1]["loss"]  # each replica reads its own shard
+    assert all(json.loads((tmp_path / f"ft_r{r}" / "summary.json").read_text())["comm_bytes_per_step"].get("ft", 0) > 0
+               for r in (0, 1))
