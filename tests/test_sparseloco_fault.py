@@ -246,3 +246,88 @@ def test_trainer_replicas_without_fault_agree_after_each_sync(small_corpus: Path
     assert first[0]["loss"] != first[1]["loss"]  # each replica reads its own shard
     assert all(json.loads((tmp_path / f"ft_r{r}" / "summary.json").read_text())["comm_bytes_per_step"].get("ft", 0) > 0
                for r in (0, 1))
+
+
+class _StubManager:
+    """torchft.Manager's part the sync uses: a quorum that resets the error, a vote that fails after an error."""
+
+    def __init__(self) -> None:
+        self.err: Optional[Exception] = None
+
+    def start_quorum(self) -> None:
+        self.err = None
+
+    def errored(self) -> Optional[Exception]:
+        return self.err
+
+    def report_error(self, e: Exception) -> None:
+        self.err = e
+
+    def should_commit(self) -> bool:
+        return self.err is None
+
+
+class _StubGroup:
+    """A two-replica gather whose first `failures` calls die (a peer killed mid-collective)."""
+
+    def __init__(self, peer: torch.Tensor, failures: int) -> None:
+        self.peer, self.failures = peer, failures
+
+    def size(self) -> int:
+        return 2
+
+    def allgather(self, outputs: List[List[torch.Tensor]], inputs: List[torch.Tensor], opts: object) -> object:
+        if self.failures:
+            self.failures -= 1
+            outputs[0][0].fill_(7)  # half-written buffers: must not be used
+            raise RuntimeError("Connection closed by peer")
+        outputs[0][0].copy_(inputs[0])
+        outputs[0][1].copy_(self.peer)
+        return SimpleNamespace(wait=lambda: None)
+
+
+def _stub_sync(failures: int) -> "object":
+    from nanotron_ext.parallel.comm import CommLedger
+    from nanotron_ext.sparseloco.config import FaultToleranceConfig, SparseLoCoConfig
+    from nanotron_ext.sparseloco.fault import SENDS, FaultTolerantSparseLoCoSync
+    from nanotron_ext.sparseloco.outer import SparseLoCoOuter
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 64)
+    cfg = SparseLoCoConfig(inner_steps=1, chunk=64, topk=8, index_bits=6, beta=0.9,
+                           fault_tolerance=FaultToleranceConfig(enabled=True, max_retries=2))
+    sync = object.__new__(FaultTolerantSparseLoCoSync)  # the sync's own state, torchft replaced by the stubs above
+    sync.scfg, sync.ft, sync.hooks, sync.ledger, sync.attempts = cfg, cfg.fault_tolerance, [], CommLedger(), []
+    sync.params = list(model.parameters())
+    sync.outer = SparseLoCoOuter(sync.params, cfg)
+    sync.error = sync.outer.new_error()
+    with torch.no_grad():
+        for p in sync.params:
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(1)) * 0.01)
+    peer_params = [p.detach() + 0.02 for p in sync.params]
+    peer = sync.outer.encode(peer_params, sync.outer.new_error())
+    sync.pg = _StubGroup(torch.cat([torch.tensor([SENDS], dtype=torch.uint8), peer]), failures)
+    sync.manager = _StubManager()
+    sync.healed = False
+    return sync
+
+
+def test_sync_retried_after_a_dead_peer_equals_one_clean_sync_fault() -> None:
+    """A peer dies mid-gather twice (half-written buffers); the third attempt commits. The error feedback and
+    the weights equal one clean sync bit for bit: a failed round neither consumes error feedback (templar #537)
+    nor applies anything; three failures in a row (max_retries=2) stop the run with one error."""
+    from nanotron_ext.errors import TrainingError
+
+    clean, retried = _stub_sync(0), _stub_sync(2)
+    clean.sync()
+    retried.sync()
+    assert retried.attempts == [3] and clean.attempts == [1]
+    for a, b in zip(clean.error + clean.params + clean.outer.global_params,
+                    retried.error + retried.params + retried.outer.global_params):
+        assert torch.equal(a, b)
+    assert retried.outer.syncs == 1
+    doomed = _stub_sync(3)
+    before = [p.detach().clone() for p in doomed.params]
+    with pytest.raises(TrainingError, match="max_retries=2"):
+        doomed.sync()
+    assert all(torch.equal(a, b) for a, b in zip(before, doomed.params)) and not any(e.any() for e in doomed.error)
