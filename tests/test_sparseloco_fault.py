@@ -11,6 +11,8 @@ import json
 import multiprocessing as mp
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -221,31 +223,54 @@ def test_fault_tolerance_config_errors_name_the_key(override: List[str], key: st
         cfg.validate(world_size=cfg.parallelism.dp)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(400)
-def test_trainer_replicas_without_fault_agree_after_each_sync(small_corpus: Path, tmp_path: Path) -> None:
-    """The launcher path: ft_launch starts a lighthouse and two trainer jobs (dp = 1 each, their own data shards);
-    after the last outer sync both replicas' saved weights are bit-identical, and the byte report has group ft."""
-    import subprocess
-    import sys
+def _ft_launch(small_corpus: Path, out: Path, port: int) -> subprocess.Popen:
+    """ft_launch with two trainer jobs of 12 steps (H = 2, checkpoints every 4), every sync waiting for both."""
+    from tests.test_trainer import _small_overrides
 
-    from tests.helpers.dist import free_port
-    from tests.test_trainer import _shard_models, _small_overrides
-
-    sets = _small_overrides(small_corpus, tmp_path, 1, 1, 1, 6) + [
-        "general.run=ft", "sparseloco.inner_steps=3", "sparseloco.topk=8", "checkpoints.interval=6",
-        f"sparseloco.fault_tolerance.lighthouse=http://127.0.0.1:{free_port()}"]
+    sets = _small_overrides(small_corpus, out, 1, 1, 1, 12) + [
+        "general.run=ft", "sparseloco.inner_steps=2", "sparseloco.topk=8", "checkpoints.interval=4",
+        "sparseloco.fault_tolerance.min_replicas=2", f"sparseloco.fault_tolerance.lighthouse=http://127.0.0.1:{port}"]
     example = Path(__file__).parent.parent / "examples" / "config_tiny_sparseloco_ft.yaml"
-    cmd = [sys.executable, "-m", "nanotron_ext.sparseloco.ft_launch", "--nproc_per_node=1", "--config-file",
-           str(example), *[x for s in sets for x in ("--set", s)]]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=360)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    a, b = (_shard_models(tmp_path / f"ckpt_r{r}" / "step_6")["pp0_dp0_tp0.pt"] for r in (0, 1))
-    assert all(torch.equal(a[k], b[k]) for k in a)
-    first = [_records(tmp_path / f"ft_r{r}" / "metrics.jsonl")[0] for r in (0, 1)]
+    cmd = [sys.executable, "-m", "nanotron_ext.sparseloco.ft_launch", "--nproc_per_node=1", "--max-restarts=0",
+           "--config-file", str(example), *[x for s in sets for x in ("--set", s)]]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_trainer_replicas_agree_and_resume_bit_exactly_without_fault(small_corpus: Path, tmp_path: Path) -> None:
+    """The launcher path (ft_launch: a lighthouse and two trainer jobs, dp = 1 each, their own data shards): after
+    the last outer sync both replicas' saved weights are bit-identical and the byte report has group ft; a launch
+    interrupted (Ctrl-C) after its step-4 checkpoints and launched again ends with the straight run's weights."""
+    from tests.helpers.dist import free_port
+    from tests.helpers.jobs import wait_for
+    from tests.test_trainer import _shard_models
+
+    straight = _ft_launch(small_corpus, tmp_path / "a", free_port())
+    out, _ = straight.communicate(timeout=300)
+    assert straight.returncode == 0, out[-3000:]
+    final = [_shard_models(tmp_path / "a" / f"ckpt_r{r}" / "step_12")["pp0_dp0_tp0.pt"] for r in (0, 1)]
+    assert all(torch.equal(final[0][k], final[1][k]) for k in final[0])
+    first = [_records(tmp_path / "a" / f"ft_r{r}" / "metrics.jsonl")[0] for r in (0, 1)]
     assert first[0]["loss"] != first[1]["loss"]  # each replica reads its own shard
-    assert all(json.loads((tmp_path / f"ft_r{r}" / "summary.json").read_text())["comm_bytes_per_step"].get("ft", 0) > 0
+    assert all(json.loads((tmp_path / "a" / f"ft_r{r}" / "summary.json").read_text())["comm_bytes_per_step"]["ft"] > 0
                for r in (0, 1))
+
+    b = tmp_path / "b"
+    port = free_port()
+    first_launch = _ft_launch(small_corpus, b, port)
+    wait_for(lambda: all((b / f"ckpt_r{r}" / "step_4" / "meta.json").exists() for r in (0, 1)), first_launch,
+             "both step-4 checkpoints", timeout=240)
+    os.killpg(first_launch.pid, signal.SIGINT)  # the launcher stops both replicas
+    first_launch.communicate(timeout=120)
+    assert not any((b / f"ckpt_r{r}" / "step_12").exists() for r in (0, 1)), "interrupted too late"
+    relaunch = _ft_launch(small_corpus, b, port)
+    out, _ = relaunch.communicate(timeout=300)
+    assert relaunch.returncode == 0, out[-3000:]
+    assert "resumed from" in out
+    for r in (0, 1):
+        resumed = _shard_models(b / f"ckpt_r{r}" / "step_12")["pp0_dp0_tp0.pt"]
+        assert all(torch.equal(final[r][k], resumed[k]) for k in resumed), r
 
 
 class _StubManager:
