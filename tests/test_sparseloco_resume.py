@@ -40,7 +40,7 @@ def _outer_step_worker(aggregate: str) -> dict:
     by its own seeded amounts before each sync; returns what every replica held before and after each sync."""
     import torch.distributed as torch_dist
 
-    from nanotron_ext.config.schema import SparseLoCoConfig
+    from nanotron_ext.sparseloco.config import SparseLoCoConfig
     from nanotron_ext.parallel.context import build_parallel_context
     from nanotron_ext.sparseloco.outer import SparseLoCoSync
 

@@ -8,7 +8,7 @@ from nanotron import distributed as dist
 
 from nanotron_ext.parallel.comm import CommLedger
 
-GROUPS = ("tp", "pp", "dp", "mp", "world", "other")
+GROUPS = ("tp", "pp", "dp", "ft", "mp", "world", "other")  # ft: fault-tolerant outer loops over torchft
 # subsets of "pp" reported beside it: the pipeline's data messages per direction (activations to later
 # stages, gradients to earlier ones), without nanotron's shape headers and the link clock; and a codec's
 # once-per-step exchange of shared-parameter gradients per direction (MAPL)

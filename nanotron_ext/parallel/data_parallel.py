@@ -10,7 +10,7 @@ step; its `state_dict` travels in checkpoints. The default, "allreduce", average
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import torch
 from nanotron import distributed as dist
@@ -25,6 +25,15 @@ class DataParallelSync:
         # cfg: this replica's nanotron_ext.config.Config (typed Any: parallel/ does not import config/); outer
         # loops read their own section from it, the per-step all-reduce needs none
         self.model, self.ctx, self.dp_pg, self.cfg = model, ctx, ctx.dp_pg, cfg
+
+    def data_shard(self, dp_rank: int, dp_size: int) -> Tuple[int, int]:
+        """(shard, shards) of the training data this replica reads: its DP rank of the DP size, unless replicas
+        are separate jobs (fault-tolerant outer loops: each job has dp = 1)."""
+        return dp_rank, dp_size
+
+    def start(self) -> None:
+        """Before the first step of a launch, once this rank's own state (a checkpoint) is loaded: an outer loop
+        whose replicas come and go joins the others here."""
 
     def after_backward(self) -> None:
         """The step's gradients are complete on this replica (before clipping and the optimiser step)."""

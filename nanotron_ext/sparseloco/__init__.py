@@ -32,5 +32,8 @@ Paper -> code:
   modified_adamw (mapped onto model.subspace); Grassmann (sparseloco.grassmann_every) updates one U shared by
   all replicas at outer syncs.
   Tables: reproduce/het_sparseloco/README.md
+- replicas that leave and rejoin (not in the paper; the setting it targets): sparseloco.fault_tolerance, the outer
+  loop on torchft's quorum, reconfigurable process groups and live recovery: fault.FaultTolerantSparseLoCoSync;
+  a lighthouse and one job per replica on one machine, restarted when they die: ft_launch
 """
 from nanotron_ext.sparseloco.technique import technique  # noqa: F401  (the entry point: light, no torch)

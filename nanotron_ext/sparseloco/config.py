@@ -9,6 +9,30 @@ from nanotron_ext.config.checks import require, require_finite
 
 
 @dataclasses.dataclass(kw_only=True)
+class FaultToleranceConfig:
+    """Replicas that leave and rejoin (sparseloco.fault_tolerance; README "Fault-tolerant SparseLoCo"): each
+    replica is its own job (parallelism.dp = 1) and a torchft replica group; the outer sync runs a torchft
+    quorum and gathers the payloads over torchft's reconfigurable process group among the replicas present."""
+
+    enabled: bool = False
+    """Run the outer loop on torchft (needs the `ft` extra: pip install -e '.[ft]')."""
+    lighthouse: str = "http://127.0.0.1:29510"
+    """Address of the torchft lighthouse (`torchft_lighthouse --min_replicas 1 --bind [::]:29510`)."""
+    replica: int = 0
+    """This job's replica index (its torchft replica id is sparseloco_<replica>; its data shard)."""
+    replicas: int = 1
+    """Replicas the data is split into (each reads shard `replica` of `replicas`); not a quorum size."""
+    min_replicas: int = 1
+    """Fewest replicas an outer sync commits with (fewer: the sync is retried with the next quorum)."""
+    timeout_s: float = 30.0
+    """Bound on each outer collective, recovery transfer and commit vote (a dead peer turns into a retry)."""
+    quorum_timeout_s: float = 600.0
+    """Bound on waiting for a quorum (longer than an inner loop: peers join at their own next sync)."""
+    max_retries: int = 5
+    """Failed attempts of one outer sync (a peer died mid-collective) before the run stops."""
+
+
+@dataclasses.dataclass(kw_only=True)
 class SparseLoCoConfig:
     """SparseLoCo outer loop (parallelism.dp_sync=sparseloco; "Heterogeneous Low-Bandwidth Pre-Training
     of LLMs"): H inner steps with no DP traffic, then compressed pseudo-gradients are exchanged."""
@@ -43,6 +67,8 @@ class SparseLoCoConfig:
     """Heterogeneous: compressed replicas re-project their output projections onto span(U) after every step."""
     modified_adamw: bool = False
     """Heterogeneous: compressed replicas step their output projections with the subspace modified AdamW."""
+    fault_tolerance: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)
+    """Replicas that leave and rejoin, on torchft (sparseloco.fault_tolerance.*)."""
     grassmann_every: int = 0
     """Heterogeneous: Grassmann updates of the one U all replicas share, every N inner steps (a multiple of
     inner_steps: the update runs at an outer sync, from A averaged over the compressed replicas; step size
@@ -50,6 +76,16 @@ class SparseLoCoConfig:
 
     def __post_init__(self) -> None:
         k = "sparseloco"
+        ft = self.fault_tolerance
+        f = f"{k}.fault_tolerance"
+        require(ft.replicas >= 1, f"{f}.replicas", f"must be >= 1, got {ft.replicas}")
+        require(0 <= ft.replica < ft.replicas, f"{f}.replica", f"must be in [0, {f}.replicas={ft.replicas}), got {ft.replica}")
+        require(ft.min_replicas >= 1, f"{f}.min_replicas", f"must be >= 1, got {ft.min_replicas}")
+        require(ft.timeout_s > 0 and ft.quorum_timeout_s > 0, f"{f}.timeout_s",
+                f"timeouts must be > 0, got {ft.timeout_s} and {ft.quorum_timeout_s}")
+        require(ft.max_retries >= 0, f"{f}.max_retries", f"must be >= 0, got {ft.max_retries}")
+        require(ft.lighthouse.startswith(("http://", "https://")), f"{f}.lighthouse",
+                f"must be an http:// address, got {ft.lighthouse!r}")
         require_finite(self, k)
         require(all(r >= 0 for r in self.compressed_replicas), f"{k}.compressed_replicas",
                 f"must list DP ranks >= 0, got {self.compressed_replicas}")

@@ -13,4 +13,8 @@ from nanotron_ext.technique import Pieces
 
 class SparseLoCoPieces(Pieces):
     def dp_sync(self, name: str, model: nn.Module, ctx: ParallelContext, cfg: Any) -> DataParallelSync:
+        if cfg.sparseloco.fault_tolerance.enabled:  # torchft is imported only here (the `ft` extra)
+            from nanotron_ext.sparseloco.fault import FaultTolerantSparseLoCoSync
+
+            return FaultTolerantSparseLoCoSync(model, ctx, cfg)
         return SparseLoCoSync(model, ctx, cfg)

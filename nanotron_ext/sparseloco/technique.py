@@ -35,6 +35,13 @@ class SparseLoCoTechnique(Technique):
                                   "Per-step averaging of mixed replicas runs only in the simulated mode "
                                   "(sparseloco.simulate.run_simulated, mode 'dense')")
             return
+        if s.fault_tolerance.enabled:
+            require(p.dp == 1, "parallelism.dp", f"{p.dp}: with sparseloco.fault_tolerance.enabled each replica is "
+                    "its own job (parallelism.dp = 1); start one job per replica with its "
+                    "sparseloco.fault_tolerance.replica")
+            require(not s.compressed_replicas, "sparseloco.compressed_replicas",
+                    f"{s.compressed_replicas}: heterogeneous replicas are not supported with "
+                    "sparseloco.fault_tolerance.enabled yet")
         if not s.compressed_replicas:
             return
         bad = [r for r in s.compressed_replicas if r >= p.dp]

@@ -105,7 +105,9 @@ def _flat(d: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
 _RESUME_PREFIXES = ("model.", "sparseloco.")
 _RESUME_KEYS = {"optimizer.name", "parallelism.dp", "parallelism.tp", "parallelism.pp", "parallelism.layers_per_stage",
                 "parallelism.dp_sync"}
-_RESUME_FREE = {"model.attention"}  # the same math by another kernel
+# the same math by another kernel; where and how patiently a fault-tolerant replica meets the others
+_RESUME_FREE = {"model.attention"} | {f"sparseloco.fault_tolerance.{k}" for k in (
+    "lighthouse", "min_replicas", "timeout_s", "quorum_timeout_s", "max_retries")}
 
 
 def changed_keys(saved: Dict[str, Any], config: Dict[str, Any]) -> List[str]:

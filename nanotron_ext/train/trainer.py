@@ -62,14 +62,16 @@ class Trainer:
         r = self.replica
         self.model_cfg, self.model, self.optimizer, self.scheduler = r.model_cfg, r.model, r.optimizer, r.scheduler
         self.engine, self.dp_sync = r.engine, r.dp_sync
-        self.train_loader = build_train_loader(cfg, dp_rank=dp_rank, dp_size=p.dp, config_file=config_file)
-        self.val_loader = build_validation_loader(cfg, dp_rank=dp_rank, dp_size=p.dp, config_file=config_file)
+        shard, shards = self.dp_sync.data_shard(dp_rank, p.dp)
+        self.train_loader = build_train_loader(cfg, dp_rank=shard, dp_size=shards, config_file=config_file)
+        self.val_loader = build_validation_loader(cfg, dp_rank=shard, dp_size=shards, config_file=config_file)
         note = self.train_loader.epoch_note(cfg.tokens.train_steps, cfg.tokens.batch_accumulation_per_replica)
         if note and self.is_main:
             print(note)
         self.ledger = get_ledger()
 
         self.step = 0
+        self._started = False
         self.guard = DivergenceGuard(cfg.general.max_loss_ratio, cfg.general.max_weight_growth)
         self._saved_here: List[Path] = []  # checkpoints this launch wrote
         # resume=overwrite: the earlier checkpoints are deleted once this run's first one is complete, not before
@@ -215,6 +217,9 @@ class Trainer:
         end = min(total, stop_after) if stop_after is not None else total
         if self.step >= end:  # nothing to train: report, and rewrite nothing in the run folder
             return self._report_complete() if self.step >= total else {}
+        if not self._started:  # an outer loop whose replicas come and go joins them here, after the checkpoint
+            self.dp_sync.start()
+            self._started = True
         log = self.agree.on_main(lambda: MetricsLogger(self.run_dir, cfg.logging, total, self.step, True)) or \
             MetricsLogger(self.run_dir, cfg.logging, total, self.step, False)
         history: List[Dict[str, object]] = []

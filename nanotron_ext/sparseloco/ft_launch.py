@@ -1,0 +1,104 @@
+"""One-machine launcher for fault-tolerant SparseLoCo (sparseloco.fault_tolerance; README "Fault-tolerant SparseLoCo"):
+a torchft lighthouse in this process at sparseloco.fault_tolerance.lighthouse's port, and one training job per
+replica (`python -m nanotron_ext.launch ... --set sparseloco.fault_tolerance.replica=R`, run `<general.run>_rR`,
+checkpoints `<checkpoints.dir>_rR`), each in its own process group so it can be killed alone. A replica that dies
+(killed, crashed) is started again up to --max-restarts times; it rejoins at the others' next sync.
+
+    python -m nanotron_ext.sparseloco.ft_launch --nproc_per_node=1 --config-file examples/config_tiny_sparseloco_ft.yaml
+
+Exit codes: 0 every replica finished, 2 a bad config (one line), 1 a replica failed past its restarts, 130 Ctrl-C.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Dict, List, Optional
+from urllib.parse import urlparse
+
+
+def replica_command(args: argparse.Namespace, replica: int, run: str, ckpt_dir: str) -> List[str]:
+    sets = [f"sparseloco.fault_tolerance.replica={replica}", f"general.run={run}_r{replica}",
+            f"checkpoints.dir={ckpt_dir}_r{replica}"]
+    return [sys.executable, "-m", "nanotron_ext.launch", f"--nproc_per_node={args.nproc_per_node}",
+            "-m", "nanotron_ext.train", "--config-file", args.config_file,
+            *[x for s in args.set + sets for x in ("--set", s)]]
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m nanotron_ext.sparseloco.ft_launch", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config-file", required=True)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config overrides, for all")
+    parser.add_argument("--nproc_per_node", type=int, default=1, help="processes per replica (its tp x pp)")
+    parser.add_argument("--max-restarts", type=int, default=3, help="restarts of each replica that dies")
+    parser.add_argument("--join-timeout-ms", type=int, default=60000,
+                        help="how long a quorum waits for live replicas still in their inner loop")
+    args = parser.parse_args(argv)
+
+    from nanotron_ext.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(args.config_file, overrides=args.set)
+        ft = cfg.sparseloco.fault_tolerance
+        if cfg.parallelism.dp_sync != "sparseloco" or not ft.enabled:
+            raise ConfigError("sparseloco.fault_tolerance.enabled: this launcher runs fault-tolerant SparseLoCo; set "
+                              "parallelism.dp_sync=sparseloco and sparseloco.fault_tolerance.enabled=true")
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    from torchft.coordination import LighthouseServer
+
+    port = urlparse(ft.lighthouse).port or 29510
+    lighthouse = LighthouseServer(bind=f"[::]:{port}", min_replicas=ft.min_replicas,
+                                  join_timeout_ms=args.join_timeout_ms)
+    print(f"lighthouse at {lighthouse.address()}; {ft.replicas} replicas", flush=True)
+    procs: Dict[int, subprocess.Popen] = {}
+    restarts = {r: 0 for r in range(ft.replicas)}
+
+    def start(r: int) -> None:
+        procs[r] = subprocess.Popen(replica_command(args, r, cfg.general.run, cfg.checkpoints.dir),
+                                    start_new_session=True)  # its own process group: kill -9 -<pid> kills it alone
+        print(f"replica {r}: pid {procs[r].pid} (process group)", flush=True)
+
+    try:
+        for r in range(ft.replicas):
+            start(r)
+        failed = False
+        while procs:
+            time.sleep(0.5)
+            for r, p in list(procs.items()):
+                code = p.poll()
+                if code is None:
+                    continue
+                del procs[r]
+                if code == 0:
+                    print(f"replica {r}: finished", flush=True)
+                elif code == 2:  # a user-facing error: the same on a restart
+                    failed = True
+                elif restarts[r] < args.max_restarts:
+                    restarts[r] += 1
+                    print(f"replica {r}: exit code {code}; restart {restarts[r]} of {args.max_restarts}", flush=True)
+                    start(r)
+                else:
+                    print(f"replica {r}: exit code {code}; no restarts left", flush=True)
+                    failed = True
+        return 1 if failed else 0
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        for p in procs.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in procs.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=30)
+        lighthouse.shutdown()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
