@@ -40,8 +40,8 @@ def _outer_step_worker(aggregate: str) -> dict:
     by its own seeded amounts before each sync; returns what every replica held before and after each sync."""
     import torch.distributed as torch_dist
 
-    from nanotron_ext.sparseloco.config import SparseLoCoConfig
     from nanotron_ext.parallel.context import build_parallel_context
+    from nanotron_ext.sparseloco.config import SparseLoCoConfig
     from nanotron_ext.sparseloco.outer import SparseLoCoSync
 
     ctx = build_parallel_context(dp=2, tp=1, pp=1, backend="gloo")

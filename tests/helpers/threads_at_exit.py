@@ -9,7 +9,6 @@ import time
 from nanotron_ext.train.__main__ import main
 
 
-
 def native_threads() -> list:
     return sorted(open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task"))
 
