@@ -53,6 +53,16 @@ CASES = {
     "compressed replicas with no boundary": (
         ["parallelism.dp_sync=sparseloco", "model.tie_embeddings=false", "sparseloco.compressed_replicas=[0]"],
         "sparseloco.compressed_replicas: [0] compress nothing"),
+    "churn with no replica to go on with": (
+        ["parallelism.dp_sync=sparseloco", "parallelism.dp=1", "sparseloco.churn.down_syncs=1"],
+        "sparseloco.churn.down_syncs: 1: emulated churn drops one of the replicas from some syncs; parallelism.dp=1"),
+    "churn longer than its period": (
+        ["parallelism.dp_sync=sparseloco", "sparseloco.churn.down_syncs=6"],
+        "sparseloco.churn.down_syncs: must be in [0, sparseloco.churn.period=5], got 6"),
+    "emulated churn beside the real one": (
+        ["parallelism.dp_sync=sparseloco", "parallelism.dp=1", "sparseloco.fault_tolerance.enabled=true",
+         "sparseloco.churn.down_syncs=1"],
+        "sparseloco.churn.down_syncs: 1: emulated churn is for one job; with sparseloco.fault_tolerance.enabled"),
     "a learning rate no optimiser survives": (
         ["optimizer.lr=1e30"],
         "optimizer.lr: must be in (0, 10] (a peak learning rate, e.g. 3e-4), got 1e+30"),

@@ -16,6 +16,7 @@ from tests.test_sparseloco_simulated import _sparsify_reference
 from tests.test_trainer import _losses, _shard_models, _small_overrides, _train_worker, kill_and_resume
 
 SPARSELOCO = ["parallelism.dp_sync=sparseloco", "sparseloco.inner_steps=2", "sparseloco.topk=8"]
+SYNCS = 4  # outer steps of the distributed-vs-reference test
 
 
 @pytest.mark.slow
@@ -35,24 +36,26 @@ def test_sparseloco_killed_mid_inner_loop_resumes_bit_exactly(small_corpus: Path
         assert all(torch.equal(a[k], b[k]) for k in a), stage
 
 
-def _outer_step_worker(aggregate: str) -> dict:
-    """Two SparseLoCo outer steps of a 128 x 64 linear over a real dp = 2 gloo group: each rank moves its replica
-    by its own seeded amounts before each sync; returns what every replica held before and after each sync."""
+def _outer_step_worker(aggregate: str, down_syncs: int) -> dict:
+    """Four SparseLoCo outer steps of a 128 x 64 linear over a real dp = 2 gloo group: each rank moves its replica
+    by its own seeded amounts before each sync; returns what every replica held before and after each sync. With
+    `down_syncs` = 1 (emulated churn, period 2) replica 0 misses sync 0 and replica 1 sync 2."""
     import torch.distributed as torch_dist
 
     from nanotron_ext.parallel.context import build_parallel_context
-    from nanotron_ext.sparseloco.config import SparseLoCoConfig
+    from nanotron_ext.sparseloco.config import ChurnConfig, SparseLoCoConfig
     from nanotron_ext.sparseloco.outer import SparseLoCoSync
 
     ctx = build_parallel_context(dp=2, tp=1, pp=1, backend="gloo")
     rank = torch_dist.get_rank(ctx.dp_pg)
     torch.manual_seed(rank)  # different starts: the sync must make them agree (rank 0's weights win)
     model = torch.nn.Linear(128, 64)
-    cfg = SparseLoCoConfig(inner_steps=1, topk=32, beta=0.9, outer_lr=0.8, outer_momentum=0.5, aggregate=aggregate)
+    cfg = SparseLoCoConfig(inner_steps=1, topk=32, beta=0.9, outer_lr=0.8, outer_momentum=0.5, aggregate=aggregate,
+                           churn=ChurnConfig(down_syncs=down_syncs, period=2))
     sync = SparseLoCoSync(model, ctx.dp_pg, SimpleNamespace(sparseloco=cfg))
     out = {"start": [p.detach().clone() for p in model.parameters()], "local": [], "after": []}
     gen = torch.Generator().manual_seed(100 + rank)
-    for _ in range(2):
+    for _ in range(SYNCS):
         with torch.no_grad():
             for p in model.parameters():
                 p.sub_(torch.randn(p.shape, generator=gen) * 0.01)
@@ -63,25 +66,30 @@ def _outer_step_worker(aggregate: str) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("aggregate", ["all", "senders"])
-def test_the_distributed_outer_step_equals_an_independent_reference(aggregate: str) -> None:
+@pytest.mark.parametrize("aggregate,down_syncs", [("all", 0), ("senders", 0), ("all", 1)])
+def test_the_distributed_outer_step_equals_an_independent_reference(aggregate: str, down_syncs: int) -> None:
     """The trainer's DP sync (one all_gather of the encoded payloads, decoded on every rank) against the tile-loop
     reference of test_sparseloco_simulated: error feedback, top-k per 64 x 64 tile (runs of 4096 for 1-D), bf16
-    values, mean over all replicas or over the senders of each position, outer SGD with momentum."""
-    runs = run_distributed(_outer_step_worker, 2, aggregate)
+    values, mean over all replicas or over the senders of each position, outer SGD with momentum. Under emulated
+    churn (sparseloco.churn) the absent replica sends nothing that counts and rejoins with zero error feedback."""
+    runs = run_distributed(_outer_step_worker, 2, aggregate, down_syncs)
     beta, lr, mu = 0.9, 0.8, 0.5
+    absent = {0: 0, 2: 1} if down_syncs else {}  # sync -> the replica that misses it (period 2, rotating)
     g = [t.clone() for t in runs[0]["start"]]  # rank 0's weights are everybody's global weights
     errors = [[torch.zeros_like(t) for t in g] for _ in runs]
     mom = [torch.zeros_like(t) for t in g]
-    for sync in range(2):
+    for sync in range(SYNCS):
         for i in range(len(g)):
             sent = []
             for r, run in enumerate(runs):
                 acc = beta * errors[r][i] + (g[i] - run["local"][sync][i])
+                if absent.get(sync) == r:  # gone since the last sync: its work and its error feedback are lost
+                    errors[r][i] = torch.zeros_like(acc)
+                    continue
                 sent.append(_sparsify_reference(acc, 32))
                 errors[r][i] = acc - sent[-1]
-            total = sent[0] + sent[1]
-            mean = total / 2 if aggregate == "all" else total / sum((s != 0).float() for s in sent).clamp(min=1)
+            total = sum(sent[1:], sent[0])
+            mean = total / len(sent) if aggregate == "all" else total / sum((s != 0).float() for s in sent).clamp(min=1)
             mom[i] = mu * mom[i] + mean
             g[i] = g[i] - lr * mom[i]
         for r, run in enumerate(runs):

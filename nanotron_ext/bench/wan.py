@@ -17,6 +17,7 @@ parallel/link.py), and the meter reports per system, mean and standard error ove
     python -m nanotron_ext.bench.wan --preset internet-200m-50ms internet-80m --systems pipeline subspace_pipeline
     python -m nanotron_ext.bench.wan --dry-run                                    # resolve every run, train nothing
     python -m nanotron_ext.bench.wan --system three_tiers                         # dp=2 x tp=2 x pp=2 (8 processes)
+    python -m nanotron_ext.bench.wan --systems sparseloco_dp4 sparseloco_dp4_churn # churn: 1 of 4 replicas down 20%
 
 `three_tiers` runs examples/config_three_tiers.yaml (the composition of issue 17: fast TP, slow PP, slowest
 DP links); while that file does not exist the system refuses with a message naming it.
@@ -76,6 +77,7 @@ class System:
 
 PIPE = ("parallelism.pp=2", "parallelism.dp=1", "tokens.batch_accumulation_per_replica=4")
 DATA = ("parallelism.pp=1", "parallelism.dp=2", "tokens.batch_accumulation_per_replica=2")
+DATA4 = ("parallelism.pp=1", "parallelism.dp=4", "tokens.batch_accumulation_per_replica=1")
 SYSTEMS: Dict[str, System] = {
     "pipeline": System("uncompressed pipeline (pp=2)", 2, PIPE),
     "subspace_pipeline": System("SM subspace codec k=d/8 (pp=2)", 2, PIPE + tuple(SM)),
@@ -95,6 +97,11 @@ SYSTEMS: Dict[str, System] = {
                               "parallelism.dp_sync=sparseloco", "sparseloco.compressed_replicas=[0]",
                               "model.subspace.k=16")),
     "three_tiers": System("three tiers dp=2 x tp=2 x pp=2 (issue 17)", 8, (), config=THREE_TIERS),
+    # the churn scenario: 4 replicas, one of them absent from 1 outer sync in 5 (sparseloco.churn), beside no churn
+    "sparseloco_dp4": System("SparseLoCo (dp=4)", 4, DATA4 + ("parallelism.dp_sync=sparseloco",)),
+    "sparseloco_dp4_churn": System("SparseLoCo (dp=4), one replica down 20% of syncs", 4,
+                                   DATA4 + ("parallelism.dp_sync=sparseloco", "sparseloco.churn.down_syncs=1",
+                                            "sparseloco.churn.period=5")),
 }
 DEFAULT_SYSTEMS = ["pipeline", "subspace_pipeline", "ddp", "sparseloco"]
 

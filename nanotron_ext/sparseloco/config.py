@@ -33,6 +33,22 @@ class FaultToleranceConfig:
 
 
 @dataclasses.dataclass(kw_only=True)
+class ChurnConfig:
+    """Emulated churn in one job (sparseloco.churn; the WAN meter's churn scenario): in the first `down_syncs` of
+    every `period` outer syncs one replica, replica c mod dp in cycle c, is absent. An absent replica's inner loop
+    before that sync does not count (its payload is dropped on arrival: the others average over the replicas
+    present), its error feedback is lost (it rejoins with zero), and it takes the global weights after the sync
+    (the state a live peer heals it with). The DP collective keeps its shape, so its slot still crosses (the
+    bytes are those of the run without churn) and its compute is spent: churn costs progress, not step time.
+    Replicas that really die and rejoin: sparseloco.fault_tolerance (torchft)."""
+
+    down_syncs: int = 0
+    """Outer syncs per cycle that one replica misses (0: no churn). 1 of period 5: down 20% of the time."""
+    period: int = 5
+    """Outer syncs per churn cycle; the absent replica rotates from cycle to cycle."""
+
+
+@dataclasses.dataclass(kw_only=True)
 class SparseLoCoConfig:
     """SparseLoCo outer loop (parallelism.dp_sync=sparseloco; "Heterogeneous Low-Bandwidth Pre-Training
     of LLMs"): H inner steps with no DP traffic, then compressed pseudo-gradients are exchanged."""
@@ -69,6 +85,8 @@ class SparseLoCoConfig:
     """Heterogeneous: compressed replicas step their output projections with the subspace modified AdamW."""
     fault_tolerance: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)
     """Replicas that leave and rejoin, on torchft (sparseloco.fault_tolerance.*)."""
+    churn: ChurnConfig = field(default_factory=ChurnConfig)
+    """Emulated churn: one replica misses some outer syncs (sparseloco.churn.*; the WAN meter's churn rows)."""
     grassmann_every: int = 0
     """Heterogeneous: Grassmann updates of the one U all replicas share, every N inner steps (a multiple of
     inner_steps: the update runs at an outer sync, from A averaged over the compressed replicas; step size
@@ -87,6 +105,10 @@ class SparseLoCoConfig:
         require(ft.lighthouse.startswith(("http://", "https://")), f"{f}.lighthouse",
                 f"must be an http:// address, got {ft.lighthouse!r}")
         require_finite(self, k)
+        c = self.churn
+        require(c.period >= 1, f"{k}.churn.period", f"must be >= 1, got {c.period}")
+        require(0 <= c.down_syncs <= c.period, f"{k}.churn.down_syncs",
+                f"must be in [0, {k}.churn.period={c.period}], got {c.down_syncs}")
         require(all(r >= 0 for r in self.compressed_replicas), f"{k}.compressed_replicas",
                 f"must list DP ranks >= 0, got {self.compressed_replicas}")
         require(self.inner_steps >= 1, f"{k}.inner_steps", f"must be >= 1, got {self.inner_steps}")

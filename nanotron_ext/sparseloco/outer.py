@@ -14,7 +14,7 @@ Because both decode the same bytes in the same replica order with the same ops, 
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import torch
 from nanotron import distributed as dist
@@ -85,6 +85,24 @@ class SparseLoCoOuter:
         payload = encode_payload(parts, c.index_bits, c.quant_bits)
         assert payload.numel() == self.payload_nbytes()  # equal sizes: all_gather needs them
         return payload
+
+    def absent(self, replicas: int) -> Optional[int]:
+        """The replica that misses the coming sync under emulated churn (sparseloco.churn), or None."""
+        c = self.cfg.churn
+        if replicas < 2 or self.syncs % c.period >= c.down_syncs:
+            return None
+        return (self.syncs // c.period) % replicas
+
+    def drop_absent(self, payloads: List[torch.Tensor], errors: Mapping[int, Sequence[torch.Tensor]]) -> Optional[int]:
+        """Emulated churn: remove the absent replica's payload from `payloads` (one per replica, in replica order)
+        and clear its error feedback if `errors` (replica -> its buffers) holds it: it rejoins with zero."""
+        r = self.absent(len(payloads))
+        if r is not None:
+            payloads.pop(r)
+            for e in errors.get(r, ()):
+                e.zero_()
+            logger.info("sparseloco: replica %d missed outer sync %d (sparseloco.churn)", r, self.syncs + 1)
+        return r
 
     def aggregate(self, payloads: Sequence[torch.Tensor]) -> List[torch.Tensor]:
         """Mean of the replicas' sparse pseudo-gradients, per position over all replicas or over the
@@ -173,6 +191,7 @@ class SparseLoCoSync(DataParallelSync):
         payload = self.outer.encode(self.params, self.error)
         gathered = [torch.empty_like(payload) for _ in range(self.dp_pg.size())]
         dist.all_gather(gathered, payload, group=self.dp_pg)
+        self.outer.drop_absent(gathered, {self.replica: self.error})
         self.outer.apply(gathered)
         for hook in self.hooks:
             hook(self.replica, self.outer.global_params, "after_apply")

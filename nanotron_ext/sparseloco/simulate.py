@@ -56,6 +56,7 @@ class SimulatedReplicas:
                 hook(r, ps, "before_encode")
             payloads.append(self.outer.encode(ps, e))
         self.sent_bytes.append(payloads[0].numel())
+        self.outer.drop_absent(payloads, dict(enumerate(self.errors)))
         self.outer.apply(payloads)
         for hook in self.hooks:
             hook(-1, self.outer.global_params, "after_apply")

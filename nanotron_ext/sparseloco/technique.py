@@ -42,6 +42,15 @@ class SparseLoCoTechnique(Technique):
             require(not s.compressed_replicas, "sparseloco.compressed_replicas",
                     f"{s.compressed_replicas}: heterogeneous replicas are not supported with "
                     "sparseloco.fault_tolerance.enabled yet")
+        if s.churn.down_syncs:
+            require(not s.fault_tolerance.enabled, "sparseloco.churn.down_syncs",
+                    f"{s.churn.down_syncs}: emulated churn is for one job; with sparseloco.fault_tolerance.enabled "
+                    "replicas really leave and rejoin (kill one); set sparseloco.churn.down_syncs=0")
+            require(p.dp >= 2, "sparseloco.churn.down_syncs", f"{s.churn.down_syncs}: emulated churn drops one of the "
+                    f"replicas from some syncs; parallelism.dp={p.dp} has no other to go on with (set dp >= 2)")
+            require(not s.compressed_replicas, "sparseloco.churn.down_syncs",
+                    f"{s.churn.down_syncs}: emulated churn is not supported with sparseloco.compressed_replicas="
+                    f"{s.compressed_replicas} yet")
         if not s.compressed_replicas:
             return
         bad = [r for r in s.compressed_replicas if r >= p.dp]
