@@ -52,7 +52,7 @@ def _outer_step_worker(aggregate: str, down_syncs: int) -> dict:
     model = torch.nn.Linear(128, 64)
     cfg = SparseLoCoConfig(inner_steps=1, topk=32, beta=0.9, outer_lr=0.8, outer_momentum=0.5, aggregate=aggregate,
                            churn=ChurnConfig(down_syncs=down_syncs, period=2))
-    sync = SparseLoCoSync(model, ctx.dp_pg, SimpleNamespace(sparseloco=cfg))
+    sync = SparseLoCoSync(model, ctx, SimpleNamespace(sparseloco=cfg))
     out = {"start": [p.detach().clone() for p in model.parameters()], "local": [], "after": []}
     gen = torch.Generator().manual_seed(100 + rank)
     for _ in range(SYNCS):
