@@ -48,8 +48,20 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, qu
             torch_dist.destroy_process_group()
 
 
+# Ranks are forked from one server process that imported torch, nanotron and the package once (not spawned: each
+# spawned rank spent ~3-5 s of CPU importing them again, over ~300 ranks per suite). The server has run no torch op
+# and started no thread pool, so a fork of it is a clean process.
+_PRELOAD = ["torch", "torch.distributed", "nanotron", "nanotron_ext.train.trainer", "tests.helpers.dist"]
+
+
+def _context() -> "mp.context.BaseContext":
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)
+    return ctx
+
+
 def run_distributed(fn: Callable, world_size: int, *args: Any, timeout_s: float = 240.0) -> List[Any]:
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     queue = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue)) for r in range(world_size)]
