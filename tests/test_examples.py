@@ -48,7 +48,17 @@ def test_example_builds_its_model_and_takes_one_step(path: Path, small_corpus: P
     if cfg.tokens.sequence_length * cfg.tokens.micro_batch_size > 4096:  # 125m_gpu: 64k tokens a step on CPU
         overrides += ["tokens.sequence_length=32", "tokens.micro_batch_size=1",
                       f"tokens.batch_accumulation_per_replica={max(1, p.pp - 1)}"]
-    runs = run_distributed(_one_step_worker, p.dp * p.tp * p.pp, path, overrides, timeout_s=600)
+    lighthouse = None
+    if cfg.sparseloco.fault_tolerance.enabled:  # its replica meets the others at a torchft lighthouse: one here
+        from torchft.coordination import LighthouseServer
+
+        lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=100, quorum_tick_ms=50)
+        overrides.append(f"sparseloco.fault_tolerance.lighthouse={lighthouse.address()}")
+    try:
+        runs = run_distributed(_one_step_worker, p.dp * p.tp * p.pp, path, overrides, timeout_s=600)
+    finally:
+        if lighthouse is not None:
+            lighthouse.shutdown()
     for rank, run in enumerate(runs):
         s = run["summary"]
         assert s["steps"] == 1 and run["moved"] > 0, (rank, s, run["moved"])

@@ -10,6 +10,7 @@ import hashlib
 import json
 import multiprocessing as mp
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -228,7 +229,7 @@ def _ft_launch(small_corpus: Path, out: Path, port: int) -> subprocess.Popen:
     from tests.test_trainer import _small_overrides
 
     sets = _small_overrides(small_corpus, out, 1, 1, 1, 12) + [
-        "general.run=ft", "sparseloco.inner_steps=2", "sparseloco.topk=8", "checkpoints.interval=4",
+        "general.run=ft", "sparseloco.inner_steps=2", "sparseloco.topk=8", "checkpoints.interval=4", "checkpoints.keep_last=3",
         "sparseloco.fault_tolerance.min_replicas=2", f"sparseloco.fault_tolerance.lighthouse=http://127.0.0.1:{port}"]
     example = Path(__file__).parent.parent / "examples" / "config_tiny_sparseloco_ft.yaml"
     cmd = [sys.executable, "-m", "nanotron_ext.sparseloco.ft_launch", "--nproc_per_node=1", "--max-restarts=0",
@@ -263,7 +264,9 @@ def test_trainer_replicas_agree_and_resume_bit_exactly_without_fault(small_corpu
              "both step-4 checkpoints", timeout=240)
     os.killpg(first_launch.pid, signal.SIGINT)  # the launcher stops both replicas
     first_launch.communicate(timeout=120)
-    assert not any((b / f"ckpt_r{r}" / "step_12").exists() for r in (0, 1)), "interrupted too late"
+    # a 12-step run may finish before the signal lands (CI once did): resume from step 4 whatever it reached
+    for later in [*b.glob("ckpt_r*/step_8*"), *b.glob("ckpt_r*/step_12*")]:
+        shutil.rmtree(later)
     relaunch = _ft_launch(small_corpus, b, port)
     out, _ = relaunch.communicate(timeout=300)
     assert relaunch.returncode == 0, out[-3000:]
