@@ -224,15 +224,16 @@ def test_fault_tolerance_config_errors_name_the_key(override: List[str], key: st
         cfg.validate(world_size=cfg.parallelism.dp)
 
 
-def _ft_launch(small_corpus: Path, out: Path, port: int) -> subprocess.Popen:
-    """ft_launch with two trainer jobs of 12 steps (H = 2, checkpoints every 4), every sync waiting for both."""
+def _ft_launch(small_corpus: Path, out: Path, port: int, pp: int = 1) -> subprocess.Popen:
+    """ft_launch with two trainer jobs of 12 steps (H = 2, checkpoints every 4), every sync waiting for both; each
+    replica a pipeline of `pp` stages (pp processes)."""
     from tests.test_trainer import _small_overrides
 
-    sets = _small_overrides(small_corpus, out, 1, 1, 1, 12) + [
+    sets = _small_overrides(small_corpus, out, 1, 1, pp, 12) + [
         "general.run=ft", "sparseloco.inner_steps=2", "sparseloco.topk=8", "checkpoints.interval=4", "checkpoints.keep_last=3",
         "sparseloco.fault_tolerance.min_replicas=2", f"sparseloco.fault_tolerance.lighthouse=http://127.0.0.1:{port}"]
     example = Path(__file__).parent.parent / "examples" / "config_tiny_sparseloco_ft.yaml"
-    cmd = [sys.executable, "-m", "nanotron_ext.sparseloco.ft_launch", "--nproc_per_node=1", "--max-restarts=0",
+    cmd = [sys.executable, "-m", "nanotron_ext.sparseloco.ft_launch", f"--nproc_per_node={pp}", "--max-restarts=0",
            "--config-file", str(example), *[x for s in sets for x in ("--set", s)]]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
@@ -274,6 +275,26 @@ def test_trainer_replicas_agree_and_resume_bit_exactly_without_fault(small_corpu
     for r in (0, 1):
         resumed = _shard_models(b / f"ckpt_r{r}" / "step_12")["pp0_dp0_tp0.pt"]
         assert all(torch.equal(final[r][k], resumed[k]) for k in resumed), r
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_replicas_that_are_pipelines_agree_stage_by_stage_without_fault(small_corpus: Path, tmp_path: Path) -> None:
+    """Replicas that are themselves parallel (torchft issue #171): two replicas of two pipeline stages each (four
+    processes; rank (pp, tp) of one replica gathers with rank (pp, tp) of the other) end with bit-identical
+    weights on every stage after the last outer sync, from different data shards."""
+    from tests.helpers.dist import free_port
+    from tests.test_trainer import _shard_models
+
+    launch = _ft_launch(small_corpus, tmp_path, free_port(), pp=2)
+    out, _ = launch.communicate(timeout=300)
+    assert launch.returncode == 0, out[-3000:]
+    final = [_shard_models(tmp_path / f"ckpt_r{r}" / "step_12") for r in (0, 1)]
+    assert sorted(final[0]) == ["pp0_dp0_tp0.pt", "pp1_dp0_tp0.pt"] == sorted(final[1])
+    for stage, shard in final[0].items():
+        assert all(torch.equal(shard[k], final[1][stage][k]) for k in shard), stage
+    first = [_records(tmp_path / f"ft_r{r}" / "metrics.jsonl")[0] for r in (0, 1)]
+    assert first[0]["loss"] != first[1]["loss"]  # each replica reads its own shard
 
 
 class _StubManager:
