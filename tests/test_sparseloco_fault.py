@@ -53,7 +53,7 @@ def _replica(index: int, lighthouse: str, steps: int, log: str, kill_at_step: Op
     ctx = build_parallel_context(dp=1, tp=1, pp=1, backend="gloo", timeout_s=60)
     torch.manual_seed(0)
     model = torch.nn.Linear(48, 32)
-    ft = FaultToleranceConfig(enabled=True, lighthouse=lighthouse, replica=index, replicas=3, timeout_s=15,
+    ft = FaultToleranceConfig(enabled=True, lighthouse=lighthouse, replica=index, replicas=3, min_replicas=2, timeout_s=15,
                               quorum_timeout_s=60, max_retries=5)
     cfg = SimpleNamespace(sparseloco=SparseLoCoConfig(inner_steps=H, chunk=64, topk=8, index_bits=6, fault_tolerance=ft))
     sync = FaultTolerantSparseLoCoSync(model, ctx, cfg)
@@ -117,8 +117,10 @@ def _run_churn(tmp_path: Path, kill: Dict[str, int]) -> List[Dict[str, object]]:
 
     # join_timeout longer than an inner loop: a quorum waits for every live (heartbeating) replica to reach its
     # sync, so a replica that (re)starts mid-loop cannot form a quorum of its own (a second lineage of weights);
-    # a dead replica stops heartbeating and is dropped after heartbeat_timeout
-    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=20000, quorum_tick_ms=50,
+    # a dead replica stops heartbeating and is dropped after heartbeat_timeout. min_replicas 2: the replica whose
+    # process starts first cannot commit syncs alone before the others heartbeat (CI once saw replica 2 do so,
+    # then die inside the sync while the other two were healing from it)
+    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=2, join_timeout_ms=20000, quorum_tick_ms=50,
                                   heartbeat_timeout_ms=1500)
     log, stop = tmp_path / "log.jsonl", tmp_path / "stop"
     spawn = mp.get_context("spawn")
