@@ -31,11 +31,16 @@ train-tiny: setup
 lint: setup
 	$(BIN)/ruff check nanotron_ext reproduce benchmarks tests
 
+# Two pytest workers (pytest-xdist): multi-process tests spend much of their time starting processes and waiting
+# on each other, so a second worker fills the idle core (the full suite: ~33 min in one worker on 2 cores).
+TEST_WORKERS ?= 2
+PYTEST = $(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal
+
 test: setup
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(PYTEST)
 
 test-quick: setup
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow"
+	$(PYTEST) -m "not slow"
 
 clean-venv:
 	rm -rf $(VENV)
