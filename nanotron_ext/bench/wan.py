@@ -77,6 +77,7 @@ class System:
 
 PIPE = ("parallelism.pp=2", "parallelism.dp=1", "tokens.batch_accumulation_per_replica=4")
 DATA = ("parallelism.pp=1", "parallelism.dp=2", "tokens.batch_accumulation_per_replica=2")
+LOW_RANK = ("model.low_rank.kind=svd", "model.low_rank.rank=32")
 DATA4 = ("parallelism.pp=1", "parallelism.dp=4", "tokens.batch_accumulation_per_replica=1")
 SYSTEMS: Dict[str, System] = {
     "pipeline": System("uncompressed pipeline (pp=2)", 2, PIPE),
@@ -96,6 +97,11 @@ SYSTEMS: Dict[str, System] = {
                              ("parallelism.pp=2", "parallelism.dp=2", "tokens.batch_accumulation_per_replica=2",
                               "parallelism.dp_sync=sparseloco", "sparseloco.compressed_replicas=[0]",
                               "model.subspace.k=16")),
+    # BOOST: BTP inside each stage (tp=2 on --tp-preset) of a low-rank (SVD, rank d/4) model, its sharded wire
+    # across the stage link as is; beside it, the same low-rank model without TP
+    "svd_pipeline": System("SVD low-rank r=d/4 (pp=2)", 2, PIPE + LOW_RANK),
+    "btp_pipeline": System("BOOST BTP, SVD low-rank r=d/4 (tp=2 x pp=2)", 4,
+                           PIPE + LOW_RANK + ("parallelism.tp=2", "model.tp_strategy=btp")),
     "three_tiers": System("three tiers dp=2 x tp=2 x pp=2 (issue 17)", 8, (), config=THREE_TIERS),
     # the churn scenario: 4 replicas, one of them absent from 1 outer sync in 5 (sparseloco.churn), beside no churn
     "sparseloco_dp4": System("SparseLoCo (dp=4)", 4, DATA4 + ("parallelism.dp_sync=sparseloco",)),
