@@ -32,7 +32,7 @@ lint: setup
 	$(BIN)/ruff check nanotron_ext reproduce benchmarks tests
 
 # Two pytest workers (pytest-xdist): multi-process tests spend much of their time starting processes and waiting
-# on each other, so a second worker fills the idle core (the full suite: ~33 min in one worker on 2 cores).
+# on each other, so a second worker fills the idle core (the full suite on 2 cores: ~33 min in one worker, ~26 in two).
 TEST_WORKERS ?= 2
 PYTEST = $(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal
 

@@ -53,8 +53,8 @@ def _replica(index: int, lighthouse: str, steps: int, log: str, kill_at_step: Op
     ctx = build_parallel_context(dp=1, tp=1, pp=1, backend="gloo", timeout_s=60)
     torch.manual_seed(0)
     model = torch.nn.Linear(48, 32)
-    ft = FaultToleranceConfig(enabled=True, lighthouse=lighthouse, replica=index, replicas=3, min_replicas=2, timeout_s=15,
-                              quorum_timeout_s=60, max_retries=5)
+    ft = FaultToleranceConfig(enabled=True, lighthouse=lighthouse, replica=index, replicas=3, min_replicas=2,
+                              timeout_s=15, quorum_timeout_s=60, max_retries=5)
     cfg = SimpleNamespace(sparseloco=SparseLoCoConfig(inner_steps=H, chunk=64, topk=8, index_bits=6, fault_tolerance=ft))
     sync = FaultTolerantSparseLoCoSync(model, ctx, cfg)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)

@@ -20,7 +20,7 @@ SYNCS = 4  # outer steps of the distributed-vs-reference test
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)  # three jobs of up to 4 processes: 46 s alone, 256 s once beside another test (CI)
+@pytest.mark.timeout(600)  # three jobs of up to 4 processes: 45 s alone, 232-256 s beside another worker's test (CI)
 @pytest.mark.parametrize("pp,kill", [(1, "worker"), (2, "launcher")])
 def test_sparseloco_killed_mid_inner_loop_resumes_bit_exactly(small_corpus: Path, tmp_path: Path, pp: int,
                                                               kill: str) -> None:

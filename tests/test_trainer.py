@@ -97,7 +97,7 @@ def kill_and_resume(corpus: Path, tmp_path: Path, dp: int, tp: int, pp: int, kil
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)  # three jobs of up to 4 processes: 46 s alone, 256 s once beside another test (CI)
+@pytest.mark.timeout(600)  # three jobs of up to 4 processes: ~50 s alone, ~100 s beside another worker's test
 @pytest.mark.parametrize("dp,tp,pp,kill", [(1, 2, 2, "worker"), (2, 1, 2, "launcher")])
 def test_a_killed_job_resumes_bit_exactly(small_corpus: Path, tmp_path: Path, dp: int, tp: int, pp: int,
                                           kill: str) -> None:

@@ -88,10 +88,10 @@ def test_tiny_meter_run_writes_its_result(tmp_path, small_corpus) -> None:
     from tests.conftest import SMALL_VOCAB
 
     out = tmp_path / "wan.json"
-    data = [f"data.prepared_dir={small_corpus}", f"tokenizer.path={small_corpus / 'tokenizer.json'}",
-            f"tokenizer.vocab_size={SMALL_VOCAB}", f"model.vocab_size={SMALL_VOCAB}"]
+    corpus = [f"data.prepared_dir={small_corpus}", f"tokenizer.path={small_corpus / 'tokenizer.json'}",
+              f"tokenizer.vocab_size={SMALL_VOCAB}", f"model.vocab_size={SMALL_VOCAB}"]
     assert wan.main(["--systems", "ddp", "--steps", "2", "--val-every", "2", "--seeds", "1", "--reference", "ddp",
-                     "--runs", str(tmp_path / "runs"), "--out", str(out), *[x for d in data for x in ("--set", d)]]) == 0
+                     "--runs", str(tmp_path / "runs"), "--out", str(out), *[x for c in corpus for x in ("--set", c)]]) == 0
     data = json.loads(out.read_text())
     [row] = data["rows"]
     assert row["system"] == "ddp" and row["reached"] == "1/1"  # its own final loss is within its own target
