@@ -8,7 +8,7 @@ import itertools
 import subprocess
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import pytest
 import torch
@@ -153,6 +153,36 @@ def test_the_slow_link_carries_each_megatron_wire_once(codec: dict) -> None:
         for name, g in a["grads"].items():
             assert torch.equal(g, b["grads"][name]), name
     assert abs(once[-1]["loss"] - one[-1]["loss"]) <= 1e-5 * abs(one[-1]["loss"])
+    _check_closed_forms(codec, one, once)
+
+
+def _ledger_sum(results: list, group: str, keep: Callable[[str], bool]) -> int:
+    return sum(c["bytes"] for r in results for op, c in r["comm"].get(group, {}).items() if keep(op))
+
+
+def _check_closed_forms(codec: dict, one: list, once: list) -> None:
+    """`config show`'s closed forms (Technique.closed_form_bytes) against what the ledger measured: the PP
+    tier's bytes per boundary and step each way (MAPL: the wire plus the shared-parameter sync, whose
+    backward rows depend on how many distinct ids a step touched, so the form bounds it), and Megatron's TP
+    all-reduces of one TP rank over both stages."""
+    from nanotron_ext.config.loader import from_dict
+    from nanotron_ext.config.schema import Config
+    from nanotron_ext.registry import CODECS, TP_STRATEGIES
+
+    cfg = from_dict(Config, {"model": {**SMALL, "codec": codec}, "parallelism": {"dp": 1, "tp": 2, "pp": 2},
+                             "tokenizer": {"vocab_size": 260},
+                             "tokens": {"sequence_length": SEQ, "micro_batch_size": MB,
+                                        "batch_accumulation_per_replica": N_MICRO}})
+    pp = CODECS.owner(codec["kind"]).closed_form_bytes("model.codec.kind", codec["kind"], cfg)
+    sent_fwd = _ledger_sum(one, "pp", lambda op: op.startswith("send") and op.endswith("fwd"))
+    sent_bwd = _ledger_sum(one, "pp", lambda op: op.startswith("send") and op.endswith("bwd"))
+    assert pp.forward == sent_fwd, (pp, one[0]["comm"])
+    if codec["kind"] == "mapl":
+        assert _pp_bytes(one, "send:bwd") < sent_bwd <= pp.backward, (pp, one[-1]["comm"])
+    else:
+        assert pp.backward == sent_bwd, (pp, one[-1]["comm"])
+        tp = TP_STRATEGIES.owner("megatron").closed_form_bytes("model.tp_strategy", "megatron", cfg)
+        assert 2 * tp.total == _ledger_sum(once, "tp", lambda op: op == "all_reduce"), (tp, once[0]["comm"])
 
 
 @pytest.mark.slow
@@ -225,7 +255,18 @@ def test_config_show_names_the_technique_of_every_tier() -> None:
         "#   TP (inside a stage, 2 ranks): megatron (core)",
         "#   PP (between stages, 1 links; 1 codec boundaries): subspace (subspace) on replicas [0], identity (core) on "
         "replicas [1]; each wire once over TP (parallelism.pp_scatter_gather); emulated 80 Mbit/s, 5 ms",
-        "#   DP (between replicas, 2): sparseloco (sparseloco)"]
+        "#   DP (between replicas, 2): sparseloco (sparseloco)",
+        "# closed forms (nanotron_ext.metrics.tier_bytes; the comm ledger's bytes):",
+        "#   TP bytes per step per TP rank, all stages: 9.01 MiB (forward 4.51 MiB, backward 4.50 MiB); (4 L + 2) b s d "
+        "+ 3 b s, x 2 micro-batches",
+        # forward 68 + 512 KiB: the two replicas' pipeline bytes the example measures (README, "Three tiers in one
+        # job"): 593,920 B each way per step
+        "#   PP bytes per step per boundary (subspace): 136.00 KiB (forward 68.00 KiB, backward 68.00 KiB); k x 4 B + "
+        "a 4 B token id (k = 16) per token each way x 1024 tokens per step",
+        "#   PP bytes per step per boundary (identity): 1.00 MiB (forward 512.00 KiB, backward 512.00 KiB); d x 4 B "
+        "per token each way x 1024 tokens per step",
+        "#   DP bytes per step per replica: 5.00 KiB; top-32 of every 4096-chunk (12-bit indices, bf16 values): 51,184 "
+        "B per outer sync / 10 inner steps; + the changed rows of T_fixed on compressed replicas (data-dependent)"]
 
 
 # -- the subspace codec on a BTP-sharded residual stream --------------------------------------------------------
