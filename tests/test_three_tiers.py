@@ -261,12 +261,24 @@ def test_config_show_names_the_technique_of_every_tier() -> None:
         "+ 3 b s, x 2 micro-batches",
         # forward 68 + 512 KiB: the two replicas' pipeline bytes the example measures (README, "Three tiers in one
         # job"): 593,920 B each way per step
-        "#   PP bytes per step per boundary (subspace): 136.00 KiB (forward 68.00 KiB, backward 68.00 KiB); k x 4 B + "
+        "#   PP bytes per step per stage link (subspace, replicas [0]): 136.00 KiB (forward 68.00 KiB, backward 68.00 KiB); k x 4 B + "
         "a 4 B token id (k = 16) per token each way x 1024 tokens per step",
-        "#   PP bytes per step per boundary (identity): 1.00 MiB (forward 512.00 KiB, backward 512.00 KiB); d x 4 B "
+        "#   PP bytes per step per stage link (identity, replicas [1]): 1.00 MiB (forward 512.00 KiB, backward 512.00 KiB); d x 4 B "
         "per token each way x 1024 tokens per step",
         "#   DP bytes per step per replica: 5.00 KiB; top-32 of every 4096-chunk (12-bit indices, bf16 values): 51,184 "
         "B per outer sync / 10 inner steps; + the changed rows of T_fixed on compressed replicas (data-dependent)"]
+
+
+def test_job_closed_forms_of_the_example_sum_its_tiers() -> None:
+    """The WAN meter's closed-form column for examples/config_three_tiers.yaml, by hand: b s = 4 x 128 tokens,
+    2 micro-batches, d = 128, L = 4, fp32; replica 0 sends k = 16 values + a 4 B id per token, replica 1 d values."""
+    from nanotron_ext.metrics.tier_bytes import job_bytes_per_step
+
+    forms = job_bytes_per_step(load_config(REPO / "examples" / "config_three_tiers.yaml"))
+    bs, d, n = 4 * 128, 128, 2
+    assert forms["pp"] == 2 * n * bs * ((16 * 4 + 4) + d * 4)  # one stage link, both directions, both replicas
+    assert forms["tp"] == 4 * n * 4 * ((4 * 4 + 2) * bs * d + 3 * bs)  # tp x dp = 4 TP ranks, both stages each
+    assert 0 < forms["dp"] < 2 * 4 * 1_836_160 / 10 / 50  # both replicas' payloads, far below dense all-reduce
 
 
 # -- the subspace codec on a BTP-sharded residual stream --------------------------------------------------------

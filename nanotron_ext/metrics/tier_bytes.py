@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 if TYPE_CHECKING:
     from nanotron_ext.config.schema import Config, ModelConfig
@@ -118,26 +118,52 @@ def describe(tb: Optional[TierBytes], what: str) -> str:
     return f"{what}: {_fmt(tb.total)}{split}; {tb.formula}"
 
 
-def tier_lines(cfg: "Config") -> List[str]:
-    """Closed-form bytes per step of each tier with more than one rank, by the owner of its piece."""
+def tier_forms(cfg: "Config") -> Dict[str, List[Tuple[str, Optional[TierBytes]]]]:
+    """Each tier with more than one rank: (what, closed form) from the owner of its piece; the PP tier one entry
+    per codec the replicas run (heterogeneous SparseLoCo gives some replicas their own)."""
     from nanotron_ext.registry import CODECS, DP_SYNCS, TP_STRATEGIES
 
     p, m = cfg.parallelism, cfg.model
-    lines = []
+    forms: Dict[str, List[Tuple[str, Optional[TierBytes]]]] = {}
     if p.tp > 1:
         tb = TP_STRATEGIES.owner(m.tp_strategy).closed_form_bytes("model.tp_strategy", m.tp_strategy, cfg)
-        lines.append(describe(tb, "TP bytes per step per TP rank, all stages"))
-    if cfg.codec_boundaries():
-        seen = set()
+        forms["tp"] = [("TP bytes per step per TP rank, all stages", tb)]
+    if p.pp > 1:
+        by_kind: Dict[str, List[int]] = {}
+        configs = {}
         for replica in range(p.dp):
             rcfg = DP_SYNCS.owner(p.dp_sync).replica_config(cfg, replica)
-            kind = rcfg.model.codec.kind
-            if kind in seen or not rcfg.codec_boundaries():
-                continue
-            seen.add(kind)
-            tb = CODECS.owner(kind).closed_form_bytes("model.codec.kind", kind, rcfg)
-            lines.append(describe(tb, f"PP bytes per step per boundary ({kind})"))
+            by_kind.setdefault(rcfg.model.codec.kind, []).append(replica)
+            configs.setdefault(rcfg.model.codec.kind, rcfg)
+        for kind, replicas in by_kind.items():
+            tb = CODECS.owner(kind).closed_form_bytes("model.codec.kind", kind, configs[kind])
+            on = f", replicas {replicas}" if len(by_kind) > 1 else ""
+            forms.setdefault("pp", []).extend([(f"PP bytes per step per stage link ({kind}{on})", tb)] * len(replicas))
     if p.dp > 1:
         tb = DP_SYNCS.owner(p.dp_sync).closed_form_bytes("parallelism.dp_sync", p.dp_sync, cfg)
-        lines.append(describe(tb, "DP bytes per step per replica"))
-    return lines
+        forms["dp"] = [("DP bytes per step per replica", tb)]
+    return forms
+
+
+def tier_lines(cfg: "Config") -> List[str]:
+    """`config show`'s lines: one per distinct (what, closed form)."""
+    lines = [describe(tb, what) for entries in tier_forms(cfg).values() for what, tb in entries]
+    return list(dict.fromkeys(lines))
+
+
+def job_bytes_per_step(cfg: "Config") -> Dict[str, Optional[float]]:
+    """Closed-form bytes per step of the whole job by tier, all ranks together (what the WAN meter's ledger
+    column sums): every TP rank of every replica; every stage link of every replica (a TP-replicated wire
+    crosses once, or tp times with parallelism.pp_scatter_gather=false); every replica. None where a piece has
+    no closed form."""
+    p = cfg.parallelism
+    forms = tier_forms(cfg)
+    copies = {"tp": p.tp * p.dp, "pp": (p.pp - 1) * (1 if p.pp_scatter_gather else p.tp), "dp": p.dp}
+    out: Dict[str, Optional[float]] = {}
+    for tier, entries in forms.items():
+        if any(tb is None for _, tb in entries):
+            out[tier] = None
+            continue
+        per = [tb.total for _, tb in entries]  # type: ignore[union-attr]
+        out[tier] = copies[tier] * (sum(per) if tier == "pp" else per[0])
+    return out

@@ -108,7 +108,7 @@ class SparseLoCoTechnique(Technique):
         from nanotron_ext.sparseloco.accounting import outer_sync_bytes
 
         s = cfg.sparseloco
-        payload = outer_sync_bytes(param_shapes(cfg), s)
+        payload = outer_sync_bytes(param_shapes(self.replica_config(cfg, 0)), s)  # every replica: the same shapes
         values = f"{s.quant_bits}-bit codes" if s.quant_bits else f"{s.value_dtype} values"
         extra = ("; + the changed rows of T_fixed on compressed replicas (data-dependent)"
                  if s.compressed_replicas and s.embedding_adaptation else "")
