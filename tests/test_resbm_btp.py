@@ -114,3 +114,84 @@ def test_sharded_resbm_codec_equals_the_paper_equations_in_float64(tp: int) -> N
             assert r["grads"].keys() == ref["grads"].keys()
             for name, g in r["grads"].items():
                 torch.testing.assert_close(g.double(), _shard_of(name, ref["grads"][name], lo, hi), **close)
+
+
+# -- the composed model: btp + low rank + resbm at tp = 2 equals tp = 1 ------------------------------------------
+MODEL = dict(vocab_size=320, hidden_size=32, ffn_size=48, num_layers=2, num_heads=4, num_kv_heads=2, max_seq_len=16,
+             tie_embeddings=False, tp_strategy="btp",
+             codec={"kind": "resbm", "resbm": {"h": 12, "m": 10, "norm": "both", "zero_init_encoder": False}})
+SEQ, MB, N_MICRO = 8, 2, 2
+
+
+def _model_worker(kinds: tuple) -> dict:
+    """Both layouts on the same 4 processes (one spawn): tp = 2 x pp = 2, then dp = 2 x tp = 1 x pp = 2 (two
+    identical replicas; the test reads dp rank 0's). Per layout and low-rank kind, one 1F1B step: loss, every
+    gradient as a full tensor (TP shards summed into place), the ledger."""
+    return {tp: _model_step(tp, 2 // tp, kinds) for tp in (2, 1)}
+
+
+def _model_step(tp: int, dp: int, kinds: tuple) -> dict:
+    import torch.distributed as torch_dist
+
+    from nanotron_ext.config.loader import from_dict
+    from nanotron_ext.config.schema import Config
+    from nanotron_ext.models.build import build_model
+    from nanotron_ext.parallel.comm import get_ledger
+    from nanotron_ext.parallel.context import build_parallel_context
+    from nanotron_ext.train.pipeline_step import forward_backward, make_engine
+
+    ctx = build_parallel_context(dp=dp, tp=tp, pp=2, backend="gloo")
+    out = {"dp_rank": torch_dist.get_rank(ctx.dp_pg)}
+    for kind in kinds:
+        cfg = from_dict(Config, {
+            "model": {**MODEL, "low_rank": {"kind": kind, "rank": 8}},
+            "parallelism": {"dp": dp, "tp": tp, "pp": 2},
+            "tokenizer": {"vocab_size": 260},
+            "tokens": {"sequence_length": SEQ, "micro_batch_size": MB, "batch_accumulation_per_replica": N_MICRO}})
+        model = build_model(cfg, ctx)
+        rows = torch.randint(0, 260, (N_MICRO * MB, SEQ + 1), generator=torch.Generator().manual_seed(7))
+        micro = [{"input_ids": rows[i * MB:(i + 1) * MB, :-1], "label_ids": rows[i * MB:(i + 1) * MB, 1:]}
+                 for i in range(N_MICRO)]
+        ledger = get_ledger()
+        ledger.reset()
+        loss = forward_backward(model, make_engine("1f1b"), micro, ctx)
+        comm = ledger.snapshot()
+        grads = {}
+        for name, p in model.named_parameters():
+            g = p.grad.detach().clone()
+            if getattr(p, "is_sharded", False) and len(p.get_sharded_info().global_ranks) > 1:
+                info, full = p.get_sharded_info(), None
+                full = torch.zeros(info.unsharded_shape, dtype=g.dtype)
+                for pair in info.local_global_slices_pairs:
+                    full[pair.global_slices] = g[pair.local_slices]
+                torch_dist.all_reduce(full, group=ctx.tp_pg)  # each element is on exactly one TP rank
+                g = full
+            grads[name] = g
+        out[kind] = {"loss": loss.item(), "grads": grads, "comm": comm}
+    return out
+
+
+def _pp_bytes(results: list, kind: str, op: str) -> int:
+    return sum(r[kind]["comm"].get("pp", {}).get(op, {}).get("bytes", 0) for r in results)
+
+
+@pytest.mark.slow
+def test_btp_lowrank_resbm_at_tp2_equals_tp1() -> None:
+    """svd and cola under btp with a ResBM boundary (both norms): at tp = 2 x pp = 2 the loss and every gradient
+    (the codec's sharded E/D included) equal tp = 1 x pp = 2's, and the pipeline carries mbs * seq * h fp32 values
+    per boundary, micro-batch and direction at both (the wire is sent once over TP, no token ids)."""
+    kinds = ("svd", "cola")
+    results = run_distributed(_model_worker, 4, kinds)
+    one = [r[1] for r in results if r[1]["dp_rank"] == 0]
+    two = [r[2] for r in results]
+    boundary = N_MICRO * MB * SEQ * MODEL["codec"]["resbm"]["h"] * 4
+    for kind in kinds:
+        for op in ("send:fwd", "recv:fwd", "send:bwd", "recv:bwd"):
+            assert _pp_bytes(one, kind, op) == boundary, (kind, op, one[0][kind]["comm"])
+            assert _pp_bytes(two, kind, op) == boundary, (kind, op, two[0][kind]["comm"])
+        ref = {n: g for r in one for n, g in r[kind]["grads"].items()}
+        got = {n: g for r in two for n, g in r[kind]["grads"].items()}
+        assert got.keys() == ref.keys() and any("boundary_decoder.net.fc2" in n for n in got)
+        for name, g in got.items():
+            torch.testing.assert_close(g, ref[name], rtol=1e-5, atol=1e-6, msg=lambda m, n=f"{kind} {name}": f"{n}: {m}")
+        assert abs(two[-1][kind]["loss"] - one[-1][kind]["loss"]) <= 1e-5 * abs(one[-1][kind]["loss"])
