@@ -195,3 +195,22 @@ def test_btp_lowrank_resbm_at_tp2_equals_tp1() -> None:
         for name, g in got.items():
             torch.testing.assert_close(g, ref[name], rtol=1e-5, atol=1e-6, msg=lambda m, n=f"{kind} {name}": f"{n}: {m}")
         assert abs(two[-1][kind]["loss"] - one[-1][kind]["loss"]) <= 1e-5 * abs(one[-1][kind]["loss"])
+
+
+def test_analyse_refuses_a_weight_btp_shards(tmp_path) -> None:
+    """Under btp at tp > 1 E's first and D's last linear are split on d: one file holds rank 0's part only."""
+    import json
+
+    from nanotron_ext.resbm.analyse import load_weights
+
+    meta = {"layout": {"dp": 1, "tp": 2, "pp": 1}, "config": {"model": {"tp_strategy": "btp"}}}
+    (tmp_path / "meta.json").write_text(json.dumps(meta))
+    torch.save({"model": {"decoder.0.pp_block.boundary_encoder.net.fc1.weight": torch.ones(4, 8),
+                          "decoder.0.pp_block.boundary_encoder.net.fc2.weight": torch.ones(3, 4)}},
+               tmp_path / "pp0_dp0_tp0.pt")
+    assert list(load_weights(tmp_path, r"boundary_encoder\.net\.fc2\.weight")) == [
+        "decoder.0.pp_block.boundary_encoder.net.fc2.weight"]  # replicated under btp too
+    with pytest.raises(ValueError, match="btp shards decoder.0.pp_block.boundary_encoder.net.fc1.weight"):
+        load_weights(tmp_path, r"boundary_encoder\.net\.fc\d\.weight")
+    with pytest.raises(ValueError, match="only TP-replicated weights"):
+        load_weights(tmp_path, r"fc2\.weight$")
