@@ -41,7 +41,7 @@ def refusal(strategy: str, codec: str, sync: str) -> Optional[str]:
     if sync == "het_sparseloco" and codec != "identity":
         # meaningless: heterogeneous SparseLoCo sets each replica's codec itself (subspace or none)
         return f"model.codec.kind: '{codec}': with sparseloco.compressed_replicas the per-replica model is set by sparseloco"
-    if strategy == "btp" and codec != "identity":
+    if strategy == "btp" and codec not in ("identity", "resbm"):  # ResBM shards its E/D over btp's d-shards
         return f"model.codec.kind: '{codec}' cannot run with model.tp_strategy='btp' at parallelism.tp=2"
     if sync == "het_sparseloco" and strategy == "btp":
         return ("model.codec.kind: 'subspace' cannot run with model.tp_strategy='btp' at parallelism.tp=2"

@@ -19,7 +19,6 @@ class ResBMTechnique(Technique):
     name = "resbm"
     sections = {"model.codec.resbm": Section(ResBMConfig, default=lambda: ResBMConfig(ratio=4))}
     provides = {"model.codec.kind": ["resbm"]}
-    needs_replicated_residual = {"model.codec.kind=resbm": "ResBM's encoder keeps the first h of all d features"}
     pieces = "nanotron_ext.resbm.pieces:ResBMPieces"
 
     def check_model(self, model: "ModelConfig") -> None:
