@@ -233,9 +233,10 @@ def _sharded_subspace_worker(seed: int) -> dict:
     """Encode this rank's feature shard, decode back to it; loss = sum(W * X') over the shards (summed over TP)."""
     import torch.distributed as torch_dist
 
+    from nanotron_ext.codecs.base import feature_shard
     from nanotron_ext.config.schema import ModelConfig
     from nanotron_ext.subspace.basis import SubspaceHub
-    from nanotron_ext.subspace.codec import SubspaceDecoder, SubspaceEncoder, feature_shard
+    from nanotron_ext.subspace.codec import SubspaceDecoder, SubspaceEncoder
 
     torch_dist.init_process_group("gloo")
     pg = torch_dist.new_group(list(range(torch_dist.get_world_size())))
