@@ -137,7 +137,8 @@ def _btp_worker(tp: int, references: dict) -> dict:
                     m.anchor_table.copy_(0.1 * torch.randn(m.anchor_table.shape, generator=torch.Generator().manual_seed(3)))
         get_ledger().reset()
         loss = forward_backward(model, make_engine("1f1b"), micro, ctx)
-        out = {"loss": loss.item(), "comm": get_ledger().snapshot(), "pp_rank": dist.get_rank(ctx.pp_pg), "names": []}
+        out = {"loss": loss.item(), "comm": get_ledger().snapshot(), "pp_rank": dist.get_rank(ctx.pp_pg), "names": [],
+               "codebooks": {n: b.clone() for n, b in model.named_buffers() if ".quantizer." in n}}
         if not references:
             out["grads"] = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
         else:
@@ -179,3 +180,11 @@ def test_btp_mapl_at_tp_2_equals_tp_1_with_the_same_link_bytes() -> None:
             assert _pp_bytes(two, op) == n, (case, op, two[0]["comm"])
         for op in ("send:fwd", "send:bwd"):  # RVQ: its own widths (tests/test_mapl_rvq.py), the same at tp = 2
             assert _pp_bytes(two, op) == _pp_bytes(one, op) > 0, (case, op)
+        # RVQ's state after the sender's k-means step and the streamed row: bit-identical over TP, tp = 1's values
+        assert bool(two[0]["codebooks"]) == (codec is RVQ)
+        for r in two:
+            same_tp = next(o for o in two if o["pp_rank"] == r["pp_rank"])
+            same_pp = next(o for o in one if o["pp_rank"] == r["pp_rank"])
+            for name, buf in r["codebooks"].items():
+                assert torch.equal(buf, same_tp["codebooks"][name]), (case, name)
+                torch.testing.assert_close(buf, same_pp["codebooks"][name], rtol=1e-5, atol=1e-6)

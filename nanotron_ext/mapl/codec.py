@@ -25,7 +25,25 @@ Both sides then hold bit-identical gradients (tests/test_mapl.py at PP = 2).
 
 Choices the text leaves open (config `model.codec.mapl`): r (default d/4, the paper's r = 256 at
 d = 1024), anchor width m (default r), A_p = QR of a seeded Gaussian, E_small_p starts at zero (the
-codec starts as a plain projection). The residual stream must be replicated over TP (not `btp`).
+codec starts as a plain projection).
+
+On a residual stream sharded over TP (BOOST's `model.tp_strategy: btp`: TP rank t holds the features S_t, d/tp
+of them; `feature_shard`) no d-wide activation is all-gathered, because Z is a sum over feature shards:
+    Z = (X - anchor(ids)) A = sum_t (X_{S_t} - E_small[ids] P[:, S_t]) A[S_t]      (A[S_t]: the rows S_t of A)
+so each TP rank multiplies its shard by its rows of A and ONE all-reduce of the r-wide partial Z in the TP
+group completes it (mbs seq r fp32 values per micro-batch; backward: identity). The wire is then the same on every
+TP rank (`wire_replicated`: the pipeline sends it once, 1/tp from each TP rank), so RVQ quantises the whole Z,
+and its sender's k-means step and streamed codebook rows are the same computation on every TP rank. The
+receiver is column-parallel: X'_{S_t} = Z A[S_t]^T + E_small[ids] P[:, S_t], no forward communication;
+backward, dZ = sum_t dX'_{S_t} A[S_t], one all-reduce of the r-wide dZ (nanotron's differentiable_identity).
+Pipeline bytes per boundary are those of the replicated stream at any tp.
+Where A_p and E_small_p live under TP: whole and REPLICATED on every TP rank (SPEL's retraction polar(A - lr D)
+needs all of A), each rank using its rows S_t, so each rank's gradients are partial sums over the feature shards;
+after the backward each side all-reduces them over TP in one flat buffer (sync.py: d r, + V m for a table whose
+gradient is taken there), after which every TP rank holds the whole gradient and takes the identical optimiser
+step. They stay plain (not nanotron-sharded) parameters, so global-norm clipping counts them once, on TP rank 0
+(nanotron_ext/optim/clip.py), and every rank's checkpoint file holds the same copy. The copies' exchange across
+the pipeline link then crosses it once, 1/tp from each TP rank (sync.py).
 """
 from __future__ import annotations
 
@@ -140,7 +158,8 @@ class MaplEncoder(_Side, BoundaryEncoder):
         # "rows": the receiver takes this side's share of the anchor gradient (sender_anchor_term)
         z = (residual + branch - p.anchor(input_ids, detach=self.shared_sync == "rows", mine=mine)) @ p.A[mine]
         if self.sharded_pg is not None:
-            z = differentiable_all_reduce_sum(z, group=self.sharded_pg)  # sum over the feature shards
+            # sum over the feature shards, in fp32 (autocast made the partials bf16)
+            z = differentiable_all_reduce_sum(z.float(), group=self.sharded_pg)
         if self.quantizer is None:
             return to_wire(z, self.wire_dtype)
         return encode_to_wire(self.quantizer, z, self.grad_bits, learn=self.training)
