@@ -116,6 +116,8 @@ def _btp_worker(tp: int, references: dict) -> dict:
     from nanotron_ext.mapl.codec import BoundaryProjection
     from nanotron_ext.models.build import build_model
     from nanotron_ext.models.init import local_shard
+    from nanotron_ext.optim import clip_grad_norm_
+    from nanotron_ext.optim.build import build_optimizer
     from nanotron_ext.parallel.comm import get_ledger
     from nanotron_ext.parallel.context import build_parallel_context
     from nanotron_ext.train.pipeline_step import forward_backward, make_engine
@@ -149,6 +151,12 @@ def _btp_worker(tp: int, references: dict) -> dict:
                 out["names"].append(name)
                 if rel >= out["worst"]:
                     out["worst"], out["worst_name"] = rel, name
+        # one optimiser step (SPEL on A, AdamW on the table) after global-norm clipping that counts the replicated
+        # copies once; then A, the table and the codebooks must be the same on every TP rank
+        out["norm"] = clip_grad_norm_(list(model.parameters()), 0.5, ctx.tp_pg, ctx.pp_pg)
+        build_optimizer(model, cfg.optimizer, ctx.tp_pg).step()
+        out["after"] = {n: t.detach().clone() for n, t in [*model.named_parameters(), *model.named_buffers()]
+                        if ".projection." in n or ".quantizer." in n}
         results[case] = out
     return results
 
@@ -182,8 +190,16 @@ def test_btp_mapl_at_tp_2_equals_tp_1_with_the_same_link_bytes() -> None:
             assert _pp_bytes(two, op) == _pp_bytes(one, op) > 0, (case, op)
         # RVQ's state after the sender's k-means step and the streamed row: bit-identical over TP, tp = 1's values
         assert bool(two[0]["codebooks"]) == (codec is RVQ)
+        for r in two:  # the global norm clipping saw: the replicated copies counted once, as at tp = 1
+            assert r["norm"] == two[0]["norm"] and abs(r["norm"] - one[0]["norm"]) <= 1e-5 * one[0]["norm"], case
+        for suffix in ("projection.A", "projection.anchor_table"):  # both pipeline copies, every TP rank
+            copies = [t for r in two for n, t in r["after"].items() if n.endswith(suffix)]
+            assert len(copies) == 4 and all(torch.equal(t, copies[0]) for t in copies), (case, suffix)
         for r in two:
             same_tp = next(o for o in two if o["pp_rank"] == r["pp_rank"])
+            assert r["after"].keys() == same_tp["after"].keys() and any(n.endswith(".A") for n in r["after"])
+            for name, t in r["after"].items():  # the identical step on every TP rank
+                assert torch.equal(t, same_tp["after"][name]), (case, name)
             same_pp = next(o for o in one if o["pp_rank"] == r["pp_rank"])
             for name, buf in r["codebooks"].items():
                 assert torch.equal(buf, same_tp["codebooks"][name]), (case, name)
