@@ -41,7 +41,7 @@ def refusal(strategy: str, codec: str, sync: str) -> Optional[str]:
     if sync == "het_sparseloco" and codec != "identity":
         # meaningless: heterogeneous SparseLoCo sets each replica's codec itself (subspace or none)
         return f"model.codec.kind: '{codec}': with sparseloco.compressed_replicas the per-replica model is set by sparseloco"
-    if strategy == "btp" and codec not in ("identity", "resbm"):  # ResBM shards its E/D over btp's d-shards
+    if strategy == "btp" and codec not in ("identity", "resbm", "mapl"):  # ResBM's E/D and MAPL's Z shard over d
         return f"model.codec.kind: '{codec}' cannot run with model.tp_strategy='btp' at parallelism.tp=2"
     if sync == "het_sparseloco" and strategy == "btp":
         return ("model.codec.kind: 'subspace' cannot run with model.tp_strategy='btp' at parallelism.tp=2"
@@ -72,9 +72,10 @@ def test_the_sharded_residual_rule_leaves_tp_1_alone() -> None:
     load_config(HET, overrides("btp", "resbm", "allreduce", tp=1))
 
 
-@pytest.mark.parametrize("strategy,codec,sync", [("btp", "mapl", "allreduce"), ("btp", "identity", "het_sparseloco")])
+@pytest.mark.parametrize("strategy,codec,sync", [c for c in [("btp", "subspace", "allreduce"), ("btp", "identity", "het_sparseloco"),
+                                                     ("megatron", "resbm", "het_sparseloco")] if refusal(*c)])
 def test_command_line_prints_one_line_and_exits_2(strategy: str, codec: str, sync: str) -> None:
-    """MAPL under BTP (a per-rank traceback before), heterogeneous SparseLoCo's subspace codec under BTP."""
+    """Refused combinations (ResBM under BTP was a per-rank traceback before it composed) give one line, exit 2."""
     out = subprocess.run([sys.executable, "-m", "nanotron_ext.config", "show", "--config-file", str(HET),
                           *[a for kv in overrides(strategy, codec, sync) for a in ("--set", kv)]],
                          cwd=REPO, capture_output=True, text=True, timeout=120)
@@ -286,9 +287,10 @@ def _sharded_subspace_worker(seed: int) -> dict:
     """Encode this rank's feature shard, decode back to it; loss = sum(W * X') over the shards (summed over TP)."""
     import torch.distributed as torch_dist
 
+    from nanotron_ext.codecs.base import feature_shard
     from nanotron_ext.config.schema import ModelConfig
     from nanotron_ext.subspace.basis import SubspaceHub
-    from nanotron_ext.subspace.codec import SubspaceDecoder, SubspaceEncoder, feature_shard
+    from nanotron_ext.subspace.codec import SubspaceDecoder, SubspaceEncoder
 
     torch_dist.init_process_group("gloo")
     pg = torch_dist.new_group(list(range(torch_dist.get_world_size())))

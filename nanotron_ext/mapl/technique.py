@@ -19,7 +19,6 @@ class MaplTechnique(Technique):
     name = "mapl"
     sections = {"model.codec.mapl": MaplCodecConfig, "optimizer.spel": SpelConfig}
     provides = {"model.codec.kind": ["mapl"], "optimizer group": [SPEL_TAG]}
-    needs_replicated_residual = {"model.codec.kind=mapl": "MAPL's encoder projects all d features (Z = (X - anchor) A_p)"}
     pieces = "nanotron_ext.mapl.pieces:MaplPieces"
 
     def check_model(self, model: "ModelConfig") -> None:
