@@ -167,8 +167,8 @@ def test_mapl_codec_matches_the_float64_reference(tp: int, pp: int, engine: str,
     d, v = MODEL["hidden_size"], MODEL["vocab_size"]
     distinct = _global_batch(1)[:, :-1].unique().numel()  # U: the rows of the anchor table this step touched
     assert distinct < v
-    exchange = ({"fwd": d * R * 4, "bwd": (d * R + distinct * M) * 4} if sync == "rows"
-                else {"fwd": (d * R + v * M) * 4, "bwd": (d * R + v * M) * 4})
+    values = {"fwd": d * R, "bwd": d * R + distinct * M} if sync == "rows" else {"fwd": d * R + v * M, "bwd": d * R + v * M}
+    exchange = {k: -(-n // tp) * 4 for k, n in values.items()}  # fp32, once over TP: each TP rank 1/tp (padded)
     for r in results:
         assert abs(r["loss"] - r["ref_loss"]) <= 1e-5 * r["ref_loss"]
         assert r["worst"] <= 1e-5, (r["worst_name"], r["worst"])

@@ -154,6 +154,9 @@ def test_the_slow_link_carries_each_megatron_wire_once(codec: dict) -> None:
         for name, g in a["grads"].items():
             assert torch.equal(g, b["grads"][name]), name
     assert abs(once[-1]["loss"] - one[-1]["loss"]) <= 1e-5 * abs(one[-1]["loss"])
+    # MAPL's shared-parameter exchange is side traffic on the same link: once over TP too (each TP rank 1/tp)
+    sync = [_ledger_sum(run, "pp", lambda op: op.startswith("send:codec_grads")) for run in (one, once, copies)]
+    assert sync[1] == sync[0] and sync[2] == 2 * sync[0], sync
     _check_closed_forms(codec, one, once)
 
 

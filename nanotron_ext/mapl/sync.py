@@ -24,11 +24,13 @@ the receiver), so every TP rank holds the whole gradient. The messages are then 
 each crosses the slow link ONCE: each TP rank sends 1/tp of it (flattened, zero-padded to a multiple of tp) to
 the same TP rank of the peer stage, which all-gathers the slices over TP (ledger `all_gather:codec_grads`),
 as the pipeline does with a replicated wire (nanotron_ext/parallel/p2p.py). Bytes over the link per boundary
-are those above, up to that padding, at any tp.
+are those above, up to that padding, at any tp. Under Megatron TP (a replicated stream) every TP rank computes
+the same gradients, so with parallelism.pp_scatter_gather (the default) the messages are sliced the same way
+with no all-reduce first; with it off every TP rank sends its own copy (tp x the bytes, for comparison).
 """
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 import torch
 from nanotron import distributed as dist
@@ -89,9 +91,19 @@ def _reduce_over_tp(side: Any, sender: bool) -> None:
         offset += p.numel()
 
 
+def _slicing_pg(side: Any, p2p: P2P) -> Optional[dist.ProcessGroup]:
+    """The TP group whose ranks each carry 1/tp of a message: a sharded side's (its gradients were all-reduced
+    over TP), or under a replicated stream the pipeline's scatter/gather group (parallelism.pp_scatter_gather:
+    every TP rank computed the same gradients); None: every TP rank sends the whole message."""
+    if side.sharded_pg is not None:
+        return side.sharded_pg
+    pg = getattr(p2p, "tp_pg", None)
+    return pg if pg is not None and pg.size() > 1 else None
+
+
 def _send(p2p: P2P, side: Any, message: torch.Tensor, to_rank: int) -> None:
-    """The message (the same on every TP rank of a sharded side) once over the link: this TP rank's 1/tp."""
-    pg = side.sharded_pg
+    """The message (the same on every TP rank) once over the link: this TP rank's 1/tp (`_slicing_pg`)."""
+    pg = _slicing_pg(side, p2p)
     if pg is not None:
         tp, size = pg.size(), -(-message.numel() // pg.size())
         padded = torch.nn.functional.pad(message, (0, size * tp - message.numel()))
@@ -102,7 +114,7 @@ def _send(p2p: P2P, side: Any, message: torch.Tensor, to_rank: int) -> None:
 def _recv(p2p: P2P, side: Any, from_rank: int, numel: int) -> torch.Tensor:
     """The peer's message of `numel` values: whole, or this TP rank's slice all-gathered over TP (`_send`)."""
     part = p2p.recv_tensors(1, from_rank=from_rank, kind=KIND)[0]
-    pg = side.sharded_pg
+    pg = _slicing_pg(side, p2p)
     if pg is None:
         return part
     whole = torch.empty(part.numel() * pg.size(), dtype=part.dtype, device=part.device)
