@@ -13,9 +13,9 @@ import torch
 
 from tests.helpers.dist import run_distributed
 
-MODEL = dict(vocab_size=320, hidden_size=32, ffn_size=48, num_layers=4, num_heads=4, num_kv_heads=2, max_seq_len=16,
+MODEL = dict(vocab_size=320, hidden_size=32, ffn_size=48, num_layers=2, num_heads=4, num_kv_heads=2, max_seq_len=16,
              tie_embeddings=False)
-SEQ, MB, N_MICRO, K, STEPS = 8, 2, 2, 8, 3
+SEQ, MB, N_MICRO, K, STEPS = 8, 2, 2, 8, 2
 
 
 def _micro(seed: int) -> List[Dict[str, torch.Tensor]]:
@@ -34,9 +34,17 @@ def _shards(p: torch.Tensor) -> Optional[tuple]:
     return tuple(info.unsharded_shape), [(x.local_slices, x.global_slices) for x in info.local_global_slices_pairs]
 
 
-def _btp_worker(tp: int, low_rank: dict, subspace: dict) -> dict:
-    """One step's loss and gradients, the pipeline bytes; then STEPS optimiser steps and, on a last forward,
-    the constrained weights (this rank's rows) and what crosses the boundary on both sides."""
+def _btp_worker(tp: int, cases: Dict[str, Tuple[dict, dict]]) -> Dict[str, dict]:
+    """Per case (low_rank, subspace), on one set of process groups: one step's loss and gradients, the pipeline
+    bytes; then STEPS optimiser steps and, on a last forward, the constrained weights (this rank's rows) and what
+    crosses the boundary on both sides."""
+    from nanotron_ext.parallel.context import build_parallel_context
+
+    ctx = build_parallel_context(dp=1, tp=tp, pp=2, backend="gloo")
+    return {name: _run_case(ctx, tp, *case) for name, case in cases.items()}
+
+
+def _run_case(ctx, tp: int, low_rank: dict, subspace: dict) -> dict:
     import nanotron.distributed as dist
 
     from nanotron_ext.config.loader import from_dict
@@ -44,13 +52,11 @@ def _btp_worker(tp: int, low_rank: dict, subspace: dict) -> dict:
     from nanotron_ext.models.build import build_model
     from nanotron_ext.optim.build import build_optimizer
     from nanotron_ext.parallel.comm import get_ledger
-    from nanotron_ext.parallel.context import build_parallel_context
     from nanotron_ext.subspace.codec import feature_shard
     from nanotron_ext.subspace.constraints import row_group
     from nanotron_ext.subspace.pieces import hub_of
     from nanotron_ext.train.pipeline_step import forward_backward, make_engine
 
-    ctx = build_parallel_context(dp=1, tp=tp, pp=2, backend="gloo")
     cfg = from_dict(Config, {
         "model": {**MODEL, "tp_strategy": "btp", "low_rank": low_rank, "codec": {"kind": "subspace"},
                   "subspace": {"k": K, **subspace}},
@@ -123,12 +129,16 @@ CASES = {  # svd + reparam: every linear factorised (the up factors carry W = U_
 }
 
 
+@pytest.fixture(scope="module")
+def runs() -> Dict[int, List[Dict[str, dict]]]:
+    """Every case at tp = 1 and tp = 2 (pp = 2), one set of processes per tp."""
+    return {tp: run_distributed(_btp_worker, 2 * tp, tp, CASES) for tp in (1, 2)}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
-def test_btp_subspace_tp2_equals_tp1_and_stays_in_span(case: str) -> None:
-    low_rank, subspace = CASES[case]
-    one = run_distributed(_btp_worker, 2, 1, low_rank, subspace)
-    two = run_distributed(_btp_worker, 4, 2, low_rank, subspace)
+def test_btp_subspace_tp2_equals_tp1_and_stays_in_span(runs: Dict[int, List[Dict[str, dict]]], case: str) -> None:
+    one, two = ([r[case] for r in runs[tp]] for tp in (1, 2))
     ref, got = _by_stage(one), _by_stage(two)
     u = one[0]["u"].double()
     for stage in (0, 1):
@@ -164,3 +174,20 @@ def test_btp_subspace_tp2_equals_tp1_and_stays_in_span(case: str) -> None:
         per_step = N_MICRO * MB * SEQ * (K * 4 + 4)  # fp32 Z plus the packed ids
         assert sum(r["comm"].get(op, {}).get("bytes", 0) for r in one) == per_step, (op, one[0]["comm"])
         assert sum(r["comm"].get(op, {}).get("bytes", 0) for r in two) == per_step, (op, two[0]["comm"])
+
+
+@pytest.mark.parametrize("sets", [["model.subspace.grassmann_every=2"],
+                                  ["model.subspace.parameterisation=projection", "model.subspace.modified_adamw=true"]],
+                         ids=["grassmann", "modified_adamw"])
+def test_options_that_need_all_d_features_are_refused_at_load_under_btp(sets: List[str]) -> None:
+    """Grassmann updates (G^T G of the whole residual gradient) and the modified AdamW (a mean over all d rows)
+    cannot run on a sharded stream: one line naming both keys at tp = 2; tp = 1 (the shard is the stream) loads."""
+    from nanotron_ext.config import ConfigError, load_config
+    from tests.test_three_tiers import HET, overrides
+
+    with pytest.raises(ConfigError) as e:
+        load_config(HET, overrides("btp", "subspace", "allreduce") + sets)
+    key = sets[-1].split("=")[0]
+    assert "\n" not in str(e.value) and str(e.value).startswith(key), str(e.value)
+    assert "model.tp_strategy='btp' at parallelism.tp=2" in str(e.value)
+    load_config(HET, overrides("btp", "subspace", "allreduce", tp=1) + sets)

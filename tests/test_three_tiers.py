@@ -41,11 +41,8 @@ def refusal(strategy: str, codec: str, sync: str) -> Optional[str]:
     if sync == "het_sparseloco" and codec != "identity":
         # meaningless: heterogeneous SparseLoCo sets each replica's codec itself (subspace or none)
         return f"model.codec.kind: '{codec}': with sparseloco.compressed_replicas the per-replica model is set by sparseloco"
-    if strategy == "btp" and codec != "identity":
+    if strategy == "btp" and codec not in ("identity", "subspace"):  # subspace runs per feature shard
         return f"model.codec.kind: '{codec}' cannot run with model.tp_strategy='btp' at parallelism.tp=2"
-    if sync == "het_sparseloco" and strategy == "btp":
-        return ("model.codec.kind: 'subspace' cannot run with model.tp_strategy='btp' at parallelism.tp=2"
-                "|sparseloco.compressed_replicas=[0]")
     return None
 
 
@@ -72,14 +69,22 @@ def test_the_sharded_residual_rule_leaves_tp_1_alone() -> None:
     load_config(HET, overrides("btp", "resbm", "allreduce", tp=1))
 
 
-@pytest.mark.parametrize("strategy,codec,sync", [("btp", "mapl", "allreduce"), ("btp", "identity", "het_sparseloco")])
-def test_command_line_prints_one_line_and_exits_2(strategy: str, codec: str, sync: str) -> None:
-    """MAPL under BTP (a per-rank traceback before), heterogeneous SparseLoCo's subspace codec under BTP."""
+GRASSMANN = ["model.subspace.grassmann_every=2"]
+SHARDED_GRASSMANN = ("model.subspace.grassmann_every: 2 cannot run with model.tp_strategy='btp' at parallelism.tp=2"
+                     "|model.tp_strategy")
+
+
+@pytest.mark.parametrize("strategy,codec,sync,extra", [("btp", "mapl", "allreduce", []),
+                                                       ("btp", "subspace", "allreduce", GRASSMANN)])
+def test_command_line_prints_one_line_and_exits_2(strategy: str, codec: str, sync: str, extra: List[str]) -> None:
+    """MAPL under BTP (a per-rank traceback before); Subspace Models' Grassmann updates under BTP (they need the
+    whole d-wide residual gradient on one rank)."""
     out = subprocess.run([sys.executable, "-m", "nanotron_ext.config", "show", "--config-file", str(HET),
-                          *[a for kv in overrides(strategy, codec, sync) for a in ("--set", kv)]],
+                          *[a for kv in overrides(strategy, codec, sync) + extra for a in ("--set", kv)]],
                          cwd=REPO, capture_output=True, text=True, timeout=120)
-    first = refusal(strategy, codec, sync).split("|")[0]
-    assert out.returncode == 2 and out.stderr.count("\n") == 1 and first in out.stderr, out.stderr
+    expected = refusal(strategy, codec, sync) or SHARDED_GRASSMANN
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert all(part in out.stderr for part in expected.split("|")), out.stderr
 
 
 # -- the slow link carries each wire once (parallelism.pp_scatter_gather) --------------------------------------
