@@ -177,9 +177,9 @@ def test_pp_bytes_at_tp_3_equal_tp_1_with_a_padded_wire() -> None:
 
 # -- heterogeneous SparseLoCo under TP (vocab-sharded T_S, replicated T_fixed) ---------------------------------
 @pytest.mark.slow
-@pytest.mark.parametrize("pp", [1, 2])
+@pytest.mark.parametrize("strategy,pp", [("megatron", 1), ("megatron", 2), ("btp", 1)])
 def test_heterogeneous_sparseloco_dp2_tp2_replicas_identical_after_sync(small_corpus: Path, tmp_path: Path,
-                                                                         pp: int) -> None:
+                                                                         strategy: str, pp: int) -> None:
     """dp = 2 x tp = 2 x pp (replica 0 compressed: the subspace codec after layer 1, the stage boundary at pp = 2),
     H = 2, 4 steps (2 outer syncs): after the last sync both replicas hold the same parameters bit for bit on each
     (TP, PP) rank, T_fixed is the same on every rank that holds it (the decoding stage's included), every TP
@@ -188,6 +188,8 @@ def test_heterogeneous_sparseloco_dp2_tp2_replicas_identical_after_sync(small_co
     from tests.test_trainer import _losses, _small_overrides
 
     ovr = HET + ["model.codec.boundaries=[1]"]
+    if strategy == "btp":  # the residual stream sharded on d: the codec, split table and constraint per shard
+        ovr += ["model.tp_strategy=btp", "model.low_rank.kind=svd"]
     tp2 = run_distributed(_het_train_worker, 4 * pp, _small_overrides(small_corpus, tmp_path / "tp2", 2, 2, pp, 4) + ovr,
                           None, 0, timeout_s=600)
     run_distributed(_het_train_worker, 2 * pp, _small_overrides(small_corpus, tmp_path / "tp1", 2, 1, pp, 4) + ovr,
