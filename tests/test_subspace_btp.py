@@ -50,6 +50,7 @@ def _run_case(ctx, tp: int, low_rank: dict, subspace: dict) -> dict:
     from nanotron_ext.config.loader import from_dict
     from nanotron_ext.config.schema import Config
     from nanotron_ext.models.build import build_model
+    from nanotron_ext.models.dense import dense_state_dict
     from nanotron_ext.optim.build import build_optimizer
     from nanotron_ext.parallel.comm import get_ledger
     from nanotron_ext.subspace.codec import feature_shard
@@ -79,6 +80,8 @@ def _run_case(ctx, tp: int, low_rank: dict, subspace: dict) -> dict:
         model.after_optimizer_step()
         losses.append(forward_backward(model, engine, _micro(step + 1), ctx).item())
     out["losses"] = losses
+    # the standard layout's weights (export): W = U C multiplied out from the TP shards of a btp up factor
+    out["dense"] = dense_state_dict(model, ctx.tp_pg, exact=low_rank["kind"] == "svd")
     names = {id(m): n for n, m in model.named_modules()}
     rows = {names[id(lin)]: (lin.weight.detach().clone(), feature_shard(row_group(lin), d)) for lin in hub.constrained}
     out["constrained"] = {n: (w, (s.start, s.stop)) for n, (w, s) in rows.items()}
@@ -151,6 +154,10 @@ def test_btp_subspace_tp2_equals_tp1_and_stays_in_span(runs: Dict[int, List[Dict
         for name, (g1, _) in r1["grads"].items():
             g2 = _assemble([r["grads"][name] for r in ranks])
             torch.testing.assert_close(g2, g1, rtol=1e-5, atol=1e-5 * float(g1.abs().max()), msg=name)
+        for r in ranks:
+            assert r["dense"].keys() == r1["dense"].keys()
+            for name, w in r1["dense"].items():
+                torch.testing.assert_close(r["dense"][name], w, rtol=1e-3, atol=1e-4 * float(w.abs().max()), msg=name)
         for name in r1["constrained"]:  # assembled from the TP row shards, then checked against U itself
             w1 = r1["constrained"][name][0].double()
             parts = [r["constrained"][name] for r in ranks]

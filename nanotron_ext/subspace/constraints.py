@@ -132,6 +132,10 @@ class SubspaceColumnLinear(TensorParallelColumnLinear):
         """The collective-free GEMM BOOST's btp sub-layers call (nanotron_ext.boost.btp.ColumnParallelLinear.local)."""
         return F.linear(x, self.weight)
 
+    def full_weight(self, full: FullTensor) -> torch.Tensor:
+        """The unsharded weight U C [d, d_in] (what a low-rank pair's dense equivalent multiplies out)."""
+        return self.hub.basis.double().cpu() @ full(self.weight_small).double()
+
 
 @torch.no_grad()
 def reparameterise_(linear: nn.Module, hub: SubspaceHub) -> nn.Module:
