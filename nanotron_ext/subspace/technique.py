@@ -59,15 +59,15 @@ class SubspaceTechnique(Technique):
         if tp < 2 or not any(m.tp_strategy in t.shards_residual for t in techniques()):
             return
         layout = f"with model.tp_strategy={m.tp_strategy!r} at parallelism.tp={tp}"
-        if m.codec.kind == "subspace":
+        if "subspace" in (m.codec.kind, m.output_constraint.kind) or m.embedding.kind in SPLIT_EMBEDDINGS:
             require(m.subspace.grassmann_every == 0, "model.subspace.grassmann_every",
                     f"{m.subspace.grassmann_every} cannot run {layout}: a Grassmann update accumulates G^T G of the "
-                    "whole d-wide residual gradient, which the strategy shards on d; set it to 0 or use "
-                    "model.tp_strategy='vanilla'")
+                    "whole d-wide residual gradient, which the strategy shards on d; set it to 0 or "
+                    "parallelism.tp=1")
         if m.output_constraint.kind == "subspace" and m.subspace.parameterisation == "projection":
             require(not m.subspace.modified_adamw, "model.subspace.modified_adamw",
                     f"true cannot run {layout}: its second moment is a mean over all d output rows, which the "
-                    "strategy shards on d; set it to false or use model.tp_strategy='vanilla'")
+                    "strategy shards on d; set it to false or parallelism.tp=1")
 
 
 def heterogeneous_replica(model: "ModelConfig", compressed: bool, *, reproject: bool, modified_adamw: bool,
