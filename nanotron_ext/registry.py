@@ -13,9 +13,13 @@ core's own entries are declared by `CORE` (built by nanotron_ext.models.pieces.C
 from __future__ import annotations
 
 import importlib.metadata
-from typing import Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional
 
 from nanotron_ext.technique import Technique
+
+if TYPE_CHECKING:
+    from nanotron_ext.config.schema import Config
+    from nanotron_ext.metrics.tier_bytes import TierBytes
 
 ENTRY_POINT_GROUP = "nanotron_ext.techniques"
 
@@ -32,6 +36,19 @@ class CoreTechnique(Technique):
         "parallelism.dp_sync": ["allreduce"],
     }
     pieces = "nanotron_ext.models.pieces:CorePieces"
+
+    def closed_form_bytes(self, key: str, name: str, cfg: "Config") -> Optional["TierBytes"]:
+        from nanotron_ext.metrics import tier_bytes as tb
+
+        if key == "model.tp_strategy":
+            return tb.megatron_tp(cfg)
+        if key == "model.codec.kind":
+            return tb.identity_wire(cfg) if name == "identity" else tb.lossy_wire(cfg, name)
+        if key == "parallelism.dp_sync":
+            from nanotron_ext.bench.params import count_params
+
+            return tb.dense_dp(cfg, count_params(cfg))
+        return None
 
 
 CORE = CoreTechnique()

@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # annotations only: this module must stay importable without 
 
     from nanotron_ext.codecs.base import BoundaryCodec
     from nanotron_ext.config.schema import Config, ModelConfig, OptimizerConfig
+    from nanotron_ext.metrics.tier_bytes import TierBytes
     from nanotron_ext.models.constraints import OutputConstraint
     from nanotron_ext.models.tp_strategy import TPStrategy
     from nanotron_ext.parallel.data_parallel import DataParallelSync
@@ -103,6 +104,12 @@ class Technique:
         """The config DP replica `replica` builds its model from, when this technique owns the run's
         parallelism.dp_sync (heterogeneous SparseLoCo gives some replicas a compressing codec)."""
         return cfg
+
+    def closed_form_bytes(self, key: str, name: str, cfg: "Config") -> Optional["TierBytes"]:
+        """Bytes per optimiser step that the piece `name` (provided at extension point `key`) puts on its
+        tier, by its paper's closed form (nanotron_ext.metrics.tier_bytes.TierBytes says per what), for
+        `python -m nanotron_ext.config show`; None when there is none."""
+        return None
 
 
 class Pieces:

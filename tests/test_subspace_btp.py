@@ -47,13 +47,13 @@ def _btp_worker(tp: int, cases: Dict[str, Tuple[dict, dict]]) -> Dict[str, dict]
 def _run_case(ctx, tp: int, low_rank: dict, subspace: dict) -> dict:
     import nanotron.distributed as dist
 
+    from nanotron_ext.codecs.base import feature_shard
     from nanotron_ext.config.loader import from_dict
     from nanotron_ext.config.schema import Config
     from nanotron_ext.models.build import build_model
     from nanotron_ext.models.dense import dense_state_dict
     from nanotron_ext.optim.build import build_optimizer
     from nanotron_ext.parallel.comm import get_ledger
-    from nanotron_ext.subspace.codec import feature_shard
     from nanotron_ext.subspace.constraints import row_group
     from nanotron_ext.subspace.pieces import hub_of
     from nanotron_ext.train.pipeline_step import forward_backward, make_engine

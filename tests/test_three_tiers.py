@@ -8,7 +8,7 @@ import itertools
 import subprocess
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import pytest
 import torch
@@ -41,9 +41,7 @@ def refusal(strategy: str, codec: str, sync: str) -> Optional[str]:
     if sync == "het_sparseloco" and codec != "identity":
         # meaningless: heterogeneous SparseLoCo sets each replica's codec itself (subspace or none)
         return f"model.codec.kind: '{codec}': with sparseloco.compressed_replicas the per-replica model is set by sparseloco"
-    if strategy == "btp" and codec not in ("identity", "subspace"):  # subspace runs per feature shard
-        return f"model.codec.kind: '{codec}' cannot run with model.tp_strategy='btp' at parallelism.tp=2"
-    return None
+    return None  # every codec composes with btp at tp = 2 (ResBM, MAPL, Subspace per feature shard)
 
 
 MATRIX = list(itertools.product(STRATEGIES, CODECS, SYNCS))
@@ -74,11 +72,11 @@ SHARDED_GRASSMANN = ("model.subspace.grassmann_every: 2 cannot run with model.tp
                      "|model.tp_strategy")
 
 
-@pytest.mark.parametrize("strategy,codec,sync,extra", [("btp", "mapl", "allreduce", []),
+@pytest.mark.parametrize("strategy,codec,sync,extra", [("megatron", "resbm", "het_sparseloco", []),
                                                        ("btp", "subspace", "allreduce", GRASSMANN)])
 def test_command_line_prints_one_line_and_exits_2(strategy: str, codec: str, sync: str, extra: List[str]) -> None:
-    """MAPL under BTP (a per-rank traceback before); Subspace Models' Grassmann updates under BTP (they need the
-    whole d-wide residual gradient on one rank)."""
+    """Refused combinations give one line, exit 2 (ResBM under BTP was a per-rank traceback before it composed);
+    Subspace Models' Grassmann updates under BTP need the whole d-wide residual gradient on one rank."""
     out = subprocess.run([sys.executable, "-m", "nanotron_ext.config", "show", "--config-file", str(HET),
                           *[a for kv in overrides(strategy, codec, sync) + extra for a in ("--set", kv)]],
                          cwd=REPO, capture_output=True, text=True, timeout=120)
@@ -158,6 +156,36 @@ def test_the_slow_link_carries_each_megatron_wire_once(codec: dict) -> None:
         for name, g in a["grads"].items():
             assert torch.equal(g, b["grads"][name]), name
     assert abs(once[-1]["loss"] - one[-1]["loss"]) <= 1e-5 * abs(one[-1]["loss"])
+    _check_closed_forms(codec, one, once)
+
+
+def _ledger_sum(results: list, group: str, keep: Callable[[str], bool]) -> int:
+    return sum(c["bytes"] for r in results for op, c in r["comm"].get(group, {}).items() if keep(op))
+
+
+def _check_closed_forms(codec: dict, one: list, once: list) -> None:
+    """`config show`'s closed forms (Technique.closed_form_bytes) against what the ledger measured: the PP
+    tier's bytes per boundary and step each way (MAPL: the wire plus the shared-parameter sync, whose
+    backward rows depend on how many distinct ids a step touched, so the form bounds it), and Megatron's TP
+    all-reduces of one TP rank over both stages."""
+    from nanotron_ext.config.loader import from_dict
+    from nanotron_ext.config.schema import Config
+    from nanotron_ext.registry import CODECS, TP_STRATEGIES
+
+    cfg = from_dict(Config, {"model": {**SMALL, "codec": codec}, "parallelism": {"dp": 1, "tp": 2, "pp": 2},
+                             "tokenizer": {"vocab_size": 260},
+                             "tokens": {"sequence_length": SEQ, "micro_batch_size": MB,
+                                        "batch_accumulation_per_replica": N_MICRO}})
+    pp = CODECS.owner(codec["kind"]).closed_form_bytes("model.codec.kind", codec["kind"], cfg)
+    sent_fwd = _ledger_sum(one, "pp", lambda op: op.startswith("send") and op.endswith("fwd"))
+    sent_bwd = _ledger_sum(one, "pp", lambda op: op.startswith("send") and op.endswith("bwd"))
+    assert pp.forward == sent_fwd, (pp, one[0]["comm"])
+    if codec["kind"] == "mapl":
+        assert _pp_bytes(one, "send:bwd") < sent_bwd <= pp.backward, (pp, one[-1]["comm"])
+    else:
+        assert pp.backward == sent_bwd, (pp, one[-1]["comm"])
+        tp = TP_STRATEGIES.owner("megatron").closed_form_bytes("model.tp_strategy", "megatron", cfg)
+        assert 2 * tp.total == _ledger_sum(once, "tp", lambda op: op == "all_reduce"), (tp, once[0]["comm"])
 
 
 @pytest.mark.slow
@@ -232,7 +260,30 @@ def test_config_show_names_the_technique_of_every_tier() -> None:
         "#   TP (inside a stage, 2 ranks): megatron (core)",
         "#   PP (between stages, 1 links; 1 codec boundaries): subspace (subspace) on replicas [0], identity (core) on "
         "replicas [1]; each wire once over TP (parallelism.pp_scatter_gather); emulated 80 Mbit/s, 5 ms",
-        "#   DP (between replicas, 2): sparseloco (sparseloco)"]
+        "#   DP (between replicas, 2): sparseloco (sparseloco)",
+        "# closed forms (nanotron_ext.metrics.tier_bytes; the comm ledger's bytes):",
+        "#   TP bytes per step per TP rank, all stages: 9.01 MiB (forward 4.51 MiB, backward 4.50 MiB); (4 L + 2) b s d "
+        "+ 3 b s, x 2 micro-batches",
+        # forward 68 + 512 KiB: the two replicas' pipeline bytes the example measures (README, "Three tiers in one
+        # job"): 593,920 B each way per step
+        "#   PP bytes per step per stage link (subspace, replicas [0]): 136.00 KiB (forward 68.00 KiB, backward 68.00 KiB); k x 4 B + "
+        "a 4 B token id (k = 16) per token each way x 1024 tokens per step",
+        "#   PP bytes per step per stage link (identity, replicas [1]): 1.00 MiB (forward 512.00 KiB, backward 512.00 KiB); d x 4 B "
+        "per token each way x 1024 tokens per step",
+        "#   DP bytes per step per replica: 5.00 KiB; top-32 of every 4096-chunk (12-bit indices, bf16 values): 51,184 "
+        "B per outer sync / 10 inner steps; + the changed rows of T_fixed on compressed replicas (data-dependent)"]
+
+
+def test_job_closed_forms_of_the_example_sum_its_tiers() -> None:
+    """The WAN meter's closed-form column for examples/config_three_tiers.yaml, by hand: b s = 4 x 128 tokens,
+    2 micro-batches, d = 128, L = 4, fp32; replica 0 sends k = 16 values + a 4 B id per token, replica 1 d values."""
+    from nanotron_ext.metrics.tier_bytes import job_bytes_per_step
+
+    forms = job_bytes_per_step(load_config(REPO / "examples" / "config_three_tiers.yaml"))
+    bs, d, n = 4 * 128, 128, 2
+    assert forms["pp"] == 2 * n * bs * ((16 * 4 + 4) + d * 4)  # one stage link, both directions, both replicas
+    assert forms["tp"] == 4 * n * 4 * ((4 * 4 + 2) * bs * d + 3 * bs)  # tp x dp = 4 TP ranks, both stages each
+    assert 0 < forms["dp"] < 2 * 4 * 1_836_160 / 10 / 50  # both replicas' payloads, far below dense all-reduce
 
 
 # -- the subspace codec on a BTP-sharded residual stream --------------------------------------------------------
@@ -240,9 +291,10 @@ def _sharded_subspace_worker(seed: int) -> dict:
     """Encode this rank's feature shard, decode back to it; loss = sum(W * X') over the shards (summed over TP)."""
     import torch.distributed as torch_dist
 
+    from nanotron_ext.codecs.base import feature_shard
     from nanotron_ext.config.schema import ModelConfig
     from nanotron_ext.subspace.basis import SubspaceHub
-    from nanotron_ext.subspace.codec import SubspaceDecoder, SubspaceEncoder, feature_shard
+    from nanotron_ext.subspace.codec import SubspaceDecoder, SubspaceEncoder
 
     torch_dist.init_process_group("gloo")
     pg = torch_dist.new_group(list(range(torch_dist.get_world_size())))

@@ -6,8 +6,10 @@ preset on the pipeline stage pairs and on the DP / outer-sync group, `--tp-prese
 parallel/link.py), and the meter reports per system, mean and standard error over seeds:
 
 - steady step time: the median step time of metrics.jsonl, first step excluded;
-- bytes per tier per step (all ranks, sent; the ledger) and the fraction of step time spent waiting on
-  each tier's emulated links (the trainer's link_wait_fraction);
+- bytes per tier per step (all ranks, sent; the ledger) beside each tier's closed form from the techniques'
+  papers (nanotron_ext.metrics.tier_bytes: side traffic such as the pipeline wire's TP all-gather or
+  heterogeneous SparseLoCo's T_fixed rows is not in the forms), and the fraction of step time spent waiting
+  on each tier's emulated links (the trainer's link_wait_fraction);
 - validation loss against wall-clock (cumulative training step time: start-up and validation excluded),
   and the headline: wall-clock to reach the target validation loss (default: the reference run's final
   validation loss + 2%; `--reference`, default the uncompressed pipeline). A run that does not reach it
@@ -20,7 +22,12 @@ parallel/link.py), and the meter reports per system, mean and standard error ove
     python -m nanotron_ext.bench.wan --systems sparseloco_dp4 sparseloco_dp4_churn # churn: 1 of 4 replicas down 20%
 
 `three_tiers` runs examples/config_three_tiers.yaml (the composition of issue 17: fast TP, slow PP, slowest
-DP links); while that file does not exist the system refuses with a message naming it.
+DP links); while that file does not exist the system refuses with a message naming it. `dense_3d` runs the
+same file as the plain 3D layout (full rank, Megatron TP, uncompressed stage link, DP all-reduce every step).
+Three link speeds, the DP tier slower than the pipeline's (`--set` comes last, so it wins):
+
+    python -m nanotron_ext.bench.wan --systems dense_3d three_tiers --reference dense_3d \
+        --preset internet-200m-50ms --set parallelism.link.dp.preset=internet-80m
 
 Anchors printed beside ours (bench.paper): ProtocolNanoGPT's step time uncompressed / subspace-compressed
 over 200 Mbit/s and 50 ms per stage (100.5 / 19.9 s = 5.05x), and ResBM Table 3's 80 Mbit/s half-duplex
@@ -103,6 +110,10 @@ SYSTEMS: Dict[str, System] = {
     "btp_pipeline": System("BOOST BTP, SVD low-rank r=d/4 (tp=2 x pp=2)", 4,
                            PIPE + LOW_RANK + ("parallelism.tp=2", "model.tp_strategy=btp")),
     "three_tiers": System("three tiers dp=2 x tp=2 x pp=2 (issue 17)", 8, (), config=THREE_TIERS),
+    # the same job as a plain 3D layout: full rank, Megatron TP, uncompressed stage link, DP all-reduce every step
+    "dense_3d": System("uncompressed 3D dp=2 x tp=2 x pp=2 (Megatron, identity, all-reduce)", 8,
+                       ("model.low_rank.kind=none", "model.tp_strategy=megatron", "parallelism.dp_sync=allreduce",
+                        "sparseloco=null"), config=THREE_TIERS),
     # the churn scenario: 4 replicas, one of them absent from 1 outer sync in 5 (sparseloco.churn), beside no churn
     "sparseloco_dp4": System("SparseLoCo (dp=4)", 4, DATA4 + ("parallelism.dp_sync=sparseloco",)),
     "sparseloco_dp4_churn": System("SparseLoCo (dp=4), one replica down 20% of syncs", 4,
@@ -177,7 +188,19 @@ def measure_run(system: str, preset: str, seed: int, args: argparse.Namespace) -
     comm = summary["comm_bytes_per_step"]
     return {"system": system, "preset": preset, "seed": seed, **curve,
             "bytes_per_step": {t: comm.get(t, 0) for t in TIERS},
+            "closed_form_bytes_per_step": closed_forms(system, preset, seed, args),
             "link_wait_fraction": summary.get("link_wait_fraction", {}), "final_val_loss": summary["final_val_loss"]}
+
+
+def closed_forms(system: str, preset: str, seed: int, args: argparse.Namespace) -> Dict[str, Optional[float]]:
+    """Each tier's bytes per step by closed form, all ranks (nanotron_ext.metrics.tier_bytes), for one run's
+    config: what the ledger column should read, up to the side traffic the forms leave out."""
+    from nanotron_ext.config import load_config
+    from nanotron_ext.metrics.tier_bytes import job_bytes_per_step
+
+    s = SYSTEMS[system]
+    forms = job_bytes_per_step(load_config(REPO / (s.config or args.config), run_overrides(system, preset, seed, args)))
+    return {t: forms.get(t, 0.0) for t in TIERS}
 
 
 def run_overrides(system: str, preset: str, seed: int, args: argparse.Namespace) -> List[str]:
@@ -248,6 +271,7 @@ def pooled_rows(runs: Sequence[Mapping[str, Any]], reference: str, target_rel: f
                 "step_time_ratio_vs_pipeline": ratio if math.isfinite(ratio) else None,
                 "step_time_ratio_vs_pipeline_se": ratio_se,
                 "bytes_per_step": {t: statistics.fmean(r["bytes_per_step"][t] for r in seeds) for t in TIERS},
+                "closed_form_bytes_per_step": seeds[0].get("closed_form_bytes_per_step", {}),
                 "link_wait_fraction": {t: statistics.fmean(w.get(t, 0.0) for w in waits) for t in TIERS} if waits else {},
                 "final_val_loss": loss, "final_val_loss_se": loss_se, "target_val_loss": target,
                 "time_to_target_s": ttt, "time_to_target_s_se": ttt_se, "reached": f"{len(reached)}/{len(seeds)}",
@@ -264,6 +288,7 @@ def _pm(v: Optional[float], se: Optional[float], fmt: str = "{:.2f}") -> str:
 
 def table(rows: Sequence[Mapping[str, Any]]) -> Tuple[List[str], List[List[Any]]]:
     headers = ["preset", "system", "seeds", "steady step s", "x vs reference (step time)", "KiB/step tp | pp | dp",
+               "closed form KiB/step tp | pp | dp",
                "waiting tp | pp | dp", "final val loss", "target", "time to target s", "reached"]
     body = []
     for r in rows:
@@ -272,6 +297,8 @@ def table(rows: Sequence[Mapping[str, Any]]) -> Tuple[List[str], List[List[Any]]
             r["preset"], r["system"], len(r["seeds"]), _pm(r["steady_step_s"], r["steady_step_s_se"], "{:.3f}"),
             _pm(r["step_time_ratio_vs_pipeline"], r["step_time_ratio_vs_pipeline_se"]),
             " | ".join(fmt_bytes(r["bytes_per_step"][t], "KiB") for t in TIERS),
+            " | ".join(fmt_bytes(r["closed_form_bytes_per_step"].get(t), "KiB") for t in TIERS)
+            if r.get("closed_form_bytes_per_step") else "-",
             " | ".join(f"{w.get(t, 0.0):.0%}" for t in TIERS) if w else "-",
             _pm(r["final_val_loss"], r["final_val_loss_se"], "{:.3f}"),
             "-" if r["target_val_loss"] is None else f"{r['target_val_loss']:.3f}",

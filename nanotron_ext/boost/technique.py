@@ -1,14 +1,15 @@
 """BOOST's Technique: its config sections, the TP strategies it provides, and the rules between them."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 from nanotron_ext.boost.config import BoostConfig, LowRankConfig
 from nanotron_ext.config.checks import ConfigError, require, warn_deprecated
 from nanotron_ext.technique import Technique
 
 if TYPE_CHECKING:
-    from nanotron_ext.config.schema import ModelConfig
+    from nanotron_ext.config.schema import Config, ModelConfig
+    from nanotron_ext.metrics.tier_bytes import TierBytes
 
 LOW_RANK_STRATEGIES = ("vanilla", "btp")
 
@@ -44,6 +45,11 @@ class BoostTechnique(Technique):
         require(low.width(model.hidden_size) <= model.hidden_size, "model.low_rank.rank",
                 f"{low.rank} exceeds model.hidden_size={model.hidden_size} (a bottleneck wider than the model "
                 "compresses nothing)")
+
+    def closed_form_bytes(self, key: str, name: str, cfg: "Config") -> Optional["TierBytes"]:
+        from nanotron_ext.boost.comm_volume import tp_tier_bytes
+
+        return tp_tier_bytes(name, cfg) if key == "model.tp_strategy" else None
 
 
 technique = BoostTechnique()

@@ -89,6 +89,16 @@ class BoundaryCodec:
         live on different stages: emulated links and the ledger see it)."""
 
 
+def feature_shard(tp_pg: Optional[dist.ProcessGroup], d: int) -> slice:
+    """This TP rank's features of a residual stream sharded on d over `tp_pg` (all of them for None): the
+    contiguous block of d / tp that BOOST's btp and nanotron's column-parallel linears give rank r."""
+    if tp_pg is None:
+        return slice(None)
+    width = d // tp_pg.size()
+    rank = dist.get_rank(tp_pg)
+    return slice(rank * width, (rank + 1) * width)
+
+
 def wire_dtype(cfg: ModelConfig) -> torch.dtype:
     """The dtype values cross a boundary in: the run's compute dtype (`model.dtype`)."""
     return torch.bfloat16 if cfg.dtype == "bf16" else torch.float32

@@ -2,7 +2,7 @@
 
     python -m nanotron_ext.config show [--config-file X.yaml] [--set key=value ...]
         print the resolved config (defaults, file, overrides) as YAML, then (as comments) which
-        bandwidth tier (TP / PP / DP) runs which technique
+        bandwidth tier (TP / PP / DP) runs which technique and its bytes per step by closed form
     python -m nanotron_ext.config doc
         print every section and key with its type, default and meaning
 """
@@ -26,6 +26,7 @@ from nanotron_ext.config.loader import (
 )
 from nanotron_ext.config.schema import Config, ConfigError
 from nanotron_ext.config.yaml_io import dump_yaml
+from nanotron_ext.metrics.tier_bytes import tier_lines
 from nanotron_ext.registry import CODECS, DP_SYNCS, TP_STRATEGIES, techniques
 
 
@@ -108,6 +109,10 @@ def render_tiers(config: Config) -> str:
              f"  PP (between stages, {p.pp - 1} links; {boundaries} codec boundaries): {codecs}{once}"
              + (f"; emulated {p.link.bandwidth_mbps:g} Mbit/s, {p.link.latency_ms:g} ms" if p.link.enabled else ""),
              f"  DP (between replicas, {p.dp}): {owner(DP_SYNCS, p.dp_sync)}"]
+    lines += ["closed forms (nanotron_ext.metrics.tier_bytes; the comm ledger's bytes):"]
+    lines += [f"  {line}" for line in tier_lines(config)]
+    if p.tp > 1 and p.pp > 1 and not p.pp_scatter_gather:
+        lines.append(f"  (parallelism.pp_scatter_gather=false: a TP-replicated wire crosses {p.tp} times)")
     return "".join(f"# {line}\n" for line in lines)
 
 

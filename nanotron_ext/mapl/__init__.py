@@ -14,6 +14,10 @@ Paper -> code:
   codec.BoundaryProjection.anchor
 - identical copies of A_p and E_small_p on both sides of a boundary: codec.MaplCodec.after_backward
   (gradients summed across the boundary, bytes counted as pp send:codec_grads)
+- on a BTP-sharded residual stream (TP rank t holds features S_t): Z = sum_t (X - anchor)_{S_t} A_p[S_t] by one
+  TP all-reduce of the r-wide Z, X'_{S_t} = Z A_p[S_t]^T + anchor_{S_t}; A_p, E_small_p replicated over TP with
+  their gradients all-reduced there (an extension, not in the paper): codec.MaplEncoder, codec.MaplDecoder
+  (`sharded_pg`), sync.sync_boundaries
 - SPEL (Riemannian gradient g - A sym(A^T g), heavy-ball momentum, direction polar(m) by
   PolarExpress, retraction polar(A - alpha D)): spel.riemannian_gradient, spel.SPEL, spel.polar_factor;
   PolarExpress itself is a core optimiser utility: nanotron_ext.optim.polar_express

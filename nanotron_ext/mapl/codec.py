@@ -25,7 +25,25 @@ Both sides then hold bit-identical gradients (tests/test_mapl.py at PP = 2).
 
 Choices the text leaves open (config `model.codec.mapl`): r (default d/4, the paper's r = 256 at
 d = 1024), anchor width m (default r), A_p = QR of a seeded Gaussian, E_small_p starts at zero (the
-codec starts as a plain projection). The residual stream must be replicated over TP (not `btp`).
+codec starts as a plain projection).
+
+On a residual stream sharded over TP (BOOST's `model.tp_strategy: btp`: TP rank t holds the features S_t, d/tp
+of them; `feature_shard`) no d-wide activation is all-gathered, because Z is a sum over feature shards:
+    Z = (X - anchor(ids)) A = sum_t (X_{S_t} - E_small[ids] P[:, S_t]) A[S_t]      (A[S_t]: the rows S_t of A)
+so each TP rank multiplies its shard by its rows of A and ONE all-reduce of the r-wide partial Z in the TP
+group completes it (mbs seq r fp32 values per micro-batch; backward: identity). The wire is then the same on every
+TP rank (`wire_replicated`: the pipeline sends it once, 1/tp from each TP rank), so RVQ quantises the whole Z,
+and its sender's k-means step and streamed codebook rows are the same computation on every TP rank. The
+receiver is column-parallel: X'_{S_t} = Z A[S_t]^T + E_small[ids] P[:, S_t], no forward communication;
+backward, dZ = sum_t dX'_{S_t} A[S_t], one all-reduce of the r-wide dZ (nanotron's differentiable_identity).
+Pipeline bytes per boundary are those of the replicated stream at any tp.
+Where A_p and E_small_p live under TP: whole and REPLICATED on every TP rank (SPEL's retraction polar(A - lr D)
+needs all of A), each rank using its rows S_t, so each rank's gradients are partial sums over the feature shards;
+after the backward each side all-reduces them over TP in one flat buffer (sync.py: d r, + V m for a table whose
+gradient is taken there), after which every TP rank holds the whole gradient and takes the identical optimiser
+step. They stay plain (not nanotron-sharded) parameters, so global-norm clipping counts them once, on TP rank 0
+(nanotron_ext/optim/clip.py), and every rank's checkpoint file holds the same copy. The copies' exchange across
+the pipeline link then crosses it once, 1/tp from each TP rank (sync.py).
 """
 from __future__ import annotations
 
@@ -35,10 +53,21 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from nanotron import distributed as dist
 from nanotron.parallel.pipeline_parallel.p2p import P2P
+from nanotron.parallel.tensor_parallel.distributed_differentiable_primitives import (
+    differentiable_all_reduce_sum,
+    differentiable_identity,
+)
 from torch import nn
 
-from nanotron_ext.codecs.base import BoundaryCodec, BoundaryDecoder, BoundaryEncoder, from_wire, to_wire, wire_dtype
-from nanotron_ext.config.checks import ConfigError
+from nanotron_ext.codecs.base import (
+    BoundaryCodec,
+    BoundaryDecoder,
+    BoundaryEncoder,
+    feature_shard,
+    from_wire,
+    to_wire,
+    wire_dtype,
+)
 from nanotron_ext.config.schema import ModelConfig
 from nanotron_ext.mapl.rvq import ResidualQuantizer, decode_from_wire, encode_to_wire
 from nanotron_ext.mapl.sync import sync_boundaries
@@ -75,24 +104,28 @@ class BoundaryProjection(SelfInitialising, nn.Module):
         self.anchor_basis.copy_(basis.T)
         self.anchor_table.zero_()
 
-    def anchor(self, input_ids: torch.Tensor, detach: bool = False) -> torch.Tensor:
+    def anchor(self, input_ids: torch.Tensor, detach: bool = False, mine: slice = slice(None)) -> torch.Tensor:
+        """The anchor's features `mine` (this TP rank's on a sharded stream): E_small[ids] P[:, mine]."""
         table = self.anchor_table.detach() if detach else self.anchor_table
-        return table[input_ids] @ self.anchor_basis
+        return table[input_ids] @ self.anchor_basis[:, mine]
 
-    def sender_anchor_term(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def sender_anchor_term(self, input_ids: torch.Tensor, mine: slice = slice(None)) -> torch.Tensor:
         """Zero [.., r] whose gradient, for an upstream gradient dL/dZ, is -(dL/dZ) (P A)^T = -(dL/dZ) A^T P^T
-        on E_small[ids]: the sender's share of the anchor table's gradient, taken on the receiver."""
+        on E_small[ids]: the sender's share of the anchor table's gradient, taken on the receiver. On a sharded
+        stream each TP rank takes its shard's part, P[:, mine] A[mine] (summed over TP after the backward)."""
         e = self.anchor_table[input_ids]
-        return (e - e.detach()) @ (self.anchor_basis @ self.A).detach()
+        return (e - e.detach()) @ (self.anchor_basis[:, mine] @ self.A[mine]).detach()
 
 
 class _Side(SelfInitialising, nn.Module):
     """One side of a boundary: its copy of the projection and, with RVQ, its quantiser."""
 
-    def __init__(self, cfg: ModelConfig, boundary: int) -> None:
+    def __init__(self, cfg: ModelConfig, boundary: int, sharded_pg: Optional[dist.ProcessGroup] = None) -> None:
         super().__init__()
         mapl = cfg.codec.mapl
         self.projection = BoundaryProjection(cfg, boundary)
+        self.sharded_pg = sharded_pg  # the TP group the residual stream is sharded over (None: replicated)
+        self.mine = feature_shard(sharded_pg, cfg.hidden_size)  # this TP rank's features S_r
         self.r, self.grad_bits = mapl.widths(cfg.hidden_size)[0], mapl.grad_bits
         self.quantizer = (ResidualQuantizer(self.r, mapl.vq_groups, mapl.vq_rounds, mapl.vq_codebook, mapl.vq_decay)
                           if mapl.vq_groups else None)
@@ -120,10 +153,13 @@ class _Side(SelfInitialising, nn.Module):
 
 class MaplEncoder(_Side, BoundaryEncoder):
     def forward(self, residual: torch.Tensor, branch: torch.Tensor, input_ids: Optional[torch.Tensor]) -> torch.Tensor:
-        p = self.projection
+        p, mine = self.projection, self.mine
         self.record_ids(input_ids)
         # "rows": the receiver takes this side's share of the anchor gradient (sender_anchor_term)
-        z = (residual + branch - p.anchor(input_ids, detach=self.shared_sync == "rows")) @ p.A
+        z = (residual + branch - p.anchor(input_ids, detach=self.shared_sync == "rows", mine=mine)) @ p.A[mine]
+        if self.sharded_pg is not None:
+            # sum over the feature shards, in fp32 (autocast made the partials bf16)
+            z = differentiable_all_reduce_sum(z.float(), group=self.sharded_pg)
         if self.quantizer is None:
             return to_wire(z, self.wire_dtype)
         return encode_to_wire(self.quantizer, z, self.grad_bits, learn=self.training)
@@ -131,12 +167,14 @@ class MaplEncoder(_Side, BoundaryEncoder):
 
 class MaplDecoder(_Side, BoundaryDecoder):
     def forward(self, wire: torch.Tensor, input_ids: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
-        p = self.projection
+        p, mine = self.projection, self.mine
         self.record_ids(input_ids)
         z = from_wire(wire) if self.quantizer is None else decode_from_wire(self.quantizer, wire, self.r, self.grad_bits)
-        if self.shared_sync == "rows":
-            z = z - p.sender_anchor_term(input_ids)  # zero forward; routes -dL/dZ A^T P^T to this table
-        x = (z @ p.A.T).float() + p.anchor(input_ids).float()  # fp32 residual stream (autocast: bf16 products)
+        if self.shared_sync == "rows":  # before the identity below: its gradient is the whole dL/dZ
+            z = z - p.sender_anchor_term(input_ids, mine)  # zero forward; routes -dL/dZ A^T P^T to this table
+        if self.sharded_pg is not None:
+            z = differentiable_identity(z, group=self.sharded_pg)  # backward: dZ summed over the feature shards
+        x = (z @ p.A[mine].T).float() + p.anchor(input_ids, mine=mine).float()  # fp32 stream (autocast: bf16 products)
         return x, x
 
 
@@ -145,15 +183,16 @@ class MaplCodec(BoundaryCodec):
 
     def __init__(self, cfg: ModelConfig, tp_pg: dist.ProcessGroup, strategy: TPStrategy) -> None:
         super().__init__(cfg, tp_pg)
-        if strategy.residual_sharded:
-            raise ConfigError(f"model.codec.kind='mapl' needs the residual stream replicated over TP; "
-                              f"model.tp_strategy={cfg.tp_strategy!r} shards it")
+        self.sharded_pg = tp_pg if strategy.residual_sharded and tp_pg.size() > 1 else None
+
+    def wire_replicated(self, residual_sharded: bool) -> bool:
+        return True  # Z is all-reduced over TP on a sharded stream, and computed alike on a replicated one
 
     def encoder(self, boundary: int) -> BoundaryEncoder:
-        return MaplEncoder(self.cfg, boundary)
+        return MaplEncoder(self.cfg, boundary, self.sharded_pg)
 
     def decoder(self, boundary: int) -> BoundaryDecoder:
-        return MaplDecoder(self.cfg, boundary)
+        return MaplDecoder(self.cfg, boundary, self.sharded_pg)
 
     @torch.no_grad()
     def after_backward(self, encoders: Dict[int, BoundaryEncoder], decoders: Dict[int, BoundaryDecoder],

@@ -15,6 +15,16 @@ send the next rank's first receive matches, so nothing deadlocks. Bytes per boun
 size e of the wire dtype, U distinct ids of the step):
     rows:  forward d r e                 backward (d r + U m) e
     dense: forward (d r + V m) 4         backward (d r + V m) 4
+
+On a residual stream sharded over TP (BTP; nanotron_ext/mapl/codec.py) every TP rank holds whole, replicated
+copies of A_p and E_small_p but uses only its features' rows, so its gradients are partial sums over the
+feature shards: each side first all-reduces them over TP (ONE flat all-reduce per side in the fast TP group,
+ledger `all_reduce:codec_grads`; the encoder's anchor table is skipped under "rows": its gradient is taken on
+the receiver), so every TP rank holds the whole gradient. The messages are then the same on every TP rank, so
+each crosses the slow link ONCE: each TP rank sends 1/tp of it (flattened, zero-padded to a multiple of tp) to
+the same TP rank of the peer stage, which all-gathers the slices over TP (ledger `all_gather:codec_grads`),
+as the pipeline does with a replicated wire (nanotron_ext/parallel/p2p.py). Bytes over the link per boundary
+are those above, up to that padding, at any tp.
 """
 from __future__ import annotations
 
@@ -23,6 +33,8 @@ from typing import Any, Dict
 import torch
 from nanotron import distributed as dist
 from nanotron.parallel.pipeline_parallel.p2p import P2P
+
+from nanotron_ext.parallel.comm import get_ledger
 
 KIND = "codec_grads"  # ledger: send:codec_grads:fwd / send:codec_grads:bwd
 
@@ -39,22 +51,72 @@ def sync_boundaries(encoders: Dict[int, Any], decoders: Dict[int, Any], p2p: P2P
     """Equal gradients for both copies of every boundary this rank holds a side of (MaplEncoder / MaplDecoder
     by boundary)."""
     me = dist.get_rank(p2p.pg)
+    for b in sorted(encoders):  # the same order on every TP rank
+        _reduce_over_tp(encoders[b], sender=True)
+    for b in sorted(decoders):
+        _reduce_over_tp(decoders[b], sender=False)
     sending = [encoders[b] for b in sorted(encoders) if b not in decoders]  # the peer decodes: stage me + 1
     receiving = [decoders[b] for b in sorted(decoders) if b not in encoders]  # the peer encodes: stage me - 1
     for b in sorted(set(encoders) & set(decoders)):
         _local(encoders[b], decoders[b])
     outgoing = {id(side): _outgoing(side, sender=True) for side in sending}
     for side in sending:
-        p2p.send_tensors([outgoing[id(side)]], to_rank=me + 1, kind=KIND)
+        _send(p2p, side, outgoing[id(side)], me + 1)
     for side in receiving:
-        theirs = p2p.recv_tensors(1, from_rank=me - 1, kind=KIND)[0]
+        theirs = _recv(p2p, side, me - 1, _length(side, from_sender=True))
         mine = _outgoing(side, sender=False)
-        p2p.send_tensors([mine], to_rank=me - 1, kind=KIND)
+        _send(p2p, side, mine, me - 1)
         _combine(side, mine, theirs, sender=False)
     for side in sending:
-        _combine(side, outgoing[id(side)], p2p.recv_tensors(1, from_rank=me + 1, kind=KIND)[0], sender=True)
+        _combine(side, outgoing[id(side)], _recv(p2p, side, me + 1, _length(side, from_sender=False)), sender=True)
     for side in list(encoders.values()) + list(decoders.values()):
         side.step_ids.clear()
+
+
+def _reduce_over_tp(side: Any, sender: bool) -> None:
+    """On a sharded stream: this TP rank's partial gradients summed over TP (module doc), in one all-reduce."""
+    pg = side.sharded_pg
+    if pg is None:
+        return
+    proj = side.projection
+    params = [proj.A] if sender and side.shared_sync == "rows" else [proj.A, proj.anchor_table]
+    flat = torch.cat([_grad(p).reshape(-1) for p in params])
+    with get_ledger().tag(KIND):
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=pg)
+    offset = 0
+    for p in params:
+        p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
+        offset += p.numel()
+
+
+def _send(p2p: P2P, side: Any, message: torch.Tensor, to_rank: int) -> None:
+    """The message (the same on every TP rank of a sharded side) once over the link: this TP rank's 1/tp."""
+    pg = side.sharded_pg
+    if pg is not None:
+        tp, size = pg.size(), -(-message.numel() // pg.size())
+        padded = torch.nn.functional.pad(message, (0, size * tp - message.numel()))
+        message = padded[dist.get_rank(pg) * size:(dist.get_rank(pg) + 1) * size].contiguous()
+    p2p.send_tensors([message], to_rank=to_rank, kind=KIND)
+
+
+def _recv(p2p: P2P, side: Any, from_rank: int, numel: int) -> torch.Tensor:
+    """The peer's message of `numel` values: whole, or this TP rank's slice all-gathered over TP (`_send`)."""
+    part = p2p.recv_tensors(1, from_rank=from_rank, kind=KIND)[0]
+    pg = side.sharded_pg
+    if pg is None:
+        return part
+    whole = torch.empty(part.numel() * pg.size(), dtype=part.dtype, device=part.device)
+    with get_ledger().tag(KIND):
+        dist.all_gather_into_tensor(whole, part.contiguous(), group=pg)
+    return whole[:numel]
+
+
+def _length(side: Any, from_sender: bool) -> int:
+    """Values in the message the peer side sends (both sides know it: the step's ids crossed with Z)."""
+    proj = side.projection
+    if side.shared_sync == "dense":
+        return sum(p.numel() for p in proj.parameters())
+    return proj.A.numel() + (0 if from_sender else side.touched_rows().numel() * proj.anchor_table.shape[1])
 
 
 def _local(encoder: Any, decoder: Any) -> None:

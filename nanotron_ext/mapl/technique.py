@@ -2,14 +2,15 @@
 optimiser group, and the rules on the codec's widths."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 from nanotron_ext.config.checks import require
 from nanotron_ext.mapl.config import MaplCodecConfig, SpelConfig
 from nanotron_ext.technique import Technique
 
 if TYPE_CHECKING:
-    from nanotron_ext.config.schema import ModelConfig
+    from nanotron_ext.config.schema import Config, ModelConfig
+    from nanotron_ext.metrics.tier_bytes import TierBytes
 
 SPEL_TAG = "mapl_spel"
 
@@ -18,7 +19,6 @@ class MaplTechnique(Technique):
     name = "mapl"
     sections = {"model.codec.mapl": MaplCodecConfig, "optimizer.spel": SpelConfig}
     provides = {"model.codec.kind": ["mapl"], "optimizer group": [SPEL_TAG]}
-    needs_replicated_residual = {"model.codec.kind=mapl": "MAPL's encoder projects all d features (Z = (X - anchor) A_p)"}
     pieces = "nanotron_ext.mapl.pieces:MaplPieces"
 
     def check_model(self, model: "ModelConfig") -> None:
@@ -30,6 +30,13 @@ class MaplTechnique(Technique):
                 f"{m} exceeds model.hidden_size={d} (the anchor basis P_p [m, d] has orthonormal rows)")
         require(not mapl.vq_groups or r % mapl.vq_groups == 0, "model.codec.mapl.vq_groups",
                 f"{mapl.vq_groups} does not divide the wire width r={r}")
+
+    def closed_form_bytes(self, key: str, name: str, cfg: "Config") -> Optional["TierBytes"]:
+        if key != "model.codec.kind":
+            return None
+        from nanotron_ext.mapl.closed_form import boundary_bytes
+
+        return boundary_bytes(cfg)
 
 
 technique = MaplTechnique()

@@ -16,6 +16,9 @@ Paper -> code:
   b_l = trunc_h(x_attn_l) + E_l(FF(norm(x_attn_l))): codec.ResBMEncoder
 - decoder in the receiver's attention branch, x_attn_{l+1} = pad_d(b_l) + Attn(norm(D_{l+1}(b_l))):
   codec.ResBMDecoder (returns (pad_d(b), D(b)) to the core's DecoderLayer)
+- the same E and D on a residual stream sharded on d over TP (BOOST's btp; not in the paper): E's first
+  linear row-parallel, D's last column-parallel, one narrow TP all-reduce each way: codec.ShardedResBMEncoder,
+  codec.ShardedResBMDecoder (algebra in codec's docstring; tests/test_resbm_btp.py)
 - sec. 3.4 / 4.1, optimisers (Muon on hidden matrices incl. E and D, RMS-matched so one peak lr serves
   AdamW and Muon, final lr 1% AdamW / 10% Muon): optimizer.muon_adjust_lr and
   optimizer.muon_min_lr_ratio in the core optimiser config; configs in reproduce/resbm/

@@ -10,9 +10,9 @@ fig. B.1):
 A checkpoint is a `step_<N>/` folder or a checkpoint root (its latest complete step). The default
 pattern is the bottleneck output projection (the encoder's last linear, whose output is the wire);
 `mlp.down_proj.weight` gives the FFN output projections of the paper's fig. 1. Weights are read from
-the tp-rank-0, dp-rank-0 file of every pipeline stage (ResBM's E and D are replicated over TP; a
-TP-sharded weight would be only rank 0's shard, so the tool refuses one). Writes <out>/effective_rank.json
-and <out>/spectra.png, and prints the table.
+the tp-rank-0, dp-rank-0 file of every pipeline stage (ResBM's E and D are replicated over TP, but for
+E's first and D's last linear under btp; a TP-sharded weight would be only rank 0's shard, so the tool
+refuses one). Writes <out>/effective_rank.json and <out>/spectra.png, and prints the table.
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 DEFAULT_PATTERN = r"boundary_encoder\.net\.fc2\.weight"
+BTP_SHARDED = r"boundary_encoder\.net\.fc1\.|boundary_decoder\.net\.fc2\."  # split on d under btp (codec.py)
 
 
 def singular_values(weight: torch.Tensor) -> torch.Tensor:
@@ -69,8 +70,14 @@ def load_weights(checkpoint: Path, pattern: str) -> Dict[str, torch.Tensor]:
                 out[name] = tensor
     if not out:
         raise ValueError(f"{step}: no 2-D weight matches --pattern {pattern!r}")
-    if int(meta.get("tp", 1)) > 1 and not re.search("boundary_", pattern):
-        raise ValueError(f"{step}: tp={meta['tp']}; only TP-replicated weights (ResBM's E/D) can be read from one file")
+    tp = int(meta.get("layout", meta).get("tp", 1))  # checkpoint.py writes {"layout": {"tp": ...}}
+    if tp > 1 and not re.search("boundary_", pattern):
+        raise ValueError(f"{step}: tp={tp}; only TP-replicated weights (ResBM's E/D) can be read from one file")
+    btp = (meta.get("config") or {}).get("model", {}).get("tp_strategy") == "btp"
+    sharded = [n for n in out if re.search(BTP_SHARDED, n)] if tp > 1 and btp else []
+    if sharded:
+        raise ValueError(f"{step}: tp={tp} under model.tp_strategy=btp shards {sharded[0]} over TP; one file holds "
+                         "only rank 0's part")
     return out
 
 

@@ -1,7 +1,7 @@
 """ResBM's Technique: the `model.codec.resbm` section, the "resbm" codec, and the rules on its widths."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 from nanotron_ext.config.checks import machine_memory_bytes, require
 from nanotron_ext.resbm.config import ResBMConfig
@@ -9,6 +9,7 @@ from nanotron_ext.technique import Section, Technique
 
 if TYPE_CHECKING:
     from nanotron_ext.config.schema import Config, ModelConfig
+    from nanotron_ext.metrics.tier_bytes import TierBytes
 
 # fp32 weight + gradient + AdamW's two moments: what one trained parameter costs before activations
 BYTES_PER_TRAINED_PARAM = 16
@@ -18,7 +19,6 @@ class ResBMTechnique(Technique):
     name = "resbm"
     sections = {"model.codec.resbm": Section(ResBMConfig, default=lambda: ResBMConfig(ratio=4))}
     provides = {"model.codec.kind": ["resbm"]}
-    needs_replicated_residual = {"model.codec.kind=resbm": "ResBM's encoder keeps the first h of all d features"}
     pieces = "nanotron_ext.resbm.pieces:ResBMPieces"
 
     def check_model(self, model: "ModelConfig") -> None:
@@ -40,6 +40,13 @@ class ResBMTechnique(Technique):
                 f"2 m (d + h)), about {need / 2**30:.1f} GiB as fp32 weights, gradients and AdamW state "
                 f"({BYTES_PER_TRAINED_PARAM} bytes each), more than this machine's {have / 2**30:.1f} GiB; lower it "
                 f"(default hidden_size // 4 = {model.hidden_size // 4})")
+
+    def closed_form_bytes(self, key: str, name: str, cfg: "Config") -> Optional["TierBytes"]:
+        """Only b (h wide) crosses, and its gradient back (sec. 3.2; appendix A.3 counts it in bf16)."""
+        from nanotron_ext.metrics.tier_bytes import element_size, wire_bytes
+
+        h, e = cfg.model.codec.resbm.width(cfg.model.hidden_size), element_size(cfg.model)
+        return wire_bytes(cfg, h * e, h * e, f"h x {e} B (h = {h})")
 
 
 technique = ResBMTechnique()

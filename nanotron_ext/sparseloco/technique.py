@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 from nanotron_ext.config.checks import ConfigError, check_residual_layout, require
 from nanotron_ext.registry import techniques
@@ -14,6 +14,7 @@ from nanotron_ext.technique import Technique
 
 if TYPE_CHECKING:
     from nanotron_ext.config.schema import Config
+    from nanotron_ext.metrics.tier_bytes import TierBytes
 
 
 class SparseLoCoTechnique(Technique):
@@ -98,6 +99,22 @@ class SparseLoCoTechnique(Technique):
         heterogeneous_replica(out.model, replica in s.compressed_replicas, reproject=s.weight_projection,
                               modified_adamw=s.modified_adamw, grassmann_every=s.grassmann_every)
         return out
+
+    def closed_form_bytes(self, key: str, name: str, cfg: "Config") -> Optional["TierBytes"]:
+        """One outer sync's compressed pseudo-gradient (indices + values of the top-k per chunk), spread over
+        its inner steps."""
+        from nanotron_ext.bench.params import param_shapes
+        from nanotron_ext.metrics.tier_bytes import TierBytes
+        from nanotron_ext.sparseloco.accounting import outer_sync_bytes
+
+        s = cfg.sparseloco
+        payload = outer_sync_bytes(param_shapes(self.replica_config(cfg, 0)), s)  # every replica: the same shapes
+        values = f"{s.quant_bits}-bit codes" if s.quant_bits else f"{s.value_dtype} values"
+        extra = ("; + the changed rows of T_fixed on compressed replicas (data-dependent)"
+                 if s.compressed_replicas and s.embedding_adaptation else "")
+        return TierBytes(payload / s.inner_steps, 0.0,
+                         f"top-{s.topk} of every {s.chunk}-chunk ({s.index_bits}-bit indices, {values}): "
+                         f"{payload:,} B per outer sync / {s.inner_steps} inner steps{extra}")
 
 
 technique = SparseLoCoTechnique()

@@ -37,7 +37,7 @@ from nanotron.parallel.tensor_parallel.distributed_differentiable_primitives imp
     differentiable_identity,
 )
 
-from nanotron_ext.codecs.base import BoundaryCodec, BoundaryDecoder, BoundaryEncoder, from_wire, to_wire
+from nanotron_ext.codecs.base import BoundaryCodec, BoundaryDecoder, BoundaryEncoder, feature_shard, from_wire, to_wire
 from nanotron_ext.config.schema import ModelConfig
 from nanotron_ext.models.dense import FullTensor, NoDenseEquivalent
 from nanotron_ext.subspace.basis import SubspaceHub
@@ -59,15 +59,6 @@ class _ExactBoundary:
 
     def load_dense_(self, dense: Dict[str, torch.Tensor]) -> Dict[str, float]:
         return {}
-
-
-def feature_shard(tp_pg: Optional[dist.ProcessGroup], d: int) -> slice:
-    """This TP rank's features of a residual stream sharded over `tp_pg` (all of them for None)."""
-    if tp_pg is None:
-        return slice(None)
-    width = d // tp_pg.size()
-    rank = dist.get_rank(tp_pg)
-    return slice(rank * width, (rank + 1) * width)
 
 
 class SubspaceEncoder(_ExactBoundary, BoundaryEncoder):

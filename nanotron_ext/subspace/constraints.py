@@ -48,6 +48,7 @@ from nanotron.parallel.tensor_parallel.distributed_differentiable_primitives imp
 from nanotron.parallel.tensor_parallel.nn import TensorParallelColumnLinear, TensorParallelRowLinear
 from torch import nn
 
+from nanotron_ext.codecs.base import feature_shard
 from nanotron_ext.config.checks import ConfigError
 from nanotron_ext.config.schema import ModelConfig
 from nanotron_ext.models.constraints import OutputConstraint, Projections
@@ -55,7 +56,6 @@ from nanotron_ext.models.dense import FullTensor
 from nanotron_ext.models.init import local_shard
 from nanotron_ext.optim.param_groups import tag_parameter
 from nanotron_ext.subspace.basis import SubspaceHub
-from nanotron_ext.subspace.codec import feature_shard
 from nanotron_ext.subspace.grassmann import grassmann_update
 from nanotron_ext.subspace.technique import SUBSPACE_ADAMW_TAG
 

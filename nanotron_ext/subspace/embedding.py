@@ -33,12 +33,12 @@ from nanotron.parallel.tensor_parallel.enum import TensorParallelLinearMode
 from nanotron.parallel.tensor_parallel.nn import TensorParallelEmbedding
 from torch import nn
 
+from nanotron_ext.codecs.base import feature_shard
 from nanotron_ext.config.schema import ModelConfig
 from nanotron_ext.models.dense import FullTensor
 from nanotron_ext.models.init import local_shard
 from nanotron_ext.models.tp_strategy import TiedEmbedding, TPStrategy
 from nanotron_ext.subspace.basis import SubspaceHub
-from nanotron_ext.subspace.codec import feature_shard
 
 
 class SplitEmbedding(TiedEmbedding, nn.Module):

@@ -4,7 +4,7 @@ span(U) constraint the codec is exact with (each can be overridden, and a choice
 is a config error naming both keys)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 from nanotron_ext.config.checks import require
 from nanotron_ext.registry import techniques
@@ -13,6 +13,7 @@ from nanotron_ext.technique import Technique
 
 if TYPE_CHECKING:
     from nanotron_ext.config.schema import Config, ModelConfig
+    from nanotron_ext.metrics.tier_bytes import TierBytes
 
 SUBSPACE_ADAMW_TAG = "subspace_adamw"
 SPLIT_EMBEDDINGS = ("subspace", "subspace_adapted")  # T_fixed + a part in span(U): what the codec subtracts
@@ -68,6 +69,16 @@ class SubspaceTechnique(Technique):
             require(not m.subspace.modified_adamw, "model.subspace.modified_adamw",
                     f"true cannot run {layout}: its second moment is a mean over all d output rows, which the "
                     "strategy shards on d; set it to false or parallelism.tp=1")
+
+    def closed_form_bytes(self, key: str, name: str, cfg: "Config") -> Optional["TierBytes"]:
+        """Z (k wide) and the token ids (int32) cross, and Z's gradient back in a tensor of the same width
+        (sec. 4.3; nanotron_ext.subspace.codec)."""
+        if key != "model.codec.kind":
+            return None
+        from nanotron_ext.metrics.tier_bytes import element_size, wire_bytes
+
+        k, e = cfg.model.subspace.width(cfg.model.hidden_size), element_size(cfg.model)
+        return wire_bytes(cfg, k * e + 4, k * e + 4, f"k x {e} B + a 4 B token id (k = {k})")
 
 
 def heterogeneous_replica(model: "ModelConfig", compressed: bool, *, reproject: bool, modified_adamw: bool,

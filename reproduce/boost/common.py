@@ -4,7 +4,7 @@ Paper: "BOOST: Bottleneck-Optimized Scalable Training Framework for Low-Rank Lar
 (Wang, Liu et al.). Three designs are compared on one model shape and batch: `megatron` (full rank,
 the paper's FullRank-TP), `vanilla` (low rank, Megatron TP per factor: Vanilla-TP) and `btp`
 (bottleneck-aware TP: BOOST). Here: how a config becomes each design, the Table 6 closed forms
-(with their GQA form), one decoder block's TP bytes from the comm ledger, the saved-tensor probe
+(nanotron_ext.boost.comm_volume, with their GQA form), one decoder block's TP bytes from the comm ledger, the saved-tensor probe
 that sees the inputs of low-rank checkpoint frames, and one colour per design in every figure.
 """
 from __future__ import annotations
@@ -18,33 +18,10 @@ if str(REPO) not in sys.path:  # scripts run as files (and under torchrun): make
     sys.path.insert(0, str(REPO))
 
 from nanotron_ext.bench import workload  # noqa: E402
+from nanotron_ext.boost.comm_volume import kv_width, table6_tp_elements  # noqa: E402,F401 (the scripts' names)
 
 DESIGNS = ("megatron", "vanilla", "btp")
 PAPER = "BOOST: Bottleneck-Optimized Scalable Training Framework for Low-Rank Large Language Models"
-
-
-# ------------------------------------------------------------------------------------------------
-# Table 6 (appendix; Table 1 in the body): TP volume of one decoder block in one pass
-# ------------------------------------------------------------------------------------------------
-def table6_tp_elements(strategy: str, b: int, s: int, d: int, d_ff: int, r: int, kv_width: Optional[int] = None) -> int:
-    """TP all-reduce payload of ONE decoder block in ONE forward pass, in elements (norm statistics
-    and embedding omitted). The paper assumes MHA: full rank 2bsd, vanilla low rank 5bsd + 2bs*d_ff,
-    BTP 7bsr. With grouped kv heads (kv_width = num_kv_heads * head_dim < d) vanilla's k and v
-    up-projections all-reduce kv_width-wide outputs: 3bsd + 2bs*kv_width + 2bs*d_ff. Full rank (one
-    all-reduce after o and after down) and BTP (every chunk on the r-wide bottleneck) do not change."""
-    kv = d if kv_width is None else kv_width
-    if strategy == "megatron":
-        return 2 * b * s * d
-    if strategy == "vanilla":
-        return 3 * b * s * d + 2 * b * s * kv + 2 * b * s * d_ff
-    if strategy == "btp":
-        return 7 * b * s * r
-    raise ValueError(f"no Table 6 closed form for strategy {strategy!r}")
-
-
-def kv_width(model_cfg: Any) -> int:
-    """num_kv_heads * head_dim of a model config."""
-    return model_cfg.num_kv_heads * (model_cfg.hidden_size // model_cfg.num_heads)
 
 
 # ------------------------------------------------------------------------------------------------
