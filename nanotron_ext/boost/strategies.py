@@ -98,7 +98,7 @@ class _LowRankStrategy(TPStrategy):
         self._relay_needed = any(prev == "o" for prev in lax_previous(specs, cfg.low_rank.kind).values())
         self._relays: Dict[int, LatentRelay] = {}
 
-    # the factor pairs have no single output weight to constrain
+    # vanilla: the factor pairs have no single output weight to constrain (btp names its up factors below)
     output_projections = TPStrategy.output_projections
 
     def attention(self, layer_idx: int) -> nn.Module:
@@ -132,3 +132,9 @@ class BTPStrategy(_LowRankStrategy):
 
     def head(self) -> nn.Module:
         return GatheredHead(self.cfg, self.tp_pg)
+
+    def output_projections(self, attn: nn.Module, mlp: nn.Module) -> Dict[str, nn.Module]:
+        """The linears whose output is the residual branch: a factorised o/down's UP factor (column-parallel,
+        this rank's d/tp output features; whatever h the pair applies, up(h(.)) lies in up's column span), a
+        full-rank one itself (row-parallel, all d output rows on every rank, reduce-scattered)."""
+        return {key: getattr(mod, "up", mod) for key, mod in (("attn_out", attn.o_proj), ("mlp_down", mlp.down_proj))}

@@ -41,7 +41,10 @@ class LowRankPair(nn.Module):
         if exact and not self.exact_product:
             raise NoDenseEquivalent("model.low_rank.kind is cola or lax: y = up(h(down(x))) with a nonlinearity or another "
                                     "linear's latent in h has no single dense weight")
-        up, down = full(self.up.weight).double(), full(self.down.weight).double()
+        # a factor whose weight is computed from other parameters (Subspace Models' W = U_S C under btp) states
+        # its unsharded value itself: full() knows the shards of parameters only
+        up, down = (f.full_weight(full) if hasattr(f, "full_weight") else full(f.weight) for f in (self.up, self.down))
+        up, down = up.double(), down.double()
         return {"weight": (up @ down).float()}
 
     @torch.no_grad()

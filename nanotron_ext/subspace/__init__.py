@@ -1,6 +1,7 @@
 """Subspace (Protocol) Models: exact compression of pipeline activations and activation gradients.
 
-Paper: "Protocol Models: Scaling Decentralized Training with Communication-Efficient Model Parallelism".
+Paper: "Protocol Models: Scaling Decentralized Training with Communication-Efficient Model Parallelism"
+(Ramasinghe et al., arXiv:2506.01260).
 Selected by model.codec.kind = "subspace", which brings the split embedding (model.embedding.kind) and the
 span(U) constraint (model.output_constraint.kind) it is exact with; options under model.subspace
 (config.SubspaceConfig). `technique` (technique.py: the section, the names it provides, the one switch and
@@ -21,6 +22,11 @@ Paper -> code (most equations were lost in the text; the reading follows the pro
 - sec. 4.3.1 eq. 8, forward compression Z = (X - T_fixed[ids]) U and reconstruction X = Z U^T + T_fixed[ids]:
   codec.SubspaceEncoder, codec.SubspaceDecoder (ids travel in the wire, codecs/base.pack_ids)
 - sec. 4.4 eq. 9-10, backward compression G U / G U U^T: autograd through the codec's two products
+- sec. 4.3-4.4 on a residual stream sharded over TP (BOOST's btp; not in the paper, derived per feature shard
+  S_r): codec.SubspaceEncoder/Decoder (Z = sum_r (X - T_fixed[ids])_{S_r} U_{S_r}, one k-wide all-reduce),
+  embedding.SplitEmbedding (X0_{S_r} = T_fixed[ids]_{S_r} + T_S[ids] U_{S_r}^T), constraints.project_ /
+  SubspaceColumnLinear (btp's up factors, rows S_r: one k x in all-reduce, or W_{S_r} = U_{S_r} C);
+  Grassmann updates and the sec. 5 AdamW refused there at tp > 1 (technique.SubspaceTechnique.check)
 - sec. 4.5 eq. 11 and sec. 6, Grassmann updates (A = sum G^T G, Riemannian gradient, QR retraction):
   grassmann.grassmann_objective, riemannian_grad, retract, grassmann_step, grassmann_update, move_onto;
   A accumulated by codec.SubspaceDecoder; driven by SubspaceConstraint.after_step

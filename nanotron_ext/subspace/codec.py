@@ -18,9 +18,9 @@ k-wide partial Z in the TP group completes it (backward: identity, each rank's d
 wire Z is then the same on every TP rank (the pipeline sends it once: wire_replicated). The decoder is
 column-parallel: X_{S_r} = Z U_{S_r}^T + T_fixed[ids]_{S_r}, no forward communication; backward,
 dZ = sum_r dX_{S_r} U_{S_r}, one all-reduce of the k-wide dZ (nanotron's differentiable_identity).
-Reachable as a module today (tests/test_three_tiers.py checks it against an unsharded float64 codec); the
-split embedding and the span(U) constraint under btp are not built yet, so the config still refuses
-model.codec.kind=subspace with model.tp_strategy=btp at tp > 1.
+The split embedding (embedding.py) and the span(U) constraint (constraints.py) are built per feature shard
+the same way, so model.codec.kind=subspace runs with model.tp_strategy=btp at any tp (Grassmann updates
+excepted: below, and refused at config load by technique.SubspaceTechnique.check).
 
 Every decoder also records A += G^T G of the gradient it receives (before projection: the full gradient
 of the receiving stage) when Grassmann updates are on; the update uses the last boundary's A

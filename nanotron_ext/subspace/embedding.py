@@ -5,6 +5,18 @@ trainable low-rank part in U coordinates, so T_S U^T lies in span(U) and the cod
 T_fixed[ids] and send k coordinates. Under TP, T_S is nanotron's vocab-sharded TensorParallelEmbedding
 (its k-wide output is all-reduced) and T_fixed is replicated (a lookup, no communication).
 
+On a residual stream sharded over TP (BOOST's btp: rank r holds the features S_r; Protocol Models,
+arXiv:2506.01260, sec. 4.3.1 per feature shard) each rank embeds only its shard,
+    X0_{S_r} = T_fixed[ids]_{S_r} + T_S[ids] U_{S_r}^T      (U_{S_r}: the rows S_r of U),
+with T_S kept vocab-sharded exactly as under Megatron (the same parameter, names and shards at either
+strategy, and the row-wise layout heterogeneous SparseLoCo's adaptation expects): the lookup's k-wide
+all-reduce gives every rank the whole T_S[ids], and each multiplies it by its own rows of U. Backward, a
+rank's dT_S[ids] = dX0_{S_r} U_{S_r} is its shard's part only, so the k-wide lookup output passes
+nanotron's differentiable_identity (backward: all-reduce over TP) before the product; the lookup's own
+backward then scatters the summed gradient into each rank's vocabulary rows. Communication per pass:
+b*s*k each way (no d-wide collective). A tied head (btp gathers the residual before its vocab-sharded
+head) reads the same table_shard() as under Megatron.
+
 Tied heads (model.tie_embeddings, pp = 1 like every tied model here): the head reads the composed table,
 logits = h (T_fixed + T_S U^T)^T over this TP rank's vocabulary rows, rebuilt from T_S at every forward
 (`SplitEmbedding.tie_head`), so T_S is trained through both uses while T_fixed stays a seeded buffer,
@@ -16,11 +28,12 @@ from typing import Dict, Optional
 
 import torch
 from nanotron import distributed as dist
+from nanotron.parallel.tensor_parallel.distributed_differentiable_primitives import differentiable_identity
 from nanotron.parallel.tensor_parallel.enum import TensorParallelLinearMode
 from nanotron.parallel.tensor_parallel.nn import TensorParallelEmbedding
 from torch import nn
 
-from nanotron_ext.config.checks import ConfigError
+from nanotron_ext.codecs.base import feature_shard
 from nanotron_ext.config.schema import ModelConfig
 from nanotron_ext.models.dense import FullTensor
 from nanotron_ext.models.init import local_shard
@@ -29,11 +42,13 @@ from nanotron_ext.subspace.basis import SubspaceHub
 
 
 class SplitEmbedding(TiedEmbedding, nn.Module):
-    """input_ids [b, s] -> T_fixed[ids] + T_S[ids] U^T, [b, s, d] (replicated over TP)."""
+    """input_ids [b, s] -> T_fixed[ids] + T_S[ids] U^T, [b, s, d] (replicated over TP), or this rank's
+    features [b, s, d / tp] of it when the strategy shards the residual stream (see module docstring)."""
 
     def __init__(self, cfg: ModelConfig, strategy: TPStrategy, hub: SubspaceHub) -> None:
         super().__init__()
         self.hub = hub
+        self.sharded_pg = strategy.tp_pg if strategy.residual_sharded and strategy.tp_pg.size() > 1 else None
         # parameter name token_embedding.pp_block.embedding.small.weight: seeded like every other parameter
         self.small = TensorParallelEmbedding(cfg.vocab_size, hub.k, pg=strategy.tp_pg,
                                              mode=TensorParallelLinearMode.ALL_REDUCE)
@@ -41,7 +56,10 @@ class SplitEmbedding(TiedEmbedding, nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         low = self.small(input_ids)
-        return self.hub.fixed[input_ids].to(low.dtype) + low @ self.hub.basis.to(low.dtype).T
+        mine = feature_shard(self.sharded_pg, self.hub.basis.shape[0])
+        if self.sharded_pg is not None:
+            low = differentiable_identity(low, group=self.sharded_pg)  # backward: dT_S[ids] summed over the shards
+        return self.hub.fixed[input_ids][..., mine].to(low.dtype) + low @ self.hub.basis[mine].to(low.dtype).T
 
     def table_shard(self) -> torch.Tensor:
         """T_fixed + T_S U^T on this TP rank's vocabulary rows [min_id, max_id) (the head's shard too)."""
@@ -76,9 +94,6 @@ class SplitEmbedding(TiedEmbedding, nn.Module):
 
 def split_embedding(cfg: ModelConfig, strategy: TPStrategy, hub: SubspaceHub) -> nn.Module:
     """model.embedding.kind = subspace."""
-    if strategy.residual_sharded:
-        raise ConfigError(f"model.embedding.kind='subspace' needs a replicated residual stream; "
-                          f"model.tp_strategy={cfg.tp_strategy!r} shards it (use 'megatron')")
     return SplitEmbedding(cfg, strategy, hub)
 
 
@@ -92,12 +107,16 @@ class AdaptedSplitEmbedding(nn.Module):
 
     Under (Megatron) TP, T_S is vocab-sharded like the standard table (nanotron's TensorParallelEmbedding:
     this rank's rows [min_id, max_id), the lookup all-reduced), T_fixed replicated: adaptation is row-wise in
-    V, so each TP rank adapts its own rows of T_S and the TP group all-gathers what T_fixed gains."""
+    V, so each TP rank adapts its own rows of T_S and the TP group all-gathers what T_fixed gains. On a
+    btp-sharded residual stream (`sharded_pg`) the table and its adaptation stay exactly so; the d-wide lookup
+    (all-reduced like Megatron's) passes nanotron's differentiable_identity (backward: the shards' gradients,
+    each zero outside its features, summed) and each rank keeps its features S_r."""
 
     def __init__(self, cfg: ModelConfig, hub: SubspaceHub, compressed: bool,
-                 tp_pg: Optional[dist.ProcessGroup] = None) -> None:
+                 tp_pg: Optional[dist.ProcessGroup] = None, residual_sharded: bool = False) -> None:
         super().__init__()
         self.hub, self.compressed = hub, compressed
+        self.sharded_pg = tp_pg if residual_sharded and tp_pg is not None and tp_pg.size() > 1 else None
         # init_weights_ draws it like a standard table (layout-independent: the same rows at any tp); without a
         # process group (unit tests, one process) a plain table
         self.table = nn.Embedding(cfg.vocab_size, cfg.hidden_size) if tp_pg is None else TensorParallelEmbedding(
@@ -134,9 +153,13 @@ class AdaptedSplitEmbedding(nn.Module):
         if self.compressed:
             u = self.hub.basis.to(low.dtype)
             low = (low @ u) @ u.T  # rows onto span(U): T_S[ids] U U^T
-        return self.hub.fixed[input_ids].to(low.dtype) + low
+        x = self.hub.fixed[input_ids].to(low.dtype) + low
+        if self.sharded_pg is None:
+            return x
+        return differentiable_identity(x, group=self.sharded_pg)[..., feature_shard(self.sharded_pg, x.shape[-1])]
 
 
 def adapted_split_embedding(cfg: ModelConfig, strategy: TPStrategy, hub: SubspaceHub) -> nn.Module:
-    """model.embedding.kind = subspace_adapted (untied; a replicated residual stream: checked at config load)."""
-    return AdaptedSplitEmbedding(cfg, hub, compressed=cfg.codec.kind == "subspace", tp_pg=strategy.tp_pg)
+    """model.embedding.kind = subspace_adapted (untied: checked at config load)."""
+    return AdaptedSplitEmbedding(cfg, hub, compressed=cfg.codec.kind == "subspace", tp_pg=strategy.tp_pg,
+                                 residual_sharded=strategy.residual_sharded)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Optional
 
 from nanotron_ext.config.checks import require
+from nanotron_ext.registry import techniques
 from nanotron_ext.subspace.config import SubspaceConfig
 from nanotron_ext.technique import Technique
 
@@ -23,11 +24,6 @@ class SubspaceTechnique(Technique):
     sections = {"model.subspace": SubspaceConfig}
     provides = {"model.codec.kind": ["subspace"], "model.embedding.kind": list(SPLIT_EMBEDDINGS),
                 "model.output_constraint.kind": ["subspace"], "optimizer group": [SUBSPACE_ADAMW_TAG]}
-    needs_replicated_residual = {
-        "model.codec.kind=subspace": "the subspace codec projects all d features (Z = (X - T_fixed) U)",
-        "model.embedding.kind=subspace": "the split embedding writes all d features (T_fixed + T_S U^T)",
-        "model.embedding.kind=subspace_adapted": "the adapted split table writes all d features (T_fixed + T_S)",
-        "model.output_constraint.kind=subspace": "the span(U) constraint acts on whole d-wide output projections"}
     pieces = "nanotron_ext.subspace.pieces:SubspacePieces"
 
     def resolve_model(self, model: "ModelConfig") -> None:
@@ -55,6 +51,24 @@ class SubspaceTechnique(Technique):
             require(not model.tie_embeddings, "model.tie_embeddings",
                     "true is not supported with model.embedding.kind='subspace_adapted' (the table is T_S + T_fixed, "
                     "not one parameter); set model.tie_embeddings=false")
+
+    def check(self, cfg: "Config") -> None:
+        """On a residual stream sharded over TP (btp at tp > 1) the codec, split embeddings and span(U)
+        constraint run per feature shard (codec.py, embedding.py, constraints.py); two options need all d
+        features on one rank and are refused here, naming both keys."""
+        m, tp = cfg.model, cfg.parallelism.tp
+        if tp < 2 or not any(m.tp_strategy in t.shards_residual for t in techniques()):
+            return
+        layout = f"with model.tp_strategy={m.tp_strategy!r} at parallelism.tp={tp}"
+        if "subspace" in (m.codec.kind, m.output_constraint.kind) or m.embedding.kind in SPLIT_EMBEDDINGS:
+            require(m.subspace.grassmann_every == 0, "model.subspace.grassmann_every",
+                    f"{m.subspace.grassmann_every} cannot run {layout}: a Grassmann update accumulates G^T G of the "
+                    "whole d-wide residual gradient, which the strategy shards on d; set it to 0 or "
+                    "parallelism.tp=1")
+        if m.output_constraint.kind == "subspace" and m.subspace.parameterisation == "projection":
+            require(not m.subspace.modified_adamw, "model.subspace.modified_adamw",
+                    f"true cannot run {layout}: its second moment is a mean over all d output rows, which the "
+                    "strategy shards on d; set it to false or parallelism.tp=1")
 
     def closed_form_bytes(self, key: str, name: str, cfg: "Config") -> Optional["TierBytes"]:
         """Z (k wide) and the token ids (int32) cross, and Z's gradient back in a tensor of the same width
