@@ -78,6 +78,10 @@ class Technique:
     """Pieces this technique provides that cannot run on a residual stream sharded over TP (tp > 1), by
     "key=name" (e.g. "model.codec.kind=mapl"), each with the reason; the core turns one such choice
     under a sharding strategy into one config error naming both keys (nanotron_ext.config.schema)."""
+    no_output_projections: ClassVar[Sequence[str]] = ()
+    """The `model.tp_strategy` names (of those in `provides`) whose layers have no single weight writing into the
+    residual stream (BOOST's vanilla: Megatron TP of each factor pair), so `model.output_constraint` has nothing
+    to act on; the core refuses the pair at config load, naming both keys."""
     pieces: ClassVar[Union[str, type]] = ""
     """"module:Class" of this technique's `Pieces` subclass, imported when a model is built (or the class itself,
     for a technique registered in-process with nanotron_ext.registry.register_technique)."""

@@ -63,6 +63,9 @@ CASES = {
         ["parallelism.dp_sync=sparseloco", "parallelism.dp=1", "sparseloco.fault_tolerance.enabled=true",
          "sparseloco.churn.down_syncs=1"],
         "sparseloco.churn.down_syncs: 1: emulated churn is for one job; with sparseloco.fault_tolerance.enabled"),
+    "an output constraint on a strategy with no output weight": (  # was NotImplementedError on every rank at build
+        ["model.low_rank.kind=svd", "model.codec.kind=subspace", "parallelism.pp=2", "model.tie_embeddings=false"],
+        "model.output_constraint.kind: 'subspace' cannot run with model.tp_strategy='vanilla'"),
     "a learning rate no optimiser survives": (
         ["optimizer.lr=1e30"],
         "optimizer.lr: must be in (0, 10] (a peak learning rate, e.g. 3e-4), got 1e+30"),

@@ -19,6 +19,7 @@ class BoostTechnique(Technique):
     sections = {"model.low_rank": LowRankConfig, "model.boost": BoostConfig}
     provides = {"model.tp_strategy": LOW_RANK_STRATEGIES}
     shards_residual = ("btp",)  # BTP: each TP rank holds d/tp features of the residual stream
+    no_output_projections = ("vanilla",)  # factor pairs, each Megatron-split: no one weight writes the stream
     pieces = "nanotron_ext.boost.pieces:BoostPieces"
 
     def resolve_model(self, model: "ModelConfig") -> None:

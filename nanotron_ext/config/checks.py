@@ -60,7 +60,13 @@ RESIDUAL_KEYS = ("model.codec.kind", "model.embedding.kind", "model.output_const
 def check_residual_layout(model: "ModelConfig", tp: int) -> None:
     """One config error naming both keys when a piece that needs the residual stream replicated over TP
     (Technique.needs_replicated_residual) meets a TP strategy that shards it (Technique.shards_residual)
-    at tp > 1: caught here, before any process group, instead of as a traceback on every rank."""
+    at tp > 1: caught here, before any process group, instead of as a traceback on every rank. Likewise an
+    output constraint on a TP strategy that exposes no output projections (Technique.no_output_projections)."""
+    constraint = model.output_constraint.kind
+    require(constraint in (None, "none") or not any(model.tp_strategy in t.no_output_projections for t in techniques()),
+            "model.output_constraint.kind", f"{constraint!r} cannot run with model.tp_strategy={model.tp_strategy!r}: "
+            "its layers have no single weight writing into the residual stream to constrain; use model.tp_strategy="
+            "'btp' (or 'megatron' for a full-rank model)")
     if tp < 2 or not any(model.tp_strategy in t.shards_residual for t in techniques()):
         return
     for key in RESIDUAL_KEYS:
@@ -71,5 +77,5 @@ def check_residual_layout(model: "ModelConfig", tp: int) -> None:
             reason = t.needs_replicated_residual.get(f"{key}={value}")
             require(reason is None, key,
                     f"{value!r} cannot run with model.tp_strategy={model.tp_strategy!r} at parallelism.tp={tp}: "
-                    f"{reason} (the strategy shards the residual stream on d); use model.tp_strategy='vanilla' or "
-                    "parallelism.tp=1")
+                    f"{reason} (the strategy shards the residual stream on d); use parallelism.tp=1 or a strategy "
+                    "that keeps the residual stream replicated")
