@@ -260,33 +260,34 @@ def test_config_show_names_the_technique_of_every_tier() -> None:
     tiers = out.stdout[out.stdout.index("# tiers:"):].splitlines()
     assert tiers == [
         "# tiers: dp=2 x tp=2 x pp=2",
-        "#   TP (inside a stage, 2 ranks): megatron (core)",
+        "#   TP (inside a stage, 2 ranks): btp (boost), low-rank svd",
         "#   PP (between stages, 1 links; 1 codec boundaries): subspace (subspace) on replicas [0], identity (core) on "
         "replicas [1]; each wire once over TP (parallelism.pp_scatter_gather); emulated 80 Mbit/s, 5 ms",
         "#   DP (between replicas, 2): sparseloco (sparseloco)",
         "# closed forms (nanotron_ext.metrics.tier_bytes; the comm ledger's bytes):",
-        "#   TP bytes per step per TP rank, all stages: 9.01 MiB (forward 4.51 MiB, backward 4.50 MiB); (4 L + 2) b s d "
-        "+ 3 b s, x 2 micro-batches",
+        "#   TP bytes per step per TP rank, all stages: 7.00 MiB (forward 3.50 MiB, backward 3.50 MiB); BOOST Table 6: "
+        "7 b s r per block and pass, x 4 blocks x 2 micro-batches; norm statistics, embedding and head left out",
         # forward 68 + 512 KiB: the two replicas' pipeline bytes the example measures (README, "Three tiers in one
         # job"): 593,920 B each way per step
         "#   PP bytes per step per stage link (subspace, replicas [0]): 136.00 KiB (forward 68.00 KiB, backward 68.00 KiB); k x 4 B + "
         "a 4 B token id (k = 16) per token each way x 1024 tokens per step",
         "#   PP bytes per step per stage link (identity, replicas [1]): 1.00 MiB (forward 512.00 KiB, backward 512.00 KiB); d x 4 B "
         "per token each way x 1024 tokens per step",
-        "#   DP bytes per step per replica: 5.00 KiB; top-32 of every 4096-chunk (12-bit indices, bf16 values): 51,184 "
+        "#   DP bytes per step per replica: 3.77 KiB; top-32 of every 4096-chunk (12-bit indices, bf16 values): 38,640 "
         "B per outer sync / 10 inner steps; + the changed rows of T_fixed on compressed replicas (data-dependent)"]
 
 
 def test_job_closed_forms_of_the_example_sum_its_tiers() -> None:
     """The WAN meter's closed-form column for examples/config_three_tiers.yaml, by hand: b s = 4 x 128 tokens,
-    2 micro-batches, d = 128, L = 4, fp32; replica 0 sends k = 16 values + a 4 B id per token, replica 1 d values."""
+    2 micro-batches, d = 128, r = 32, L = 4, fp32; replica 0 sends k = 16 values + a 4 B id per token, replica 1
+    d values; BTP all-reduces 7 b s r per block and pass (BOOST Table 6)."""
     from nanotron_ext.metrics.tier_bytes import job_bytes_per_step
 
     forms = job_bytes_per_step(load_config(REPO / "examples" / "config_three_tiers.yaml"))
     bs, d, n = 4 * 128, 128, 2
     assert forms["pp"] == 2 * n * bs * ((16 * 4 + 4) + d * 4)  # one stage link, both directions, both replicas
-    assert forms["tp"] == 4 * n * 4 * ((4 * 4 + 2) * bs * d + 3 * bs)  # tp x dp = 4 TP ranks, both stages each
-    assert 0 < forms["dp"] < 2 * 4 * 1_836_160 / 10 / 50  # both replicas' payloads, far below dense all-reduce
+    assert forms["tp"] == 4 * n * 4 * 4 * 2 * 7 * bs * 32  # tp x dp = 4 TP ranks, 4 blocks, 2 passes each
+    assert 0 < forms["dp"] < 2 * 4 * 1_361_024 / 10 / 50  # both replicas' payloads, far below a dense all-reduce
 
 
 # -- the subspace codec on a BTP-sharded residual stream --------------------------------------------------------

@@ -53,11 +53,21 @@ def test_dry_run_resolves_every_system(capsys: pytest.CaptureFixture) -> None:
     assert "parallelism.link.dp.preset=internet-200m-50ms" in out and "codec=subspace" in out
 
 
-def test_three_tiers_slot_names_the_config_it_needs(capsys: pytest.CaptureFixture) -> None:
-    if (wan.REPO / wan.THREE_TIERS).exists():
-        pytest.skip("the three-tier config exists: the slot runs it")
-    assert wan.main(["--system", "three_tiers", "--dry-run"]) == 2
-    assert wan.THREE_TIERS in capsys.readouterr().err
+def test_the_composed_job_and_its_plain_3d_layout_resolve_with_their_closed_forms(capsys: pytest.CaptureFixture) -> None:
+    """three_tiers (BTP, subspace on one replica, heterogeneous SparseLoCo) beside dense_3d (Megatron, identity,
+    all-reduce) on the same file: both resolve, and the meter's closed-form column follows by hand (b s = 512
+    tokens, 2 micro-batches, d = 128, fp32; both replicas, both directions of the one stage link)."""
+    import argparse
+
+    assert wan.main(["--dry-run", "--seeds", "1", "--systems", "three_tiers", "dense_3d"]) == 0
+    out = capsys.readouterr().out
+    assert "2 run(s)" in out and "model.tp_strategy=megatron parallelism.dp_sync=allreduce" in out
+    args = argparse.Namespace(config=wan.BASE, tp_preset="nvlink", steps=4, val_every=2, inner_steps=10, set=[])
+    dense = wan.closed_forms("dense_3d", "internet-200m-50ms", 1, args)
+    three = wan.closed_forms("three_tiers", "internet-200m-50ms", 1, args)
+    tokens, d = 2 * 512, 128
+    assert dense["pp"] == 2 * 2 * tokens * d * 4 and three["pp"] == 2 * tokens * ((16 * 4 + 4) + d * 4)
+    assert three["tp"] < dense["tp"] and three["dp"] < dense["dp"] / 100
 
 
 def test_anchor_link_scales_protocolnanogpt_to_our_compute() -> None:
