@@ -394,6 +394,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         rows = pooled_rows(runs, args.reference, args.target_rel)
         meta = run_meta({"presets": args.preset, "tp_preset": args.tp_preset, "steps": args.steps,
                          "config": args.config, "reference": args.reference, "target_rel": args.target_rel,
+                         "set": args.set, "own_configs": {s: SYSTEMS[s].config for s in args.systems if SYSTEMS[s].config},
                          "note": "step times measured on a shared, loaded machine unless stated otherwise", **extra})
     headers, body = table(rows)
     notes = ["Wall-clock = summed training step time (start-up and validation excluded); target = the reference "
