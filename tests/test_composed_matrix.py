@@ -198,3 +198,181 @@ def _check_closed_forms(cfg: Config, results: list) -> None:
             h, width = m.codec.resbm.h, m.codec.resbm.m
             expected += n * e * bs * ((h + width + 1) + (h + width))
     assert _ledger(results, "tp", lambda op: op == "all_reduce") == tp_size * expected, (tp, results[0]["comm"]["tp"])
+
+
+# -- x DP sync: dp = 2 x tp = 2 x pp = 2, one cell per DP sync -------------------------------------------------
+SYNCS = ("allreduce", "sparseloco", "het_sparseloco")
+DP_CODEC = {"allreduce": "mapl", "sparseloco": "resbm", "het_sparseloco": None}  # None: the replicas' own codec
+SPARSELOCO = {"inner_steps": 2, "topk": 8}
+
+
+def dp_cell_config(strategy: str, sync: str) -> Config:
+    """The DP cell's config at dp = 2 x tp = 2 x pp = 2 through the loader's rules (ConfigError if refused).
+    Heterogeneous SparseLoCo: no model.codec.kind (it picks subspace for replica 0, identity for replica 1), its
+    compressed replica's subspace codec at the same boundary."""
+    codec = DP_CODEC[sync] or "identity"
+    model: Dict = {**MODEL, "codec": {**CODEC[codec], "boundaries": [BOUNDARY]}}
+    if sync == "het_sparseloco":
+        model["codec"] = {"boundaries": [BOUNDARY]}
+        model["subspace"] = {"k": 8}
+    if strategy == "btp":
+        model.update(tp_strategy="btp", low_rank={"kind": "svd", "rank": 8})
+    data = {"model": model, "parallelism": {"dp": 2, "tp": 2, "pp": 2, "dp_sync": sync.removeprefix("het_")},
+            "tokenizer": {"vocab_size": 260},
+            "tokens": {"sequence_length": SEQ, "micro_batch_size": MB, "batch_accumulation_per_replica": N_MICRO,
+                       "train_steps": 4}}
+    if sync != "allreduce":
+        data["sparseloco"] = {**SPARSELOCO, "compressed_replicas": [0] if sync == "het_sparseloco" else []}
+    cfg = from_dict(Config, data)
+    cfg.validate(world_size=8)
+    return cfg
+
+
+def dp_cell(sync: str) -> Tuple[Optional[str], List[str]]:
+    """The strategy this DP sync's cell runs with: btp where its config loads, else megatron; and the loader's
+    reasons for what it refused."""
+    refused = []
+    for strategy in ("btp", "megatron"):
+        try:
+            dp_cell_config(strategy, sync)
+            return strategy, refused
+        except ConfigError as err:
+            refused.append(str(err))
+    return None, refused
+
+
+def _local_params(model: torch.nn.Module) -> dict:
+    """This rank's trainable parameters: their shapes, and the numel of those replicated over TP."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    replicated = sum(p.numel() for p in params
+                     if not (getattr(p, "is_sharded", False) and len(p.get_sharded_info().global_ranks) > 1))
+    return {"shapes": [tuple(p.shape) for p in params], "replicated": replicated}
+
+
+def _dp_worker(cells: List[Tuple[str, str]]) -> dict:
+    """Every DP cell in the same 8 processes. allreduce: one step (no optimiser) on this replica's half of a global
+    batch, rank 0 also the float64 reference on the whole batch. SparseLoCo: the trainer's step (Replica: AdamW,
+    clipping) for H = 2 steps on per-replica batches, then the outer sync; the parameters and buffers after it."""
+    import torch.distributed as torch_dist
+
+    from nanotron_ext.models.build import build_model
+    from nanotron_ext.parallel.comm import get_ledger
+    from nanotron_ext.parallel.context import build_parallel_context
+    from nanotron_ext.train.pipeline_step import forward_backward, make_engine
+    from nanotron_ext.train.replica import Replica
+
+    ctx = build_parallel_context(dp=2, tp=2, pp=2, backend="gloo")
+    ref_ctx = build_parallel_context(dp=8, tp=1, pp=1, backend="gloo")
+    dp_rank = torch_dist.get_rank(ctx.dp_pg)
+    out: dict = {"dp_rank": dp_rank, "pp_rank": torch_dist.get_rank(ctx.pp_pg), "tp_rank": torch_dist.get_rank(ctx.tp_pg)}
+    ledger = get_ledger()
+    for strategy, sync in cells:
+        cfg = dp_cell_config(strategy, sync)
+        if sync == "allreduce":
+            rows = _batch(2 * N_MICRO * MB)
+            model = build_model(cfg, ctx)
+            ledger.reset()
+            loss = forward_backward(model, make_engine("1f1b"), _micro(rows.chunk(2)[dp_rank]), ctx)
+            res = {"loss": loss.item(), "grads": _full_grads(model, ctx.tp_pg), "comm": ledger.snapshot(),
+                   **_local_params(model)}
+            if torch_dist.get_rank() == 0:
+                res["ref"] = _reference(cfg, ref_ctx, rows)
+        else:
+            replica = Replica(cfg, ctx, dp_rank)
+            ledger.reset()
+            for step in (1, 2):
+                loss = replica.backward(_micro(_batch(N_MICRO * MB, seed=100 * step + dp_rank)))
+                replica.update(step, loss.item())
+            res = {"codec": replica.model_cfg.model.codec.kind, "comm": ledger.snapshot(),
+                   "state": {k: v.detach().clone() for k, v in replica.model.state_dict().items()},
+                   **_local_params(replica.model)}
+        out[sync] = res
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _dp_results() -> list:
+    cells = [(dp_cell(sync)[0], sync) for sync in SYNCS if dp_cell(sync)[0] is not None]
+    return run_distributed(_dp_worker, 8, cells, timeout_s=600)
+
+
+def _dp_ledger(results: list, sync: str, replica: int) -> Dict[str, int]:
+    """One replica's DP bytes by op, summed over its TP and PP ranks."""
+    out: Dict[str, int] = {}
+    for r in results:
+        if r["dp_rank"] == replica:
+            for op, c in r[sync]["comm"].get("dp", {}).items():
+                out[op] = out.get(op, 0) + c["bytes"]
+    return out
+
+
+def _dp_form(cfg: Config):
+    from nanotron_ext.registry import DP_SYNCS
+
+    return DP_SYNCS.owner(cfg.parallelism.dp_sync).closed_form_bytes("parallelism.dp_sync", cfg.parallelism.dp_sync, cfg)
+
+
+@pytest.mark.slow
+def test_dp2_allreduce_gradient_equals_float64_reference_on_the_global_batch() -> None:
+    """Each replica steps on its half of the global batch; after the DP all-reduce every rank's gradients (TP shards
+    gathered) equal the float64 single-process model's on the whole batch, and each replica all-reduces the
+    closed form's bytes (4 B per parameter)."""
+    strategy, refused = dp_cell("allreduce")
+    if strategy is None:
+        pytest.skip(" / ".join(refused))
+    results = _dp_results()
+    ref = results[0]["allreduce"]["ref"]
+    for replica in (0, 1):
+        names = {n for r in results if r["dp_rank"] == replica for n in r["allreduce"]["grads"]}
+        assert names == ref["grads"].keys(), sorted(names ^ ref["grads"].keys())
+    for r in results:
+        grads = r["allreduce"]["grads"]
+        errors = {n: _relative(g, ref["grads"][n]) for n, g in grads.items()}
+        worst = max(errors, key=errors.get)
+        assert errors[worst] <= REL, (strategy, r["dp_rank"], worst, errors[worst])
+    last = [r["allreduce"]["loss"] for r in results if r["pp_rank"] == 1]
+    assert all(abs(loss - ref["loss"]) <= REL * abs(ref["loss"]) for loss in last), (last, ref["loss"])
+    # dense all-reduce (tier_bytes.dense_dp): 4 B per distinct parameter. Each TP rank all-reduces its own copy of a
+    # TP-replicated parameter, which the form counts once; and each rank all-reduces its loss (one fp32) over DP
+    form, tp_size = _dp_form(dp_cell_config(strategy, "allreduce")), 2
+    for replica in (0, 1):
+        ranks = [r["allreduce"] for r in results if r["dp_rank"] == replica]
+        extra = 4 * sum(r["replicated"] for r in ranks) * (tp_size - 1) // tp_size + 4 * len(ranks)
+        assert _dp_ledger(results, "allreduce", replica) == {"all_reduce": form.total + extra}, (form, extra)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sync", ["sparseloco", "het_sparseloco"])
+def test_dp2_sparseloco_replicas_identical_after_the_outer_sync(sync: str) -> None:
+    """H = 2 trainer steps on each replica's own batches, then one outer sync: both replicas hold the same
+    parameters bit for bit on every (TP, PP) rank (heterogeneous: replica 0 runs the subspace codec, replica 1 the
+    identity; codec-side counters aside), and each replica's DP bytes equal the closed form x H."""
+    strategy, refused = dp_cell(sync)
+    if strategy is None:
+        pytest.skip(" / ".join(refused))
+    results = _dp_results()
+    by_replica: Dict[int, list] = {}
+    for r in results:
+        by_replica.setdefault(r["dp_rank"], []).append(r)
+    if sync == "het_sparseloco":
+        assert {r[sync]["codec"] for r in by_replica[0]} == {"subspace"}
+        assert {r[sync]["codec"] for r in by_replica[1]} == {"identity"}
+    for a, b in zip(by_replica[0], by_replica[1]):  # the same (TP, PP) rank of the two replicas
+        assert (a["tp_rank"], a["pp_rank"]) == (b["tp_rank"], b["pp_rank"])
+        shared = [k for k in b[sync]["state"] if k in a[sync]["state"] and not k.endswith(("grad_gram", "hub.steps"))]
+        assert len(shared) >= 5
+        for k in shared:
+            assert torch.equal(a[sync]["state"][k], b[sync]["state"][k]), (strategy, k)
+    # one all_gather of each rank's payload per outer sync: outer_sync_bytes of the tensors it holds (a TP shard is
+    # its own tensor, chunked on its own; a TP-replicated one goes from every TP rank), and one fp32 loss per rank
+    # and step. `config show`'s form (Technique.closed_form_bytes) applies outer_sync_bytes to the unsharded model:
+    # exact at tp = 1, below the ledger at tp = 2
+    from nanotron_ext.sparseloco.accounting import outer_sync_bytes
+
+    cfg = dp_cell_config(strategy, sync)
+    form, steps = _dp_form(cfg), cfg.sparseloco.inner_steps
+    for replica in (0, 1):
+        ranks = [r[sync] for r in results if r["dp_rank"] == replica]
+        payload = sum(outer_sync_bytes(r["shapes"], cfg.sparseloco) for r in ranks)
+        assert _dp_ledger(results, sync, replica) == {"all_gather": payload, "all_reduce": 4 * len(ranks) * steps}
+        assert form.total * steps < payload, form
