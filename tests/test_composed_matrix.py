@@ -13,26 +13,29 @@ line, so a combination that starts to compose (btp x mapl, btp x subspace) is ch
    (`.double()`; codecs keep float64 across a boundary, codecs/base.py), on the same batch, computed by rank 0
    in the same spawn. Checked: loss and every parameter's gradient (TP shards gathered) within 1e-5 relative;
    the ledger against the closed forms (`Technique.closed_form_bytes`, nanotron_ext.metrics.tier_bytes): PP
-   bytes of the boundary exactly (MAPL: the wire exactly, its shared-parameter sync's backward rows bounded by
-   the form, and every TP rank sends the sync's TP-replicated partials: tp copies of the form's one); TP
-   all-reduce bytes exactly: Megatron's form (with the Subspace split embedding's k-wide all-reduce in place
-   of its d-wide one), BTP's Table 6 form plus what it leaves out (the blocks' RMSNorm sums of squares, the
-   head's input gradient, the cross-entropy's statistics) and ResBM's sharded E/D all-reduces under btp.
-   Today btp x subspace and btp x mapl are skipped by the loader (residual stream sharded on d).
+   bytes of the boundary exactly (MAPL: the wire and its shared-parameter sync, each once over TP, exactly
+   forward; the sync's backward rows depend on the ids a step touched, bounded by the form); TP all-reduce
+   bytes exactly: Megatron's form (with the Subspace split embedding's k-wide all-reduce in place of its d-wide
+   one), BTP's Table 6 form plus what it leaves out (the blocks' RMSNorm sums of squares, the head's input
+   gradient, the cross-entropy's statistics) plus the codec's own per-shard all-reduces under btp (ResBM's
+   sharded E/D, Subspace's Z / dZ, split embedding and span(U) constraint, MAPL's Z / dZ), written out in
+   `_check_closed_forms` (no technique's closed_form_bytes counts them). All 8 cells load on main as of
+   2026-11-25 (btp x subspace and btp x mapl landed while this file was written; before, the loader skipped
+   them with its one line).
 2. x DP sync (dp = 2 x tp = 2 x pp = 2, ONE 8-process spawn, one cell per DP sync: the DP sync acts on whatever
    parameters the TP x codec model has, which part 1 checks cell by cell, so 8 processes per cell would buy
    little; each DP cell runs btp where its config loads, else megatron, and the loader's refusal of btp is the
    reason for the fallback):
-   - allreduce x mapl (`..._allreduce_mapl_...`; megatron today): one step, each replica on its half of a
+   - allreduce x mapl (`..._allreduce_mapl_...`): one step, each replica on its half of a
      global batch; reference: the float64 single-process model's gradient on the whole batch, every rank within
      1e-5; DP bytes: the dense form (4 B per distinct parameter) + each TP rank's copy of a TP-replicated
      parameter + one fp32 loss per rank.
-   - sparseloco x resbm (btp today): H = 2 trainer steps (Replica: AdamW, clipping) per replica on its own
+   - sparseloco x resbm: H = 2 trainer steps (Replica: AdamW, clipping) per replica on its own
      batches, then the outer sync; reference: the other replica (bit-identical parameters on every (TP, PP)
      rank after the sync). DP bytes: outer_sync_bytes of each rank's tensors (a TP shard chunks on its own)
      + one fp32 loss per rank and step; `config show`'s form (the unsharded model) is below that at tp = 2.
-   - heterogeneous sparseloco (megatron today: its compressed replica's subspace codec is refused under btp at
-     tp = 2): as sparseloco; replica 0 runs the subspace codec, replica 1 the identity.
+   - heterogeneous sparseloco: as sparseloco; replica 0 runs the subspace codec, replica 1 the identity.
+   All three run btp on main as of 2026-11-25.
    Pruned as meaningless: heterogeneous sparseloco x {identity, resbm, subspace, mapl}: heterogeneous SparseLoCo
    chooses each replica's codec itself (subspace on compressed replicas, identity on the others; the loader
    refuses `model.codec.kind` with it), so the codec axis collapses to one cell (`het_sparseloco-own_codec`).
@@ -226,11 +229,10 @@ def _check_closed_forms(cfg: Config, results: list) -> None:
     sent = {op: _ledger(results, "pp", lambda o, op=op: o == op)
             for op in ("send:fwd", "send:bwd", "send:codec_grads:fwd", "send:codec_grads:bwd")}
     if kind == "mapl":
-        # the wire once over TP, plus the shared-parameter sync, whose backward rows depend on the ids a step touched
-        # (the form bounds them). Every TP rank sends the sync's (TP-replicated) partials: tp copies of the form's one
-        sync_fwd, sync_bwd = sent["send:codec_grads:fwd"] / tp_size, sent["send:codec_grads:bwd"] / tp_size
-        assert sent["send:fwd"] + sync_fwd == pp.forward, (pp, sent)
-        assert sent["send:bwd"] < sent["send:bwd"] + sync_bwd <= pp.backward, (pp, sent)
+        # the wire plus the shared-parameter sync (each once over TP), whose backward rows depend on the ids a step
+        # touched (the form bounds them)
+        assert sent["send:fwd"] + sent["send:codec_grads:fwd"] == pp.forward, (pp, sent)
+        assert sent["send:bwd"] < sent["send:bwd"] + sent["send:codec_grads:bwd"] <= pp.backward, (pp, sent)
     else:
         assert (sent["send:fwd"], sent["send:bwd"]) == (pp.forward, pp.backward), (pp, sent)
     tp = TP_STRATEGIES.owner(strategy).closed_form_bytes("model.tp_strategy", strategy, cfg)
@@ -244,6 +246,13 @@ def _check_closed_forms(cfg: Config, results: list) -> None:
         if kind == "resbm":  # its sharded E/D: [trunc_h, W1 x, sum of squares] forward, [db, da] backward
             h, width = m.codec.resbm.h, m.codec.resbm.m
             expected += n * e * bs * ((h + width + 1) + (h + width))
+        if kind == "subspace":  # per feature shard (subspace/codec.py, embedding.py, constraints.py), all k-wide:
+            k, r = m.subspace.k, m.low_rank.rank
+            expected += n * e * (2 * bs * k  # the codec: Z's partial sums forward, dZ backward
+                                 + bs * k  # the split embedding: dT_S[ids] summed over the shards, backward
+                                 + 2 * m.num_layers * k * r)  # span(U): dC of each block's two output up-factors
+        if kind == "mapl":  # per feature shard (mapl/codec.py): Z's r-wide partial sums forward, dZ backward
+            expected += n * e * 2 * bs * m.codec.mapl.rank
     assert _ledger(results, "tp", lambda op: op == "all_reduce") == tp_size * expected, (tp, results[0]["comm"]["tp"])
 
 
