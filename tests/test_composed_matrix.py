@@ -45,9 +45,10 @@ line, so a combination that starts to compose (btp x mapl, btp x subspace) is ch
    distributed mode at tp = pp = 1 only (bit for bit), where both sum in the same order; at tp = 2 the TP sums
    round differently and SparseLoCo's top-k selection is discontinuous, so no exact comparison exists.
 
-Measured (`pytest -p no:xdist -q tests/test_composed_matrix.py`, 2026-11-25, the shared 2-core machine, never
-quiet): 82 s wall at load average ~10, 115-125 s at 16-19; 46 CPU-seconds in all (the 8-process spawn 27, the
-4-process spawn 12, the parent's imports and configs 8), so roughly 30-45 s on a quiet 2-core machine.
+Measured (`pytest -p no:xdist -q tests/test_composed_matrix.py`, 11 passed, 2026-11-25, the shared 2-core
+machine, never quiet): 41-45 s wall at load average ~8; 43 CPU-seconds in all (the 8-process spawn 24, the
+4-process spawn 12, the parent's imports and configs 7). With 6 TP x codec cells it took 82 s at load ~10 and
+115-125 s at load 16-19.
 """
 from __future__ import annotations
 
