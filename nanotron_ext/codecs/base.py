@@ -26,7 +26,9 @@ Wire dtype. Values cross in the run's compute dtype (`wire_dtype`: bf16 under `m
 autocast run whose residual stream stays fp32; as the ResBM paper's appendix A.3 counts its transfers):
 an encoder hands `to_wire(x, self.wire_dtype)` over, a decoder starts from `from_wire(wire)` (fp32, the
 residual stream's dtype), so the gradient crosses back in the wire dtype too. Codecs that pack bits
-(quantised codes, indices) use the wire dtype as a container and count bytes, not values.
+(quantised codes, indices) use the wire dtype as a container and count bytes, not values. A model cast to
+float64 (`.double()`: the tests' single-process reference of a composed model) stays float64 across its
+boundaries: `to_wire`, `from_wire` and `residual_float` keep float64, and ids pack as int64.
 
 Asymmetric wires. The gradient of the wire has the wire's shape, so a codec whose backward payload is
 wider than its forward one (MAPL's RVQ: indices forward, a quantised gradient back) emits the wider
@@ -105,18 +107,26 @@ def wire_dtype(cfg: ModelConfig) -> torch.dtype:
 
 
 def to_wire(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """A value wire in `dtype` (differentiable: the gradient comes back in `dtype` and leaves in x's)."""
-    return x.to(dtype)
+    """A value wire in `dtype` (differentiable: the gradient comes back in `dtype` and leaves in x's); float64
+    stays float64 (a float64 reference model)."""
+    return x if x.dtype == torch.float64 else x.to(dtype)
 
 
 def from_wire(wire: torch.Tensor) -> torch.Tensor:
     """A received value wire as fp32, the dtype of the residual stream (fp32 master weights)."""
-    return wire.float()
+    return residual_float(wire)
+
+
+def residual_float(x: torch.Tensor) -> torch.Tensor:
+    """`x` in the residual stream's dtype: fp32, or float64 in a float64 reference model."""
+    return x if x.dtype == torch.float64 else x.float()
 
 
 def _id_slots(dtype: torch.dtype) -> int:
     """Wire columns one int32 id occupies when bit-cast to `dtype`."""
     size = torch.empty((), dtype=dtype).element_size()
+    if size == 8:
+        return 1  # a float64 wire holds an int64 id
     if 4 % size:
         raise ValueError(f"cannot pack int32 token ids into a {dtype} wire")
     return 4 // size
@@ -125,7 +135,8 @@ def _id_slots(dtype: torch.dtype) -> int:
 def pack_ids(wire: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
     """Prepend `input_ids` [b, s] to `wire` [b, s, w] as bit-cast int32 columns (bit-exact, no gradient);
     a forward-column mark of `wire` moves to the packed tensor (ids included)."""
-    ids = input_ids.to(torch.int32).unsqueeze(-1).contiguous().view(wire.dtype)
+    int_dtype = torch.int64 if wire.element_size() == 8 else torch.int32
+    ids = input_ids.to(int_dtype).unsqueeze(-1).contiguous().view(wire.dtype)
     packed = torch.cat([ids, wire], dim=-1)
     columns = forward_columns(wire)
     return packed if columns is None else mark_forward_columns(packed, ids.shape[-1] + columns)
@@ -134,5 +145,6 @@ def pack_ids(wire: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
 def unpack_ids(packed: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """Inverse of `pack_ids`: (wire, input_ids as int64)."""
     slots = _id_slots(packed.dtype)
-    ids = packed[..., :slots].detach().contiguous().view(torch.int32).squeeze(-1).long()
+    int_dtype = torch.int64 if packed.element_size() == 8 else torch.int32
+    ids = packed[..., :slots].detach().contiguous().view(int_dtype).squeeze(-1).long()
     return packed[..., slots:], ids

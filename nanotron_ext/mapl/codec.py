@@ -65,6 +65,7 @@ from nanotron_ext.codecs.base import (
     BoundaryEncoder,
     feature_shard,
     from_wire,
+    residual_float,
     to_wire,
     wire_dtype,
 )
@@ -174,7 +175,7 @@ class MaplDecoder(_Side, BoundaryDecoder):
             z = z - p.sender_anchor_term(input_ids, mine)  # zero forward; routes -dL/dZ A^T P^T to this table
         if self.sharded_pg is not None:
             z = differentiable_identity(z, group=self.sharded_pg)  # backward: dZ summed over the feature shards
-        x = (z @ p.A[mine].T).float() + p.anchor(input_ids, mine=mine).float()  # fp32 stream (autocast: bf16 products)
+        x = residual_float(z @ p.A[mine].T) + residual_float(p.anchor(input_ids, mine=mine))  # fp32 (autocast: bf16 products)
         return x, x
 
 
