@@ -274,7 +274,9 @@ def test_config_show_names_the_technique_of_every_tier() -> None:
         "#   PP bytes per step per stage link (identity, replicas [1]): 1.00 MiB (forward 512.00 KiB, backward 512.00 KiB); d x 4 B "
         "per token each way x 1024 tokens per step",
         "#   DP bytes per step per replica: 3.77 KiB; top-32 of every 4096-chunk (12-bit indices, bf16 values): 38,640 "
-        "B per outer sync / 10 inner steps; + the changed rows of T_fixed on compressed replicas (data-dependent)"]
+        "B per outer sync / 10 inner steps; + the changed rows of T_fixed on compressed replicas (data-dependent); the "
+        "unsharded model's tensors: at tp > 1 every TP rank compresses its own shards (more chunks) and sends its copy "
+        "of replicated tensors, so the ledger reads more"]
 
 
 def test_job_closed_forms_of_the_example_sum_its_tiers() -> None:

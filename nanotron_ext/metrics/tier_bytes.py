@@ -99,7 +99,8 @@ def lossy_wire(cfg: "Config", kind: str) -> Optional[TierBytes]:
 
 
 def dense_dp(cfg: "Config", num_params: int) -> TierBytes:
-    return TierBytes(4.0 * num_params, 0.0, f"fp32 gradients of {num_params:,} parameters, all-reduced every step")
+    extra = "; each TP rank also all-reduces its copy of TP-replicated parameters" if cfg.parallelism.tp > 1 else ""
+    return TierBytes(4.0 * num_params, 0.0, f"fp32 gradients of {num_params:,} parameters, all-reduced every step{extra}")
 
 
 # -- the report ------------------------------------------------------------------------------------------------

@@ -112,6 +112,9 @@ class SparseLoCoTechnique(Technique):
         values = f"{s.quant_bits}-bit codes" if s.quant_bits else f"{s.value_dtype} values"
         extra = ("; + the changed rows of T_fixed on compressed replicas (data-dependent)"
                  if s.compressed_replicas and s.embedding_adaptation else "")
+        if cfg.parallelism.tp > 1:  # each TP rank compresses its own shards (tests/test_composed_matrix.py)
+            extra += ("; the unsharded model's tensors: at tp > 1 every TP rank compresses its own shards (more "
+                      "chunks) and sends its copy of replicated tensors, so the ledger reads more")
         return TierBytes(payload / s.inner_steps, 0.0,
                          f"top-{s.topk} of every {s.chunk}-chunk ({s.index_bits}-bit indices, {values}): "
                          f"{payload:,} B per outer sync / {s.inner_steps} inner steps{extra}")
