@@ -122,21 +122,23 @@ def residual_float(x: torch.Tensor) -> torch.Tensor:
     return x if x.dtype == torch.float64 else x.float()
 
 
+def _id_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The integer type ids travel as in a `dtype` wire: int32, or int64 in a float64 wire (one column)."""
+    return torch.int64 if dtype.itemsize == 8 else torch.int32
+
+
 def _id_slots(dtype: torch.dtype) -> int:
-    """Wire columns one int32 id occupies when bit-cast to `dtype`."""
-    size = torch.empty((), dtype=dtype).element_size()
-    if size == 8:
-        return 1  # a float64 wire holds an int64 id
-    if 4 % size:
+    """Wire columns one id occupies when bit-cast to `dtype`."""
+    size, id_size = dtype.itemsize, _id_dtype(dtype).itemsize
+    if id_size % size:
         raise ValueError(f"cannot pack int32 token ids into a {dtype} wire")
-    return 4 // size
+    return id_size // size
 
 
 def pack_ids(wire: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
     """Prepend `input_ids` [b, s] to `wire` [b, s, w] as bit-cast int32 columns (bit-exact, no gradient);
     a forward-column mark of `wire` moves to the packed tensor (ids included)."""
-    int_dtype = torch.int64 if wire.element_size() == 8 else torch.int32
-    ids = input_ids.to(int_dtype).unsqueeze(-1).contiguous().view(wire.dtype)
+    ids = input_ids.to(_id_dtype(wire.dtype)).unsqueeze(-1).contiguous().view(wire.dtype)
     packed = torch.cat([ids, wire], dim=-1)
     columns = forward_columns(wire)
     return packed if columns is None else mark_forward_columns(packed, ids.shape[-1] + columns)
@@ -145,6 +147,5 @@ def pack_ids(wire: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
 def unpack_ids(packed: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """Inverse of `pack_ids`: (wire, input_ids as int64)."""
     slots = _id_slots(packed.dtype)
-    int_dtype = torch.int64 if packed.element_size() == 8 else torch.int32
-    ids = packed[..., :slots].detach().contiguous().view(int_dtype).squeeze(-1).long()
+    ids = packed[..., :slots].detach().contiguous().view(_id_dtype(packed.dtype)).squeeze(-1).long()
     return packed[..., slots:], ids

@@ -26,7 +26,7 @@ from nanotron_ext.config.loader import (
 )
 from nanotron_ext.config.schema import Config, ConfigError
 from nanotron_ext.config.yaml_io import dump_yaml
-from nanotron_ext.metrics.tier_bytes import tier_lines
+from nanotron_ext.metrics.tier_bytes import replica_codecs, tier_lines
 from nanotron_ext.registry import CODECS, DP_SYNCS, TP_STRATEGIES, techniques
 
 
@@ -94,12 +94,9 @@ def render_tiers(config: Config) -> str:
     def owner(point: Any, name: str) -> str:
         return f"{name} ({point.owner(name).name})"
 
-    by_codec: dict = {}
-    for replica in range(p.dp):  # per-replica configs: heterogeneous SparseLoCo gives some replicas a codec
-        codec = DP_SYNCS.owner(p.dp_sync).replica_config(config, replica).model.codec.kind
-        by_codec.setdefault(codec, []).append(replica)
+    by_codec = replica_codecs(config)
     codecs = ", ".join(f"{owner(CODECS, c)} on replicas {r}" if len(by_codec) > 1 else owner(CODECS, c)
-                       for c, r in by_codec.items())
+                       for c, (r, _) in by_codec.items())
     boundaries = len(config.codec_boundaries())
     once = "" if p.tp == 1 or p.pp == 1 else (
         "; each wire once over TP" if p.pp_scatter_gather else "; one copy per TP rank") + " (parallelism.pp_scatter_gather)"

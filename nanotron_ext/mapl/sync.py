@@ -37,6 +37,7 @@ from nanotron import distributed as dist
 from nanotron.parallel.pipeline_parallel.p2p import P2P
 
 from nanotron_ext.parallel.comm import get_ledger
+from nanotron_ext.parallel.p2p import gather_slices, own_slice
 
 KIND = "codec_grads"  # ledger: send:codec_grads:fwd / send:codec_grads:bwd
 
@@ -104,11 +105,7 @@ def _slicing_pg(side: Any, p2p: P2P) -> Optional[dist.ProcessGroup]:
 def _send(p2p: P2P, side: Any, message: torch.Tensor, to_rank: int) -> None:
     """The message (the same on every TP rank) once over the link: this TP rank's 1/tp (`_slicing_pg`)."""
     pg = _slicing_pg(side, p2p)
-    if pg is not None:
-        tp, size = pg.size(), -(-message.numel() // pg.size())
-        padded = torch.nn.functional.pad(message, (0, size * tp - message.numel()))
-        message = padded[dist.get_rank(pg) * size:(dist.get_rank(pg) + 1) * size].contiguous()
-    p2p.send_tensors([message], to_rank=to_rank, kind=KIND)
+    p2p.send_tensors([message if pg is None else own_slice(message, pg)], to_rank=to_rank, kind=KIND)
 
 
 def _recv(p2p: P2P, side: Any, from_rank: int, numel: int) -> torch.Tensor:
@@ -117,10 +114,8 @@ def _recv(p2p: P2P, side: Any, from_rank: int, numel: int) -> torch.Tensor:
     pg = _slicing_pg(side, p2p)
     if pg is None:
         return part
-    whole = torch.empty(part.numel() * pg.size(), dtype=part.dtype, device=part.device)
     with get_ledger().tag(KIND):
-        dist.all_gather_into_tensor(whole, part.contiguous(), group=pg)
-    return whole[:numel]
+        return gather_slices(part, pg)[:numel]
 
 
 def _length(side: Any, from_sender: bool) -> int:

@@ -119,6 +119,18 @@ def describe(tb: Optional[TierBytes], what: str) -> str:
     return f"{what}: {_fmt(tb.total)}{split}; {tb.formula}"
 
 
+def replica_codecs(cfg: "Config") -> Dict[str, Tuple[List[int], "Config"]]:
+    """codec kind -> (the DP replicas that run it, the first such replica's config): heterogeneous SparseLoCo
+    gives some replicas a codec of their own (the DP sync's `replica_config`)."""
+    from nanotron_ext.registry import DP_SYNCS
+
+    out: Dict[str, Tuple[List[int], "Config"]] = {}
+    for replica in range(cfg.parallelism.dp):
+        rcfg = DP_SYNCS.owner(cfg.parallelism.dp_sync).replica_config(cfg, replica)
+        out.setdefault(rcfg.model.codec.kind, ([], rcfg))[0].append(replica)
+    return out
+
+
 def tier_forms(cfg: "Config") -> Dict[str, List[Tuple[str, Optional[TierBytes]]]]:
     """Each tier with more than one rank: (what, closed form) from the owner of its piece; the PP tier one entry
     per codec the replicas run (heterogeneous SparseLoCo gives some replicas their own)."""
@@ -130,14 +142,9 @@ def tier_forms(cfg: "Config") -> Dict[str, List[Tuple[str, Optional[TierBytes]]]
         tb = TP_STRATEGIES.owner(m.tp_strategy).closed_form_bytes("model.tp_strategy", m.tp_strategy, cfg)
         forms["tp"] = [("TP bytes per step per TP rank, all stages", tb)]
     if p.pp > 1:
-        by_kind: Dict[str, List[int]] = {}
-        configs = {}
-        for replica in range(p.dp):
-            rcfg = DP_SYNCS.owner(p.dp_sync).replica_config(cfg, replica)
-            by_kind.setdefault(rcfg.model.codec.kind, []).append(replica)
-            configs.setdefault(rcfg.model.codec.kind, rcfg)
-        for kind, replicas in by_kind.items():
-            tb = CODECS.owner(kind).closed_form_bytes("model.codec.kind", kind, configs[kind])
+        by_kind = replica_codecs(cfg)
+        for kind, (replicas, rcfg) in by_kind.items():
+            tb = CODECS.owner(kind).closed_form_bytes("model.codec.kind", kind, rcfg)
             on = f", replicas {replicas}" if len(by_kind) > 1 else ""
             forms.setdefault("pp", []).extend([(f"PP bytes per step per stage link ({kind}{on})", tb)] * len(replicas))
     if p.dp > 1:

@@ -73,6 +73,24 @@ def _widen(buffer: torch.Tensor) -> torch.Tensor:
     return full.requires_grad_(buffer.requires_grad)
 
 
+def own_slice(payload: torch.Tensor, tp_pg: dist.ProcessGroup) -> torch.Tensor:
+    """This TP rank's 1/tp of the flattened payload, zero-padded to a multiple of tp (what it sends of a message
+    that is the same on every TP rank)."""
+    tp, rank = tp_pg.size(), dist.get_rank(tp_pg)
+    flat = payload.reshape(-1)
+    size = -(-flat.numel() // tp)
+    flat = torch.nn.functional.pad(flat, (0, size * tp - flat.numel()))
+    return flat[rank * size:(rank + 1) * size].contiguous()
+
+
+def gather_slices(part: torch.Tensor, tp_pg: dist.ProcessGroup) -> torch.Tensor:
+    """The padded flat message back from every TP rank's `own_slice` (one all-gather over TP; the caller tags the
+    ledger)."""
+    whole = torch.empty(part.numel() * tp_pg.size(), dtype=part.dtype, device=part.device)
+    dist.all_gather_into_tensor(whole, part.contiguous(), group=tp_pg)
+    return whole
+
+
 class AccountedP2P(P2P):
     def __init__(self, pg: dist.ProcessGroup, device: torch.device, link: Optional[LinkEmulator] = None) -> None:
         super().__init__(pg=pg, device=device)
@@ -91,14 +109,6 @@ class AccountedP2P(P2P):
         return (kind is None and self.tp_pg is not None and self.tp_pg.size() > 1
                 and min(peer, dist.get_rank(self.pg)) in self._replicated_after)
 
-    def _own_slice(self, payload: torch.Tensor) -> torch.Tensor:
-        """This TP rank's 1/tp of the flattened payload, zero-padded to a multiple of tp."""
-        tp, rank = self.tp_pg.size(), dist.get_rank(self.tp_pg)
-        flat = payload.reshape(-1)
-        size = -(-flat.numel() // tp)
-        flat = torch.nn.functional.pad(flat, (0, size * tp - flat.numel()))
-        return flat[rank * size:(rank + 1) * size].contiguous()
-
     def _recv_sliced(self, num_tensors: int, from_rank: int, tag: int) -> List[torch.Tensor]:
         """Each tensor's header (the whole tensor's), this rank's slice, then the TP all-gather."""
         tp = self.tp_pg.size()
@@ -109,9 +119,8 @@ class AccountedP2P(P2P):
             numel = math.prod(int(n) for n in meta.shape)
             part = torch.empty(-(-numel // tp), dtype=meta.dtype, device=self.device)
             dist.recv(part, src=dist.get_global_rank(self.pg, from_rank), group=self.pg, tag=tag)
-            whole = torch.empty(part.numel() * tp, dtype=meta.dtype, device=self.device)
             with self.ledger.tag("pp-wire"):
-                dist.all_gather_into_tensor(whole, part, group=self.tp_pg)
+                whole = gather_slices(part, self.tp_pg)
             buffer = whole[:numel].view(tuple(int(n) for n in meta.shape)).requires_grad_(meta.requires_grad)
             if self._received_widths[0] is not None:
                 setattr(buffer, _FULL_WIDTH, self._received_widths[0])
@@ -166,7 +175,7 @@ class AccountedP2P(P2P):
             for view, payload in zip(views, payloads):
                 if self._sliced(to_rank, kind):  # the whole tensor's header, then this TP rank's slice
                     self._send_meta(payload if view is None else view, to_rank=to_rank, tag=tag)
-                    futures.append(self._isend_raw(self._own_slice(payload), to_rank, tag))
+                    futures.append(self._isend_raw(own_slice(payload, self.tp_pg), to_rank, tag))
                 elif view is None:
                     futures += super().isend_tensors([payload], to_rank=to_rank, tag=tag)
                 else:  # the view's header (its stride carries the full width), then only its columns
