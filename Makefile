@@ -37,7 +37,7 @@ TEST_WORKERS ?= 2
 PYTEST = $(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal
 
 test: setup
-	$(PYTEST)
+	$(PYTEST) --durations=25
 
 test-quick: setup
 	$(PYTEST) -m "not slow"
