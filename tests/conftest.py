@@ -22,13 +22,3 @@ def small_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     prepare(cfg, max_documents=40, progress=False)
     return root
 
-
-def pytest_collection_modifyitems(items: list) -> None:
-    """Longest first (the longest-processing-time rule): with two xdist workers, a long multi-process test collected
-    last ran alone at the end while the other worker idled. A test's `timeout` mark (set on the longest ones) ranks
-    it, then `slow` before the rest; collection order otherwise."""
-    def cost(item: pytest.Item) -> tuple:
-        timeout = item.get_closest_marker("timeout")
-        return (-(timeout.args[0] if timeout and timeout.args else 0), item.get_closest_marker("slow") is None)
-
-    items.sort(key=cost)  # (stable: same-cost tests keep their file order)
