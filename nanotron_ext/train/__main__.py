@@ -17,12 +17,17 @@ _STOP = {"requested": False}  # set by the handler: a library may turn the Keybo
 
 def _interrupt(signum: int, frame: object) -> NoReturn:
     _STOP["requested"] = True
+    _STOP["signal"] = signum
     raise KeyboardInterrupt  # torchrun stops its workers with SIGTERM when the user presses Ctrl-C
 
 
 def _interrupted(cfg: object, trainer: object) -> int:
     from nanotron_ext.train.checkpoint import latest_checkpoint
 
+    if trainer is None and _STOP.get("signal") == signal.SIGTERM:
+        # the launcher stopped this rank while it was starting because a peer failed (CI saw this rank's line
+        # printed before the peer's one-line error): the peer's line is the job's report, nothing to add here
+        return 130
     if trainer is not None:
         last = trainer.last_checkpoint()
     else:  # stopped while starting: resume=overwrite would not resume from what is there
@@ -40,14 +45,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m nanotron_ext.train", description=__doc__)
     add_config_args(parser)
     args = parser.parse_args(argv)
-    signal.signal(signal.SIGTERM, _interrupt)
-    signal.signal(signal.SIGINT, _interrupt)  # Ctrl-C sent to the whole process group reaches workers too
     job: dict = {}  # the trainer lives here, not in a local: _release_process_groups must be able to drop it
     stop_watchdog = None
     if "TORCHELASTIC_RUN_ID" in os.environ:  # launched by torchrun: do not outlive it
+        # (imported before the handlers: a stop during this import ends the rank silently, not with a traceback)
         from nanotron_ext.train.guard import exit_with_launcher
 
         stop_watchdog = exit_with_launcher()
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)  # Ctrl-C sent to the whole process group reaches workers too
     try:
         job["cfg"] = config_from_args(args)
         from nanotron_ext.train.trainer import Trainer
