@@ -21,4 +21,3 @@ def small_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     prepare(cfg, max_documents=40, progress=False)
     return root
-
