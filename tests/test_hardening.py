@@ -81,7 +81,7 @@ def test_a_stop_signal_a_library_turned_into_another_error_is_still_reported_as_
                 raise RuntimeError("[enforce fail at inline_container.cc] unexpected pos 64 vs 0") from None
 
     monkeypatch.setattr(trainer_module, "Trainer", SavingWhenStopped)
-    monkeypatch.setattr(entry, "_STOP", {"requested": False})
+    monkeypatch.setattr(entry, "_STOP", {"signal": None})
     monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
     monkeypatch.setenv("RANK", "0")
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}

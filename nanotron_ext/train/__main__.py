@@ -12,11 +12,10 @@ from typing import Callable, List, NoReturn, Optional
 
 from nanotron_ext.train import failures
 
-_STOP = {"requested": False}  # set by the handler: a library may turn the KeyboardInterrupt into another error
+_STOP = {"signal": None}  # set by the handler: a library may turn the KeyboardInterrupt into another error
 
 
 def _interrupt(signum: int, frame: object) -> NoReturn:
-    _STOP["requested"] = True
     _STOP["signal"] = signum
     raise KeyboardInterrupt  # torchrun stops its workers with SIGTERM when the user presses Ctrl-C
 
@@ -24,7 +23,7 @@ def _interrupt(signum: int, frame: object) -> NoReturn:
 def _interrupted(cfg: object, trainer: object) -> int:
     from nanotron_ext.train.checkpoint import latest_checkpoint
 
-    if trainer is None and _STOP.get("signal") == signal.SIGTERM:
+    if trainer is None and _STOP["signal"] == signal.SIGTERM:
         # the launcher stopped this rank while it was starting because a peer failed (CI saw this rank's line
         # printed before the peer's one-line error): the peer's line is the job's report, nothing to add here
         return 130
@@ -73,7 +72,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             time.sleep(0.5)
         except KeyboardInterrupt:
             return _interrupted(job.get("cfg"), job.get("trainer"))
-        if _STOP["requested"]:  # the signal came earlier and was turned into this error (torch.save's writer
+        if _STOP["signal"] is not None:  # the signal came earlier and was turned into this error (torch.save's writer
             return _interrupted(job.get("cfg"), job.get("trainer"))  # does that), or a peer stopped in a collective
         line = _collective_failure(e, job.get("cfg"))
         if line is None:
