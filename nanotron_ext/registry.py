@@ -12,6 +12,7 @@ core's own entries are declared by `CORE` (built by nanotron_ext.models.pieces.C
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 from typing import TYPE_CHECKING, Dict, List, Optional
 
@@ -42,8 +43,10 @@ class CoreTechnique(Technique):
 
         if key == "model.tp_strategy":
             return tb.megatron_tp(cfg)
-        if key == "model.codec.kind":
-            return tb.identity_wire(cfg) if name == "identity" else tb.lossy_wire(cfg, name)
+        if key == "model.codec.kind":  # these wires follow the residual stream (BoundaryCodec.wire_replicated)
+            form = tb.identity_wire(cfg) if name == "identity" else tb.lossy_wire(cfg, name)
+            sharded = residual_sharded(cfg.model.tp_strategy, cfg.parallelism.tp)
+            return dataclasses.replace(form, tp_sharded=True) if form is not None and sharded else form
         if key == "parallelism.dp_sync":
             from nanotron_ext.bench.params import count_params
 
@@ -109,6 +112,12 @@ class _Techniques:
 TECHNIQUES = _Techniques()
 techniques = TECHNIQUES.all
 register_technique = TECHNIQUES.register
+
+
+def residual_sharded(tp_strategy: str, tp: int) -> bool:
+    """Whether `model.tp_strategy` shards the residual stream on d over the TP group at parallelism.tp = `tp`
+    (Technique.shards_residual: BOOST's btp at tp > 1)."""
+    return tp > 1 and any(tp_strategy in t.shards_residual for t in techniques())
 
 
 class ExtensionPoint:

@@ -192,6 +192,29 @@ def _check_closed_forms(codec: dict, one: list, once: list) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["megatron", "btp"])
+def test_the_job_pp_form_matches_the_ledger_when_every_tp_rank_sends(strategy: str) -> None:
+    """parallelism.pp_scatter_gather=false at tp = 2 x pp = 2, identity wire: Megatron's replicated wire crosses
+    once per TP rank (twice), btp's sharded one once in all (each TP rank its d/tp shard); the WAN meter's job
+    form (metrics.tier_bytes.job_bytes_per_step) equals the pipeline bytes every rank's ledger sent."""
+    from nanotron_ext.config.loader import from_dict
+    from nanotron_ext.config.schema import Config
+    from nanotron_ext.metrics.tier_bytes import job_bytes_per_step
+    from tests.helpers.dist import run_distributed
+
+    model = {**SMALL, "tp_strategy": strategy, **({"low_rank": {"kind": "svd"}} if strategy == "btp" else {})}
+    runs = run_distributed(_wire_worker, 4, 2, 2, {"kind": "identity"}, False, model)
+    cfg = from_dict(Config, {"model": model, "parallelism": {"dp": 1, "tp": 2, "pp": 2, "pp_scatter_gather": False},
+                             "tokenizer": {"vocab_size": 260},
+                             "tokens": {"sequence_length": SEQ, "micro_batch_size": MB,
+                                        "batch_accumulation_per_replica": N_MICRO}})
+    sent = _pp_bytes(runs, "send:fwd") + _pp_bytes(runs, "send:bwd")  # the wire (shape headers aside)
+    copies = 2 if strategy == "megatron" else 1
+    assert sent == copies * 2 * N_MICRO * MB * SEQ * SMALL["hidden_size"] * 4, runs[0]["comm"]  # fp32, both ways
+    assert job_bytes_per_step(cfg)["pp"] == sent
+
+
+@pytest.mark.slow
 def test_pp_bytes_at_tp_3_equal_tp_1_with_a_padded_wire() -> None:
     """tp = 3 and a ResBM wire of h = 10 (16 tokens x 10 = 160 values: each TP rank sends 54, the last two
     padded): pipeline bytes per boundary are tp = 1's up to that padding, and loss follows tp = 1's."""

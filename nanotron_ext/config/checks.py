@@ -9,7 +9,7 @@ import os
 from typing import TYPE_CHECKING
 
 from nanotron_ext.errors import UserFacingError
-from nanotron_ext.registry import ExtensionPoint, techniques
+from nanotron_ext.registry import ExtensionPoint, residual_sharded, techniques
 
 if TYPE_CHECKING:
     from nanotron_ext.config.schema import ModelConfig
@@ -67,7 +67,7 @@ def check_residual_layout(model: "ModelConfig", tp: int) -> None:
             "model.output_constraint.kind", f"{constraint!r} cannot run with model.tp_strategy={model.tp_strategy!r}: "
             "its layers have no single weight writing into the residual stream to constrain; use model.tp_strategy="
             "'btp' (or 'megatron' for a full-rank model)")
-    if tp < 2 or not any(model.tp_strategy in t.shards_residual for t in techniques()):
+    if not residual_sharded(model.tp_strategy, tp):
         return
     for key in RESIDUAL_KEYS:
         value = model

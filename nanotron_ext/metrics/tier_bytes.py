@@ -29,6 +29,9 @@ class TierBytes:
     backward: float = 0.0
     formula: str = ""
     """The form in words: what was counted, and what was left out."""
+    tp_sharded: bool = False
+    """PP tier: the TP ranks send disjoint shards of the wire (the form is their sum), so it crosses the stage
+    link once whatever parallelism.pp_scatter_gather says (a wire that follows btp's sharded residual stream)."""
 
     @property
     def total(self) -> float:
@@ -162,16 +165,17 @@ def tier_lines(cfg: "Config") -> List[str]:
 def job_bytes_per_step(cfg: "Config") -> Dict[str, Optional[float]]:
     """Closed-form bytes per step of the whole job by tier, all ranks together (what the WAN meter's ledger
     column sums): every TP rank of every replica; every stage link of every replica (a TP-replicated wire
-    crosses once, or tp times with parallelism.pp_scatter_gather=false); every replica. None where a piece has
-    no closed form."""
+    crosses once, or tp times with parallelism.pp_scatter_gather=false unless its TP ranks send disjoint shards
+    of it); every replica. None where a piece has no closed form."""
     p = cfg.parallelism
-    forms = tier_forms(cfg)
-    copies = {"tp": p.tp * p.dp, "pp": (p.pp - 1) * (1 if p.pp_scatter_gather else p.tp), "dp": p.dp}
     out: Dict[str, Optional[float]] = {}
-    for tier, entries in forms.items():
-        if any(tb is None for _, tb in entries):
+    for tier, entries in tier_forms(cfg).items():
+        forms = [tb for _, tb in entries]
+        if any(tb is None for tb in forms):
             out[tier] = None
-            continue
-        per = [tb.total for _, tb in entries]  # type: ignore[union-attr]
-        out[tier] = copies[tier] * (sum(per) if tier == "pp" else per[0])
+        elif tier == "pp":
+            out[tier] = (p.pp - 1) * sum(tb.total * (1 if p.pp_scatter_gather or tb.tp_sharded else p.tp)
+                                         for tb in forms)  # type: ignore[union-attr]
+        else:
+            out[tier] = (p.tp * p.dp if tier == "tp" else p.dp) * forms[0].total  # type: ignore[union-attr]
     return out

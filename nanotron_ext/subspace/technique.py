@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Optional
 
 from nanotron_ext.config.checks import require
-from nanotron_ext.registry import techniques
+from nanotron_ext.registry import residual_sharded
 from nanotron_ext.subspace.config import SubspaceConfig
 from nanotron_ext.technique import Technique
 
@@ -57,7 +57,7 @@ class SubspaceTechnique(Technique):
         constraint run per feature shard (codec.py, embedding.py, constraints.py); two options need all d
         features on one rank and are refused here, naming both keys."""
         m, tp = cfg.model, cfg.parallelism.tp
-        if tp < 2 or not any(m.tp_strategy in t.shards_residual for t in techniques()):
+        if not residual_sharded(m.tp_strategy, tp):
             return
         layout = f"with model.tp_strategy={m.tp_strategy!r} at parallelism.tp={tp}"
         if "subspace" in (m.codec.kind, m.output_constraint.kind) or m.embedding.kind in SPLIT_EMBEDDINGS:
