@@ -7,6 +7,7 @@ import csv
 import json
 import math
 import statistics
+import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Dict, List
@@ -209,6 +210,10 @@ def test_figure_title_and_run_meta_name_the_machine_and_date() -> None:
     assert meta["tp"] == 2 and meta["machine"] and len(meta["date"]) == 19
     title = report.figure_title("Fig", meta)
     assert meta["machine"] in title and meta["date"][:10] in title
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(report.__file__).parent, capture_output=True,
+                          text=True).stdout.strip()
+    if head:  # a git checkout (CI clones one): the result names the commit it ran from
+        assert meta["commit"].split("+")[0] == head[:12] and meta["commit"] in (head[:12], head[:12] + "+modified")
 
 
 # ------------------------------------------------------------------------------------------------

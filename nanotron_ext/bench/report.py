@@ -19,6 +19,7 @@ import datetime
 import json
 import os
 import platform
+import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
@@ -52,14 +53,29 @@ def default_backend() -> str:
         return "gloo"
 
 
+def code_version() -> Optional[str]:
+    """The commit the package ran from, '+modified' when nanotron_ext/ differs from it (result files being
+    written elsewhere in the tree do not count); None outside a git checkout."""
+    package = Path(__file__).resolve().parents[1]
+    try:
+        def git(*argv: str) -> str:
+            return subprocess.run(["git", *argv], cwd=package, capture_output=True, text=True, check=True,
+                                  timeout=10).stdout.strip()
+
+        return git("rev-parse", "--short=12", "HEAD") + ("+modified" if git("status", "--porcelain", "--", ".") else "")
+    except (OSError, subprocess.SubprocessError):  # a label must never fail a run
+        return None
+
+
 def run_meta(extra: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
-    """Date, host, machine label, backend and 1-minute load average (a shared machine's load explains
-    noise)."""
+    """Date, host, machine label, backend, the code's commit and the 1-minute load average (a shared
+    machine's load explains noise)."""
     meta: Dict[str, Any] = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "host": platform.node(),
         "machine": machine_label(),
         "backend": default_backend(),
+        "commit": code_version(),
         "loadavg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
     }
     meta.update(extra or {})
