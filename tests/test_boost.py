@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from tests.helpers.dist import run_distributed
+from tests.helpers.one_step import fixed_rows, micro_batches, one_step
 
 MODEL = dict(vocab_size=320, hidden_size=64, ffn_size=96, num_layers=2, num_heads=8, num_kv_heads=4, max_seq_len=16)
 SEQ, MB, N_MICRO, SEED = 8, 2, 2, 1234
@@ -71,26 +72,20 @@ def _parity(ctx, kind: str, strategy: str, boost: dict, model: dict, n_micro: in
     import nanotron.distributed as dist
 
     from nanotron_ext.models.build import build_model
-    from nanotron_ext.parallel.comm import get_ledger
-    from nanotron_ext.train.pipeline_step import forward_backward, make_engine
     from tests.helpers.compare import worst_grad_error
     from tests.reference_lowrank import reference_loss, reference_params
 
     tp, pp = ctx.tp_pg.size(), ctx.pp_pg.size()
     cfg = _config(tp, pp, kind, strategy, boost, model, n_micro)
     net = build_model(cfg, ctx)
-    rows = torch.randint(0, MODEL["vocab_size"], (n_micro * MB, SEQ + 1), generator=torch.Generator().manual_seed(SEED))
-    micro = [{"input_ids": rows[i * MB:(i + 1) * MB, :-1], "label_ids": rows[i * MB:(i + 1) * MB, 1:]} for i in range(n_micro)]
-    ledger = get_ledger()
-    ledger.reset()
-    loss = forward_backward(net, make_engine("1f1b"), micro, ctx)
-    comm = ledger.snapshot()
+    rows = fixed_rows(n_micro * MB, SEQ, MODEL["vocab_size"], SEED)
+    loss, comm = one_step(net, micro_batches(rows, MB, n_micro), ctx)
     ref = reference_params(cfg.model, cfg.general.seed)
     ref_loss = reference_loss(cfg.model, ref, rows[:, :-1], rows[:, 1:])
     ref_loss.backward()
     worst, worst_name, names = worst_grad_error(net, ref)
     return {
-        "case": f"{kind}/{strategy} tp={tp} pp={pp} {boost} {model}", "loss": loss.item(), "ref_loss": ref_loss.item(),
+        "case": f"{kind}/{strategy} tp={tp} pp={pp} {boost} {model}", "loss": loss, "ref_loss": ref_loss.item(),
         "worst": worst, "worst_name": worst_name, "names": names, "ref_names": sorted(ref), "comm": comm,
         "pp_rank": dist.get_rank(ctx.pp_pg),
         "d_local": cfg.model.hidden_size // tp if net.strategy.residual_sharded else cfg.model.hidden_size,

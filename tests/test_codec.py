@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tests.helpers.dist import run_distributed
+from tests.helpers.one_step import micro_batches, one_step, small_config
 from tests.test_parallel_parity import MB, MODEL, N_MICRO, SEQ, _parity_worker
 
 
@@ -114,34 +115,25 @@ _CODECS = {
 def _dtype_worker() -> dict:
     import torch
 
-    from nanotron_ext.config.loader import from_dict
-    from nanotron_ext.config.schema import Config
     from nanotron_ext.models.build import build_model
-    from nanotron_ext.parallel.comm import get_ledger
     from nanotron_ext.parallel.context import build_parallel_context
-    from nanotron_ext.train.pipeline_step import forward_backward, make_engine
     from tests.test_parallel_parity import _global_batch
 
     ctx = build_parallel_context(dp=1, tp=1, pp=2, backend="gloo")
-    rows = _global_batch(1)
-    micro = [{"input_ids": rows[i * MB:(i + 1) * MB, :-1], "label_ids": rows[i * MB:(i + 1) * MB, 1:]}
-             for i in range(N_MICRO)]
+    micro = micro_batches(_global_batch(1), MB, N_MICRO)
     out = {}
     for kind, (options, _) in _CODECS.items():
         for dtype in ("fp32", "bf16"):
             model_cfg = {**MODEL, "dtype": dtype, "codec": {"kind": kind, **options}}
             if kind == "subspace":
                 model_cfg.update(embedding={"kind": "subspace"}, output_constraint={"kind": "subspace"})
-            cfg = from_dict(Config, {"model": model_cfg, "parallelism": {"pp": 2}, "tokenizer": {"vocab_size": 260},
-                                     "tokens": {"sequence_length": SEQ, "micro_batch_size": MB,
-                                                "batch_accumulation_per_replica": N_MICRO}})
+            cfg = small_config(model_cfg, pp=2, seq=SEQ, mb=MB, n_micro=N_MICRO)
             model = build_model(cfg, ctx)
-            get_ledger().reset()
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"):
-                loss = forward_backward(model, make_engine("1f1b"), micro, ctx)
-            pp = get_ledger().snapshot().get("pp", {})
+                loss, comm = one_step(model, micro, ctx)
+            pp = comm.get("pp", {})
             out[kind, dtype] = {d: pp.get(f"send:{d}", {}).get("bytes", 0) / (N_MICRO * MB * SEQ)
-                                for d in ("fwd", "bwd")} | {"loss": loss.item()}
+                                for d in ("fwd", "bwd")} | {"loss": loss}
     return out
 
 

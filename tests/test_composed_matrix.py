@@ -59,9 +59,9 @@ import pytest
 import torch
 
 from nanotron_ext.config import ConfigError
-from nanotron_ext.config.loader import from_dict
 from nanotron_ext.config.schema import Config
 from tests.helpers.dist import run_distributed
+from tests.helpers.one_step import fixed_rows, full_gradients, micro_batches, one_step, small_config
 
 STRATEGIES = ("megatron", "btp")
 CODECS = ("identity", "resbm", "subspace", "mapl")
@@ -90,10 +90,7 @@ def _model(strategy: str, codec: Optional[str]) -> Dict:
 def cell_config(strategy: str, codec: str, dp: int = 1, tp: int = 2, pp: int = 2) -> Config:
     """The composed config of one cell through the strict loader and every rule it runs (Config.validate with the
     world size): a combination that does not compose raises ConfigError with the loader's one line."""
-    data = {"model": _model(strategy, codec), "parallelism": {"dp": dp, "tp": tp, "pp": pp},
-            "tokenizer": {"vocab_size": 260},
-            "tokens": {"sequence_length": SEQ, "micro_batch_size": MB, "batch_accumulation_per_replica": N_MICRO}}
-    cfg = from_dict(Config, data)
+    cfg = small_config(_model(strategy, codec), dp=dp, tp=tp, pp=pp, seq=SEQ, mb=MB, n_micro=N_MICRO)
     cfg.validate(world_size=dp * tp * pp)
     return cfg
 
@@ -108,31 +105,7 @@ def refusal(strategy: str, codec: str) -> Optional[str]:
 
 
 def _batch(rows: int, seed: int = SEED) -> torch.Tensor:
-    return torch.randint(0, 260, (rows, SEQ + 1), generator=torch.Generator().manual_seed(seed))
-
-
-def _micro(rows: torch.Tensor) -> List[Dict[str, torch.Tensor]]:
-    return [{"input_ids": rows[i * MB:(i + 1) * MB, :-1], "label_ids": rows[i * MB:(i + 1) * MB, 1:]}
-            for i in range(rows.shape[0] // MB)]
-
-
-def _full_grads(model: torch.nn.Module, tp_pg) -> Dict[str, torch.Tensor]:
-    """Every gradient on this rank as the full tensor: a TP-sharded one summed into place over TP (each element
-    lives on exactly one TP rank), a replicated one as it is."""
-    import torch.distributed as torch_dist
-
-    grads = {}
-    for name, p in model.named_parameters():
-        g = p.grad.detach().clone()
-        if getattr(p, "is_sharded", False) and len(p.get_sharded_info().global_ranks) > 1:
-            info = p.get_sharded_info()
-            full = torch.zeros(info.unsharded_shape, dtype=g.dtype)
-            for pair in info.local_global_slices_pairs:
-                full[pair.global_slices] = g[pair.local_slices]
-            torch_dist.all_reduce(full, group=tp_pg)
-            g = full
-        grads[name] = g
-    return grads
+    return fixed_rows(rows, SEQ, seed=seed)
 
 
 def _reference(cfg: Config, ctx, rows: torch.Tensor) -> dict:
@@ -159,9 +132,7 @@ def _tp_codec_worker(cells: List[Tuple[str, str]]) -> dict:
     import torch.distributed as torch_dist
 
     from nanotron_ext.models.build import build_model
-    from nanotron_ext.parallel.comm import get_ledger
     from nanotron_ext.parallel.context import build_parallel_context
-    from nanotron_ext.train.pipeline_step import forward_backward, make_engine
 
     ctx = build_parallel_context(dp=1, tp=2, pp=2, backend="gloo")
     ref_ctx = build_parallel_context(dp=4, tp=1, pp=1, backend="gloo")
@@ -170,11 +141,8 @@ def _tp_codec_worker(cells: List[Tuple[str, str]]) -> dict:
     for strategy, codec in cells:
         cfg = cell_config(strategy, codec)
         model = build_model(cfg, ctx)
-        ledger = get_ledger()
-        ledger.reset()
-        loss = forward_backward(model, make_engine("1f1b"), _micro(rows), ctx)
-        comm = ledger.snapshot()
-        out[strategy, codec] = {"loss": loss.item(), "grads": _full_grads(model, ctx.tp_pg), "comm": comm}
+        loss, comm = one_step(model, micro_batches(rows, MB), ctx)
+        out[strategy, codec] = {"loss": loss, "grads": full_gradients(model, ctx.tp_pg), "comm": comm}
         if torch_dist.get_rank() == 0:
             out[strategy, codec]["ref"] = _reference(cfg, ref_ctx, rows)
     return out
@@ -267,13 +235,11 @@ def dp_cell_config(strategy: str, sync: str) -> Config:
     """The DP cell's config at dp = 2 x tp = 2 x pp = 2 through the loader's rules (ConfigError if refused).
     Heterogeneous SparseLoCo: no model.codec.kind (it picks subspace for replica 0, identity for replica 1), its
     compressed replica's subspace codec at the same boundary."""
-    data = {"model": _model(strategy, DP_CODEC[sync]), "parallelism": {"dp": 2, "tp": 2, "pp": 2, "dp_sync": sync.removeprefix("het_")},
-            "tokenizer": {"vocab_size": 260},
-            "tokens": {"sequence_length": SEQ, "micro_batch_size": MB, "batch_accumulation_per_replica": N_MICRO,
-                       "train_steps": 4}}
+    sections = {}
     if sync != "allreduce":
-        data["sparseloco"] = {**SPARSELOCO, "compressed_replicas": [0] if sync == "het_sparseloco" else []}
-    cfg = from_dict(Config, data)
+        sections["sparseloco"] = {**SPARSELOCO, "compressed_replicas": [0] if sync == "het_sparseloco" else []}
+    cfg = small_config(_model(strategy, DP_CODEC[sync]), dp=2, tp=2, pp=2, seq=SEQ, mb=MB, n_micro=N_MICRO,
+                       parallelism={"dp_sync": sync.removeprefix("het_")}, tokens={"train_steps": 4}, **sections)
     cfg.validate(world_size=8)
     return cfg
 
@@ -308,7 +274,6 @@ def _dp_worker(cells: List[Tuple[str, str]]) -> dict:
     from nanotron_ext.models.build import build_model
     from nanotron_ext.parallel.comm import get_ledger
     from nanotron_ext.parallel.context import build_parallel_context
-    from nanotron_ext.train.pipeline_step import forward_backward, make_engine
     from nanotron_ext.train.replica import Replica
 
     ctx = build_parallel_context(dp=2, tp=2, pp=2, backend="gloo")
@@ -321,17 +286,15 @@ def _dp_worker(cells: List[Tuple[str, str]]) -> dict:
         if sync == "allreduce":
             rows = _batch(2 * N_MICRO * MB)
             model = build_model(cfg, ctx)
-            ledger.reset()
-            loss = forward_backward(model, make_engine("1f1b"), _micro(rows.chunk(2)[dp_rank]), ctx)
-            res = {"loss": loss.item(), "grads": _full_grads(model, ctx.tp_pg), "comm": ledger.snapshot(),
-                   **_local_params(model)}
+            loss, comm = one_step(model, micro_batches(rows.chunk(2)[dp_rank], MB), ctx)
+            res = {"loss": loss, "grads": full_gradients(model, ctx.tp_pg), "comm": comm, **_local_params(model)}
             if torch_dist.get_rank() == 0:
                 res["ref"] = _reference(cfg, ref_ctx, rows)
         else:
             replica = Replica(cfg, ctx, dp_rank)
             ledger.reset()
             for step in (1, 2):
-                loss = replica.backward(_micro(_batch(N_MICRO * MB, seed=100 * step + dp_rank)))
+                loss = replica.backward(micro_batches(_batch(N_MICRO * MB, seed=100 * step + dp_rank), MB))
                 replica.update(step, loss.item())
             res = {"codec": replica.model_cfg.model.codec.kind, "comm": ledger.snapshot(),
                    "state": {k: v.detach().clone() for k, v in replica.model.state_dict().items()},

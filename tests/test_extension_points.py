@@ -28,6 +28,7 @@ import pytest
 import torch
 
 from tests.helpers.dist import run_distributed
+from tests.helpers.one_step import fixed_micro_batches, one_step, small_config
 
 REPO = Path(__file__).resolve().parents[1]
 TOY = REPO / "tests" / "toy_technique"
@@ -49,41 +50,28 @@ def _toy_basis(d: int) -> torch.Tensor:
     return torch.linalg.qr(torch.randn(d, 4, generator=torch.Generator().manual_seed(3)))[0]
 
 
-TOKENS = {"sequence_length": SEQ, "micro_batch_size": MB, "batch_accumulation_per_replica": N_MICRO}
-
-
 def _config(model: dict, parallelism: dict, extra: dict = None):
-    from nanotron_ext.config.loader import from_dict
-    from nanotron_ext.config.schema import Config
-
     if (model.get("codec") or {}).get("kind") == "toy_trunc":
         model = {**model, "codec": {**model["codec"], "toy": {"width": H}}}
-    return from_dict(Config, {"model": {**MODEL, **model}, "parallelism": parallelism,
-                              "tokenizer": {"vocab_size": 260}, "tokens": TOKENS, **(extra or {})})
+    return small_config({**MODEL, **model}, seq=SEQ, mb=MB, n_micro=N_MICRO, parallelism=parallelism, **(extra or {}))
 
 
 def _micro(seed: int) -> List[Dict[str, torch.Tensor]]:
-    rows = torch.randint(0, MODEL["vocab_size"], (N_MICRO * MB, SEQ + 1), generator=torch.Generator().manual_seed(seed))
-    return [{"input_ids": rows[i * MB:(i + 1) * MB, :-1], "label_ids": rows[i * MB:(i + 1) * MB, 1:]}
-            for i in range(N_MICRO)]
+    return fixed_micro_batches(N_MICRO, MB, SEQ, MODEL["vocab_size"], seed)
 
 
 def _run_model(pp: int, engine: str, model_overrides: dict) -> dict:
     """Loss, gradients by name and pipeline bytes of one forward/backward."""
     _use_toy()
     from nanotron_ext.models.build import build_model
-    from nanotron_ext.parallel.comm import get_ledger
     from nanotron_ext.parallel.context import build_parallel_context
-    from nanotron_ext.train.pipeline_step import forward_backward, make_engine
 
     ctx = build_parallel_context(dp=1, tp=1, pp=pp, backend="gloo")
     cfg = _config(model_overrides, {"pp": pp, "pp_engine": engine})
     model = build_model(cfg, ctx)
-    get_ledger().reset()
-    loss = forward_backward(model, make_engine(engine), _micro(0), ctx)
-    comm = get_ledger().snapshot()
+    loss, comm = one_step(model, _micro(0), ctx, engine)
     grads = {n.replace("pp_block.", ""): p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    return {"loss": loss.item(), "grads": grads, "comm": comm}
+    return {"loss": loss, "grads": grads, "comm": comm}
 
 
 def _merge(results: List[dict]) -> Tuple[float, Dict[str, torch.Tensor]]:
@@ -218,9 +206,7 @@ def _run_outer_loop() -> dict:
 
     from nanotron_ext.models.build import build_dp_sync, build_model
     from nanotron_ext.optim.build import build_optimizer
-    from nanotron_ext.parallel.comm import get_ledger
     from nanotron_ext.parallel.context import build_parallel_context
-    from nanotron_ext.train.pipeline_step import forward_backward, make_engine
 
     ctx = build_parallel_context(dp=2, tp=1, pp=1, backend="gloo")
     cfg = _config({}, {"dp": 2, "dp_sync": "toy_average"}, {"toy_sync": {"every": 2}})
@@ -230,9 +216,8 @@ def _run_outer_loop() -> dict:
     rank = dist.get_rank(ctx.dp_pg)
     out: dict = {"dp_bytes": [], "checksum": []}
     for step in (1, 2):
-        get_ledger().reset()
-        forward_backward(model, make_engine("1f1b"), _micro(10 * step + rank), ctx, sync)
-        grad_bytes = get_ledger().snapshot().get("dp", {})
+        _, comm = one_step(model, _micro(10 * step + rank), ctx, dp_sync=sync)
+        grad_bytes = comm.get("dp", {})
         out["dp_bytes"].append(sum(v["bytes"] for v in grad_bytes.values()))
         opt.step()
         opt.zero_grad()

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from tests.helpers.dist import run_distributed
+from tests.helpers.one_step import micro_batches, one_step, small_config
 from tests.test_parallel_parity import MB, MODEL, N_MICRO, SEQ, _global_batch
 
 R, M = 8, 4
@@ -106,33 +107,23 @@ def _anchor_values(boundary: int) -> torch.Tensor:
 def _mapl_worker(tp: int, pp: int, engine: str, sync: str = "rows") -> dict:
     import nanotron.distributed as dist
 
-    from nanotron_ext.config.loader import from_dict
-    from nanotron_ext.config.schema import Config
     from nanotron_ext.mapl.codec import BoundaryProjection
     from nanotron_ext.models.build import build_model
-    from nanotron_ext.parallel.comm import get_ledger
     from nanotron_ext.parallel.context import build_parallel_context
-    from nanotron_ext.train.pipeline_step import forward_backward, make_engine
     from tests.helpers.compare import worst_grad_error
     from tests.reference_llama import reference_loss, reference_params
 
     ctx = build_parallel_context(dp=1, tp=tp, pp=pp, backend="gloo")
-    cfg = from_dict(Config, {
-        "model": {**MODEL, "codec": {"kind": "mapl", "boundaries": "stages",
-                                     "mapl": {"rank": R, "anchor_width": M, "shared_sync": sync}}},
-        "parallelism": {"tp": tp, "pp": pp, "pp_engine": engine}, "tokenizer": {"vocab_size": 260},
-        "tokens": {"sequence_length": SEQ, "micro_batch_size": MB, "batch_accumulation_per_replica": N_MICRO}})
+    cfg = small_config({**MODEL, "codec": {"kind": "mapl", "boundaries": "stages",
+                                           "mapl": {"rank": R, "anchor_width": M, "shared_sync": sync}}},
+                       tp=tp, pp=pp, seq=SEQ, mb=MB, n_micro=N_MICRO, parallelism={"pp_engine": engine})
     model = build_model(cfg, ctx)
     copies = {n: m for n, m in model.named_modules() if isinstance(m, BoundaryProjection)}
     with torch.no_grad():
         for m in copies.values():
             m.anchor_table.copy_(_anchor_values(m.boundary))
     rows = _global_batch(1)
-    micro = [{"input_ids": rows[i * MB:(i + 1) * MB, :-1], "label_ids": rows[i * MB:(i + 1) * MB, 1:]}
-             for i in range(N_MICRO)]
-    get_ledger().reset()
-    loss = forward_backward(model, make_engine(engine), micro, ctx)
-    comm = get_ledger().snapshot()
+    loss, comm = one_step(model, micro_batches(rows, MB, N_MICRO), ctx, engine)
 
     # the float64 reference: one copy of each boundary's A and anchor table
     ref = reference_params(cfg.model, cfg.general.seed)
@@ -154,7 +145,7 @@ def _mapl_worker(tp: int, pp: int, engine: str, sync: str = "rows") -> dict:
     for name in copies:
         ref[f"{name}.A"], ref[f"{name}.anchor_table"] = a, table
     worst, worst_name, names = worst_grad_error(model, ref)
-    return {"loss": loss.item(), "ref_loss": ref_loss.item(), "worst": worst, "worst_name": worst_name,
+    return {"loss": loss, "ref_loss": ref_loss.item(), "worst": worst, "worst_name": worst_name,
             "names": names, "comm": comm, "pp_rank": dist.get_rank(ctx.pp_pg)}
 
 
@@ -185,8 +176,6 @@ def _copies_worker(dtype: str, steps: int) -> dict:
     """PP=2, the paper's hybrid optimiser (SPEL on A, AdamW on the anchor table): both copies after each step."""
     import nanotron.distributed as dist
 
-    from nanotron_ext.config.loader import from_dict
-    from nanotron_ext.config.schema import Config
     from nanotron_ext.mapl.codec import BoundaryProjection
     from nanotron_ext.models.build import build_model
     from nanotron_ext.optim.build import build_optimizer
@@ -194,16 +183,12 @@ def _copies_worker(dtype: str, steps: int) -> dict:
     from nanotron_ext.train.pipeline_step import forward_backward, make_engine
 
     ctx = build_parallel_context(dp=1, tp=1, pp=2, backend="gloo")
-    cfg = from_dict(Config, {
-        "model": {**MODEL, "dtype": dtype, "codec": {"kind": "mapl", "mapl": {"rank": R, "anchor_width": M}}},
-        "parallelism": {"pp": 2}, "tokenizer": {"vocab_size": 260}, "optimizer": {"name": "muon"},
-        "tokens": {"sequence_length": SEQ, "micro_batch_size": MB, "batch_accumulation_per_replica": N_MICRO}})
+    cfg = small_config({**MODEL, "dtype": dtype, "codec": {"kind": "mapl", "mapl": {"rank": R, "anchor_width": M}}},
+                       pp=2, seq=SEQ, mb=MB, n_micro=N_MICRO, optimizer={"name": "muon"})
     model = build_model(cfg, ctx)
     opt = build_optimizer(model, cfg.optimizer, ctx.tp_pg)
     copy = next(m for m in model.modules() if isinstance(m, BoundaryProjection))
-    rows = _global_batch(1)
-    micro = [{"input_ids": rows[i * MB:(i + 1) * MB, :-1], "label_ids": rows[i * MB:(i + 1) * MB, 1:]}
-             for i in range(N_MICRO)]
+    micro = micro_batches(_global_batch(1), MB, N_MICRO)
     states = []
     for _ in range(steps):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"):

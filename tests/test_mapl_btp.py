@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from tests.helpers.dist import run_distributed
+from tests.helpers.one_step import fixed_rows, micro_batches, one_step, small_config
 
 D, V, R, M = 24, 40, 6, 4  # codec level: d divides over tp = 2 and 3
 
@@ -99,7 +100,7 @@ RVQ = {"kind": "mapl", "boundaries": "stages", "mapl": {"rank": MR, "anchor_widt
 
 
 def _batch() -> torch.Tensor:
-    return torch.randint(0, 260, (N_MICRO * MB, SEQ + 1), generator=torch.Generator().manual_seed(7))
+    return fixed_rows(N_MICRO * MB, SEQ)
 
 
 CASES = {"svd-mapl": ("svd", PLAIN), "cola-mapl_rvq": ("cola", RVQ)}
@@ -111,35 +112,26 @@ def _btp_worker(tp: int, references: dict) -> dict:
     name, sliced to this rank's shard)."""
     import nanotron.distributed as dist
 
-    from nanotron_ext.config.loader import from_dict
-    from nanotron_ext.config.schema import Config
     from nanotron_ext.mapl.codec import BoundaryProjection
     from nanotron_ext.models.build import build_model
     from nanotron_ext.models.init import local_shard
     from nanotron_ext.optim import clip_grad_norm_
     from nanotron_ext.optim.build import build_optimizer
-    from nanotron_ext.parallel.comm import get_ledger
     from nanotron_ext.parallel.context import build_parallel_context
-    from nanotron_ext.train.pipeline_step import forward_backward, make_engine
 
     ctx = build_parallel_context(dp=1, tp=tp, pp=2, backend="gloo")
-    rows = _batch()
-    micro = [{"input_ids": rows[i * MB:(i + 1) * MB, :-1], "label_ids": rows[i * MB:(i + 1) * MB, 1:]}
-             for i in range(N_MICRO)]
+    micro = micro_batches(_batch(), MB)
     results = {}
     for case, (low_rank, codec) in CASES.items():
-        cfg = from_dict(Config, {
-            "model": {**MODEL, "low_rank": {"kind": low_rank}, "tp_strategy": "btp", "codec": codec},
-            "parallelism": {"dp": 1, "tp": tp, "pp": 2}, "tokenizer": {"vocab_size": 260},
-            "tokens": {"sequence_length": SEQ, "micro_batch_size": MB, "batch_accumulation_per_replica": N_MICRO}})
+        cfg = small_config({**MODEL, "low_rank": {"kind": low_rank}, "tp_strategy": "btp", "codec": codec}, tp=tp,
+                           pp=2, seq=SEQ, mb=MB, n_micro=N_MICRO)
         model = build_model(cfg, ctx)
         with torch.no_grad():  # a non-zero anchor table, the same at every tp
             for m in model.modules():
                 if isinstance(m, BoundaryProjection):
                     m.anchor_table.copy_(0.1 * torch.randn(m.anchor_table.shape, generator=torch.Generator().manual_seed(3)))
-        get_ledger().reset()
-        loss = forward_backward(model, make_engine("1f1b"), micro, ctx)
-        out = {"loss": loss.item(), "comm": get_ledger().snapshot(), "pp_rank": dist.get_rank(ctx.pp_pg), "names": [],
+        loss, comm = one_step(model, micro, ctx)
+        out = {"loss": loss, "comm": comm, "pp_rank": dist.get_rank(ctx.pp_pg), "names": [],
                "codebooks": {n: b.clone() for n, b in model.named_buffers() if ".quantizer." in n}}
         if not references:
             out["grads"] = {n: p.grad.detach().clone() for n, p in model.named_parameters()}

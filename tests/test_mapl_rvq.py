@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from tests.helpers.dist import run_distributed
+from tests.helpers.one_step import micro_batches, one_step, small_config
 
 
 @pytest.mark.parametrize("bits", [1, 3, 8, 12, 16])
@@ -78,34 +79,25 @@ def test_receiver_decodes_exactly_and_streamed_codebooks_match_after_k_micro_bat
 def _rvq_worker(steps: int, grad_bits: int = 8) -> dict:
     import nanotron.distributed as dist
 
-    from nanotron_ext.config.loader import from_dict
-    from nanotron_ext.config.schema import Config
     from nanotron_ext.mapl.codec import MaplDecoder, MaplEncoder
     from nanotron_ext.models.build import build_model
     from nanotron_ext.optim.build import build_optimizer
-    from nanotron_ext.parallel.comm import get_ledger
     from nanotron_ext.parallel.context import build_parallel_context
-    from nanotron_ext.train.pipeline_step import forward_backward, make_engine
     from tests.test_parallel_parity import MB, MODEL, N_MICRO, SEQ, _global_batch
 
     ctx = build_parallel_context(dp=1, tp=1, pp=2, backend="gloo")
-    cfg = from_dict(Config, {
-        "model": {**MODEL, "codec": {"kind": "mapl", "mapl": {"rank": 8, "anchor_width": 4, "vq_groups": 2,
-                                                                 "vq_rounds": 2, "vq_codebook": 16,
-                                                                 "grad_bits": grad_bits}}},
-        "parallelism": {"pp": 2}, "tokenizer": {"vocab_size": 260},
-        "tokens": {"sequence_length": SEQ, "micro_batch_size": MB, "batch_accumulation_per_replica": N_MICRO}})
+    cfg = small_config({**MODEL, "codec": {"kind": "mapl", "mapl": {"rank": 8, "anchor_width": 4, "vq_groups": 2,
+                                                                     "vq_rounds": 2, "vq_codebook": 16,
+                                                                     "grad_bits": grad_bits}}},
+                       pp=2, seq=SEQ, mb=MB, n_micro=N_MICRO)
     model = build_model(cfg, ctx)
     opt = build_optimizer(model, cfg.optimizer, ctx.tp_pg)
     side = next(m for m in model.modules() if isinstance(m, (MaplEncoder, MaplDecoder)))
-    rows = _global_batch(1)
-    micro = [{"input_ids": rows[i * MB:(i + 1) * MB, :-1], "label_ids": rows[i * MB:(i + 1) * MB, 1:]}
-             for i in range(N_MICRO)]
+    micro = micro_batches(_global_batch(1), MB, N_MICRO)
     losses = []
     for _ in range(steps):
-        get_ledger().reset()
-        losses.append(forward_backward(model, make_engine("1f1b"), micro, ctx).item())
-        comm = get_ledger().snapshot()
+        loss, comm = one_step(model, micro, ctx)
+        losses.append(loss)
         opt.step()
         opt.zero_grad()
     return {"losses": losses, "comm": comm, "pp_rank": dist.get_rank(ctx.pp_pg), "A": side.projection.A.detach().clone(),

@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from tests.helpers.dist import run_distributed
+from tests.helpers.one_step import fixed_rows, micro_batches, one_step
 
 MODEL = dict(vocab_size=320, hidden_size=32, ffn_size=48, num_layers=4, num_heads=4, num_kv_heads=2, max_seq_len=16)
 SEQ, MB, N_MICRO, SEED = 8, 2, 4, 1234
 
 
 def _global_batch(dp: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(SEED)
-    return torch.randint(0, MODEL["vocab_size"], (dp * N_MICRO * MB, SEQ + 1), generator=g)
+    return fixed_rows(dp * N_MICRO * MB, SEQ, MODEL["vocab_size"], SEED)
 
 
 def _parity_worker(dp: int, tp: int, pp: int, engine: str, model_overrides: dict, scatter_gather: bool = True) -> dict:
@@ -23,9 +23,7 @@ def _parity_worker(dp: int, tp: int, pp: int, engine: str, model_overrides: dict
 
     from nanotron_ext.config.schema import Config, ModelConfig, ParallelismConfig, TokenizerConfig, TokensConfig
     from nanotron_ext.models.build import build_model
-    from nanotron_ext.parallel.comm import get_ledger
     from nanotron_ext.parallel.context import build_parallel_context
-    from nanotron_ext.train.pipeline_step import forward_backward, make_engine
     from tests.helpers.compare import worst_grad_error
     from tests.reference_llama import reference_loss, reference_params
 
@@ -40,19 +38,14 @@ def _parity_worker(dp: int, tp: int, pp: int, engine: str, model_overrides: dict
     rows = _global_batch(dp)
     dp_rank = dist.get_rank(ctx.dp_pg)
     mine = rows[dp_rank * N_MICRO * MB:(dp_rank + 1) * N_MICRO * MB]
-    micro = [{"input_ids": mine[i * MB:(i + 1) * MB, :-1], "label_ids": mine[i * MB:(i + 1) * MB, 1:]} for i in range(N_MICRO)]
-
-    ledger = get_ledger()
-    ledger.reset()
-    loss = forward_backward(model, make_engine(engine), micro, ctx)
-    comm = ledger.snapshot()
+    loss, comm = one_step(model, micro_batches(mine, MB, N_MICRO), ctx, engine)
 
     ref = reference_params(cfg.model, cfg.general.seed)
     ref_loss = reference_loss(cfg.model, ref, rows[:, :-1], rows[:, 1:])
     ref_loss.backward()
     worst, worst_name, names = worst_grad_error(model, ref)
     return {
-        "loss": loss.item(), "ref_loss": ref_loss.item(), "worst_grad_rel": worst, "worst_name": worst_name,
+        "loss": loss, "ref_loss": ref_loss.item(), "worst_grad_rel": worst, "worst_name": worst_name,
         "names": names, "comm": comm, "pp_rank": dist.get_rank(ctx.pp_pg), "ref_names": sorted(ref),
     }
 

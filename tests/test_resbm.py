@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tests.helpers.dist import run_distributed
+from tests.helpers.one_step import fixed_rows, micro_batches, one_step, small_config
 
 MODEL = dict(vocab_size=320, hidden_size=32, ffn_size=48, num_layers=4, num_heads=4, num_kv_heads=2, max_seq_len=16)
 SEQ, MB, N_MICRO, SEED, H, M = 8, 2, 2, 1234, 8, 12
@@ -34,35 +35,24 @@ def test_trunc_pad_are_the_rectangular_identity() -> None:
 
 
 def _config(pp: int, tp: int, engine: str, codec: dict):
-    from nanotron_ext.config.loader import from_dict
-    from nanotron_ext.config.schema import Config
-
-    return from_dict(Config, {
-        "model": {**MODEL, "qk_norm": True, "codec": {"kind": "resbm", **codec}},
-        "parallelism": {"tp": tp, "pp": pp, "pp_engine": engine}, "tokenizer": {"vocab_size": 260},
-        "tokens": {"sequence_length": SEQ, "micro_batch_size": MB, "batch_accumulation_per_replica": N_MICRO}})
+    return small_config({**MODEL, "qk_norm": True, "codec": {"kind": "resbm", **codec}}, tp=tp, pp=pp, seq=SEQ, mb=MB,
+                        n_micro=N_MICRO, parallelism={"pp_engine": engine})
 
 
 def _worker(tp: int, pp: int, engine: str, codec: dict) -> dict:
     import nanotron.distributed as dist
 
     from nanotron_ext.models.build import build_model
-    from nanotron_ext.parallel.comm import get_ledger
     from nanotron_ext.parallel.context import build_parallel_context
     from nanotron_ext.parallel.layout import codec_boundaries
-    from nanotron_ext.train.pipeline_step import forward_backward, make_engine
     from tests.helpers.compare import worst_grad_error
     from tests.reference_resbm import resbm_loss, resbm_params
 
     ctx = build_parallel_context(dp=1, tp=tp, pp=pp, backend="gloo")
     cfg = _config(pp, tp, engine, codec)
     model = build_model(cfg, ctx)
-    rows = torch.randint(0, MODEL["vocab_size"], (N_MICRO * MB, SEQ + 1), generator=torch.Generator().manual_seed(SEED))
-    micro = [{"input_ids": rows[i * MB:(i + 1) * MB, :-1], "label_ids": rows[i * MB:(i + 1) * MB, 1:]}
-             for i in range(N_MICRO)]
-    get_ledger().reset()
-    loss = forward_backward(model, make_engine(engine), micro, ctx)
-    comm = get_ledger().snapshot()
+    rows = fixed_rows(N_MICRO * MB, SEQ, MODEL["vocab_size"], SEED)
+    loss, comm = one_step(model, micro_batches(rows, MB), ctx, engine)
 
     # the reference places bottlenecks where the whole model has them (all stages)
     stage_of_layer = model.stage_of_layer
@@ -72,7 +62,7 @@ def _worker(tp: int, pp: int, engine: str, codec: dict) -> dict:
     ref_loss.backward()
     worst, worst_name, names = worst_grad_error(model, ref)
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-    return {"loss": loss.item(), "ref_loss": ref_loss.item(), "worst": worst, "worst_name": worst_name,
+    return {"loss": loss, "ref_loss": ref_loss.item(), "worst": worst, "worst_name": worst_name,
             "names": names, "ref_names": sorted(ref), "comm": comm, "grads": grads,
             "pp_rank": dist.get_rank(ctx.pp_pg), "tp_rank": dist.get_rank(ctx.tp_pg)}
 

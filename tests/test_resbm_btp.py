@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tests.helpers.dist import run_distributed
+from tests.helpers.one_step import fixed_micro_batches, full_gradients, one_step, small_config
 from tests.reference_resbm import ACT, rect_identity
 
 D, H, M, EPS = 24, 14, 10, 1e-5  # h = 14 spans the first two shards at tp = 2 and 3 (shard 3 of 3 holds none of it)
@@ -133,41 +134,17 @@ def _model_worker(kinds: tuple) -> dict:
 def _model_step(tp: int, dp: int, kinds: tuple) -> dict:
     import torch.distributed as torch_dist
 
-    from nanotron_ext.config.loader import from_dict
-    from nanotron_ext.config.schema import Config
     from nanotron_ext.models.build import build_model
-    from nanotron_ext.parallel.comm import get_ledger
     from nanotron_ext.parallel.context import build_parallel_context
-    from nanotron_ext.train.pipeline_step import forward_backward, make_engine
 
     ctx = build_parallel_context(dp=dp, tp=tp, pp=2, backend="gloo")
     out = {"dp_rank": torch_dist.get_rank(ctx.dp_pg)}
     for kind in kinds:
-        cfg = from_dict(Config, {
-            "model": {**MODEL, "low_rank": {"kind": kind, "rank": 8}},
-            "parallelism": {"dp": dp, "tp": tp, "pp": 2},
-            "tokenizer": {"vocab_size": 260},
-            "tokens": {"sequence_length": SEQ, "micro_batch_size": MB, "batch_accumulation_per_replica": N_MICRO}})
+        cfg = small_config({**MODEL, "low_rank": {"kind": kind, "rank": 8}}, dp=dp, tp=tp, pp=2, seq=SEQ, mb=MB,
+                           n_micro=N_MICRO)
         model = build_model(cfg, ctx)
-        rows = torch.randint(0, 260, (N_MICRO * MB, SEQ + 1), generator=torch.Generator().manual_seed(7))
-        micro = [{"input_ids": rows[i * MB:(i + 1) * MB, :-1], "label_ids": rows[i * MB:(i + 1) * MB, 1:]}
-                 for i in range(N_MICRO)]
-        ledger = get_ledger()
-        ledger.reset()
-        loss = forward_backward(model, make_engine("1f1b"), micro, ctx)
-        comm = ledger.snapshot()
-        grads = {}
-        for name, p in model.named_parameters():
-            g = p.grad.detach().clone()
-            if getattr(p, "is_sharded", False) and len(p.get_sharded_info().global_ranks) > 1:
-                info, full = p.get_sharded_info(), None
-                full = torch.zeros(info.unsharded_shape, dtype=g.dtype)
-                for pair in info.local_global_slices_pairs:
-                    full[pair.global_slices] = g[pair.local_slices]
-                torch_dist.all_reduce(full, group=ctx.tp_pg)  # each element is on exactly one TP rank
-                g = full
-            grads[name] = g
-        out[kind] = {"loss": loss.item(), "grads": grads, "comm": comm}
+        loss, comm = one_step(model, fixed_micro_batches(N_MICRO, MB, SEQ), ctx)
+        out[kind] = {"loss": loss, "grads": full_gradients(model, ctx.tp_pg), "comm": comm}
     return out
 
 

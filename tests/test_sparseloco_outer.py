@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from tests.helpers.dist import run_distributed
+from tests.helpers.one_step import fixed_micro_batches, small_config
 
 SEQ, MB, N_MICRO = 8, 2, 2
 SMALL = dict(vocab_size=320, hidden_size=32, ffn_size=48, num_layers=2, num_heads=4, num_kv_heads=2, max_seq_len=16)
@@ -26,19 +27,12 @@ TILED = dict(vocab_size=1024, hidden_size=128, ffn_size=384, num_layers=2, num_h
 
 
 def _config(model: dict, dp_sync: str, sparseloco: dict):
-    from nanotron_ext.config.loader import from_dict
-    from nanotron_ext.config.schema import Config
-
-    return from_dict(Config, {"model": {**model, "tie_embeddings": False}, "parallelism": {"dp": 2, "dp_sync": dp_sync},
-                              "tokenizer": {"vocab_size": 260}, "sparseloco": sparseloco,
-                              "tokens": {"sequence_length": SEQ, "micro_batch_size": MB,
-                                         "batch_accumulation_per_replica": N_MICRO}})
+    return small_config({**model, "tie_embeddings": False}, dp=2, seq=SEQ, mb=MB, n_micro=N_MICRO,
+                        parallelism={"dp_sync": dp_sync}, sparseloco=sparseloco)
 
 
 def _micro(seed: int, vocab: int) -> List[Dict[str, torch.Tensor]]:
-    rows = torch.randint(0, vocab, (N_MICRO * MB, SEQ + 1), generator=torch.Generator().manual_seed(seed))
-    return [{"input_ids": rows[i * MB:(i + 1) * MB, :-1], "label_ids": rows[i * MB:(i + 1) * MB, 1:]}
-            for i in range(N_MICRO)]
+    return fixed_micro_batches(N_MICRO, MB, SEQ, vocab, seed)
 
 
 def _train(model_kw: dict, dp_sync: str, sparseloco: dict, steps: int, inner: str, dp: int = 2) -> dict:

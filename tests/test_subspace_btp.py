@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tests.helpers.dist import run_distributed
+from tests.helpers.one_step import fixed_micro_batches, one_step, small_config
 
 MODEL = dict(vocab_size=320, hidden_size=32, ffn_size=48, num_layers=2, num_heads=4, num_kv_heads=2, max_seq_len=16,
              tie_embeddings=False)
@@ -19,9 +20,7 @@ SEQ, MB, N_MICRO, K, STEPS = 8, 2, 2, 8, 2
 
 
 def _micro(seed: int) -> List[Dict[str, torch.Tensor]]:
-    rows = torch.randint(0, 260, (N_MICRO * MB, SEQ + 1), generator=torch.Generator().manual_seed(seed))
-    return [{"input_ids": rows[i * MB:(i + 1) * MB, :-1], "label_ids": rows[i * MB:(i + 1) * MB, 1:]}
-            for i in range(N_MICRO)]
+    return fixed_micro_batches(N_MICRO, MB, SEQ, seed=seed)
 
 
 def _shards(p: torch.Tensor) -> Optional[tuple]:
@@ -48,29 +47,22 @@ def _run_case(ctx, tp: int, low_rank: dict, subspace: dict) -> dict:
     import nanotron.distributed as dist
 
     from nanotron_ext.codecs.base import feature_shard
-    from nanotron_ext.config.loader import from_dict
-    from nanotron_ext.config.schema import Config
     from nanotron_ext.models.build import build_model
     from nanotron_ext.models.dense import dense_state_dict
     from nanotron_ext.optim.build import build_optimizer
-    from nanotron_ext.parallel.comm import get_ledger
     from nanotron_ext.subspace.constraints import row_group
     from nanotron_ext.subspace.pieces import hub_of
     from nanotron_ext.train.pipeline_step import forward_backward, make_engine
 
-    cfg = from_dict(Config, {
-        "model": {**MODEL, "tp_strategy": "btp", "low_rank": low_rank, "codec": {"kind": "subspace"},
-                  "subspace": {"k": K, **subspace}},
-        "parallelism": {"dp": 1, "tp": tp, "pp": 2}, "tokenizer": {"vocab_size": 260},
-        "optimizer": {"lr": 1e-2},
-        "tokens": {"sequence_length": SEQ, "micro_batch_size": MB, "batch_accumulation_per_replica": N_MICRO}})
+    cfg = small_config({**MODEL, "tp_strategy": "btp", "low_rank": low_rank, "codec": {"kind": "subspace"},
+                        "subspace": {"k": K, **subspace}}, tp=tp, pp=2, seq=SEQ, mb=MB, n_micro=N_MICRO,
+                       optimizer={"lr": 1e-2})
     model = build_model(cfg, ctx)
     hub, engine = hub_of(model), make_engine("1f1b")
     pp_rank, d = dist.get_rank(ctx.pp_pg), MODEL["hidden_size"]
-    get_ledger().reset()
-    loss = forward_backward(model, engine, _micro(0), ctx)
-    out = {"loss": loss.item(), "pp_rank": pp_rank, "tp_rank": dist.get_rank(ctx.tp_pg),
-           "comm": get_ledger().snapshot().get("pp", {}), "u": hub.basis.clone(),
+    loss, comm = one_step(model, _micro(0), ctx, engine)
+    out = {"loss": loss, "pp_rank": pp_rank, "tp_rank": dist.get_rank(ctx.tp_pg),
+           "comm": comm.get("pp", {}), "u": hub.basis.clone(),
            "grads": {n: (p.grad.detach().clone(), _shards(p)) for n, p in model.named_parameters() if p.grad is not None}}
     opt = build_optimizer(model, cfg.optimizer, ctx.tp_pg)
     losses = []

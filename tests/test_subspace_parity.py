@@ -11,40 +11,32 @@ import pytest
 import torch
 
 from tests.helpers.dist import run_distributed
+from tests.helpers.one_step import fixed_rows, micro_batches, one_step, small_config
 
 MODEL = dict(vocab_size=320, hidden_size=32, ffn_size=48, num_layers=4, num_heads=4, num_kv_heads=2, max_seq_len=16)
 SEQ, MB, N_MICRO, SEED, K = 8, 2, 2, 1234, 8
 
 
 def _cfg(tp: int, pp: int, engine: str, subspace: dict, boundaries="stages", codec: str = "subspace"):
-    from nanotron_ext.config.loader import from_dict
-    from nanotron_ext.config.schema import Config
-
     model = {**MODEL, "codec": {"kind": codec, "boundaries": boundaries}, "embedding": {"kind": "subspace"},
              "output_constraint": {"kind": "subspace"}, "subspace": {"k": K, **subspace}}
-    return from_dict(Config, {"model": model, "parallelism": {"tp": tp, "pp": pp, "pp_engine": engine},
-                              "tokenizer": {"vocab_size": 260},
-                              "tokens": {"sequence_length": SEQ, "micro_batch_size": MB,
-                                         "batch_accumulation_per_replica": N_MICRO}})
+    return small_config(model, tp=tp, pp=pp, seq=SEQ, mb=MB, n_micro=N_MICRO, parallelism={"pp_engine": engine})
 
 
 def _rows(seed: int) -> torch.Tensor:
-    return torch.randint(0, MODEL["vocab_size"], (N_MICRO * MB, SEQ + 1), generator=torch.Generator().manual_seed(seed))
+    return fixed_rows(N_MICRO * MB, SEQ, MODEL["vocab_size"], seed)
 
 
 def _micro(rows: torch.Tensor) -> List[Dict[str, torch.Tensor]]:
-    return [{"input_ids": rows[i * MB:(i + 1) * MB, :-1], "label_ids": rows[i * MB:(i + 1) * MB, 1:]}
-            for i in range(N_MICRO)]
+    return micro_batches(rows, MB, N_MICRO)
 
 
 def _parity_worker(tp: int, pp: int, engine: str, subspace: dict) -> dict:
     import nanotron.distributed as dist
 
     from nanotron_ext.models.build import build_model
-    from nanotron_ext.parallel.comm import get_ledger
     from nanotron_ext.parallel.context import build_parallel_context
     from nanotron_ext.subspace.pieces import hub_of
-    from nanotron_ext.train.pipeline_step import forward_backward, make_engine
     from tests.helpers.compare import worst_grad_error
     from tests.subspace_reference import subspace_reference
 
@@ -70,12 +62,10 @@ def _parity_worker(tp: int, pp: int, engine: str, subspace: dict) -> dict:
             out[0].register_hook(lambda g: received.append(g.clone()))
 
         dec.register_forward_hook(on_decode)
-    get_ledger().reset()
     rows = _rows(SEED)
-    loss = forward_backward(model, make_engine(engine), _micro(rows), ctx)
-    comm = get_ledger().snapshot().get("pp", {})
+    loss, comm = one_step(model, _micro(rows), ctx, engine)
     ref = subspace_reference(cfg.model, cfg.general.seed, hub.basis, hub.fixed, rows)
-    out = {"loss": loss.item(), "ref_loss": ref["__loss__"].item(), "comm": comm, "pp_rank": pp_rank,
+    out = {"loss": loss, "ref_loss": ref["__loss__"].item(), "comm": comm.get("pp", {}), "pp_rank": pp_rank,
            "sender": sender, "received": received, "u": hub.basis.clone()}
     if subspace.get("parameterisation") == "projection":  # compare P grad for the full constrained weights
         errs = {}

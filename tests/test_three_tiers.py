@@ -15,6 +15,7 @@ import torch
 
 from nanotron_ext.config import ConfigError, load_config
 from tests.helpers.dist import run_distributed
+from tests.helpers.one_step import fixed_micro_batches, one_step, small_config
 
 REPO = Path(__file__).resolve().parents[1]
 HET = REPO / "examples" / "config_tiny_het_sparseloco.yaml"  # d = 128, 4 layers, dp = 2, pp = 2, compressed_replicas [0]
@@ -94,30 +95,17 @@ SEQ, MB, N_MICRO = 8, 2, 2
 def _wire_worker(tp: int, pp: int, codec: dict, scatter_gather: bool, model: Optional[dict] = None) -> dict:
     """One step of the composed model on a fixed batch: loss, this rank's gradients (by name), the ledger."""
     import nanotron.distributed as dist
-    import torch
 
-    from nanotron_ext.config.loader import from_dict
-    from nanotron_ext.config.schema import Config
     from nanotron_ext.models.build import build_model
-    from nanotron_ext.parallel.comm import get_ledger
     from nanotron_ext.parallel.context import build_parallel_context
-    from nanotron_ext.train.pipeline_step import forward_backward, make_engine
 
     ctx = build_parallel_context(dp=1, tp=tp, pp=pp, backend="gloo")
-    cfg = from_dict(Config, {
-        "model": {**(model or SMALL), "codec": codec},
-        "parallelism": {"dp": 1, "tp": tp, "pp": pp, "pp_scatter_gather": scatter_gather},
-        "tokenizer": {"vocab_size": 260},
-        "tokens": {"sequence_length": SEQ, "micro_batch_size": MB, "batch_accumulation_per_replica": N_MICRO}})
+    cfg = small_config({**(model or SMALL), "codec": codec}, tp=tp, pp=pp, seq=SEQ, mb=MB, n_micro=N_MICRO,
+                       parallelism={"pp_scatter_gather": scatter_gather})
     model = build_model(cfg, ctx)
-    rows = torch.randint(0, 260, (N_MICRO * MB, SEQ + 1), generator=torch.Generator().manual_seed(7))
-    micro = [{"input_ids": rows[i * MB:(i + 1) * MB, :-1], "label_ids": rows[i * MB:(i + 1) * MB, 1:]}
-             for i in range(N_MICRO)]
-    ledger = get_ledger()
-    ledger.reset()
-    loss = forward_backward(model, make_engine("1f1b"), micro, ctx)
+    loss, comm = one_step(model, fixed_micro_batches(N_MICRO, MB, SEQ), ctx)
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-    return {"loss": loss.item(), "grads": grads, "comm": ledger.snapshot(), "pp_rank": dist.get_rank(ctx.pp_pg)}
+    return {"loss": loss, "grads": grads, "comm": comm, "pp_rank": dist.get_rank(ctx.pp_pg)}
 
 
 def _pp_bytes(results: list, op: str) -> int:
@@ -171,14 +159,9 @@ def _check_closed_forms(codec: dict, one: list, once: list) -> None:
     tier's bytes per boundary and step each way (MAPL: the wire plus the shared-parameter sync, whose
     backward rows depend on how many distinct ids a step touched, so the form bounds it), and Megatron's TP
     all-reduces of one TP rank over both stages."""
-    from nanotron_ext.config.loader import from_dict
-    from nanotron_ext.config.schema import Config
     from nanotron_ext.registry import CODECS, TP_STRATEGIES
 
-    cfg = from_dict(Config, {"model": {**SMALL, "codec": codec}, "parallelism": {"dp": 1, "tp": 2, "pp": 2},
-                             "tokenizer": {"vocab_size": 260},
-                             "tokens": {"sequence_length": SEQ, "micro_batch_size": MB,
-                                        "batch_accumulation_per_replica": N_MICRO}})
+    cfg = small_config({**SMALL, "codec": codec}, tp=2, pp=2, seq=SEQ, mb=MB, n_micro=N_MICRO)
     pp = CODECS.owner(codec["kind"]).closed_form_bytes("model.codec.kind", codec["kind"], cfg)
     sent_fwd = _ledger_sum(one, "pp", lambda op: op.startswith("send") and op.endswith("fwd"))
     sent_bwd = _ledger_sum(one, "pp", lambda op: op.startswith("send") and op.endswith("bwd"))
@@ -197,17 +180,12 @@ def test_the_job_pp_form_matches_the_ledger_when_every_tp_rank_sends(strategy: s
     """parallelism.pp_scatter_gather=false at tp = 2 x pp = 2, identity wire: Megatron's replicated wire crosses
     once per TP rank (twice), btp's sharded one once in all (each TP rank its d/tp shard); the WAN meter's job
     form (metrics.tier_bytes.job_bytes_per_step) equals the pipeline bytes every rank's ledger sent."""
-    from nanotron_ext.config.loader import from_dict
-    from nanotron_ext.config.schema import Config
     from nanotron_ext.metrics.tier_bytes import job_bytes_per_step
     from tests.helpers.dist import run_distributed
 
     model = {**SMALL, "tp_strategy": strategy, **({"low_rank": {"kind": "svd"}} if strategy == "btp" else {})}
     runs = run_distributed(_wire_worker, 4, 2, 2, {"kind": "identity"}, False, model)
-    cfg = from_dict(Config, {"model": model, "parallelism": {"dp": 1, "tp": 2, "pp": 2, "pp_scatter_gather": False},
-                             "tokenizer": {"vocab_size": 260},
-                             "tokens": {"sequence_length": SEQ, "micro_batch_size": MB,
-                                        "batch_accumulation_per_replica": N_MICRO}})
+    cfg = small_config(model, tp=2, pp=2, seq=SEQ, mb=MB, n_micro=N_MICRO, parallelism={"pp_scatter_gather": False})
     sent = _pp_bytes(runs, "send:fwd") + _pp_bytes(runs, "send:bwd")  # the wire (shape headers aside)
     copies = 2 if strategy == "megatron" else 1
     assert sent == copies * 2 * N_MICRO * MB * SEQ * SMALL["hidden_size"] * 4, runs[0]["comm"]  # fp32, both ways
