@@ -1,9 +1,13 @@
-"""BOOST Figure 8 at the scale of this machine: TP communication of one decoder block.
+"""BOOST Figure 8 at the scale of this machine: TP communication of one decoder block, and Figure 1 (middle)
+from the same runs.
 
-    (left)   TP volume (forward + backward, ledger) and time inside collectives per strategy
-    (middle) the same against the micro-batch size
-    (right)  Online vs Sync RMSNorm under btp: time inside collectives, the rest of the block
-             (compute), and collective calls
+    (1) TP volume (forward + backward, ledger) and time inside collectives per strategy
+    (2) the same against the micro-batch size
+    (3) Online vs Sync RMSNorm under btp: time inside collectives, the rest of the block
+        (compute), and collective calls
+    (4) Figure 1 (middle): the block's runtime split into collectives and the rest per strategy at the
+        first micro-batch size (paper: full rank under 20% in collectives on 4 GPUs, vanilla low rank an
+        "explosion" of communication overhead, no number)
 
     python reproduce/boost/fig8_comm.py [--batches 1,2,4,8] [--out runs/boost/fig8_cpu.png] [-- torchrun args]
 
@@ -81,15 +85,27 @@ def add_ratios(rows: Sequence[Dict[str, Any]]) -> None:
         r["comm_speedup_vs_megatron"] = bc.ratio(f["comm_s"], r["comm_s"]) if f else None
         r["comm_speedup_vs_vanilla"] = bc.ratio(v["comm_s"], r["comm_s"]) if v else None
         r["comm_vs_sync"] = bc.ratio(r["comm_s"], sy["comm_s"]) if sy and r["variant"] == online else None
+        r["comm_share"] = bc.ratio(r["comm_s"], r["block_s"])
+        r["comm_share_vs_megatron"] = bc.ratio(r["comm_share"], bc.ratio(f["comm_s"], f["block_s"])) if f else None
+        r["comm_share_vs_vanilla"] = bc.ratio(r["comm_share"], bc.ratio(v["comm_s"], v["block_s"])) if v else None
 
 
 def claims_for(rows: Sequence[Dict[str, Any]]) -> List[bp.PaperClaim]:
     """Figure 8 at each micro-batch we measured: BOOST's TP volume below full rank's (Table 6: 7r/2d
     = 0.875 at r = d/4) and far below vanilla's (7B: 7r / (5d + 2 d_ff) = 0.169), its time in
     collectives up to 8% below full rank's and 5.3x below vanilla's; Online RMSNorm spends less time in
-    collectives than Sync (right panel, no number)."""
-    online = "BOOST btp (online RMSNorm)"
-    out = []
+    collectives than Sync (right panel, no number). Figure 1 (middle), at the first micro-batch size: full
+    rank spends under 20% of the block in collectives, vanilla low rank a larger share ("an explosion in the
+    communication overhead", no number), BOOST a smaller share than vanilla."""
+    full, vanilla, online, _ = VARIANTS
+    mb0 = min(r["micro_batch"] for r in rows)
+    fig1 = dict(source="Fig. 1 (middle)", setting="full-rank vs low-rank decoder block, 4 GPUs, one node")
+    out = [bp.PaperClaim(f"full rank's time in collectives / block time, bz={mb0}", "comm_share", 0.2, "<", 0.2,
+                         where={"variant": full, "micro_batch": mb0}, **fig1),
+           bp.PaperClaim(f"vanilla low rank's collective share / full rank's, bz={mb0}", "comm_share_vs_megatron", None,
+                         ">", 1.0, where={"variant": vanilla, "micro_batch": mb0}, **fig1),
+           bp.PaperClaim(f"BOOST's collective share / vanilla's, bz={mb0}", "comm_share_vs_vanilla", None, "<", 1.0,
+                         where={"variant": online, "micro_batch": mb0}, **fig1)]
     for mb in sorted({r["micro_batch"] for r in rows}):
         at = {"variant": online, "micro_batch": mb}
         out += [
@@ -113,17 +129,17 @@ def publish(rows: List[Dict[str, Any]], meta: Dict[str, Any], out: str) -> int:
     claims = claims_for(rows)
     bp.annotate(rows, claims)
     verdicts = bp.evaluate(claims, rows)
-    headers = ["variant", "bz", "TP KiB fwd+bwd", "TP calls", "block ms", "comm ms", "compute ms", "volume / full",
+    headers = ["variant", "bz", "TP KiB fwd+bwd", "TP calls", "block ms", "comm ms", "compute ms", "comm share", "volume / full",
                "paper", "volume / vanilla", "paper", "comm x vs full", "paper", "comm x vs vanilla", "paper"]
     body = [[r["variant"], r["micro_batch"], br.fmt_bytes(r["tp_bytes_fwd_bwd"]), r["tp_calls_fwd_bwd"],
              f"{r['block_s'] * 1e3:.1f} +- {r['block_std_s'] * 1e3:.1f}", f"{r['comm_s'] * 1e3:.1f}",
-             f"{r['compute_s'] * 1e3:.1f}"] + [
+             f"{r['compute_s'] * 1e3:.1f}", f"{r['comm_share']:.0%}"] + [
              br.fmt_x(r.get(k), 3 if k.startswith("bytes") else 2) for col in
              ("bytes_vs_megatron", "bytes_vs_vanilla", "comm_speedup_vs_megatron", "comm_speedup_vs_vanilla")
              for k in (col, f"paper_{col}")] for r in rows]
     print(br.format_table(headers, body))
     print("\n".join(bp.verdict_lines(verdicts)))
-    title = (f"BOOST Figure 8 at CPU scale: TP communication of one decoder block, TP={meta.get('tp')}, "
+    title = (f"BOOST Figures 8 and 1 (middle) at CPU scale: TP communication of one decoder block, TP={meta.get('tp')}, "
              f"mean of {int(meta.get('iters', 0)) - int(meta.get('warmup', 0))} iterations")
     written = br.write_report(Path(out).with_suffix(".json"), rows, meta, title, headers, body, verdicts=verdicts,
                               figure=plot(rows), notes=["paper: 7B/13B on GPUs; volumes are the ledger's, fwd+bwd."])
@@ -132,11 +148,11 @@ def publish(rows: List[Dict[str, Any]], meta: Dict[str, Any], out: str) -> int:
 
 
 def plot(rows: Sequence[Dict[str, Any]]) -> Any:
-    """The three panels from the rows."""
+    """The four panels from the rows."""
     names = [n for n in VARIANTS if any(r["variant"] == n for r in rows)]
     batches = sorted({r["micro_batch"] for r in rows})
     at = {(r["variant"], r["micro_batch"]): r for r in rows}
-    fig, axes = br.new_figure(3, width=16 / 3)
+    fig, axes = br.new_figure(4, width=16 / 3)
     mb0 = batches[0]
     ax = axes[0]
     kib = [at[(n, mb0)]["tp_bytes_fwd_bwd"] / 2**10 for n in names]
@@ -181,6 +197,21 @@ def plot(rows: Sequence[Dict[str, Any]]) -> Any:
     ax.set_ylabel("ms per block fwd+bwd")
     ax.legend(fontsize=7)
     ax.set_title("btp: Online vs Sync RMSNorm")
+    ax = axes[3]  # Fig. 1 (middle): stacked time in collectives and the rest, one bar per strategy
+    comm_ms = [at[(n, mb0)]["comm_s"] * 1e3 for n in names]
+    rest_ms = [at[(n, mb0)]["compute_s"] * 1e3 for n in names]
+    colors = [bc.design_color(n) for n in names]
+    ax.bar(range(len(names)), comm_ms, color=colors)
+    ax.bar(range(len(names)), rest_ms, bottom=comm_ms, color=colors, alpha=0.35)
+    ax.bar([], [], color="grey", label="in collectives")  # legend entries in a neutral colour
+    ax.bar([], [], color="grey", alpha=0.35, label="rest (compute)")
+    for i, n in enumerate(names):
+        ax.annotate(f"{at[(n, mb0)]['comm_share']:.0%}", (i, comm_ms[i] / 2), fontsize=7, ha="center", va="center")
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels([n.replace(" (", "\n(") for n in names], fontsize=7)
+    ax.set_ylabel("ms per block fwd+bwd")
+    ax.legend(fontsize=7)
+    ax.set_title(f"Fig. 1 (middle): runtime breakdown (bz={mb0})")
     return fig
 
 
