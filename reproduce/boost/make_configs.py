@@ -4,7 +4,7 @@
     python reproduce/boost/make_configs.py --check    # exit 1 if a committed file differs from this source
 
 Table 8 (LLaMA-style, canonical low rank r = d/4) is the only source of the shapes; everything
-else follows the paper's system set-up (sec. 5.1): pure bf16, sequence length 4096, micro-batch 4,
+else follows the paper's system set-up (sec. 5.2): pure bf16, sequence length 4096, micro-batch 4,
 AdamW, 10 iterations, TP 4 within a node, and for Figure 6 (left) the GPU count growing with the
 model: 1B on 1 GPU (no TP), 3B on 2 (TP 2), 7B on 4 (TP 4), 13B on 8 (TP 4 x PP 2), 30B on 16
 (TP 4 x PP 4). Variants per size: fullrank (Megatron TP), vanilla (CoLA, vanilla low-rank TP),

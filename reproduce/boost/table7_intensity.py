@@ -15,7 +15,7 @@ Here every design's per-rank GEMM shapes are written out from its sharding (`mlp
 (T = b s tokens), and their sums are checked against the paper's printed closed forms (`paper_formulas`).
 The paper quotes two numbers for LLaMA-7B MLP blocks: vanilla reaches 0.2x the A.I. of full rank and BTP
 2.5x vanilla's. It does not say at which b, s, TP: b s = 4096 at TP = 4 (7B's layout in Fig. 6) gives
-both (0.199x, 2.45x); the rows also show b = 4 (the sec. 5.1 micro-batch). Our models' SwiGLU gate is a
+both (0.199x, 2.45x); the rows also show b = 4 (the sec. 5.2 micro-batch). Our models' SwiGLU gate is a
 second GEMM of up's shape on every rank, so it multiplies FLOPs and bytes by 3/2 and leaves every A.I. as is
 (`mlp_gemms(..., gated=True)`; tested).
 
@@ -152,7 +152,7 @@ def render(saved: Dict[str, Any]) -> Dict[str, Any]:
                      f"{r['ai'] / grp['megatron']['ai']:.3f}x", f"{r['ai'] / grp['vanilla']['ai']:.3f}x"])
     notes = [f"TP = {tp}, 2 bytes per element, forward GEMMs only (as Table 7). Our GEMM sums equal the printed "
              f"formulas for every size and b (largest relative difference {worst:.1e}).",
-             "The paper does not state b, s, TP for its 0.2x / 2.5x: b s = 4096 at TP = 4 gives both; at its sec. 5.1 "
+             "The paper does not state b, s, TP for its 0.2x / 2.5x: b s = 4096 at TP = 4 gives both; at its sec. 5.2 "
              "micro-batch 4 (b s = 16384) the same formulas give the rows marked b=4."]
     return {"headers": headers, "body": body, "verdicts": verdicts, "figure": _plot(comps, rows), "notes": notes,
             "extra": {"ratios": comps}}
@@ -183,7 +183,7 @@ def build_parser() -> Any:
     p = br.script_parser(__doc__, "runs/boost/table7_intensity.json")
     p.add_argument("--sizes", nargs="+", default=list(TABLE8), choices=list(TABLE8), help="Table 8 models")
     p.add_argument("--micro-batches", type=int, nargs="+", default=[1, 4], help="micro-batch sizes b")
-    p.add_argument("--seq", type=int, default=4096, help="sequence length s (sec. 5.1)")
+    p.add_argument("--seq", type=int, default=4096, help="sequence length s (sec. 5.2)")
     p.add_argument("--tp", type=int, default=4, help="TP degree (7B's layout in Fig. 6)")
     return br.help_with_defaults(p)
 

@@ -80,9 +80,11 @@ CLAIMS = [
     PaperClaim("uncompressed: fast link / slow link, tokens/s (the collapse, >= 5x)", "value",
                PAPER_TPS["uncompressed@fast"] / PAPER_TPS["uncompressed@slow"], ">=", 5.0,
                where={"key": "uncompressed fast / slow"}, err_column="err", source="Table 3", setting=SETTING),
-    PaperClaim("ResBM 128x / uncompressed, both over the fast link, tokens/s (128x at least as fast)", "value",
-               None, ">=", 1.0, where={"key": "resbm@fast / uncompressed@fast"}, err_column="err",
-               source="App. A (Fig. A.1 text)", setting=SETTING),
+    # A.2: "At high bandwidths (800 Mbps-10 Gbps), both ResBM variants achieve approximately 1x throughput
+    # relative to the uncompressed baseline": judged as >= 90%, the tolerance of the first claim
+    PaperClaim("ResBM 128x / uncompressed, both over the fast link, tokens/s (~1x: neither helps nor hurts)",
+               "value", 1.0, ">=", 0.9, where={"key": "resbm@fast / uncompressed@fast"}, err_column="err",
+               source="App. A.2 (Fig. A.2 text)", setting="800 Mbit/s - 10 Gbit/s links (ours: the fast link)"),
     PaperClaim("boundary bytes forward, uncompressed / ResBM (= d / h)", "value", 128.0, "==", 128.0,
                where={"key": "bytes fwd: uncompressed / resbm"}, source="App. A.3"),
     PaperClaim("boundary bytes backward, uncompressed / ResBM (= d / h)", "value", 128.0, "==", 128.0,

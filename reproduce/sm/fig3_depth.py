@@ -58,7 +58,8 @@ ROWS: Dict[str, List[str]] = {
 
 
 # GPU preset: the paper's 2B model (d = 4096) at 8 and 16 layers (2B / 3.5B), one GPU, codec after every
-# block but the last, k = d/8 (the compressed file's), equal steps; lossy rows at the same ratio
+# block but the last, k = d/8 = 512 (the ratio of the CPU rows; sm_2b_compressed.yaml has k = 40), equal steps;
+# lossy rows at the same ratio
 GPU_CONFIG = "reproduce/sm/sm_2b_centralised.yaml"
 GPU_BASE = ["parallelism.pp=1", "parallelism.link.enabled=false", "model.codec.boundaries=every_layer"]
 GPU_DEPTHS = [8, 16]
