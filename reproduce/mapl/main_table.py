@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
@@ -29,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from nanotron_ext.bench import presets  # noqa: E402
 from nanotron_ext.bench import report as br  # noqa: E402
 from nanotron_ext.bench.launch import split_argv  # noqa: E402
-from nanotron_ext.bench.paper import PaperClaim, evaluate  # noqa: E402
+from nanotron_ext.bench.paper import PaperClaim, evaluate, mean_se  # noqa: E402
 from nanotron_ext.bench.training import run_training  # noqa: E402
 from reproduce.mapl.common import BOUNDARIES, GPU_BOUNDARIES, GPU_CONFIG  # noqa: E402
 
@@ -187,14 +188,19 @@ def claims() -> List[PaperClaim]:
 
 
 def plot(rows: List[Dict[str, Any]]) -> Any:
+    """Validation curves per P, one line per design: the mean over seeds (final loss mean +- s.e. in the label)."""
     fig, axes = br.new_figure(2, width=5.5, height=4)
     for ax, p in zip(axes, (4, 8)):
-        for r in rows:
-            if r["P"] == p and r.get("curve"):
-                steps, losses = zip(*r["curve"])
-                ax.plot(steps, losses, marker="o", label=f"{r['design']} ({r['val_loss']:.3f})")
-        ax.set(title=f"P = {p}", xlabel="step", ylabel="validation loss")
-        ax.legend()
+        for design in dict.fromkeys(r["design"] for r in rows if r["P"] == p):
+            mine = [r for r in rows if r["P"] == p and r["design"] == design and r.get("curve")]
+            if not mine:
+                continue
+            steps = [s for s, _ in mine[0]["curve"]]
+            mean = [statistics.fmean(r["curve"][i][1] for r in mine) for i in range(len(steps))]
+            final, err = mean_se([r["val_loss"] for r in mine])
+            ax.plot(steps, mean, marker="o", label=f"{design} ({final:.3f}" + ("" if err is None else f" +- {err:.3f}") + ")")
+        ax.set(title=f"P = {p} (mean over seeds)", xlabel="step", ylabel="validation loss")
+        ax.legend(fontsize=7)
     return fig
 
 
@@ -227,9 +233,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                             "seeds": args.seeds})
     for r in rows:  # the paper's Delta% as printed (results before this fix recomputed them from rounded losses)
         r["paper_degradation_pct"] = PAPER_DELTA[r["design"]][0 if r["P"] == 4 else 1]
-    headers = ["P", "design", "wire B/token", "val loss", "delta %", "paper (150M) val loss", "paper delta %"]
-    body = [[r["P"], r["design"], r["wire_bytes_per_token"] or "-", _f(r["val_loss"]), _f(r["degradation_pct"], 2),
-             r["paper_val_loss"], f"{PAPER_DELTA[r['design']][0 if r['P'] == 4 else 1]:+.2f}"] for r in rows]
+    headers = ["P", "design", "seed", "wire B/token", "val loss", "delta %", "paper (150M) val loss", "paper delta %"]
+    body = [[r["P"], r["design"], r.get("seed", 42), r["wire_bytes_per_token"] or "-", _f(r["val_loss"]),
+             _f(r["degradation_pct"], 2), r["paper_val_loss"], f"{PAPER_DELTA[r['design']][0 if r['P'] == 4 else 1]:+.2f}"] for r in rows]
     verdicts = evaluate(claims(), comparisons(rows))
     br.publish(args.out, rows, meta, "MAPL main table: validation loss and degradation vs uncompressed", headers, body,
                verdicts, plot(rows), [] if len(meta.get("seeds") or [42]) > 1 else
