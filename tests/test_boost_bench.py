@@ -344,6 +344,7 @@ def test_fig1_middle_runtime_shares_on_synthetic_rows() -> None:
     assert set(fig1) == {"comm_share", "comm_share_vs_megatron", "comm_share_vs_vanilla"}
     assert fig1["comm_share"].measured == pytest.approx(0.1) and fig1["comm_share"].claim.paper == 0.2
     assert fig1["comm_share_vs_vanilla"].measured == pytest.approx(0.625)
+    assert {v.status for v in fig1.values()} == {"undetermined (1 run)"}
 
 
 COMMITTED = [("table3_grouping", "cpu_table3.json"), ("table4_memory", "cpu_table4.json"),
