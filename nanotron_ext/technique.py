@@ -95,8 +95,8 @@ class Technique:
         return self.pieces if isinstance(self.pieces, type) else load_object(self.pieces)
 
     def resolve_model(self, model: "ModelConfig") -> None:
-        """Fill model keys the user left unset (None) with what this technique brings, and map deprecated
-        keys onto their new names. Runs when a ModelConfig is built, before the core's defaults."""
+        """Fill model keys the user left unset (None) with what this technique brings. Runs when a
+        ModelConfig is built, before the core's defaults."""
 
     def check_model(self, model: "ModelConfig") -> None:
         """Rules across model keys (raise nanotron_ext.config.checks.ConfigError naming the keys)."""

@@ -305,12 +305,10 @@ def test_fallbacks_warn_with_reason(tp2: list, tp4: list) -> None:
     assert any("grouped-query attention" in w for w in tp2[0]["warnings"])
 
 
-def test_low_rank_layout_is_a_documented_default_and_megatron_with_low_rank_an_error(caplog) -> None:
+def test_low_rank_layout_is_a_documented_default_and_megatron_with_low_rank_an_error() -> None:
     """No silent rewrite: a low-rank model with model.tp_strategy unset takes BOOST's vanilla (the documented
     default); an explicit megatron with a low-rank model, or a low-rank strategy with a full-rank model,
-    fails at load naming both keys. The deprecated model.boost.tp_strategy still works, with one line."""
-    import logging
-
+    fails at load naming both keys."""
     from nanotron_ext.config.loader import from_dict
     from nanotron_ext.config.schema import ConfigError, ModelConfig
 
@@ -323,11 +321,6 @@ def test_low_rank_layout_is_a_documented_default_and_megatron_with_low_rank_an_e
     with pytest.raises(ConfigError, match="model.tp_strategy: 'btp' splits low-rank factor pairs, but "
                                           "model.low_rank.kind='none'"):
         from_dict(ModelConfig, {"tp_strategy": "btp"})
-    with caplog.at_level(logging.WARNING, logger="nanotron_ext.config"):
-        old = from_dict(ModelConfig, {"low_rank": {"kind": "cola"}, "boost": {"tp_strategy": "btp", "rmsnorm": "sync"}})
-    assert (old.tp_strategy, old.boost.tp_strategy, old.boost.rmsnorm) == ("btp", None, "sync")
-    with pytest.raises(ConfigError, match="model.boost.tp_strategy='btp' and model.tp_strategy='vanilla' disagree"):
-        from_dict(ModelConfig, {"low_rank": {"kind": "cola"}, "tp_strategy": "vanilla", "boost": {"tp_strategy": "btp"}})
 
 
 @pytest.mark.slow

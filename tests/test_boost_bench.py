@@ -69,7 +69,7 @@ def test_reproduce_config_loads_and_matches_table8(path: Path) -> None:
         assert m.low_rank.kind == "none" and m.tp_strategy == "megatron"
     else:
         assert m.low_rank.kind == "cola" and m.low_rank.width(d) == r == d // 4
-        assert m.tp_strategy == variant  # from the deprecated model.boost.tp_strategy these files still use
+        assert m.tp_strategy == variant
     p = cfg.parallelism
     cfg.validate(world_size=p.dp * p.tp * p.pp)  # the layout fits the shapes (heads, d_ff, vocab % tp)
 

@@ -108,12 +108,8 @@ def test_what_still_loads() -> None:
     load_config(TINY, ["parallelism.pp=2", "model.tie_embeddings=false", 'parallelism.link.per_stage_pair={"1-0": {latency_ms: 5}}', "optimizer.lr=10"])
 
 
-def test_the_deprecated_tp_strategy_key_works_with_one_line() -> None:
-    code = ("from nanotron_ext.config import load_config\n"
-            "for _ in range(3):\n"
-            "    c = load_config('examples/config_tiny_llama.yaml', ['model.low_rank.kind=cola', 'model.boost.tp_strategy=btp'])\n"
-            "print(c.model.tp_strategy, c.model.boost.tp_strategy)")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0 and out.stdout.strip() == "btp None", out.stderr
-    assert out.stderr == "config: model.boost.tp_strategy is deprecated, it sets model.tp_strategy now (rename the key " \
-                         "to silence this)\n"
+def test_the_removed_boost_tp_strategy_key_is_refused_by_name() -> None:
+    """One way to choose the TP layout: model.tp_strategy. The old alias model.boost.tp_strategy is an
+    unknown key like any other (the loader's normal error names it)."""
+    with pytest.raises(ConfigError, match=r"^model\.boost\.tp_strategy: unknown key"):
+        load_config(TINY, ["model.low_rank.kind=cola", "model.boost.tp_strategy=btp"])

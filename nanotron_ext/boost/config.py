@@ -37,9 +37,6 @@ class LowRankConfig:
 class BoostConfig:
     """Options of BOOST's TP strategies (model.tp_strategy: vanilla or btp)."""
 
-    tp_strategy: Optional[str] = None
-    """Deprecated: the TP layout is the core key model.tp_strategy now; a value here is moved there (with a
-    one-line note) and this key is left unset."""
     rmsnorm: Literal["online", "sync"] = "online"
     """Norms inside a BTP chunk: online (statistic rides in the next all-reduce) or sync (own all-reduce)."""
     group_linears: bool = True

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Optional
 
 from nanotron_ext.boost.config import BoostConfig, LowRankConfig
-from nanotron_ext.config.checks import ConfigError, require, warn_deprecated
+from nanotron_ext.config.checks import require
 from nanotron_ext.technique import Technique
 
 if TYPE_CHECKING:
@@ -23,13 +23,6 @@ class BoostTechnique(Technique):
     pieces = "nanotron_ext.boost.pieces:BoostPieces"
 
     def resolve_model(self, model: "ModelConfig") -> None:
-        old = model.boost.tp_strategy
-        if old is not None:
-            warn_deprecated("model.boost.tp_strategy", "model.tp_strategy")
-            if model.tp_strategy is not None and model.tp_strategy != old:
-                raise ConfigError(f"model.boost.tp_strategy={old!r} and model.tp_strategy={model.tp_strategy!r} "
-                                  "disagree; keep only model.tp_strategy")
-            model.tp_strategy, model.boost.tp_strategy = old, None
         if model.tp_strategy is None and model.low_rank.kind != "none":
             model.tp_strategy = "vanilla"  # Megatron TP of each factor pair: the documented default of a low-rank model
 

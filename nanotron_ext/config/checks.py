@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
-import logging
 import math
 import os
 from typing import TYPE_CHECKING
@@ -37,13 +35,6 @@ def require_finite(section: object, prefix: str) -> None:
         values = value if isinstance(value, list) else [value]
         if any(isinstance(v, float) and not math.isfinite(v) for v in values):
             raise ConfigError(f"{prefix}.{f.name}: must be a finite number, got {value}")
-
-
-@functools.lru_cache(maxsize=None)  # once per process and key: configs are built many times (replicas, scripts)
-def warn_deprecated(old_key: str, new_key: str) -> None:
-    """One line on stderr: `old_key` still works, `new_key` is its name now."""
-    logging.getLogger("nanotron_ext.config").warning(
-        "config: %s is deprecated, it sets %s now (rename the key to silence this)", old_key, new_key)
 
 
 def machine_memory_bytes() -> int:

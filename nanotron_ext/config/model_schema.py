@@ -90,7 +90,7 @@ class ModelConfig(Extensible, path="model"):
     tp_strategy: Optional[str] = None
     """How tensor parallelism splits the model: megatron (full-rank column/row pairs, the core's); techniques
     register others (BOOST: vanilla, btp). Unset: what the model's technique brings (a low-rank model:
-    BOOST's vanilla), else megatron. Replaces model.boost.tp_strategy (still read, with a deprecation note)."""
+    BOOST's vanilla), else megatron."""
     codec: CodecConfig = field(default_factory=CodecConfig)
     embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
     output_constraint: OutputConstraintConfig = field(default_factory=OutputConstraintConfig)

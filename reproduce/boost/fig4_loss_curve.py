@@ -8,7 +8,7 @@ RMSNorm is exact in real arithmetic, so the curves may differ only by floating-p
 training then amplifies; the yardstick for "closely" is how far two seeds of the same TP = 1 run lie apart.
 
 Set-up: examples/config_tiny_llama.yaml (d = 128, 4 layers, seq 128, batch 16, 300 AdamW steps, fp32,
-embedded corpus) as a CoLA model (r = d/4) under model.boost.tp_strategy = btp, rmsnorm = online, grouped
+embedded corpus) as a CoLA model (r = d/4) under model.tp_strategy = btp, model.boost.rmsnorm = online, grouped
 linears, dp = 1, at tp = 1 and tp = 2 (TP ranks on CPU processes, gloo); the same seed gives both TP sizes the
 same initial weights and data order. Per seed: max |loss(TP=2) - loss(TP=1)| over all steps, at the first
 step, and the final validation losses; the yardstick: max |loss(seed a) - loss(seed b)| at TP = 1, both on
@@ -35,7 +35,7 @@ from nanotron_ext.bench.training import run_training  # noqa: E402
 from reproduce.boost.common import design_color  # noqa: E402
 
 TITLE = "BOOST Fig. 4: training loss, BTP + Online RMSNorm at TP = 2 vs TP = 1"
-BTP = ["parallelism.dp=1", "model.low_rank.kind=cola", "model.boost.tp_strategy=btp", "model.boost.rmsnorm=online",
+BTP = ["parallelism.dp=1", "model.low_rank.kind=cola", "model.tp_strategy=btp", "model.boost.rmsnorm=online",
        "logging.progress_bar=false", "checkpoints.interval=0", "logging.log_interval=1"]
 
 
