@@ -271,6 +271,36 @@ def test_state_dict_round_trip_is_bit_exact(name: str) -> None:
             assert torch.equal(torch.as_tensor(val), torch.as_tensor(opt2.state[q][key])), key
 
 
+def test_adamw_impl_auto_is_fused_on_cuda_and_the_for_loop_elsewhere() -> None:
+    from nanotron_ext.optim.build import adamw_flags
+
+    assert adamw_flags("auto", torch.device("cuda", 0)) == {"fused": True, "foreach": False}
+    assert adamw_flags("auto", torch.device("cpu")) == {"fused": False, "foreach": False}
+    assert adamw_flags("foreach", torch.device("cpu")) == {"fused": False, "foreach": True}
+    model = _TinyLM()
+    opt = build_optimizer(model, OptimizerConfig(), None)  # CPU, auto: torch's for-loop, as before the knob
+    assert all(g["fused"] is False and g["foreach"] is False for g in opt.param_groups)
+
+
+@pytest.mark.parametrize("impl", ["fused", "foreach"])
+def test_adamw_impls_take_the_for_loop_step_and_keep_their_flags_on_resume(impl: str) -> None:
+    """The same 4 steps with each implementation: the weights agree with torch's for-loop to fp32 rounding, and a
+    checkpoint of the for-loop loaded into this optimizer leaves it this implementation (load_state_dict would
+    otherwise restore the saved groups' flags)."""
+    runs = {}
+    for name in ("for_loop", impl):
+        cfg = OptimizerConfig(name="adamw", warmup_steps=2, weight_decay=0.1, adamw_impl=name)
+        torch.manual_seed(0)
+        model = _TinyLM()
+        opt = build_optimizer(model, cfg, None)
+        _run_steps(model, opt, build_scheduler(opt, cfg, total_steps=8), range(4))
+        runs[name] = (model, opt)
+    for (n, a), (_, b) in zip(runs["for_loop"][0].named_parameters(), runs[impl][0].named_parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=n)
+    runs[impl][1].load_state_dict(runs["for_loop"][1].state_dict())
+    assert all(g[impl] is True for g in runs[impl][1].param_groups)
+
+
 # ----------------------------------------------------------------------------------------------
 # tensor parallel: 2 gloo ranks against a single-device float64 reference
 # ----------------------------------------------------------------------------------------------

@@ -74,8 +74,30 @@ class ChainedOptimizer(torch.optim.Optimizer):
             o.load_state_dict(sd)
 
 
+def adamw_flags(impl: str, device: torch.device) -> Dict[str, bool]:
+    """torch.optim.AdamW's `fused` / `foreach` for optimizer.adamw_impl on `device` (see OptimizerConfig)."""
+    if impl == "auto":
+        impl = "fused" if device.type == "cuda" else "for_loop"
+    return {"fused": impl == "fused", "foreach": impl == "foreach"}
+
+
 def _adamw(groups: List[Dict[str, Any]], cfg: OptimizerConfig) -> torch.optim.AdamW:
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay)
+    flags = adamw_flags(cfg.adamw_impl, groups[0]["params"][0].device)
+    opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay,
+                            **flags)
+
+    def keep_flags(optimizer: torch.optim.Optimizer) -> None:
+        # load_state_dict restores the saved groups' fused/foreach (a checkpoint from a CPU run would turn a CUDA
+        # run's fused step back into the for-loop, or the reverse); the fused step wants its `step` on the device
+        for group in optimizer.param_groups:
+            group.update(flags)
+            for p in group["params"]:
+                state = optimizer.state.get(p, {})
+                if flags["fused"] and isinstance(state.get("step"), torch.Tensor):
+                    state["step"] = state["step"].to(device=p.device, dtype=torch.float32)
+
+    opt.register_load_state_dict_post_hook(keep_flags)
+    return opt
 
 
 _NS_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
