@@ -1,7 +1,9 @@
 """A plain-PyTorch Llama and its training step: the throughput reference of benchmarks/gpu_check.py.
 
 Written by hand on purpose (issue 23): nn.Embedding, nn.Linear, F.rms_norm, torch SDPA, F.cross_entropy,
-torch.optim.AdamW and torch.nn.utils.clip_grad_norm_, nothing from nanotron or nanotron_ext. The tokens/s
+torch.optim.AdamW and torch.nn.utils.clip_grad_norm_, nothing from nanotron or nanotron_ext. It gets every public
+torch feature ours uses (issue 29): the same AdamW implementation (fused on CUDA), and with compile, the same
+per-block torch.compile plus a compiled cross-entropy. The tokens/s
 ratio of nanotron_ext's model to this one is what our layers cost at TP = PP = 1 (nanotron's TP linears and
 pipeline blocks, the comm-ledger hooks, the trainer's step), on the same shape, batch and precision:
 pre-norm GQA attention with one fused qkv projection and RoPE ("rotate half"), SwiGLU with one fused
@@ -58,6 +60,13 @@ class Block(nn.Module):
         return x + self.down(F.silu(gate) * up)
 
 
+class CrossEntropy(nn.Module):
+    """Mean token cross-entropy in fp32; a module so that compile_blocks compiles it as model.compile does ours."""
+
+    def forward(self, logits: torch.Tensor, label_ids: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.float().flatten(0, 1), label_ids.flatten())
+
+
 class PlainLlama(nn.Module):
     def __init__(self, m: Any) -> None:
         """`m`: a nanotron_ext ModelConfig (only its numbers are read)."""
@@ -68,6 +77,7 @@ class PlainLlama(nn.Module):
                                           m.max_seq_len, m.rope_theta) for _ in range(m.num_layers))
         self.final_norm = nn.Parameter(torch.ones(m.hidden_size))
         self.head = None if self.tied else nn.Linear(m.hidden_size, m.vocab_size, bias=False)
+        self.loss = CrossEntropy()
         with torch.no_grad():  # GPT-2 init as nanotron_ext's: N(0, std), residual outputs / sqrt(2 L)
             for name, p in self.named_parameters():
                 if p.ndim == 2:
@@ -75,8 +85,9 @@ class PlainLlama(nn.Module):
                     p.normal_(0.0, m.init_std / (math.sqrt(2 * m.num_layers) if scaled else 1.0))
 
     def compile_blocks(self) -> None:
-        """torch.compile each block in place, as model.compile does for nanotron_ext's decoder layers."""
-        for block in self.blocks:
+        """torch.compile each block and the loss in place, as model.compile does for nanotron_ext's decoder layers
+        and (at TP = 1) its cross-entropy."""
+        for block in [*self.blocks, self.loss]:
             block.compile()
 
     def forward(self, input_ids: torch.Tensor, label_ids: torch.Tensor) -> torch.Tensor:
@@ -85,7 +96,7 @@ class PlainLlama(nn.Module):
             x = block(x)
         x = rms_norm(x, self.final_norm, self.eps)
         logits = F.linear(x, self.embed.weight) if self.tied else self.head(x)
-        return F.cross_entropy(logits.float().flatten(0, 1), label_ids.flatten())
+        return self.loss(logits, label_ids)
 
     @torch.no_grad()
     def load_from(self, ours: nn.Module) -> None:
@@ -112,11 +123,16 @@ class PlainLlama(nn.Module):
 
 
 def make_optimizer(model: nn.Module, opt: Any) -> torch.optim.AdamW:
-    """AdamW as nanotron_ext's optimizer.adamw: decay on matrices, none on norms (`opt`: OptimizerConfig)."""
+    """AdamW as nanotron_ext's optimizer.adamw: decay on matrices, none on norms, and the same torch implementation
+    (`opt.adamw_impl`; auto: fused on CUDA, the for-loop elsewhere) (`opt`: OptimizerConfig)."""
     decay = [p for p in model.parameters() if p.ndim >= 2]
     rest = [p for p in model.parameters() if p.ndim < 2]
+    impl = opt.adamw_impl
+    if impl == "auto":
+        impl = "fused" if decay[0].is_cuda else "for_loop"
     return torch.optim.AdamW([{"params": decay, "weight_decay": opt.weight_decay}, {"params": rest, "weight_decay": 0.0}],
-                             lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps)
+                             lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps, fused=impl == "fused",
+                             foreach=impl == "foreach")
 
 
 def train_step(model: PlainLlama, optimizer: torch.optim.Optimizer, batches: List[Dict[str, torch.Tensor]],

@@ -86,7 +86,8 @@ class ModelConfig(Extensible, path="model"):
     """auto: flash-attn when installed and on CUDA, else torch SDPA."""
     compile: bool = False
     """torch.compile each decoder layer in place (one compiled graph serves every layer of the same shape;
-    parameter names and checkpoints are unchanged); the first steps pay the compile time."""
+    parameter names and checkpoints are unchanged) and, at TP = 1, the cross-entropy (fused: no fp32 logits are
+    materialised); the first steps pay the compile time."""
     tp_strategy: Optional[str] = None
     """How tensor parallelism splits the model: megatron (full-rank column/row pairs, the core's); techniques
     register others (BOOST: vanilla, btp). Unset: what the model's technique brings (a low-rank model:

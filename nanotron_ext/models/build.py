@@ -30,10 +30,11 @@ def build_model(cfg: Config, parallel_context: ParallelContext, link: LinkEmulat
     if imported is not None:
         imported.report(model, cfg.model, parallel_context)
     if cfg.model.compile:
-        for block in model.decoder:
-            layer = getattr(block, "pp_block", None)  # only this stage's layers exist here
-            if layer is not None:
-                layer.compile()  # in place (nn.Module.compile): state_dict names stay as they are
+        loss = getattr(model.loss, "pp_block", None)  # the last stage's; fused cross-entropy at TP = 1 only
+        for block in [*model.decoder, model.loss] if loss is not None and loss.fused else model.decoder:
+            module = getattr(block, "pp_block", None)  # only this stage's layers exist here
+            if module is not None:
+                module.compile()  # in place (nn.Module.compile): state_dict names stay as they are
     return model
 
 
