@@ -151,12 +151,45 @@ def run_technique(item: Dict[str, Any], plan: Dict[str, Any]) -> Dict[str, Any]:
 # ------------------------------------------------------------------------------------------------
 # throughput: nanotron_ext vs the plain-PyTorch loop, same shape, same weights, interleaved
 # ------------------------------------------------------------------------------------------------
-def _sdpa(flash: bool) -> contextlib.AbstractContextManager:
-    if not flash:
+def _attention(backend: Optional[str]) -> contextlib.AbstractContextManager:
+    """SDPA restricted to one backend ("flash", "cudnn"), or as torch picks it (None)."""
+    if backend is None:
         return contextlib.nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    return sdpa_kernel([SDPBackend.FLASH_ATTENTION])
+    return sdpa_kernel([{"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]])
+
+
+def build_pair(item: Dict[str, Any], plan: Dict[str, Any]) -> Dict[str, Any]:
+    """Ours and the plain loop from the same weights in one throughput setting, their steps and batches."""
+    import plain_llama as pl
+
+    from nanotron_ext.bench import workload as bw
+
+    # a fresh compile per setting: dynamo's cache would otherwise serve one setting's graphs (attention backend
+    # included) to the next model built from the same code
+    torch._dynamo.reset()
+    cfg = load(plan, [f"model.compile={str(item['compile']).lower()}"])
+    ctx = shared_context(cfg)
+    ours = bw.build_trainee(cfg, ctx)
+    plain = pl.PlainLlama(cfg.model).to(ctx.device)
+    plain.load_from(ours.model)
+    plain_opt = pl.make_optimizer(plain, cfg.optimizer)
+    if item["compile"]:
+        plain.compile_blocks()
+    batches = [{k: v.to(ctx.device) for k, v in mb.items()}
+               for mb in bw.random_micro_batches(cfg, cfg.tokens.batch_accumulation_per_replica)]
+    bf16 = cfg.model.dtype == "bf16"
+    steps = {"nanotron_ext": lambda: bw.train_iteration(ours, ctx, batches),
+             "plain": lambda: pl.train_step(plain, plain_opt, batches, cfg.optimizer.clip_grad, bf16)}
+    return {"cfg": cfg, "ctx": ctx, "ours": ours, "plain": plain, "batches": batches, "steps": steps,
+            "optimizers": {"nanotron_ext": type(ours.optimizer).__name__ + _impl(ours.optimizer),
+                           "plain": type(plain_opt).__name__ + _impl(plain_opt)}}
+
+
+def _impl(optimizer: Any) -> str:
+    group = optimizer.param_groups[0]
+    return " (fused)" if group.get("fused") else " (foreach)" if group.get("foreach") else " (for-loop)"
 
 
 def run_throughput(item: Dict[str, Any], plan: Dict[str, Any]) -> Dict[str, Any]:
@@ -167,17 +200,9 @@ def run_throughput(item: Dict[str, Any], plan: Dict[str, Any]) -> Dict[str, Any]
     from nanotron_ext.metrics.flops import device_peak_tflops, flops_per_token, matmul_weights, mfu
     from nanotron_ext.train.pipeline_step import evaluate
 
-    cfg = load(plan, ["model.compile=true"] if item["compile"] else [])
-    ctx = shared_context(cfg)
+    pair = build_pair(item, plan)
+    cfg, ctx, ours, plain, batches, steps = (pair[k] for k in ("cfg", "ctx", "ours", "plain", "batches", "steps"))
     device, bf16 = ctx.device, cfg.model.dtype == "bf16"
-    ours = bw.build_trainee(cfg, ctx)
-    plain = pl.PlainLlama(cfg.model).to(device)
-    plain.load_from(ours.model)
-    plain_opt = pl.make_optimizer(plain, cfg.optimizer)
-    if item["compile"]:
-        plain.compile_blocks()
-    batches = [{k: v.to(device) for k, v in mb.items()}
-               for mb in bw.random_micro_batches(cfg, cfg.tokens.batch_accumulation_per_replica)]
     tokens = cfg.tokens.batch_accumulation_per_replica * cfg.tokens.micro_batch_size * cfg.tokens.sequence_length
     seq = cfg.tokens.sequence_length
     flops = {"nanotron_ext": flops_per_token(cfg.model, matmul_weights(ours.model.named_parameters(),
@@ -185,11 +210,9 @@ def run_throughput(item: Dict[str, Any], plan: Dict[str, Any]) -> Dict[str, Any]
              "plain": flops_per_token(cfg.model, sum(p.numel() for n, p in plain.named_parameters()  # lookup: no matmul
                                                      if p.ndim == 2 and (n != "embed.weight" or plain.tied)), seq)}
     peak = device_peak_tflops(cfg.logging.peak_tflops) if device.type == "cuda" else None
-    steps = {"nanotron_ext": lambda: bw.train_iteration(ours, ctx, batches),
-             "plain": lambda: pl.train_step(plain, plain_opt, batches, cfg.optimizer.clip_grad, bf16)}
-    row: Dict[str, Any] = {"compile": item["compile"], "flash": item["flash"], "tokens_per_iteration": tokens,
-                           "flops_per_token": flops, "peak_tflops": peak, "models": {}}
-    with _sdpa(item["flash"]):
+    row: Dict[str, Any] = {"compile": item["compile"], "attention": item["attention"], "tokens_per_iteration": tokens,
+                           "flops_per_token": flops, "peak_tflops": peak, "optimizers": pair["optimizers"], "models": {}}
+    with _attention(item["attention"]):
         with bw.autocast_for(cfg, device):  # same weights, same batch: the same function before any step
             row["first_loss"] = {"nanotron_ext": evaluate(ours.model, ours.engine, batches, ctx).item()}
         row["first_loss"]["plain"] = pl.eval_loss(plain, batches, bf16)
@@ -204,6 +227,73 @@ def run_throughput(item: Dict[str, Any], plan: Dict[str, Any]) -> Dict[str, Any]
                                    "peak_memory_bytes": peak_bytes(device)}
     row["ratio"] = row["models"]["nanotron_ext"]["tokens_per_s"] / row["models"]["plain"]["tokens_per_s"]
     return row  # the models go with this frame; the job loop releases the cache
+
+
+# ------------------------------------------------------------------------------------------------
+# profile: where one training iteration's device time goes, ours and plain
+# ------------------------------------------------------------------------------------------------
+KINDS = (  # (kind, substrings of a kernel or op name, lower case); the first match wins
+    ("communication", ("nccl", "allreduce", "all_reduce", "c10d::")),
+    ("attention", ("flash", "fmha", "attention", "sdpa", "cudnn_generated_fort_native_sdpa")),
+    ("optimizer and clipping", ("adam", "multi_tensor_apply", "foreach", "optimizer.step", "lpnorm", "normtwoops",
+                                "vector_norm")),
+    ("loss", ("softmax", "cross_entropy", "nll_loss", "logsumexp")),
+    ("gemm", ("nvjet", "gemm", "cutlass", "xmma", "sm90_", "aten::mm", "aten::bmm", "aten::addmm", "aten::linear")),
+    ("fused elementwise (compiled)", ("triton_",)),
+    ("copies and casts", ("copy", "memcpy", "memset", "_to_copy", "cat")),
+)
+
+
+def kind_of(name: str) -> str:
+    low = name.lower()
+    return next((kind for kind, keys in KINDS if any(k in low for k in keys)), "other")
+
+
+def _self_time_us(ev: Any, cuda: bool) -> float:
+    if not cuda:
+        return float(ev.self_cpu_time_total)
+    return float(getattr(ev, "self_device_time_total", None) or getattr(ev, "self_cuda_time_total", 0.0))
+
+
+def profile_table(prof: Any, cuda: bool, iters: int, top: int) -> Dict[str, Any]:
+    """Top kernels (device events on a GPU; CPU ops in the dry run) by self time per iteration, and that time summed
+    per kind (KINDS). Device events are the kernels themselves, so the kinds add up to the device's busy time."""
+    from torch.autograd import DeviceType
+
+    events = [ev for ev in prof.key_averages()
+              if not cuda or getattr(ev, "device_type", None) == DeviceType.CUDA]
+    rows = sorted(({"name": ev.key, "calls": ev.count // iters, "ms": _self_time_us(ev, cuda) / 1e3 / iters,
+                    "kind": kind_of(ev.key)} for ev in events if _self_time_us(ev, cuda) > 0),
+                  key=lambda r: -r["ms"])
+    kinds: Dict[str, float] = {}
+    for r in rows:
+        kinds[r["kind"]] = kinds.get(r["kind"], 0.0) + r["ms"]
+    return {"top": rows[:top], "kinds_ms": dict(sorted(kinds.items(), key=lambda kv: -kv[1])),
+            "busy_ms": sum(r["ms"] for r in rows), "clock": "device" if cuda else "cpu"}
+
+
+def run_profile(item: Dict[str, Any], plan: Dict[str, Any]) -> Dict[str, Any]:
+    from torch.profiler import ProfilerActivity, profile
+
+    from nanotron_ext.bench import timing as bt
+
+    pair = build_pair(item, plan)
+    device, steps, iters = pair["ctx"].device, pair["steps"], plan["profile_iters"]
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    row: Dict[str, Any] = {"setting": item["name"], "iterations": iters, "optimizers": pair["optimizers"], "models": {}}
+    with _attention(item["attention"]):
+        for name, fn in steps.items():
+            for _ in range(plan["warmup"] + 1):  # compile and warm up outside the profile
+                fn()
+            wall = bt.summarize(bt.timed(fn, device, iters).wall, 0).median
+            with profile(activities=activities) as prof:
+                for _ in range(iters):
+                    fn()
+                if cuda:
+                    torch.cuda.synchronize(device)
+            row["models"][name] = {"wall_ms": wall * 1e3, **profile_table(prof, cuda, iters, plan["top"])}
+    return row
 
 
 # ------------------------------------------------------------------------------------------------
@@ -246,7 +336,7 @@ def run_codec(item: Dict[str, Any], plan: Dict[str, Any]) -> Dict[str, Any]:
 
 
 JOBS: Dict[str, Callable[[Dict[str, Any], Dict[str, Any]], Dict[str, Any]]] = {
-    "techniques": run_technique, "throughput": run_throughput, "codecs": run_codec}
+    "techniques": run_technique, "throughput": run_throughput, "codecs": run_codec, "profile": run_profile}
 
 
 # ------------------------------------------------------------------------------------------------

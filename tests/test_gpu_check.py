@@ -73,6 +73,25 @@ def test_compare_halves_verdicts() -> None:
     assert gpu_check_report.stage_status("techniques", body) == "partial"
 
 
+def test_profile_kinds_of_the_h200_kernels() -> None:
+    """Kernel names as the H200 profile printed them (benchmarks/results/gpu/2026-11-27-h200/call2/profile)."""
+    import gpu_check_jobs
+
+    kinds = {"nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT": "gemm",
+             "void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Fl...": "attention",
+             "fmha_cutlassF_f32_aligned_64x64_rf_sm80": "attention",
+             "triton_poi_fused__unsafe_view_cat_mul_silu_silu_backward_split_view_1": "fused elementwise (compiled)",
+             "void at::native::(anonymous namespace)::cunn_SoftMaxBackward<4, float, float>": "loss",
+             "triton_red_fused__log_softmax_backward_data_nll_loss_backward_0": "loss",
+             "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>": "optimizer and "
+             "clipping",
+             "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)": "communication",
+             "Memcpy DtoD (Device -> Device)": "copies and casts",
+             "void at::native::elementwise_kernel<128, 2, ...direct_copy_kernel_cuda...>": "copies and casts",
+             "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>": "other"}
+    assert {name: gpu_check_jobs.kind_of(name) for name in kinds} == kinds
+
+
 # ------------------------------------------------------------------------------------------------
 # the plain-PyTorch reference is the same function as nanotron_ext's model (fp32, through training steps)
 # ------------------------------------------------------------------------------------------------
@@ -179,4 +198,11 @@ def test_dry_run_runs_the_whole_plan(tmp_path: Path) -> None:
         assert first["plain"] == pytest.approx(first["nanotron_ext"], rel=1e-2), row["name"]  # bf16: same function
     assert {r["name"] for r in stages["codecs"]["rows"]} == {"resbm", "mapl_rvq", "int4"}
     assert "fig7" in stages["boost"] and "table3" in stages["boost"]
+    for row in stages["throughput"]["rows"]:  # both sides use the configured AdamW (auto on CPU: the for-loop)
+        assert row["optimizers"] == {"nanotron_ext": "AdamW (for-loop)", "plain": "AdamW (for-loop)"}, row["name"]
+    profiled = stages["profile"]["rows"][0]
+    for name, model in profiled["models"].items():  # the kinds partition the profiled time
+        assert {"gemm", "attention"} <= set(model["kinds_ms"]), name
+        assert sum(model["kinds_ms"].values()) == pytest.approx(model["busy_ms"]), name
+        assert model["top"][0]["ms"] >= model["top"][-1]["ms"] > 0, name
     assert (out / "gpu_check.md").stat().st_size > 0 and (out / "gpu_check.png").stat().st_size > 0

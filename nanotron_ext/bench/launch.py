@@ -47,11 +47,12 @@ def torchrun_command(torchrun_args: Sequence[str], script: str | Path, script_ar
 
 
 def launch(script: str | Path, worker_args: Sequence[str], torchrun_args: Sequence[str], log_path: Path,
-           timeout_s: float, verbose: bool = False) -> Tuple[int, str]:
+           timeout_s: float, verbose: bool = False, env: Optional[Mapping[str, str]] = None) -> Tuple[int, str]:
     """Run one torchrun job; (return code, last lines of its output). Output goes to `log_path`
-    (and the terminal with verbose); rc 124 after `timeout_s`."""
+    (and the terminal with verbose); rc 124 after `timeout_s`. `env`: variables set for this job only (jobs
+    launched from several threads at once cannot share os.environ edits)."""
     cmd = torchrun_command(torchrun_args, script, worker_args)
-    env = dict(os.environ)
+    env = {**os.environ, **(env or {})}
     env.setdefault("PYTHONUNBUFFERED", "1")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
