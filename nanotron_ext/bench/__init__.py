@@ -10,7 +10,8 @@ JSON the worker wrote, prints and saves the table); under torchrun with `--worke
     timing    warm-up and spread (Summary), pooled rounds, speedups with standard errors,
               per-iteration timing between barriers with ledger bytes per group, interleaved rounds
     workload  model/batch options shared by scripts, config resolution, the registered TP
-              strategies, building a model + optimizer, memory probes
+              strategies, building a model + optimizer, the precision of a block timed outside the
+              trainer (timing_precision: a paper's pure bf16, or autocast), memory probes
     report    text and markdown tables, JSON/CSV rows, PNG figures titled with device and date
     paper     PaperClaim: the paper's number beside ours, and whether its ordering held
 

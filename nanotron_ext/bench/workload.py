@@ -1,4 +1,5 @@
-"""Workloads: the model/batch options scripts share, configs, built models, memory probes.
+"""Workloads: the model/batch options scripts share, configs, built models, the precision a block timed
+outside the trainer computes in (timing_precision), memory probes.
 
 Techniques are reached by name only: a row is a config plus `--set` overrides
 (`model.tp_strategy=btp`, `model.codec.kind=...`), built by the core's model builder, which
@@ -11,7 +12,7 @@ import contextlib
 import dataclasses
 import gc
 import sys
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from nanotron_ext.config.loader import apply_overrides, from_dict, load_config
 from nanotron_ext.config.schema import Config
@@ -103,6 +104,56 @@ def autocast_for(cfg: Any, device: Any) -> contextlib.AbstractContextManager:
     if cfg.model.dtype == "bf16":
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+# How a paper computes the blocks, parts and closures it times outside a training step when it trains in bf16:
+# "pure": bf16 weights and inputs (Megatron-LM's bf16 parameters); "autocast": torch.autocast over fp32 weights
+# (this trainer's model.dtype bf16). A paper's reproduce/<paper>/common.py names its own.
+PRECISIONS = ("pure", "autocast")
+
+
+@contextlib.contextmanager
+def timing_precision(cfg: Any, modules: Sequence[Any], device: Any, precision: str) -> Iterator[Callable[[Any], Any]]:
+    """While open, `modules` compute as the paper times them in the config's dtype; yields `cast`, which gives a
+    floating input tensor that dtype (a new leaf keeping requires_grad). Enter it outside the timed window: the
+    casts are not part of what a paper times. model.dtype fp32: nothing changes (cast returns its argument).
+    bf16 + "pure": every floating parameter of `modules` is bf16 inside, its fp32 value restored on exit
+    (gradients made inside are dropped); buffers (RoPE tables) stay fp32, as the model computes them in fp32
+    anyway. bf16 + "autocast": autocast_for over the fp32 weights, inputs unchanged."""
+    # torch on the worker side only: orchestrators run without it
+    import torch
+
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if cfg.model.dtype != "bf16":
+        yield lambda t: t
+        return
+    if precision == "autocast":
+        with autocast_for(cfg, device):
+            yield lambda t: t
+        return
+    params = {id(p): p for m in modules for p in m.parameters() if p.is_floating_point()}.values()
+    saved = [(p, p.data) for p in params]
+
+    def cast(t: Any) -> Any:
+        if not t.is_floating_point():
+            return t
+        return t.detach().to(torch.bfloat16).requires_grad_(t.requires_grad)
+
+    try:
+        for p, data in saved:
+            p.data = data.to(torch.bfloat16)
+        yield cast
+    finally:
+        for p, data in saved:
+            p.data, p.grad = data, None
+
+
+def precision_label(cfg: Any, precision: str) -> str:
+    """What timing_precision makes of this config, for a result's meta and title."""
+    if cfg.model.dtype != "bf16":
+        return cfg.model.dtype
+    return "bf16 (bf16 weights and inputs)" if precision == "pure" else "bf16 (autocast over fp32 weights)"
 
 
 def random_micro_batches(cfg: Any, n: int, micro_batch: Optional[int] = None) -> List[Dict[str, Any]]:

@@ -22,6 +22,10 @@ from nanotron_ext.boost.comm_volume import kv_width, table6_tp_elements  # noqa:
 
 DESIGNS = ("megatron", "vanilla", "btp")
 PAPER = "BOOST: Bottleneck-Optimized Scalable Training Framework for Low-Rank Large Language Models"
+# Sec. 5.2 and app. B.3: the paper trains in pure bf16 (bf16 weights and activations). Under model.dtype bf16 every block, part
+# or GEMM a script times outside the trainer computes so (nanotron_ext.bench.workload.timing_precision);
+# whole training iterations (iter_compare, fig6) use the trainer's own bf16, autocast over fp32 weights.
+PRECISION = "pure"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -52,7 +56,8 @@ def base_low_rank_kind(config_file: Optional[str], overrides: Sequence[str], req
 # ------------------------------------------------------------------------------------------------
 def block_input(cfg: Any, model: Any, ctx: Any, micro_batch: int) -> Any:
     """A hidden-state input of one decoder block as this strategy lays it out: [b, s, d] with a
-    replicated residual stream, [b, s, d/tp] with BTP's sharded one."""
+    replicated residual stream, [b, s, d/tp] with BTP's sharded one; fp32 (timing_precision's cast
+    gives it the timed dtype)."""
     import torch
 
     d = cfg.model.hidden_size
@@ -71,17 +76,17 @@ def block_comm(cfg: Any, model: Any, ctx: Any, micro_batch: int) -> Dict[str, An
 
     ledger = get_ledger()
     block = workload.first_local_block(model)
-    x = block_input(cfg, model, ctx, micro_batch)
     out: Dict[str, Any] = {}
-    with workload.autocast_for(cfg, ctx.device):
+    with workload.timing_precision(cfg, [block], ctx.device, PRECISION) as cast:
+        x = cast(block_input(cfg, model, ctx, micro_batch))
         ledger.reset()
         y = block(hidden_states=x)["hidden_states"]
         out["fwd"] = {"bytes": ledger.bytes(group="tp"), "calls": ledger.calls(group="tp"),
                       "ops": ledger.snapshot().get("tp", {})}
-    ledger.reset()
-    y.backward(torch.ones_like(y))
-    out["bwd"] = {"bytes": ledger.bytes(group="tp"), "calls": ledger.calls(group="tp"),
-                  "ops": ledger.snapshot().get("tp", {})}
+        ledger.reset()
+        y.backward(torch.ones_like(y))
+        out["bwd"] = {"bytes": ledger.bytes(group="tp"), "calls": ledger.calls(group="tp"),
+                      "ops": ledger.snapshot().get("tp", {})}
     model.zero_grad(set_to_none=True)
     ledger.reset()
     return out

@@ -10,7 +10,7 @@
 One torchrun job (default 2 CPU ranks, TP=2) builds each model and takes the GEMM shapes from this
 rank's actual weight shards of the first decoder block (so each design's split is exactly what
 the strategy builds). Every weight's forward GEMM y = x W^T, x = [micro-batch x seq, in], is timed
-alone (median of --reps after 2 warm-up calls; ranks run concurrently, as in training); a
+in the config's dtype (model.dtype bf16: bf16 weights and inputs, the paper's pure bf16) alone (median of --reps after 2 warm-up calls; ranks run concurrently, as in training); a
 linear's numbers sum its GEMMs (fused qkv / gate_up for Megatron; down and up factors for the
 low-rank designs). Linear grouping is not applied here: each factor is its own GEMM.
 FLOPs = 2 * tokens * in * out. Utilisation = achieved FLOP/s (median call) over the best FLOP/s of
@@ -72,37 +72,38 @@ def measure_worker(args: argparse.Namespace) -> Dict[str, Any]:
     import torch
 
     names, cfgs, ctx = bl.worker_configs(args)
-    dtype = torch.bfloat16 if cfgs[0].model.dtype == "bf16" else torch.float32
     g = torch.Generator().manual_seed(0)
     # the reference (100%): the best FLOP/s of any single call in this job, square GEMMs of
     # 256..--peak-size and every measured GEMM alike (best of reps: capability, not load)
     peak = 0.0
     n = args.peak_size
-    while n >= 256:
-        a = torch.randn(n, n, generator=g).to(ctx.device, dtype)
-        bt.sync_all(ctx.device)
-        peak = max(peak, 2 * n ** 3 / gemm_seconds(a, a, args.reps, ctx.device)[1])
-        n //= 2
+    with bw.timing_precision(cfgs[0], [], ctx.device, bc.PRECISION) as cast:
+        while n >= 256:
+            a = cast(torch.randn(n, n, generator=g).to(ctx.device))
+            bt.sync_all(ctx.device)
+            peak = max(peak, 2 * n ** 3 / gemm_seconds(a, a, args.reps, ctx.device)[1])
+            n //= 2
     rows = []
     for name, cfg in zip(names, cfgs):
         model = bw.build_trainee(cfg, ctx, with_optimizer=False).model
         block = bw.first_local_block(model)
-        weights = [(pn, p.detach().to(dtype)) for pn, p in block.named_parameters() if p.ndim == 2 and "_proj" in pn]
-        for mb in [int(b) for b in args.batches.split(",")]:
-            tokens = mb * cfg.tokens.sequence_length
-            per: Dict[str, Dict[str, float]] = {k: {"flops": 0.0, "seconds": 0.0, "gemms": 0} for k in LINEARS}
-            for pn, w in weights:
-                x = torch.randn(tokens, w.shape[1], generator=g).to(ctx.device, dtype)
-                bt.sync_all(ctx.device)
-                sec, best = gemm_seconds(x, w, args.reps, ctx.device)
-                flops = 2.0 * tokens * w.shape[0] * w.shape[1]
-                peak = max(peak, flops / best)
-                grp = per[linear_group(pn)]
-                grp["flops"] += flops
-                grp["seconds"] += sec
-                grp["gemms"] += 1
-            for lin, v in per.items():
-                rows.append({"design": name, "micro_batch": mb, "linear": lin, **v})
+        with bw.timing_precision(cfg, [block], ctx.device, bc.PRECISION) as cast:
+            weights = [(pn, p.detach()) for pn, p in block.named_parameters() if p.ndim == 2 and "_proj" in pn]
+            for mb in [int(b) for b in args.batches.split(",")]:
+                tokens = mb * cfg.tokens.sequence_length
+                per: Dict[str, Dict[str, float]] = {k: {"flops": 0.0, "seconds": 0.0, "gemms": 0} for k in LINEARS}
+                for pn, w in weights:
+                    x = cast(torch.randn(tokens, w.shape[1], generator=g).to(ctx.device))
+                    bt.sync_all(ctx.device)
+                    sec, best = gemm_seconds(x, w, args.reps, ctx.device)
+                    flops = 2.0 * tokens * w.shape[0] * w.shape[1]
+                    peak = max(peak, flops / best)
+                    grp = per[linear_group(pn)]
+                    grp["flops"] += flops
+                    grp["seconds"] += sec
+                    grp["gemms"] += 1
+                for lin, v in per.items():
+                    rows.append({"design": name, "micro_batch": mb, "linear": lin, **v})
         bw.release(model)
     # mean over ranks (the shards of one design have equal shapes on every rank)
     all_rows = bl.gather_to_main(rows)
@@ -144,7 +145,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     result = bl.run_job(__file__, cfgs, ["--batches", ",".join(map(str, batches)), "--reps", str(args.reps),
                                          "--peak-size", str(args.peak_size)], torchrun_args, args.log_dir,
                         args.timeout, args.verbose)
-    meta = {**result["meta"], "low_rank_kind": kind, "micro_batch": mb0}
+    meta = {**result["meta"], "low_rank_kind": kind, "micro_batch": mb0,
+            "precision": bw.precision_label(next(iter(cfgs.values())), bc.PRECISION)}
     return publish(result["rows"], meta, args.out)
 
 

@@ -13,7 +13,8 @@ from the same runs.
 
 One torchrun job (default 2 CPU ranks, TP=2) runs the Table 3 worker (reproduce/boost/table3_grouping.py)
 on full-rank Megatron, vanilla low-rank and btp with Online and Sync RMSNorm: forward+backward of
-the first decoder block, iterations interleaved, each under torch.profiler (started outside the
+the first decoder block (in the Table 3 worker's precision: model.dtype bf16 times bf16 weights and inputs),
+iterations interleaved, each under torch.profiler (started outside the
 timed window) to split the collectives' time (gloo events on CPU, NCCL kernels on GPU) from the rest.
 """
 from __future__ import annotations
@@ -67,7 +68,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         rows.append({"variant": r["variant"], "micro_batch": r["micro_batch"], "tp_bytes_fwd_bwd": r["tp_bytes"],
                      "tp_calls_fwd_bwd": r["tp_calls"], "block_s": wall.mean, "block_std_s": wall.std,
                      "comm_s": comm.mean, "comm_std_s": comm.std, "compute_s": rest.mean, "compute_std_s": rest.std})
-    meta = {**meta, "low_rank_kind": kind, "iters": args.iters, "warmup": args.warmup}
+    meta = {**meta, "low_rank_kind": kind, "iters": args.iters, "warmup": args.warmup,
+            "precision": bw.precision_label(next(iter(cfgs.values())), bc.PRECISION)}
     return publish(rows, meta, args.out)
 
 

@@ -79,7 +79,7 @@ def config_text(size: str, variant: str) -> str:
         f"  num_kv_heads: {heads}            # MHA: Table 8 gives a single head count",
         f"  max_seq_len: {SEQ}",
         "  tie_embeddings: false",
-        "  dtype: bf16                # paper: pure bf16",
+        "  dtype: bf16                # paper: pure bf16 (scripts time bf16 weights and inputs; training autocasts)",
         "  attention: auto            # flash-attn on CUDA when installed, else SDPA",
         f"  tp_strategy: {strategy}",
         "  low_rank:",

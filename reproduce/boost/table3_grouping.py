@@ -6,7 +6,8 @@ One torchrun job builds the low-rank model under btp twice, model.boost.group_li
 (same weights: parameter names do not depend on grouping), and for each micro-batch size
 (--batches, paper: 1 and 4) times forward+backward of the first decoder block's attention
 sub-layer (norm, q/k/v, attention, o), its MLP sub-layer (norm, gate/up, SwiGLU, down) and the
-whole block, on a [b, s, d/tp] input, iterations of the two models interleaved.
+whole block, on a [b, s, d/tp] input, iterations of the two models interleaved. Under model.dtype bf16
+the blocks and inputs are bf16, as the paper times them (pure bf16: common.PRECISION); fp32 stays fp32.
 
     comm   time inside collectives in the same iterations (each runs under torch.profiler, started
            outside the timed window; gloo events on CPU, NCCL kernels on GPU; includes waiting
@@ -20,6 +21,7 @@ The paper's rows are the QKV and MLP1 (gate/up) paths; ours are the sub-layers t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -80,20 +82,21 @@ def measure_worker(args: argparse.Namespace) -> Dict[str, Any]:
 
     names, cfgs, ctx = bl.worker_configs(args)
     models = {n: bw.build_trainee(c, ctx, with_optimizer=False).model for n, c in zip(names, cfgs)}
+    blocks = {n: bw.first_local_block(m) for n, m in models.items()}
     ledger = get_ledger()
     rows = []
-    for mb in [int(b) for b in args.batches.split(",")]:
-        fns = {}
-        for n, cfg in zip(names, cfgs):
-            block = bw.first_local_block(models[n])
-            x = bc.block_input(cfg, models[n], ctx, mb)
-            fns[n] = part_fns(block, x, cfg.model.low_rank.kind)
-        # the two models' iterations alternate; each iteration profiled to split off the collectives
-        flat = {(n, part): fn for n in names for part, fn in fns[n].items()}
-        timings = bt.interleaved(flat, ctx.device, args.iters, ledger=ledger, profile=True)
-        for (n, part), t in timings.items():
-            rows.append({"variant": n, "micro_batch": mb, "part": part, "times": t.wall, "comm_s": t.comm_s,
-                         "tp_calls": t.comm[-1]["calls"], "tp_bytes": t.comm[-1]["bytes"]})
+    with contextlib.ExitStack() as stack:  # the paper's precision (pure bf16 under model.dtype bf16), set up once
+        casts = {n: stack.enter_context(bw.timing_precision(c, [blocks[n]], ctx.device, bc.PRECISION))
+                 for n, c in zip(names, cfgs)}
+        for mb in [int(b) for b in args.batches.split(",")]:
+            fns = {n: part_fns(blocks[n], casts[n](bc.block_input(c, models[n], ctx, mb)), c.model.low_rank.kind)
+                   for n, c in zip(names, cfgs)}
+            # the two models' iterations alternate; each iteration profiled to split off the collectives
+            flat = {(n, part): fn for n in names for part, fn in fns[n].items()}
+            timings = bt.interleaved(flat, ctx.device, args.iters, ledger=ledger, profile=True)
+            for (n, part), t in timings.items():
+                rows.append({"variant": n, "micro_batch": mb, "part": part, "times": t.wall, "comm_s": t.comm_s,
+                             "tp_calls": t.comm[-1]["calls"], "tp_bytes": t.comm[-1]["bytes"]})
     return {"rows": rows, "meta": bl.worker_meta(ctx)}
 
 
@@ -176,9 +179,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         torchrun_args, args.log_dir, args.timeout, args.verbose)
     rows = compare(result["rows"], args.warmup)
     c = cfgs["grouped"]
-    meta = {**result["meta"], "raw": result["rows"], "low_rank_kind": kind, "model_line": (
+    meta = {**result["meta"], "raw": result["rows"], "low_rank_kind": kind,
+            "precision": bw.precision_label(c, bc.PRECISION), "model_line": (
         f"d={c.model.hidden_size} d_ff={c.model.ffn_size} r={c.model.low_rank.width(c.model.hidden_size)} low-rank={kind} "
-        f"rmsnorm={c.model.boost.rmsnorm}; seq {c.tokens.sequence_length}; one decoder block fwd+bwd, "
+        f"rmsnorm={c.model.boost.rmsnorm}; seq {c.tokens.sequence_length}; {bw.precision_label(c, bc.PRECISION)}; "
+        "one decoder block fwd+bwd, "
         f"{args.iters} iterations, first {args.warmup} dropped")}
     return publish(rows, meta, args.out)
 

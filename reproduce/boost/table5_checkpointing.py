@@ -3,7 +3,8 @@
     python reproduce/boost/table5_checkpointing.py [options] [-- torchrun options]   (default TP=2 on CPU)
 
 One torchrun job builds the low-rank model four times: {vanilla, btp} x model.boost.lowrank_checkpointing
-{off, on}. For each micro-batch size (--batches, paper: 4 and 8) it measures, per TP rank:
+{off, on}. For each micro-batch size (--batches, paper: 4 and 8) it measures, per TP rank, in the
+config's dtype (model.dtype bf16: bf16 weights and inputs, as the paper; common.PRECISION):
 
     act off / on   bytes the allocator holds after one micro-batch forward (torch.profiler
                    profile_memory) - the activations kept for backward; "saved" (saved-tensor hooks
@@ -23,6 +24,7 @@ Paper (LLaMA-7B, TP=4, GPU): vanilla 113.7 MB/ms and BOOST 193.5 MB/ms at bz=4.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import statistics
 import sys
@@ -62,49 +64,56 @@ def variant_name(strategy: str, ckpt: bool) -> str:
 
 
 def measure_worker(args: argparse.Namespace) -> Dict[str, Any]:
-    from nanotron_ext.parallel.comm import get_ledger
-    from nanotron_ext.train.pipeline_step import forward_backward
-
     names, cfgs, ctx = bl.worker_configs(args)
     if ctx.pp_pg.size() != 1:
         raise ValueError("table5_checkpointing measures one stage holding the whole model: use pp = 1")
     trainees = {n: bw.build_trainee(c, ctx, with_optimizer=False) for n, c in zip(names, cfgs)}
-    ledger = get_ledger()
     rows = []
-    for mb in [int(b) for b in args.batches.split(",")]:
-        batches = {n: bw.random_micro_batches(t.cfg, 1, micro_batch=mb) for n, t in trainees.items()}
-
-        def step(n: str, batches: Dict[str, Any] = batches) -> None:
-            t = trainees[n]
-            with bw.autocast_for(t.cfg, ctx.device):
-                forward_backward(t.model, t.engine, batches[n], ctx)
-            t.model.zero_grad(set_to_none=True)
-
-        per: Dict[str, Dict[str, Any]] = {n: {"wall": [], "cpu": [], "calls": []} for n in names}
-        for _ in range(args.iters):
-            for n in names:  # interleaved: a load change on a shared machine hits all four alike
-                timing = bt.timed(lambda n=n: step(n), ctx.device, 1, ledger=ledger)
-                per[n]["wall"] += timing.wall
-                per[n]["cpu"] += timing.cpu
-                per[n]["calls"] += [c["calls"] for c in timing.comm]
-        for n in names:
-            t = trainees[n]
-            mbatch = batches[n][0]
-            ids, labels = mbatch["input_ids"].to(ctx.device), mbatch["label_ids"].to(ctx.device)
-            with bw.autocast_for(t.cfg, ctx.device):
-                loss, act = bc.activation_bytes(t.model, lambda t=t, ids=ids, labels=labels: t.model(
-                                                    input_ids=ids, label_ids=labels)["loss"],
-                                                ctx.device)
-            loss.backward()
-            t.model.zero_grad(set_to_none=True)
-            act_all = bl.gather_to_main(act)
-            rows.append({
-                "variant": n, "micro_batch": mb, "times": per[n]["wall"], "cpu_times": per[n]["cpu"],
-                "tp_calls": statistics.fmean(per[n]["calls"][args.warmup:]),
-                "act_alloc": act_all[0]["allocator"], "act_saved": act_all[0]["saved"],
-                "act_alloc_max_over_ranks": max(a["allocator"] for a in act_all),
-            })
+    with contextlib.ExitStack() as stack:  # the paper's precision (pure bf16 under model.dtype bf16), set up once
+        for t in trainees.values():
+            stack.enter_context(bw.timing_precision(t.cfg, [t.model], ctx.device, bc.PRECISION))
+        for mb in [int(b) for b in args.batches.split(",")]:
+            rows += measure_batch(trainees, ctx, mb, args.iters, args.warmup)
     return {"rows": rows, "meta": bl.worker_meta(ctx)}
+
+
+def measure_batch(trainees: Dict[str, bw.Trainee], ctx: Any, mb: int, iters: int, warmup: int) -> List[Dict[str, Any]]:
+    """One raw row per model at micro-batch `mb`: forward+backward times (interleaved), TP calls, activations."""
+    from nanotron_ext.parallel.comm import get_ledger
+    from nanotron_ext.train.pipeline_step import forward_backward
+
+    ledger = get_ledger()
+    batches = {n: bw.random_micro_batches(t.cfg, 1, micro_batch=mb) for n, t in trainees.items()}
+
+    def step(n: str) -> None:
+        t = trainees[n]
+        forward_backward(t.model, t.engine, batches[n], ctx)
+        t.model.zero_grad(set_to_none=True)
+
+    per: Dict[str, Dict[str, Any]] = {n: {"wall": [], "cpu": [], "calls": []} for n in trainees}
+    for _ in range(iters):
+        for n in trainees:  # interleaved: a load change on a shared machine hits all four alike
+            timing = bt.timed(lambda n=n: step(n), ctx.device, 1, ledger=ledger)
+            per[n]["wall"] += timing.wall
+            per[n]["cpu"] += timing.cpu
+            per[n]["calls"] += [c["calls"] for c in timing.comm]
+    rows = []
+    for n, t in trainees.items():
+        mbatch = batches[n][0]
+        ids, labels = mbatch["input_ids"].to(ctx.device), mbatch["label_ids"].to(ctx.device)
+        loss, act = bc.activation_bytes(t.model, lambda t=t, ids=ids, labels=labels: t.model(
+                                            input_ids=ids, label_ids=labels)["loss"],
+                                        ctx.device)
+        loss.backward()
+        t.model.zero_grad(set_to_none=True)
+        act_all = bl.gather_to_main(act)
+        rows.append({
+            "variant": n, "micro_batch": mb, "times": per[n]["wall"], "cpu_times": per[n]["cpu"],
+            "tp_calls": statistics.fmean(per[n]["calls"][warmup:]),
+            "act_alloc": act_all[0]["allocator"], "act_saved": act_all[0]["saved"],
+            "act_alloc_max_over_ranks": max(a["allocator"] for a in act_all),
+        })
+    return rows
 
 
 def compare(rows: Sequence[Dict[str, Any]], warmup: int) -> List[Dict[str, Any]]:
@@ -196,9 +205,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         args.verbose)
     rows = compare(result["rows"], args.warmup)
     c = next(iter(cfgs.values()))
-    meta = {**result["meta"], "raw": result["rows"], "low_rank_kind": kind, "model_line": (
+    meta = {**result["meta"], "raw": result["rows"], "low_rank_kind": kind,
+            "precision": bw.precision_label(c, bc.PRECISION), "model_line": (
         f"d={c.model.hidden_size} d_ff={c.model.ffn_size} layers={c.model.num_layers} r={c.model.low_rank.width(c.model.hidden_size)} "
-        f"low-rank={kind}; seq {c.tokens.sequence_length}; {args.iters} fwd+bwd per variant, first {args.warmup} "
+        f"low-rank={kind}; seq {c.tokens.sequence_length}; {bw.precision_label(c, bc.PRECISION)}; {args.iters} fwd+bwd per variant, first {args.warmup} "
         f"dropped; TP rank 0 memory")}
     for s in STRATEGIES:
         if s not in strategies:
