@@ -347,7 +347,9 @@ def test_fig1_middle_runtime_shares_on_synthetic_rows() -> None:
     assert {v.status for v in fig1.values()} == {"undetermined (1 run)"}
 
 
-COMMITTED = [("table3_grouping", "cpu_table3.json"), ("table4_memory", "cpu_table4.json"),
+COMMITTED = [("table3_grouping", "cpu_table3.json"), ("table3_grouping", "cpu_table3_bf16.json"),
+             ("table3_grouping", "h200_table3_1b.json"), ("table3_grouping", "h200_table3_7b_layer.json"),
+             ("table4_memory", "cpu_table4.json"),
              ("table5_checkpointing", "cpu_table5.json"), ("iter_compare", "cpu_iter_compare_interleaved.json"),
              ("iter_compare", "cpu_iter_compare_separate.json"), ("fig6_scaling", "cpu_fig6_scaling.json"),
              ("fig7_compute", "cpu_fig7_compute.json"), ("fig8_comm", "cpu_fig8_comm.json")]
@@ -356,8 +358,8 @@ COMMITTED = [("table3_grouping", "cpu_table3.json"), ("table4_memory", "cpu_tabl
 @pytest.mark.parametrize("script,result", COMMITTED, ids=[c[1] for c in COMMITTED])
 def test_committed_results_carry_the_paper_column_and_re_render(script: str, result: str, tmp_path: Path,
                                                                 capsys: pytest.CaptureFixture) -> None:
-    """Each committed CPU result has its paper verdicts and markdown, and re-renders from its JSON
-    to the same verdicts (the figures re-plot too)."""
+    """Each committed result (CPU, and the H200 Table 3 runs) has its paper verdicts and markdown, and re-renders
+    from its JSON to the same verdicts (the figures re-plot too)."""
     committed = json.loads((REPRO / result).read_text())
     assert committed["paper"] and all("held" in p for p in committed["paper"])
     assert (REPRO / result).with_suffix(".md").exists()

@@ -199,8 +199,10 @@ def publish(rows: List[Dict[str, Any]], meta: Dict[str, Any], out: Optional[str]
     print("speedup = non-grouped / grouped mean (+- standard error); comp = total - comm; paper: " + _GPU + ".")
     print("\n".join(bp.verdict_lines(verdicts)))
     if out:
-        written = br.write_report(out, rows, meta, TITLE, *table(rows), verdicts=verdicts,
-                                  notes=["Paper rows QKV and MLP1 are paths inside our attention and MLP sub-layers."])
+        title = f"{TITLE}, {meta['precision']}" if meta.get("precision") else TITLE
+        notes = ([f"model: {meta['model_line']}."] if meta.get("model_line") else []) + [
+            "Paper rows QKV and MLP1 are paths inside our attention and MLP sub-layers."]
+        written = br.write_report(out, rows, meta, title, *table(rows), verdicts=verdicts, notes=notes)
         print("wrote " + ", ".join(str(p) for p in written.values()))
     return 0
 
