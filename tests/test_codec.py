@@ -109,6 +109,12 @@ _CODECS = {
     "int8": ({}, lambda e: _D + 4),  # codes + an fp32 scale: independent of the dtype
     "int4": ({}, lambda e: _D // 2 + 4),
     "lowrank": ({"ratio": 8.0}, lambda e: (4 + -(-_D * 4 // (MB * SEQ))) * e),  # q = 4 + the d x q basis
+    # MAPL RVQ, r = 8, G = 2, R = 2, K = 16 (4 indices of 4 bits: one int32 word), 8-bit gradient, (fwd, bwd):
+    # id + index word + the streamed row (an int32 row number and R r = 16 values in the wire dtype, over 16
+    # tokens); back: id + the wider of that and the gradient (8 codes of 8 bits + an fp32 scale: 3 words)
+    "mapl_rvq": ({"kind": "mapl", "mapl": {"rank": 8, "anchor_width": 4, "vq_groups": 2, "vq_rounds": 2,
+                                           "vq_codebook": 16, "grad_bits": 8}},
+                 lambda e: (4 + 4 + e * -(-(4 // e + 16) // 16), 4 + max(4 + e * -(-(4 // e + 16) // 16), 12))),
 }
 
 
@@ -124,7 +130,7 @@ def _dtype_worker() -> dict:
     out = {}
     for kind, (options, _) in _CODECS.items():
         for dtype in ("fp32", "bf16"):
-            model_cfg = {**MODEL, "dtype": dtype, "codec": {"kind": kind, **options}}
+            model_cfg = {**MODEL, "dtype": dtype, "codec": {"kind": kind, **options}}  # options may name the kind
             if kind == "subspace":
                 model_cfg.update(embedding={"kind": "subspace"}, output_constraint={"kind": "subspace"})
             cfg = small_config(model_cfg, pp=2, seq=SEQ, mb=MB, n_micro=N_MICRO)
@@ -147,6 +153,13 @@ def test_every_codec_sends_the_compute_dtype_both_ways() -> None:
     for (kind, dtype), sent in sender.items():
         e = {"fp32": 4, "bf16": 2}[dtype]
         expected = _CODECS[kind][1](e)
+        fwd, bwd = expected if isinstance(expected, tuple) else (expected, expected)  # RVQ: its own widths
         got = {"fwd": sent["fwd"], "bwd": receiver[kind, dtype]["bwd"]}
-        assert got == {"fwd": expected, "bwd": expected}, (kind, dtype, got, expected)
+        assert got == {"fwd": fwd, "bwd": bwd}, (kind, dtype, got, expected)
         assert math.isfinite(sent["loss"]), (kind, dtype)
+    from nanotron_ext.mapl.closed_form import wire_per_token
+
+    options = _CODECS["mapl_rvq"][0]
+    for dtype, e in (("fp32", 4), ("bf16", 2)):  # `config show`'s form (mapl/closed_form.py) says the same
+        cfg = small_config({**MODEL, "dtype": dtype, "codec": options}, pp=2, seq=SEQ, mb=MB, n_micro=N_MICRO)
+        assert wire_per_token(cfg)[:2] == _CODECS["mapl_rvq"][1](e), dtype

@@ -58,7 +58,9 @@ def test_reconstruction_error_never_grows_with_rounds_and_learning_lowers_it() -
     assert errors[-1] < 0.5 * float((z - fresh.decode(fresh.encode(z))).square().sum())
 
 
-def test_receiver_decodes_exactly_and_streamed_codebooks_match_after_k_micro_batches() -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_receiver_decodes_exactly_and_streamed_codebooks_match_after_k_micro_batches(dtype: torch.dtype) -> None:
+    """In either wire dtype; in bf16 the streamed rows cross rounded to bf16 and both sides hold the rounded row."""
     from nanotron_ext.mapl.rvq import decode_from_wire, encode_to_wire
 
     sender, receiver = _quantizer(), _quantizer()
@@ -67,16 +69,62 @@ def test_receiver_decodes_exactly_and_streamed_codebooks_match_after_k_micro_bat
     for step in range(2 * k):
         z = torch.randn(2, 8, 16, generator=gen)
         expected = sender.decode(sender.encode(z.reshape(16, 16))).view(2, 8, 16)  # before the stream advances
-        wire = encode_to_wire(sender, z, grad_bits=8, learn=step < k)
+        wire = encode_to_wire(sender, z, grad_bits=8, learn=step < k, dtype=dtype)
+        assert wire.dtype == dtype
         got = decode_from_wire(receiver, wire, 16, grad_bits=8)
         assert torch.equal(got, expected)
         assert torch.equal(sender.shared, receiver.shared)
-    # learning stopped K micro-batches ago: every streamed row is the final learning row
-    assert torch.equal(receiver.shared, sender.learning)
+    # learning stopped K micro-batches ago: every streamed row is the final learning row, as it crossed
+    assert torch.equal(receiver.shared, sender.learning.to(dtype).float())
     assert not torch.equal(sender.learning, _quantizer().learning)  # it did learn
 
 
-def _rvq_worker(steps: int, grad_bits: int = 8) -> dict:
+def test_the_gradient_crosses_back_quantised_in_either_wire_dtype() -> None:
+    """The receiver's dL/dZ_hat reaches the sender's Z as the absmax-quantised gradient (straight-through), the
+    same in a bf16 wire as in an fp32 one (the words are bit-cast, not converted)."""
+    from nanotron_ext.mapl.rvq import decode_from_wire, encode_to_wire
+
+    g = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(3))
+    step = g.abs().amax(-1, keepdim=True) / 127
+    grads = []
+    for dtype in (torch.float32, torch.bfloat16):
+        z = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(4)).requires_grad_()
+        wire = encode_to_wire(_quantizer(), z, grad_bits=8, learn=True, dtype=dtype)
+        sent = wire.detach().requires_grad_()
+        decode_from_wire(_quantizer(), sent, 16, grad_bits=8).backward(g)
+        assert sent.grad.dtype == dtype
+        wire.backward(sent.grad)
+        assert ((z.grad - g).abs() <= step / 2 + 1e-12).all()
+        grads.append(z.grad)
+    assert torch.equal(grads[0], grads[1])
+
+
+def test_a_code_tape_records_and_replays_every_assignment() -> None:
+    """Recording keeps every nearest-codeword decision (R wire + R learn per encode with learning); replaying it
+    in a run whose Z differs forces the recorded codes (the decode equals the recorded run's) and counts the
+    decisions the run's own argmin would have changed (here: against a brute-force float64 argmin)."""
+    from nanotron_ext.mapl.rvq import CodeTape, encode_to_wire
+
+    z = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(5))
+    noisy = z + 0.3 * torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(6))
+    with CodeTape() as tape:
+        first = encode_to_wire(_quantizer(), z, grad_bits=8, learn=True)
+    assert tape.kinds == ["wire"] * 3 + ["learn"] * 3 and [c.shape for c in tape.codes] == [(16, 4)] * 6
+    q = _quantizer()
+    own = q.encode(noisy.reshape(16, 16))
+    with CodeTape(tape.state()["codes"]) as replay:
+        forced = encode_to_wire(q, noisy, grad_bits=8, learn=True)
+    assert torch.equal(forced[..., :2], first[..., :2])  # 12 indices of 5 bits, 2 words: the recorded codes crossed
+    residual = noisy.reshape(16, 4, 4).double()  # round 1 of the wire: float64 brute force
+    book = _quantizer().shared[:, 0].double()
+    brute = ((residual.unsqueeze(2) - book.unsqueeze(0)) ** 2).sum(-1).argmin(-1)
+    assert torch.equal(brute, own[..., 0])
+    assert replay.differ[0] == int((brute != tape.codes[0]).sum()) > 0
+    with pytest.raises(RuntimeError, match="not on the replayed tape"), CodeTape(tape.codes[:1]):
+        encode_to_wire(_quantizer(), z, grad_bits=8, learn=False)
+
+
+def _rvq_worker(steps: int, grad_bits: int = 8, dtype: str = "fp32") -> dict:
     import nanotron.distributed as dist
 
     from nanotron_ext.mapl.codec import MaplDecoder, MaplEncoder
@@ -86,7 +134,7 @@ def _rvq_worker(steps: int, grad_bits: int = 8) -> dict:
     from tests.test_parallel_parity import MB, MODEL, N_MICRO, SEQ, _global_batch
 
     ctx = build_parallel_context(dp=1, tp=1, pp=2, backend="gloo")
-    cfg = small_config({**MODEL, "codec": {"kind": "mapl", "mapl": {"rank": 8, "anchor_width": 4, "vq_groups": 2,
+    cfg = small_config({**MODEL, "dtype": dtype, "codec": {"kind": "mapl", "mapl": {"rank": 8, "anchor_width": 4, "vq_groups": 2,
                                                                      "vq_rounds": 2, "vq_codebook": 16,
                                                                      "grad_bits": grad_bits}}},
                        pp=2, seq=SEQ, mb=MB, n_micro=N_MICRO)
@@ -96,7 +144,8 @@ def _rvq_worker(steps: int, grad_bits: int = 8) -> dict:
     micro = micro_batches(_global_batch(1), MB, N_MICRO)
     losses = []
     for _ in range(steps):
-        loss, comm = one_step(model, micro, ctx)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"):  # as the trainer's replica
+            loss, comm = one_step(model, micro, ctx)
         losses.append(loss)
         opt.step()
         opt.zero_grad()
@@ -105,21 +154,23 @@ def _rvq_worker(steps: int, grad_bits: int = 8) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("grad_bits", [8, 16])
-def test_rvq_codec_trains_at_pp2_with_identical_copies_and_counted_bytes(grad_bits: int) -> None:
+@pytest.mark.parametrize("grad_bits,dtype", [(8, "fp32"), (16, "fp32"), (8, "bf16")])
+def test_rvq_codec_trains_at_pp2_with_identical_copies_and_counted_bytes(grad_bits: int, dtype: str) -> None:
     """Forward bytes follow the VQ closed form (ids, indices, the streamed codebook row) whatever the
     gradient's width; the backward carries the quantised gradient (the wire's gradient, so its width is
-    the larger of the two): r = 8, G = 2, R = 2, K = 16, 16 tokens per micro-batch."""
+    the larger of the two): r = 8, G = 2, R = 2, K = 16, 16 tokens per micro-batch. Under bf16 the wire is bf16
+    (e = 2 B: the streamed row's values take 2 B; integer words are bit-cast, 4 B either way)."""
     from tests.test_parallel_parity import MB, N_MICRO, SEQ
 
-    sender, receiver = run_distributed(_rvq_worker, 2, 3, grad_bits)
+    sender, receiver = run_distributed(_rvq_worker, 2, 3, grad_bits, dtype)
     assert all(math.isfinite(x) for x in sender["losses"])
     assert torch.equal(sender["A"], receiver["A"]) and torch.equal(sender["table"], receiver["table"])
     assert torch.equal(sender["shared"], receiver["shared"])
     tokens, r, groups, rounds, k = MB * SEQ, 8, 2, 2, 16
-    index_words = math.ceil(groups * rounds / (32 // math.ceil(math.log2(k))))  # 4 indices of 4 bits: 1 word
-    stream_words = math.ceil((1 + rounds * r) / tokens)  # row number + one row of every codebook: 17 fp32
-    forward_words = index_words + stream_words
-    grad_words = math.ceil(r / (32 // grad_bits)) + 1  # codes + the fp32 scale
-    assert sender["comm"]["pp"]["send:fwd"]["bytes"] == N_MICRO * tokens * 4 * (1 + forward_words)  # + int32 ids
-    assert receiver["comm"]["pp"]["send:bwd"]["bytes"] == N_MICRO * tokens * 4 * (1 + max(forward_words, grad_words))
+    e = {"fp32": 4, "bf16": 2}[dtype]
+    index_bytes = 4 * math.ceil(groups * rounds / (32 // math.ceil(math.log2(k))))  # 4 indices of 4 bits: 1 word
+    stream_bytes = e * math.ceil((4 // e + rounds * r) / tokens)  # int32 row number + one row of every codebook
+    forward = index_bytes + stream_bytes
+    grad = 4 * (math.ceil(r / (32 // grad_bits)) + 1)  # codes + the fp32 scale
+    assert sender["comm"]["pp"]["send:fwd"]["bytes"] == N_MICRO * tokens * (4 + forward)  # + int32 ids
+    assert receiver["comm"]["pp"]["send:bwd"]["bytes"] == N_MICRO * tokens * (4 + max(forward, grad))

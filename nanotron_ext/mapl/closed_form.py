@@ -28,12 +28,13 @@ def wire_per_token(cfg: "Config") -> Tuple[float, float, str]:
     if not mapl.vq_groups:
         return r * e + 4, r * e + 4, f"r x {e} B + a 4 B token id (r = {r})"
     index_words = words_for(mapl.vq_groups * mapl.vq_rounds, index_bits(mapl.vq_codebook))
-    side = math.ceil((1 + mapl.vq_rounds * r) / tokens_per_micro_batch(cfg))  # the streamed codebook row
-    forward_words = index_words + side
-    grad_words = words_for(r, mapl.grad_bits) + 1  # + one fp32 scale per token
-    return (4 * (1 + forward_words), 4 * (1 + max(forward_words, grad_words)),
-            f"RVQ: forward 4 (1 + {index_words} index + {side} codebook-stream words), backward 4 (1 + "
-            f"{max(forward_words, grad_words)}) ({mapl.grad_bits}-bit gradient)")
+    # the streamed codebook row: its number (an int32, 4 / e columns) and R r values in the wire dtype
+    side = math.ceil((4 // e + mapl.vq_rounds * r) / tokens_per_micro_batch(cfg))
+    forward = 4 * index_words + e * side
+    grad = 4 * (words_for(r, mapl.grad_bits) + 1)  # codes + one fp32 scale per token
+    return (4 + forward, 4 + max(forward, grad),
+            f"RVQ: forward 4 + {4 * index_words} (indices) + {side} x {e} B (codebook stream), backward 4 + "
+            f"{max(forward, grad)} ({mapl.grad_bits}-bit gradient)")
 
 
 def shared_sync(cfg: "Config") -> Tuple[float, float, str]:

@@ -163,7 +163,7 @@ class MaplEncoder(_Side, BoundaryEncoder):
             z = differentiable_all_reduce_sum(z.float(), group=self.sharded_pg)
         if self.quantizer is None:
             return to_wire(z, self.wire_dtype)
-        return encode_to_wire(self.quantizer, z, self.grad_bits, learn=self.training)
+        return encode_to_wire(self.quantizer, z, self.grad_bits, learn=self.training, dtype=self.wire_dtype)
 
 
 class MaplDecoder(_Side, BoundaryDecoder):
