@@ -91,3 +91,26 @@ def test_int8_through_pp2_counts_the_closed_form_both_ways() -> None:
     assert sender["comm"]["pp"]["send:fwd"]["bytes"] == N_MICRO * per_micro
     assert receiver["comm"]["pp"]["send:bwd"]["bytes"] == N_MICRO * per_micro
     assert math.isfinite(sender["loss"])
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_lowrank_is_the_float64_truncated_svd(autocast: bool) -> None:
+    """With a spectral gap at q the best rank-q approximation is unique: the codec's reconstruction equals the
+    float64 truncated SVD U_q S_q V_q^T (its basis comes from the Gram matrix's eigenvectors, not an SVD), also
+    under bf16 autocast (the codec computes in fp32 there: only the wire is bf16)."""
+    from nanotron_ext.codecs.lossy import LowRank
+
+    n, d, q = 96, 32, 4
+    gen = torch.Generator().manual_seed(7)
+    u = torch.linalg.qr(torch.randn(n, d, generator=gen, dtype=torch.float64))[0]
+    v = torch.linalg.qr(torch.randn(d, d, generator=gen, dtype=torch.float64))[0]
+    s = torch.cat([torch.tensor([9.0, 7.0, 5.0, 4.0]), torch.linspace(1.0, 0.1, d - q)]).double()
+    x = (u * s) @ v.T
+    us, ss, vh = torch.linalg.svd(x, full_matrices=False)
+    reference = (us[:, :q] * ss[:q]) @ vh[:q]
+    scheme = LowRank(d, d / q)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        wire = scheme.compress(x.float().view(1, n, d))
+    assert wire.dtype == torch.float32  # the scheme's wire dtype, not autocast's
+    back = scheme.decompress(wire, d).view(n, d).double()
+    torch.testing.assert_close(back, reference, rtol=0, atol=1e-5 * float(s[0]))

@@ -11,9 +11,14 @@ scale) are bit-cast into it, so their bytes do not depend on it. Bytes per token
   values + int32 indices: k (e + 4);
 - int8 / int4: symmetric per-token absmax quantisation (levels +-127 / +-7), codes packed, plus one fp32
   scale: d + 4 / d/2 + 4;
-- lowrank (ratio r): X (b*s x d) ~ A B^T from a truncated SVD of rank q = max(1, round(d / r)); each token
-  carries its q coefficients (A = U_q S_q) and the d x q basis B rides in ceil(d q / (b s)) extra columns:
-  e (q + ceil(d q / (b s))).
+- lowrank (ratio r): X (b*s x d) ~ A B^T, the truncated SVD of rank q = max(1, round(d / r)); each token
+  carries its q coefficients (A = X B = U_q S_q) and the d x q basis B rides in ceil(d q / (b s)) extra columns:
+  e (q + ceil(d q / (b s))). B = the top-q eigenvectors of the d x d Gram matrix X^T X (torch.linalg.eigh): the
+  SVD's V_q, and A = X B its U_q S_q. Until issue 29 this took the full SVD of the b*s x d X (torch.linalg.svd:
+  O(b s d^2) with a large constant, 72 us/token on 2 CPU cores and 2.9 us/token on an H200 at 16 x 1024 tokens,
+  d = 768: 8x / 70x top-k's encode); one fp32 Gram product and one d x d eigendecomposition cost 20.5 us/token
+  and 0.58 us/token there (benchmarks/results/codec_cost_{cpu,h200}.md); the reconstruction equals a float64 truncated
+  SVD's (tests/test_lossy_codecs.py).
 """
 from __future__ import annotations
 
@@ -96,11 +101,14 @@ class LowRank(Scheme):
 
     def compress(self, x: torch.Tensor) -> torch.Tensor:
         b, s, d = x.shape
-        u, sv, vh = torch.linalg.svd(x.float().reshape(b * s, d), full_matrices=False)
-        coeffs = (u[:, :self.q] * sv[:self.q]).reshape(b, s, self.q)
+        with torch.autocast(x.device.type, enabled=False):  # fp32 throughout, as the SVD it replaces
+            flat = x.float().reshape(b * s, d)
+            # X's top-q right singular vectors = the top-q eigenvectors of its d x d Gram matrix (eigh: ascending)
+            vecs = torch.linalg.eigh(flat.T @ flat).eigenvectors[:, -self.q:].flip(-1)
+            coeffs = (flat @ vecs).reshape(b, s, self.q)  # = U_q S_q
         extra = self.basis_cols(b * s, d)
         basis = torch.zeros(b * s * extra, dtype=torch.float32, device=x.device)
-        basis[:d * self.q] = vh[:self.q].T.reshape(-1)
+        basis[:d * self.q] = vecs.reshape(-1)
         return torch.cat([coeffs, basis.view(b, s, extra)], dim=-1).to(self.dtype)
 
     def decompress(self, wire: torch.Tensor, d: int) -> torch.Tensor:
