@@ -120,6 +120,7 @@ def test_a_code_tape_records_and_replays_every_assignment() -> None:
     brute = ((residual.unsqueeze(2) - book.unsqueeze(0)) ** 2).sum(-1).argmin(-1)
     assert torch.equal(brute, own[..., 0])
     assert replay.differ[0] == int((brute != tape.codes[0]).sum()) > 0
+    assert replay.disagreement() == sum(replay.differ) / (6 * 16 * 4)
     with pytest.raises(RuntimeError, match="not on the replayed tape"), CodeTape(tape.codes[:1]):
         encode_to_wire(_quantizer(), z, grad_bits=8, learn=False)
 

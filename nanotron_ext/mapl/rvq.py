@@ -127,6 +127,10 @@ class CodeTape:
         self.differ.append(int((forced != idx).sum()))
         return forced
 
+    def disagreement(self) -> float:
+        """Replay: the fraction of replayed code entries this run's own argmin would have changed."""
+        return sum(self.differ) / max(1, sum(c.numel() for c in self.codes[:len(self.differ)]))
+
     def state(self) -> Dict[str, list]:
         """What torch.save keeps (`CodeTape(state["codes"])` replays it)."""
         return {"codes": self.codes, "kinds": self.kinds}
