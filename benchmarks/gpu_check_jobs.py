@@ -26,7 +26,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional
 
 import torch
 
@@ -113,13 +113,41 @@ def load(plan: Dict[str, Any], overrides: List[str]) -> Any:
 # ------------------------------------------------------------------------------------------------
 # techniques: the real trainer (or the simulated SparseLoCo replicas) for a few steps
 # ------------------------------------------------------------------------------------------------
+CHECK_KEYS = ("first_tolerance", "tolerance", "max_code_disagreement")  # gpu_check.DISCRETE_CHECKS
+
+
+@contextlib.contextmanager
+def code_tape(tape: Optional[Dict[str, str]], row: Dict[str, Any]) -> Iterator[None]:
+    """{"record": path}: save every RVQ code assignment of the run there; {"replay": path}: force those assignments
+    and put the fraction this run's own argmin would have changed in row["code_disagreement"]; None: nothing."""
+    if not tape:
+        yield
+        return
+    from nanotron_ext.mapl.rvq import CodeTape
+
+    path = Path(tape.get("record") or tape["replay"])
+    on = CodeTape() if "record" in tape else CodeTape(torch.load(path, weights_only=True)["codes"])
+    with on:
+        yield
+    if "record" in tape:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(on.state(), path)
+        row["tape"] = str(path)
+    else:
+        row["code_disagreement"] = on.disagreement()
+
+
+# ------------------------------------------------------------------------------------------------
+# the technique runs
+# ------------------------------------------------------------------------------------------------
 def run_technique(item: Dict[str, Any], plan: Dict[str, Any]) -> Dict[str, Any]:
     name = item["name"]
     cfg = load(plan, item["overrides"] + [f"general.run={name}", f"checkpoints.dir={plan['checkpoints']}/{name}"])
     device = torch.device("cuda", torch.cuda.current_device()) if cfg.general.backend == "nccl" else torch.device("cpu")
     reset_peak(device)
     # the arithmetic that sets the CUDA-vs-CPU tolerance: bf16 autocast, or bf16 inside an optimizer
-    row: Dict[str, Any] = {"dtype": item.get("precision", cfg.model.dtype), "device": str(device)}
+    row: Dict[str, Any] = {"dtype": item.get("precision", cfg.model.dtype), "device": str(device),
+                           "check": {k: item[k] for k in CHECK_KEYS if k in item}}
     if item.get("replicas"):
         from nanotron_ext.sparseloco.simulate import run_simulated
 
@@ -133,7 +161,8 @@ def run_technique(item: Dict[str, Any], plan: Dict[str, Any]) -> Dict[str, Any]:
 
         trainer = Trainer(cfg, config_file=plan["config_file"])
         wires = WireCounter(trainer.model)
-        summary = trainer.train()
+        with code_tape(item.get("tape"), row):
+            summary = trainer.train()
         records = [r for r in read_metrics(trainer.run_dir / "metrics.jsonl") if "loss" in r]
         row.update(losses=[r["loss"] for r in records], val_loss=summary.get("final_val_loss"),
                    comm_bytes=[r["comm_bytes"] for r in records],
@@ -169,7 +198,8 @@ def build_pair(item: Dict[str, Any], plan: Dict[str, Any]) -> Dict[str, Any]:
     # a fresh compile per setting: dynamo's cache would otherwise serve one setting's graphs (attention backend
     # included) to the next model built from the same code
     torch._dynamo.reset()
-    cfg = load(plan, [f"model.compile={str(item['compile']).lower()}"])
+    # the setting's attention backend applies to both models (around the step), not the config's model.attention
+    cfg = load(plan, [f"model.compile={str(item['compile']).lower()}", "model.attention=sdpa"])
     ctx = shared_context(cfg)
     ours = bw.build_trainee(cfg, ctx)
     plain = pl.PlainLlama(cfg.model).to(ctx.device)

@@ -92,6 +92,40 @@ def test_profile_kinds_of_the_h200_kernels() -> None:
     assert {name: gpu_check_jobs.kind_of(name) for name in kinds} == kinds
 
 
+def test_cudnn_attention_needs_cuda() -> None:
+    import torch
+
+    from nanotron_ext.models.layers import causal_attention
+
+    q = torch.randn(1, 4, 2, 8)
+    with pytest.raises(RuntimeError, match="model.attention='cudnn'.*CUDA"):
+        causal_attention(q, q, q, backend="cudnn")
+
+
+def test_discrete_codec_checks() -> None:
+    """mapl_rvq is judged against the CPU run that replays the device's codes (the unpinned one may drift), and its
+    code disagreement has a limit; topk's step 1 must agree tightly, later steps within its own tolerance."""
+    tol = {"fp32": 1e-3, "bf16": 1e-2}
+    pin = {"pin_codes": True, "max_code_disagreement": 1e-2}
+    topk = {"first_tolerance": 1e-5, "tolerance": 1e-2}
+    dev = [_row("rvq", [8.0, 7.0], check=pin), _row("rvq_flips", [8.0, 7.0], check=pin),
+           _row("rvq_drifts", [8.0, 7.0], check=pin), _row("topk", [8.0, 7.0 * (1 + 5e-3)], check=topk),
+           _row("topk_step1", [8.0 * (1 + 1e-4), 7.0], check=topk)]
+    cpu = [_row(r["name"], [8.0, 7.0 * (1 + 8e-3)]) for r in dev[:3]] + [_row("topk", [8.0, 7.0]),
+                                                                          _row("topk_step1", [8.0, 7.0])]
+    pinned = [_row("rvq", [8.0, 7.0], code_disagreement=2e-3), _row("rvq_flips", [8.0, 7.0], code_disagreement=0.2),
+              _row("rvq_drifts", [8.0, 7.0 * (1 + 2e-3)], code_disagreement=0.0)]
+    rows = {r["name"]: r for r in gpu_check_report.compare_halves(dev, cpu, tol, pinned)}
+    assert {n: r["verdict"] for n, r in rows.items()} == {"rvq": "pass", "rvq_flips": "FAIL", "rvq_drifts": "FAIL",
+                                                          "topk": "pass", "topk_step1": "FAIL"}
+    assert rows["rvq"]["pinned"] and rows["rvq"]["unpinned_worst_rel"] == pytest.approx(8e-3 / (1 + 8e-3))
+    missing = gpu_check_report.compare_halves(dev[:1], cpu[:1], tol, [])  # no pinned run: not judged against cpu
+    assert missing[0]["verdict"] == "not compared"
+    assert set(gpu_check.DISCRETE_CHECKS) == {"mapl_rvq", "topk"}
+    items = {i["name"]: i for i in gpu_check.technique_items()}
+    assert items["mapl_rvq"]["pin_codes"] and items["topk"]["first_tolerance"] == 1e-5
+
+
 # ------------------------------------------------------------------------------------------------
 # the plain-PyTorch reference is the same function as nanotron_ext's model (fp32, through training steps)
 # ------------------------------------------------------------------------------------------------
@@ -192,6 +226,8 @@ def test_dry_run_runs_the_whole_plan(tmp_path: Path) -> None:
     assert sorted(r["name"] for r in comparison) == sorted(only.split(","))
     assert all(r["verdict"] == "pass" and r["bytes_identical"] for r in comparison)
     assert next(r for r in comparison if r["name"] == "resbm")["wire_bytes_per_step"] > 0
+    rvq = next(r for r in comparison if r["name"] == "mapl_rvq")  # CPU on both sides: the replayed codes are its own
+    assert rvq["pinned"] and rvq["code_disagreement"] == 0 and rvq["worst_rel"] == 0
     assert next(r for r in comparison if r["name"] == "het_sparseloco_sim")["sync_bytes"]
     for row in stages["throughput"]["rows"]:
         first = row["first_loss"]

@@ -82,8 +82,10 @@ class ModelConfig(Extensible, path="model"):
     """Std of the normal init; output projections are scaled by 1/sqrt(2*num_layers)."""
     dtype: Literal["fp32", "bf16"] = "fp32"
     """Compute precision: bf16 autocast over fp32 master weights, or plain fp32."""
-    attention: Literal["auto", "sdpa", "flash"] = "auto"
-    """auto: flash-attn when installed and on CUDA, else torch SDPA."""
+    attention: Literal["auto", "sdpa", "flash", "cudnn"] = "auto"
+    """auto: flash-attn when installed and on CUDA, else torch SDPA (the backend torch picks); sdpa: torch SDPA;
+    flash: the flash-attn package; cudnn: torch SDPA's cuDNN backend only (CUDA; on one H200 with torch 2.11 our
+    125M step ran 5% faster with it than with SDPA's flash backend: benchmarks/results/gpu/)."""
     compile: bool = False
     """torch.compile each decoder layer in place (one compiled graph serves every layer of the same shape;
     parameter names and checkpoints are unchanged) and, at TP = 1, the cross-entropy (fused: no fp32 logits are

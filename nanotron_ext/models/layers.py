@@ -1,6 +1,7 @@
 """Unsharded building blocks of the Llama family: RMSNorm, rotary embedding, causal attention core."""
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 from typing import Optional
 
@@ -9,6 +10,7 @@ import torch.nn.functional as F
 from nanotron import distributed as dist
 from nanotron.parallel.tensor_parallel.distributed_differentiable_primitives import differentiable_identity
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 _HAS_FLASH = importlib.util.find_spec("flash_attn") is not None
 
@@ -56,7 +58,8 @@ class RotaryEmbedding(nn.Module):
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str = "auto") -> torch.Tensor:
     """q: [b, s, hq, hd], k/v: [b, s, hkv, hd] (hkv divides hq) -> [b, s, hq, hd].
 
-    flash-attn when requested/available on CUDA with half precision; torch SDPA otherwise.
+    flash-attn when requested/available on CUDA with half precision; torch SDPA otherwise, with its cuDNN backend
+    alone for backend "cudnn" (CUDA only).
     """
     use_flash = backend == "flash" or (
         backend == "auto" and _HAS_FLASH and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
@@ -68,7 +71,11 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend:
         from flash_attn import flash_attn_func
 
         return flash_attn_func(q, k, v, causal=True)
-    out = F.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=k.shape[2] != q.shape[2]
-    )
+    if backend == "cudnn" and not q.is_cuda:
+        raise RuntimeError("model.attention='cudnn' is torch SDPA's cuDNN backend, which needs a CUDA device; "
+                           "use 'auto' or 'sdpa' here")
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]) if backend == "cudnn" else contextlib.nullcontext():
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=k.shape[2] != q.shape[2]
+        )
     return out.transpose(1, 2)
