@@ -42,15 +42,22 @@ def export(run: str, out: str, step: Optional[int] = None, replica: int = 0, che
     from nanotron_ext import __version__
     from nanotron_ext.config.loader import config_to_dict
     from nanotron_ext.errors import UserFacingError
-    from nanotron_ext.hf.export import EXPORT_INFO, commit, folder_logits, hf_model, require_transformers, write_folder
+    from nanotron_ext.hf.export import (
+        EXPORT_INFO,
+        check_out,
+        commit,
+        folder_logits,
+        hf_model,
+        require_transformers,
+        write_folder,
+    )
     from nanotron_ext.hf.names import architecture
     from nanotron_ext.hf.tokenizer import eos_id, hf_tokenizer
     from nanotron_ext.inference.run import gather, open_run
 
-    require_transformers()
     target = Path(out).expanduser()
-    if target.exists() and any(target.iterdir()) and not overwrite:
-        raise UserFacingError(f"--out {target} exists and is not empty; choose another folder or pass --overwrite")
+    check_out(target, overwrite)  # before any work
+    require_transformers()
     ckpt = open_run(run, step, checkpoints)
     tok_path = ckpt.tokenizer_path(tokenizer)
     cfg = ckpt.config.model
@@ -77,7 +84,7 @@ def export(run: str, out: str, step: Optional[int] = None, replica: int = 0, che
                                       "nothing was written to --out")
             info["check"] = {"tokens": ids.shape[1], "max_abs_logit_diff": diff}
             (tmp / EXPORT_INFO).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
-        commit(tmp, target)
+        commit(tmp, target, overwrite)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"exported {architecture(cfg)} to {target}: load it with transformers.AutoModelForCausalLM.from_pretrained"
@@ -92,7 +99,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_args(parser)
     parser.add_argument("--out", required=True, help="folder to write (refused when it exists, unless --overwrite)")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an earlier export at --out (never a folder that export did not write)")
     parser.add_argument("--no-verify", dest="verify", action="store_false",
                         help="skip comparing the folder's logits with the run's before committing it")
     args = parser.parse_args(argv)

@@ -1,9 +1,13 @@
-"""Small file helpers every part of the package shares: atomic text writes, file checksums and folder locks."""
+"""Small file helpers every part of the package shares: atomic text writes, folder swaps, file checksums and
+folder locks."""
 from __future__ import annotations
 
+import ctypes
+import errno
 import fcntl
 import hashlib
 import os
+import shutil
 import socket
 import tempfile
 import time
@@ -43,6 +47,37 @@ def write_text_atomic(path: Path, text: str) -> None:
         if isinstance(e, OSError):  # a write error names no file ("[Errno 28] No space left on device")
             raise named(e, path) from e
         raise
+
+
+def replace_folder(new: Path, target: Path) -> None:
+    """Put the folder `new` at `target` (a sibling), replacing what is there, so that a crash leaves either the old
+    folder or the new one at `target`: one atomic exchange (Linux renameat2 RENAME_EXCHANGE), then the old one,
+    now at `new`, is deleted. Elsewhere: two renames, the old folder kept beside `target` until the second is done."""
+    new, target = Path(new), Path(target)
+    if not target.exists():
+        os.rename(new, target)
+        return
+    if not _exchange(new, target):
+        old = target.with_name(f".{target.name}.old-{os.getpid()}")
+        os.rename(target, old)
+        os.rename(new, target)
+        new = old
+    shutil.rmtree(new)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically; False where the system or filesystem cannot (the caller falls back)."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
 
 
 def named(error: OSError, path: Path) -> OSError:
