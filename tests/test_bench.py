@@ -10,7 +10,7 @@ import statistics
 import subprocess
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Dict, List
+from typing import Any, Dict, List
 
 import numpy as np
 import pytest
@@ -64,6 +64,26 @@ def test_speedup_and_its_standard_error() -> None:
     assert timing.speedup(cand, cand)[0] == pytest.approx(1.0)
 
 
+def test_difference_and_ratio_errors_match_the_spread_of_repeated_experiments() -> None:
+    """comp = mean total - mean comm of separate iterations, and its ratio between two variants: the
+    propagated standard errors match the spread of the estimates over 4000 simulated experiments."""
+    rng = np.random.default_rng(3)
+    n, reps = 30, 4000
+    diffs, ratios, errs, rerrs = [], [], [], []
+    for _ in range(reps):
+        tot_a, com_a = rng.gamma(20, 0.002, n), rng.gamma(5, 0.002, n)  # means 40 ms / 10 ms
+        tot_b, com_b = rng.gamma(15, 0.002, n), rng.gamma(4, 0.002, n)  # means 30 ms / 8 ms
+        d_a = timing.difference(timing.summarize(tot_a, 0), timing.summarize(com_a, 0))
+        d_b = timing.difference(timing.summarize(tot_b, 0), timing.summarize(com_b, 0))
+        r = timing.ratio(d_a, d_b)
+        diffs.append(d_a[0]), errs.append(d_a[1]), ratios.append(r[0]), rerrs.append(r[1])
+    assert np.mean(diffs) == pytest.approx(0.030, rel=0.01)
+    assert np.mean(errs) == pytest.approx(np.std(diffs), rel=0.05)
+    assert np.mean(ratios) == pytest.approx(30 / 22, rel=0.01)
+    assert np.mean(rerrs) == pytest.approx(np.std(ratios), rel=0.1)  # first order: close, not exact
+    assert timing.ratio((0.0, 0.1), (2.0, 0.0)) == (0.0, pytest.approx(0.05))  # a zero numerator is fine
+
+
 def test_rotated_puts_every_variant_first_once() -> None:
     names = ["a", "b", "c"]
     firsts = [timing.rotated(names, r)[0] for r in range(3)]
@@ -110,6 +130,46 @@ def test_timed_and_interleaved_in_one_process() -> None:
     got = timing.interleaved({"a": work("a", 4), "b": work("b", 16)}, torch.device("cpu"), 3, ledger=ledger)
     assert order == ["a", "b"] * 3  # iteration i of every variant before iteration i+1 of any
     assert [c["bytes"] for c in got["b"].comm] == [16, 16, 16] and len(got["a"].wall) == 3
+
+
+def test_comm_split_times_totals_without_the_profiler(monkeypatch: pytest.MonkeyPatch) -> None:
+    """interleaved(comm_split=True): wall, CPU and ledger counts from unprofiled iterations, comm_s and
+    profiled_wall from one profiled iteration per variant and round, run after the unprofiled pass, in
+    rotated order. A fake profiler makes what it watches 20 ms slower."""
+    import contextlib
+    import time
+
+    import torch
+
+    state, order, ledger = {"on": False}, [], _Ledger()
+
+    @contextlib.contextmanager
+    def fake_profiler(device, memory=False):
+        state["on"] = True
+        try:
+            yield "trace"
+        finally:
+            state["on"] = False
+
+    monkeypatch.setattr(timing, "profiler_for", fake_profiler)
+    monkeypatch.setattr(timing, "comm_seconds", lambda prof: 0.001 if prof == "trace" else float("nan"))
+
+    def work(name: str) -> Any:
+        def go() -> None:
+            order.append((name, state["on"]))
+            ledger.send("tp", 4 if not state["on"] else 1000)
+            time.sleep(0.001 + (0.020 if state["on"] else 0.0))
+        return go
+
+    got = timing.interleaved({"a": work("a"), "b": work("b")}, torch.device("cpu"), 2, ledger=ledger, comm_split=True)
+    assert order == [("a", False), ("b", False), ("a", True), ("b", True),
+                     ("b", False), ("a", False), ("b", True), ("a", True)]
+    for t in got.values():
+        assert len(t.wall) == len(t.cpu) == len(t.comm_s) == len(t.profiled_wall) == 2
+        assert max(t.wall) < 0.015 < 0.020 < min(t.profiled_wall)
+        assert t.comm_s == [0.001, 0.001] and [c["bytes"] for c in t.comm] == [4, 4]
+    plain = timing.interleaved({"a": work("a")}, torch.device("cpu"), 2)
+    assert plain["a"].comm_s == [] and plain["a"].profiled_wall == []
 
 
 # ------------------------------------------------------------------------------------------------

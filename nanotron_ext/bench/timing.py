@@ -4,7 +4,8 @@ Rules every script follows: time.perf_counter around the measured region with a 
 rank before and after (and torch.cuda.synchronize on GPU), so one number covers the slowest rank;
 per-iteration times are max-reduced over ranks; the first `warmup` iterations are dropped and the
 rest summarised (mean, sample std, median, min, max, n). Bytes and calls of collectives come from
-the comm ledger (patch 0007 hooks) per group role ("tp", "dp", "pp").
+the comm ledger (patch 0007 hooks) per group role ("tp", "dp", "pp"). Time inside collectives comes
+from torch.profiler in separate iterations (interleaved's comm_split), never from the timed ones.
 """
 from __future__ import annotations
 
@@ -53,12 +54,22 @@ def pooled_summary(rounds: Sequence[Sequence[float]], warmup: int) -> Summary:
     return summarize(kept, 0)
 
 
+def ratio(num: Tuple[float, float], den: Tuple[float, float]) -> Tuple[float, float]:
+    """(num / den, its standard error) of two independent (mean, standard error) pairs, by first-order
+    error propagation."""
+    r = num[0] / den[0]
+    return r, math.sqrt(num[1] ** 2 + (r * den[1]) ** 2) / abs(den[0])  # = |r| sqrt(rel^2 + rel^2); num may be 0
+
+
 def speedup(reference: Summary, candidate: Summary) -> Tuple[float, float]:
     """(reference mean / candidate mean, its standard error by first-order error propagation of the
     two means' standard errors); > 1 means the candidate is faster."""
-    s = reference.mean / candidate.mean
-    rel = math.sqrt((reference.sem / reference.mean) ** 2 + (candidate.sem / candidate.mean) ** 2)
-    return s, s * rel
+    return ratio((reference.mean, reference.sem), (candidate.mean, candidate.sem))
+
+
+def difference(a: Summary, b: Summary) -> Tuple[float, float]:
+    """(a mean - b mean, its standard error) for means of separate (independent) iterations."""
+    return a.mean - b.mean, math.sqrt(a.sem ** 2 + b.sem ** 2)
 
 
 def rotated(names: Sequence[str], round_index: int) -> List[str]:
@@ -136,18 +147,21 @@ def comm_seconds(prof: Any) -> float:
 class Timings:
     """Per-iteration measurements: wall seconds and process CPU seconds (each max over ranks),
     seconds inside collectives (mean over ranks, only when profiled) and this rank's ledger
-    bytes/calls of one group per iteration (only with a ledger)."""
+    bytes/calls of one group per iteration (only with a ledger). `profiled_wall`: the wall seconds
+    of the profiled iterations when those are separate from the timed ones (interleaved's comm_split)."""
 
     wall: List[float] = dataclasses.field(default_factory=list)
     cpu: List[float] = dataclasses.field(default_factory=list)
     comm: List[Dict[str, int]] = dataclasses.field(default_factory=list)
     comm_s: List[float] = dataclasses.field(default_factory=list)
+    profiled_wall: List[float] = dataclasses.field(default_factory=list)
 
     def extend(self, other: "Timings") -> None:
         self.wall += other.wall
         self.cpu += other.cpu
         self.comm += other.comm
         self.comm_s += other.comm_s
+        self.profiled_wall += other.profiled_wall
 
 
 def timed(fn: Callable[[], Any], device: Any, iters: int, ledger: Any = None, profile: bool = False,
@@ -157,7 +171,9 @@ def timed(fn: Callable[[], Any], device: Any, iters: int, ledger: Any = None, pr
     a shared machine barely changes (waiting in a collective sleeps). With a ledger, the bytes
     and calls of `group`'s collectives per iteration. With `profile`, each iteration runs under
     torch.profiler (started and stopped outside the timed window) and the time spent in
-    collectives during that same iteration is recorded."""
+    collectives during that same iteration is recorded; the profiler slows what it watches (on one
+    H200 a small block took 11.4 ms profiled, 6.2 ms not), so report totals from unprofiled
+    iterations: interleaved(comm_split=True)."""
     wall, cpu, comm, comm_s = [], [], [], []
     for _ in range(iters):
         with (profiler_for(device) if profile else contextlib.nullcontext()) as prof:
@@ -178,11 +194,23 @@ def timed(fn: Callable[[], Any], device: Any, iters: int, ledger: Any = None, pr
 
 
 def interleaved(fns: Mapping[str, Callable[[], Any]], device: Any, iters: int, ledger: Any = None,
-                profile: bool = False, group: str = "tp") -> Dict[str, Timings]:
+                comm_split: bool = False, group: str = "tp") -> Dict[str, Timings]:
     """Iteration i of every variant runs before iteration i+1 of any, so a load change on a shared
-    machine hits every variant alike. Returns each variant's Timings (warm-up not dropped)."""
+    machine hits every variant alike. Returns each variant's Timings (warm-up not dropped).
+
+    With `comm_split`, each round then runs every variant once more under torch.profiler, and only
+    those iterations give `comm_s` (and `profiled_wall`); wall, CPU time and ledger counts stay the
+    unprofiled iterations', so totals are what runs without a profiler. Compute = mean total - mean
+    comm of separate iterations (`difference`). The order rotates each round, so no variant always
+    runs first after the profiler's teardown."""
     out = {name: Timings() for name in fns}
-    for _ in range(iters):
-        for name, fn in fns.items():
-            out[name].extend(timed(fn, device, 1, ledger=ledger, profile=profile, group=group))
+    for i in range(iters):
+        order = rotated(list(fns), i) if comm_split else list(fns)
+        for name in order:
+            out[name].extend(timed(fns[name], device, 1, ledger=ledger, group=group))
+        if comm_split:
+            for name in order:
+                prof = timed(fns[name], device, 1, profile=True, group=group)
+                out[name].comm_s += prof.comm_s
+                out[name].profiled_wall += prof.wall
     return out

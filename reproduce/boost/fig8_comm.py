@@ -14,8 +14,10 @@ from the same runs.
 One torchrun job (default 2 CPU ranks, TP=2) runs the Table 3 worker (reproduce/boost/table3_grouping.py)
 on full-rank Megatron, vanilla low-rank and btp with Online and Sync RMSNorm: forward+backward of
 the first decoder block (in the Table 3 worker's precision: model.dtype bf16 times bf16 weights and inputs),
-iterations interleaved, each under torch.profiler (started outside the
-timed window) to split the collectives' time (gloo events on CPU, NCCL kernels on GPU) from the rest.
+iterations interleaved. Block times come from iterations without the profiler; the time in collectives
+(gloo events on CPU, NCCL kernels on GPU) from separate iterations under torch.profiler, interleaved the
+same way; compute = mean block time - mean time in collectives (its standard error propagated).
+Results whose meta lacks "totals": "unprofiled" (committed before this method) timed the blocks under the profiler.
 """
 from __future__ import annotations
 
@@ -32,8 +34,9 @@ from nanotron_ext.bench import report as br  # noqa: E402
 from nanotron_ext.bench import timing as bt  # noqa: E402
 from nanotron_ext.bench import workload as bw  # noqa: E402
 from reproduce.boost import common as bc  # noqa: E402
+from reproduce.boost import table3_grouping as t3  # noqa: E402
 
-BLOCK_WORKER = Path(__file__).resolve().parent / "table3_grouping.py"
+BLOCK_WORKER = Path(t3.__file__).resolve()
 VARIANTS = {"FullRank-TP (megatron)": ("megatron", None), "Vanilla-TP": ("vanilla", None),
             "BOOST btp (online RMSNorm)": ("btp", "online"), "BOOST btp (sync RMSNorm)": ("btp", "sync")}
 
@@ -62,13 +65,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for r in result["rows"]:
         if r["part"] != "block":
             continue
-        wall = bt.summarize(r["times"], args.warmup)
-        comm = bt.summarize(r["comm_s"], args.warmup)
-        rest = bt.summarize([w - c for w, c in zip(r["times"], r["comm_s"])], args.warmup)
+        wall = bt.summarize(r["times"], args.warmup)  # unprofiled iterations
+        comm = bt.summarize(r["comm_s"], args.warmup)  # separate profiled iterations
+        rest = bt.difference(wall, comm)
         rows.append({"variant": r["variant"], "micro_batch": r["micro_batch"], "tp_bytes_fwd_bwd": r["tp_bytes"],
                      "tp_calls_fwd_bwd": r["tp_calls"], "block_s": wall.mean, "block_std_s": wall.std,
-                     "comm_s": comm.mean, "comm_std_s": comm.std, "compute_s": rest.mean, "compute_std_s": rest.std})
-    meta = {**meta, "low_rank_kind": kind, "iters": args.iters, "warmup": args.warmup,
+                     "comm_s": comm.mean, "comm_std_s": comm.std, "compute_s": rest[0], "compute_err_s": rest[1],
+                     "profiled_block_s": bt.summarize(r["profiled_times"], args.warmup).mean})
+    meta = {**meta, "low_rank_kind": kind, "iters": args.iters, "warmup": args.warmup, "totals": t3.TOTALS,
             "precision": bw.precision_label(next(iter(cfgs.values())), bc.PRECISION)}
     return publish(rows, meta, args.out)
 
@@ -146,7 +150,8 @@ def publish(rows: List[Dict[str, Any]], meta: Dict[str, Any], out: str) -> int:
     title = (f"BOOST Figures 8 and 1 (middle) at CPU scale: TP communication of one decoder block, TP={meta.get('tp')}, "
              f"mean of {int(meta.get('iters', 0)) - int(meta.get('warmup', 0))} iterations")
     written = br.write_report(Path(out).with_suffix(".json"), rows, meta, title, headers, body, verdicts=verdicts,
-                              figure=plot(rows), notes=["paper: 7B/13B on GPUs; volumes are the ledger's, fwd+bwd."])
+                              figure=plot(rows), notes=["paper: 7B/13B on GPUs; volumes are the ledger's, fwd+bwd.",
+                                                        "block = total, compute = comp: " + t3.method_note(meta)])
     print("wrote " + ", ".join(str(p) for p in written.values()))
     return 0
 
