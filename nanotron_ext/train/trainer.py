@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import math
 import os
 import time
@@ -39,7 +40,10 @@ from nanotron_ext.train.checkpoint import (
 from nanotron_ext.train.divergence import DivergenceGuard, weight_sq_norm
 from nanotron_ext.train.failures import DISK_HINT
 from nanotron_ext.train.guard import claim_folders, remove_other_checkpoints, resume_advice, resume_conflict
+from nanotron_ext.train.handover import begin, complete, recover
 from nanotron_ext.train.replica import Replica, validation_summary
+
+logger = logging.getLogger(__name__)
 
 
 class Trainer:
@@ -50,6 +54,9 @@ class Trainer:
         self.ctx = context_for(cfg, world_size=int(os.environ.get("WORLD_SIZE", "1")))
         self.is_main = dist.get_rank(self.ctx.world_pg) == 0
         self.run_dir = Path(cfg.general.output_dir) / cfg.general.run
+        # where this run's records go: the run folder, or (resume=overwrite, rank 0) a staging folder in it until
+        # the first checkpoint hands the run folder over (train/handover.py)
+        self.records_dir = self.run_dir
         self._locks = self._claim_folders()
         enable_nvtx(cfg.logging.nvtx)
         # the TP / DP tiers' collectives wait as their links would (pipeline links: in the model's P2P)
@@ -94,7 +101,7 @@ class Trainer:
         self.agree = RankAgreement(self.ctx.world_pg, self.ctx.device, self.ledger, self.is_main)
         self._weights_sq = weight_sq_norm(self.model.parameters())  # of the weights the next step starts from
         if self.step < cfg.tokens.train_steps:
-            self.agree.on_main(lambda: save_config(cfg, self.run_dir / "config.yaml"))
+            self.agree.on_main(lambda: save_config(cfg, self.records_dir / "config.yaml"))
 
         self.flops_token = flops_per_token(cfg.model, self.matmul_params(), cfg.tokens.sequence_length)
         self.peak_tflops = device_peak_tflops(cfg.logging.peak_tflops)
@@ -122,7 +129,13 @@ class Trainer:
         locks, error = [], None
         if self.is_main:
             try:
-                locks = claim_folders(self.run_dir, Path(self.cfg.checkpoints.dir), self.cfg.checkpoints.resume)
+                ckpt_dir = Path(self.cfg.checkpoints.dir)
+                locks = claim_folders(self.run_dir, ckpt_dir, self.cfg.checkpoints.resume)
+                note = recover(self.run_dir, ckpt_dir)  # before anything reads the checkpoints
+                if note:
+                    print(note, flush=True)
+                if self.cfg.checkpoints.resume == "overwrite":
+                    self.records_dir = begin(self.run_dir, ckpt_dir)
             except TrainingError as e:
                 error = str(e)
             except OSError as e:  # a folder that cannot be created or written: every rank stops with the line
@@ -208,6 +221,13 @@ class Trainer:
             if self.is_main:
                 remove_other_checkpoints(Path(self.cfg.checkpoints.dir), path)
             self._overwrite_pending = False
+        if self.records_dir != self.run_dir:  # rank 0 of an overwrite: the records change owner with the checkpoints
+            try:
+                complete(self.run_dir, Path(self.cfg.checkpoints.dir))
+                self.records_dir = self.run_dir
+            except OSError as e:  # the next checkpoint, or the next launch, finishes it
+                logger.warning("checkpoints.resume=overwrite: could not yet put this run's records in %s: %s",
+                               self.run_dir, e)
         return path
 
     def train(self, stop_after: Optional[int] = None) -> Dict[str, object]:
@@ -220,8 +240,8 @@ class Trainer:
         if not self._started:  # an outer loop whose replicas come and go joins them here, after the checkpoint
             self.dp_sync.start()
             self._started = True
-        log = self.agree.on_main(lambda: MetricsLogger(self.run_dir, cfg.logging, total, self.step, True)) or \
-            MetricsLogger(self.run_dir, cfg.logging, total, self.step, False)
+        log = self.agree.on_main(lambda: MetricsLogger(self.records_dir, cfg.logging, total, self.step, True)) or \
+            MetricsLogger(self.records_dir, cfg.logging, total, self.step, False)
         history: List[Dict[str, object]] = []
         val: Dict[str, float] = {}
         n_devices = self.ctx.world_pg.size()
@@ -259,13 +279,14 @@ class Trainer:
                 every = cfg.checkpoints.interval
                 if (every and self.step % every == 0) or self.step == total:
                     self.save()
+                    log.path = self.records_dir / log.path.name  # the open file moved with the handover
         finally:
             log.close()
         summary = self._summary(history, val)
         if self.is_main:
-            write_text_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2))
+            write_text_atomic(self.records_dir / "summary.json", json.dumps(summary, indent=2))
             if log.path.exists():
-                plot_losses(log.path, self.run_dir / "loss.png", title=cfg.general.run)
+                plot_losses(log.path, self.records_dir / "loss.png", title=cfg.general.run)
             print(format_summary(summary, self.run_dir))
         return summary
 
