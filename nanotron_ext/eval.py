@@ -18,6 +18,7 @@ from nanotron_ext.export import add_run_args
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    from nanotron_ext.cli_checks import at_least, output_file
     from nanotron_ext.data.sources import input_files
     from nanotron_ext.errors import UserFacingError
     from nanotron_ext.fileio import write_text_atomic
@@ -36,12 +37,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--json", default=None, help="also write the numbers to this JSON file")
     args = parser.parse_args(argv)
     try:
-        ckpt = open_run(args.run, args.step, args.checkpoints)
-        tok_path = ckpt.tokenizer_path(args.tokenizer)
+        at_least("--batch-size", args.batch_size, 1)  # 0 or -1 scored no window: loss 0, perplexity 1
+        at_least("--replica", args.replica, 0)
+        if args.json:
+            output_file("--json", args.json)
         if not Path(args.data).expanduser().exists():
             raise UserFacingError(f"--data {args.data} does not exist")
         data = data_config(args.data, args.text_key, args.source)
-        input_files(data)  # the reader's checks (extra packages, folder contents) before the model is loaded
+        input_files(data, flag="--data")  # the reader's checks (packages, folder contents, format) before any work
+        ckpt = open_run(args.run, args.step, args.checkpoints)
+        tok_path = ckpt.tokenizer_path(args.tokenizer)
         raw = gather(ckpt, replica=args.replica).raw
         tokens = ckpt.config.tokens
         with one_process_group():
@@ -56,7 +61,11 @@ def main(argv: Optional[List[str]] = None) -> int:
           f"{tokens.sequence_length + 1})")
     print(f"loss {score.loss:.4f} nats/token   perplexity {score.perplexity:.2f}   bits per byte {score.bits_per_byte:.4f}")
     if args.json:
-        write_text_atomic(args.json, json.dumps(result, indent=2) + "\n")
+        try:
+            write_text_atomic(args.json, json.dumps(result, indent=2) + "\n")
+        except OSError as e:  # a full disk, a read-only folder: the scores are printed above
+            print(f"error: --json: {e}", file=sys.stderr)
+            return 2
     return 0
 
 

@@ -17,6 +17,7 @@ from nanotron_ext.export import add_run_args
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    from nanotron_ext.cli_checks import at_least, finite
     from nanotron_ext.errors import UserFacingError
 
     parser = argparse.ArgumentParser(prog="python -m nanotron_ext.generate", description=__doc__,
@@ -31,9 +32,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="hf: transformers with a KV cache (standard models); native: our model; auto: hf when possible")
     args = parser.parse_args(argv)
     try:
-        if args.max_new_tokens < 1 or args.temperature < 0 or not 0 < args.top_p <= 1:
-            raise UserFacingError(f"need --max-new-tokens >= 1 (got {args.max_new_tokens}), --temperature >= 0 (got "
-                                  f"{args.temperature}), --top-p in (0, 1] (got {args.top_p})")
+        at_least("--max-new-tokens", args.max_new_tokens, 1)
+        finite("--temperature", args.temperature, 0.0)  # nan passed a plain `< 0` test
+        finite("--top-p", args.top_p, 0.0, 1.0, low_open=True)
+        at_least("--replica", args.replica, 0)
         from nanotron_ext.inference.model import one_process_group
 
         with one_process_group():

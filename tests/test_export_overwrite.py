@@ -13,8 +13,7 @@ from typing import Dict, List
 
 import pytest
 
-from tests.helpers.dist import run_distributed
-from tests.helpers.runs import REPO, corpus_overrides, prepare_corpus, run_overrides, train_worker, write_corpus
+from tests.helpers.runs import REPO, train_tiny_run
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow
@@ -22,13 +21,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A 2-step run (one process) with a checkpoint per step: <root>/run (records) and <root>/ckpt."""
-    root = tmp_path_factory.mktemp("export_guard")
-    write_corpus(root / "corpus.jsonl")
-    base = corpus_overrides(root / "corpus.jsonl", root / "prepared")
-    prepare_corpus(base)
-    run_distributed(train_worker, 1, run_overrides(base, root / "out", 1, 1) + ["checkpoints.interval=1"])
-    return root / "out"
+    return train_tiny_run(tmp_path_factory.mktemp("export_guard"))
 
 
 @pytest.fixture

@@ -142,6 +142,8 @@ class LinkConfig(Extensible, path="parallelism.link"):
             unknown = set(spec) - {"bandwidth_mbps", "latency_ms"}
             require(not unknown, f"parallelism.link.per_stage_pair.{pair}",
                      f"unknown keys {sorted(unknown)}; allowed: bandwidth_mbps, latency_ms")
+            for name, value in spec.items():  # as the section's own bandwidth_mbps / latency_ms
+                require(math.isfinite(value) and value >= 0, f"{key}.{name}", f"must be a finite number >= 0, got {value}")
 
 
 @dataclasses.dataclass(kw_only=True)

