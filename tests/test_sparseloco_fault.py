@@ -6,6 +6,7 @@ error feedback), and at every outer sync that several replicas committed they ho
 (compared by hash across processes, so the check does not trust the code's own bookkeeping)."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import multiprocessing as mp
@@ -359,6 +360,7 @@ def _stub_sync(failures: int) -> "object":
     peer = sync.outer.encode(peer_params, sync.outer.new_error())
     sync.pg = _StubGroup(torch.cat([torch.tensor([SENDS], dtype=torch.uint8), peer]), failures)
     sync.manager = _StubManager()
+    sync.lighthouse = SimpleNamespace(wait=lambda: None, during=contextlib.nullcontext)  # always answers
     sync.healed = False
     return sync
 

@@ -17,7 +17,8 @@ class FaultToleranceConfig:
     enabled: bool = False
     """Run the outer loop on torchft (needs the `ft` extra: pip install -e '.[ft]')."""
     lighthouse: str = "http://127.0.0.1:29510"
-    """Address of the torchft lighthouse (`torchft_lighthouse --min_replicas 1 --bind [::]:29510`)."""
+    """Address of the torchft lighthouse (`torchft_lighthouse --min_replicas 1 --bind 127.0.0.1:29510`); each replica's
+    torchft services listen on the local end of the route to it (127.0.0.1 here), not on all interfaces."""
     replica: int = 0
     """This job's replica index (its torchft replica id is sparseloco_<replica>; its data shard)."""
     replicas: int = 1
@@ -27,7 +28,8 @@ class FaultToleranceConfig:
     timeout_s: float = 30.0
     """Bound on each outer collective, recovery transfer and commit vote (a dead peer turns into a retry)."""
     quorum_timeout_s: float = 600.0
-    """Bound on waiting for a quorum (longer than an inner loop: peers join at their own next sync)."""
+    """Bound on waiting for a quorum (longer than an inner loop: peers join at their own next sync), and for a
+    lighthouse that does not answer (the replicas say so and rejoin it once restarted; past it they stop)."""
     max_retries: int = 5
     """Failed attempts of one outer sync (a peer died mid-collective) before the run stops."""
 

@@ -23,6 +23,12 @@ Semantics (tests/test_sparseloco_fault.py):
   "commit" calls (torchft's gRPC messages: calls only, their bytes are not visible from Python), "send:recovery"
   on the live peer (the state it staged, once per heal) and "recv:recovery" on the healed replica (bytes of
   tensors; torchft's HTTP/pickle framing is not counted).
+- peers are not trusted with code (issue 33 row 14): the Manager and the recovery server listen on the local end of
+  the route to the lighthouse (ft_peer.bind_host), a healing state is unpickled with weights_only and refused
+  unless this run could have produced it (ft_peer.peer_state_problem): a refusal fails the commit vote like a
+  dead peer, and the sync is retried;
+- a lighthouse that stops answering is waited for, saying so with its address, up to quorum_timeout_s; torchft's
+  quorum_retries reconnect to a restarted one; past the bound the run ends naming it (lighthouse.py).
 Neither templar churn bug can happen here: error feedback lives only in a committed sync (a failed or
 absent round leaves it untouched, a heal zeroes it; #537), and payloads are fixed-size, decoded locally after
 one bounded collective (#574).
@@ -30,6 +36,7 @@ one bounded collective (#574).
 from __future__ import annotations
 
 import os
+import sys
 from datetime import timedelta
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -40,6 +47,7 @@ from torch import nn
 
 from nanotron_ext.errors import TrainingError
 from nanotron_ext.parallel.comm import get_ledger
+from nanotron_ext.sparseloco.lighthouse import LighthouseWatch, gone, unreachable
 from nanotron_ext.sparseloco.outer import SparseLoCoSync
 
 SENDS, ABSENT = 1, 0  # the payload's first byte
@@ -52,20 +60,38 @@ class FaultTolerantSparseLoCoSync(SparseLoCoSync):
         super().__init__(model, ctx, cfg)
         from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
 
+        from nanotron_ext.sparseloco.ft_peer import (
+            TensorsOnlyTransport,
+            bind_host,
+            manager_server_bound_to,
+            url_host,
+        )
+
         ft = self.scfg.fault_tolerance
         self.ft = ft
         timeout = timedelta(seconds=ft.timeout_s)
         self.pg = ProcessGroupNCCL(timeout=timeout) if ctx.device.type == "cuda" else ProcessGroupGloo(timeout=timeout)
         self.ledger = get_ledger()
         self.ledger.name_group(self.pg, "ft")
-        self.manager = Manager(
-            pg=self.pg, load_state_dict=self._load_peer_state, state_dict=self._peer_state,
-            min_replica_size=ft.min_replicas, use_async_quorum=False, timeout=timeout,
-            quorum_timeout=timedelta(seconds=ft.quorum_timeout_s), connect_timeout=timeout,
-            rank=dist.get_rank(ctx.world_pg), world_size=ctx.world_pg.size(),
-            replica_id=f"sparseloco_{ft.replica}", lighthouse_addr=ft.lighthouse,
-            store_addr=os.environ.get("MASTER_ADDR", "127.0.0.1"), store_port=int(os.environ["MASTER_PORT"]),
-        )
+        self.is_main = dist.get_rank(ctx.world_pg) == 0
+        self.lighthouse = LighthouseWatch(ft.lighthouse, ft.quorum_timeout_s, self._say)
+        self.lighthouse.wait()  # torchft's Manager connects to it: a replica started before it waits, saying so
+        train_steps = getattr(getattr(cfg, "tokens", None), "train_steps", None)
+        self.max_syncs = train_steps // self.scfg.inner_steps if train_steps is not None else None
+        host = bind_host(ft.lighthouse)  # the torchft services listen there, never on all interfaces (row 14)
+        with manager_server_bound_to(host):
+            self.manager = Manager(
+                pg=self.pg, load_state_dict=self._load_peer_state, state_dict=self._peer_state,
+                min_replica_size=ft.min_replicas, use_async_quorum=False, timeout=timeout,
+                quorum_timeout=timedelta(seconds=ft.quorum_timeout_s), connect_timeout=timeout,
+                rank=dist.get_rank(ctx.world_pg), world_size=ctx.world_pg.size(),
+                replica_id=f"sparseloco_{ft.replica}", lighthouse_addr=ft.lighthouse, hostname=url_host(host),
+                store_addr=os.environ.get("MASTER_ADDR", "127.0.0.1"), store_port=int(os.environ["MASTER_PORT"]),
+                checkpoint_transport=TensorsOnlyTransport(host, timeout, self._vet_peer_state),
+                # torchft retries a failed lighthouse call with a fresh connection (a restarted lighthouse), once
+                # about every second within the quorum timeout; 0 (its default) left the quorum hanging to it
+                quorum_retries=max(1, int(ft.quorum_timeout_s)),
+            )
         self.healed = False  # set by torchft's recovery during a quorum
         self.attempts: List[int] = []  # attempts each committed sync took (tests, logs)
 
@@ -86,7 +112,7 @@ class FaultTolerantSparseLoCoSync(SparseLoCoSync):
         retried with the next quorum when the vote fails (a peer died mid-collective)."""
         for attempt in range(self.ft.max_retries + 1):
             self.healed = False
-            self.manager.start_quorum()  # synchronous: a replica behind the quorum is healed here (_load_peer_state)
+            self._quorum()  # synchronous: a replica behind the quorum is healed here (_load_peer_state)
             self.ledger.record("quorum", 0, self.pg)
             error = [e.clone() for e in self.error]  # error feedback changes only with a committed sync
             payloads = self._gather(send and not self.healed, error)
@@ -100,9 +126,31 @@ class FaultTolerantSparseLoCoSync(SparseLoCoSync):
                 elif self.healed:
                     self.outer.load_into(self.params)
                 return
+        error = self.manager.errored()
         raise TrainingError(f"sparseloco.fault_tolerance: outer sync {self.outer.syncs + 1} failed "
                             f"{self.ft.max_retries + 1} times (sparseloco.fault_tolerance.max_retries="
-                            f"{self.ft.max_retries}); last error: {self.manager.errored()}")
+                            f"{self.ft.max_retries}); last error: {getattr(error, 'original_exception', error)}")
+
+    def _quorum(self) -> None:
+        """torchft's quorum, the lighthouse watched: a lighthouse that does not answer is waited for (bounded,
+        said with its address); one that stays away ends the run with what to do (rows 12, 15)."""
+        self.lighthouse.wait()
+        with self.lighthouse.during():
+            try:
+                self.manager.start_quorum()
+            except TimeoutError as e:  # torchft's "Timeout expired" (an OSError: not a disk fault)
+                reason = unreachable(self.ft.lighthouse)
+                if reason is not None:
+                    raise gone(self.ft.lighthouse, reason, self.ft.quorum_timeout_s) from None
+                raise TrainingError(
+                    f"sparseloco.fault_tolerance: no quorum within sparseloco.fault_tolerance.quorum_timeout_s="
+                    f"{self.ft.quorum_timeout_s:g} s although the torchft lighthouse at {self.ft.lighthouse} answers: "
+                    f"fewer than sparseloco.fault_tolerance.min_replicas={self.ft.min_replicas} replicas joined "
+                    f"[{e}]") from None
+
+    def _say(self, line: str) -> None:
+        if self.is_main:
+            print(line, file=sys.stderr, flush=True)
 
     def _gather(self, send: bool, error: List[torch.Tensor]) -> Optional[List[torch.Tensor]]:
         """All payloads of this quorum (None when the collective failed: torchft then votes no)."""
@@ -145,6 +193,17 @@ class FaultTolerantSparseLoCoSync(SparseLoCoSync):
         state = {"global": list(o.global_params), "momentum": list(o.momentum), "syncs": o.syncs}
         self.ledger.record("send:recovery", _nbytes(state["global"] + state["momentum"]), self.pg)
         return state
+
+    def _vet_peer_state(self, state: Dict[str, Any], step: int, source: str) -> None:
+        """Before torchft applies a healing state (it arrived unpickled with weights_only): refuse one this run
+        could not have produced (ft_peer.peer_state_problem), naming the peer."""
+        from nanotron_ext.sparseloco.ft_peer import PeerRefused, peer_state_problem
+
+        o = self.outer
+        problem = peer_state_problem(state, step, [(g.shape, g.dtype) for g in o.global_params], bool(o.momentum),
+                                     self.max_syncs)
+        if problem:
+            raise PeerRefused(f"refused to heal from the peer at {source} (quorum step {step}): {problem}")
 
     @torch.no_grad()
     def _load_peer_state(self, state: Dict[str, Any]) -> None:

@@ -18,7 +18,6 @@ import subprocess
 import sys
 import time
 from typing import Dict, List, Optional
-from urllib.parse import urlparse
 
 
 def replica_command(args: argparse.Namespace, replica: int, run: str, ckpt_dir: str) -> List[str]:
@@ -53,9 +52,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     from torchft.coordination import LighthouseServer
 
-    port = urlparse(ft.lighthouse).port or 29510
-    lighthouse = LighthouseServer(bind=f"[::]:{port}", min_replicas=ft.min_replicas,
-                                  join_timeout_ms=args.join_timeout_ms)
+    from nanotron_ext.sparseloco.ft_peer import lighthouse_bind
+
+    try:  # the configured address only: on all interfaces any host could join the job as a replica (issue 33 row 14)
+        lighthouse = LighthouseServer(bind=lighthouse_bind(ft.lighthouse), min_replicas=ft.min_replicas,
+                                      join_timeout_ms=args.join_timeout_ms)
+    except (OSError, RuntimeError) as e:
+        print(f"error: sparseloco.fault_tolerance.lighthouse={ft.lighthouse}: cannot serve the lighthouse there: {e}",
+              file=sys.stderr)
+        return 2
     print(f"lighthouse at {lighthouse.address()}; {ft.replicas} replicas", flush=True)
     procs: Dict[int, subprocess.Popen] = {}
     restarts = {r: 0 for r in range(ft.replicas)}

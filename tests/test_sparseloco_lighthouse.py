@@ -1,0 +1,187 @@
+"""The torchft lighthouse dies mid-run (issue 33 rows 12, 15). Two fault-tolerant replicas (one process each, a
+48 x 32 linear, H = 3) and torchft's own lighthouse binary in a process of its own, SIGKILLed while they train.
+Restarted: both replicas say they are waiting for it (naming its address), rejoin it, and go on syncing with
+bit-identical global weights. Not restarted: both end, after the bounded wait (quorum_timeout_s), with one line
+naming the lighthouse and what to do; they used to stall silently for the whole quorum timeout, then end with
+torchft's "Timeout expired" and a disk-space hint."""
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Dict, List
+
+import pytest
+import torch
+
+from tests.helpers.dist import free_port
+
+torchft = pytest.importorskip("torchft")  # the `ft` extra (in the dev extra that make setup installs)
+
+H = 3
+QUORUM_TIMEOUT_S = 12
+
+
+def _lighthouse(port: int) -> subprocess.Popen:
+    binary = Path(sys.executable).parent / "torchft_lighthouse"
+    return subprocess.Popen([str(binary), "--bind", f"127.0.0.1:{port}", "--min_replicas", "2", "--join_timeout_ms",
+                             "20000", "--heartbeat_timeout_ms", "1500"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+def _replica(index: int, lighthouse: str, log: str, stderr: str, stop_file: str) -> None:
+    """Trains until `stop_file` exists (checked after each outer sync); one JSON line per committed sync, and the
+    error it ends with if any. Its stderr (what the sync says) goes to the file `stderr`."""
+    fd = os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(fd, 2)
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+                      OMP_NUM_THREADS="1", RUST_LOG="error")
+    torch.set_num_threads(1)
+    from nanotron_ext.parallel.context import build_parallel_context
+    from nanotron_ext.sparseloco.config import FaultToleranceConfig, SparseLoCoConfig
+    from nanotron_ext.sparseloco.fault import FaultTolerantSparseLoCoSync
+
+    ctx = build_parallel_context(dp=1, tp=1, pp=1, backend="gloo", timeout_s=60)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(48, 32)
+    ft = FaultToleranceConfig(enabled=True, lighthouse=lighthouse, replica=index, replicas=2, min_replicas=2,
+                              timeout_s=10, quorum_timeout_s=QUORUM_TIMEOUT_S, max_retries=2)
+    cfg = SimpleNamespace(sparseloco=SparseLoCoConfig(inner_steps=H, chunk=64, topk=8, index_bits=6, fault_tolerance=ft))
+    out = open(log, "a")
+
+    def write(record: Dict[str, object]) -> None:
+        out.write(json.dumps({"replica": index, "time": time.time(), **record}) + "\n")
+        out.flush()
+
+    try:
+        sync = FaultTolerantSparseLoCoSync(model, ctx, cfg)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        sync.start()
+        gen = torch.Generator().manual_seed(1000 + index)
+        for step in range(1, 100000):
+            x = torch.randn(16, 48, generator=gen)
+            loss = ((model(x) - x[:, :32]) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sync.after_step(step)
+            if step % H == 0:
+                g = b"".join(t.detach().numpy().tobytes() for t in sync.outer.global_params)
+                write({"event": "sync", "ft_step": sync.manager.current_step(), "global": hashlib.sha256(g).hexdigest()})
+                if os.path.exists(stop_file):
+                    break
+            time.sleep(0.05)
+    except Exception as e:  # noqa: BLE001 - the line the run ends with is the result
+        write({"event": "error", "error": f"{type(e).__name__}: {e}"})
+    out.close()
+    os._exit(0)  # torchft's server threads: do not wait for interpreter teardown
+
+
+def _records(log: Path) -> List[Dict[str, object]]:
+    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.exists() else []
+
+
+def _wait(condition, what: str, timeout: float) -> None:
+    deadline = time.time() + timeout
+    while not condition():
+        assert time.time() < deadline, f"no {what} within {timeout} s"
+        time.sleep(0.2)
+
+
+def _run(tmp_path: Path, restart_after: float) -> Dict[str, object]:
+    """Kill the lighthouse once both replicas have committed two outer syncs; start it again after `restart_after`
+    seconds (never if < 0); stop the replicas once both committed two syncs after that."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log, stop = tmp_path / "log.jsonl", tmp_path / "stop"
+    lighthouse = _lighthouse(port)
+    spawn = mp.get_context("spawn")
+    procs = [spawn.Process(target=_replica, args=(r, url, str(log), str(tmp_path / f"stderr{r}"), str(stop)))
+             for r in (0, 1)]
+    try:
+        for p in procs:
+            p.start()
+
+        def synced(after: float, n: int) -> bool:
+            recs = [r for r in _records(log) if r["event"] == "sync" and r["time"] > after]
+            return all(sum(r["replica"] == i for r in recs) >= n for i in (0, 1))
+
+        _wait(lambda: synced(0, 2), "two outer syncs on both replicas", 120)
+        lighthouse.send_signal(signal.SIGKILL)
+        lighthouse.wait()
+        killed = time.time()
+        if restart_after >= 0:
+            time.sleep(restart_after)
+            lighthouse = _lighthouse(port)
+            restarted = time.time()
+            _wait(lambda: synced(restarted, 2), "two outer syncs on both replicas after the restart", 90)
+            stop.touch()
+        for p in procs:
+            p.join(QUORUM_TIMEOUT_S + 60)
+        return {"url": url, "killed": killed, "records": _records(log),
+                "stderr": [(tmp_path / f"stderr{r}").read_text() for r in (0, 1)],
+                "exitcodes": [p.exitcode for p in procs]}
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        if lighthouse.poll() is None:
+            lighthouse.kill()
+            lighthouse.wait()
+
+
+def _our_lines(stderr: str) -> List[str]:
+    return [line for line in stderr.splitlines() if line.startswith("sparseloco.fault_tolerance: ")]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_replicas_wait_for_a_restarted_lighthouse_saying_so_and_rejoin_it(tmp_path: Path) -> None:
+    """Lighthouse killed for 4 s: each replica's first word about it names it and says it waits; then that it
+    answers again; both go on to sync together (same torchft step, same global weights) and end without error."""
+    run = _run(tmp_path, restart_after=4)
+    url, records = run["url"], run["records"]
+    assert run["exitcodes"] == [0, 0] and not [r for r in records if r["event"] == "error"], records[-4:]
+    for stderr in run["stderr"]:
+        lines = _our_lines(stderr)
+        assert lines and lines[0].startswith(f"sparseloco.fault_tolerance: waiting for the torchft lighthouse at {url} "
+                                             "(Connection refused); restart it there and the replicas rejoin it "
+                                             f"(they stop after sparseloco.fault_tolerance.quorum_timeout_s="
+                                             f"{QUORUM_TIMEOUT_S} s)"), stderr[-2000:]
+        assert any(line.startswith(f"sparseloco.fault_tolerance: the torchft lighthouse at {url} answers again after ")
+                   for line in lines[1:]), lines
+    after = {}
+    for r in records:
+        if r["event"] == "sync" and r["time"] > run["killed"]:
+            after.setdefault(r["ft_step"], {})[r["replica"]] = r["global"]
+    shared = [s for s, by in after.items() if len(by) == 2]
+    assert len(shared) >= 2 and all(len(set(after[s].values())) == 1 for s in shared), after
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_replicas_whose_lighthouse_stays_away_end_naming_it_within_the_bound(tmp_path: Path) -> None:
+    """Lighthouse killed for good: both replicas say they wait for it, then end within the quorum timeout (plus
+    start-up slack) with one line naming it and saying what to do, not torchft's "Timeout expired"."""
+    run = _run(tmp_path, restart_after=-1)
+    url = run["url"]
+    errors = [r for r in run["records"] if r["event"] == "error"]
+    assert sorted(r["replica"] for r in errors) == [0, 1], run["records"][-4:]
+    for r in errors:
+        assert r["error"].startswith(f"TrainingError: sparseloco.fault_tolerance: the torchft lighthouse at {url} does "
+                                     "not answer (Connection refused; waited "), r["error"]
+        assert r["error"].endswith(f"s, sparseloco.fault_tolerance.quorum_timeout_s): restart it (torchft_lighthouse "
+                                   f"--bind 127.0.0.1:{url.rsplit(':', 1)[1]} --min_replicas N, or python -m "
+                                   "nanotron_ext.sparseloco.ft_launch) and launch the replicas again: they resume "
+                                   "from their last checkpoints"), r["error"]
+        assert r["time"] - run["killed"] < QUORUM_TIMEOUT_S + 30, r["time"] - run["killed"]
+    for stderr in run["stderr"]:
+        assert _our_lines(stderr)[0].startswith(f"sparseloco.fault_tolerance: waiting for the torchft lighthouse at "
+                                                f"{url} (Connection refused)"), stderr[-2000:]
