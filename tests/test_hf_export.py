@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from tests.helpers.dist import run_distributed
+from tests.helpers.extras import require
 from tests.helpers.runs import REPO, corpus_overrides, prepare_corpus, run_overrides, write_corpus
 
 pytest.importorskip("transformers")
@@ -223,7 +224,7 @@ def test_lm_eval_reads_the_export_on_a_local_task(corpus: dict, tmp_path: Path, 
     """The documented path `lm_eval --model hf --model_args pretrained=DIR` on a task built from a local jsonl (no hub):
     its bits per byte agree with eval's on the same documents (not exactly: lm-eval scores each document alone with up
     to max_seq_len tokens of context, eval the trainer's 17-token windows over the stream, separators included)."""
-    lm_eval = pytest.importorskip("lm_eval")
+    lm_eval = require("lm_eval", "eval")  # CI installs the eval extra: there this test runs, never skips
     from lm_eval.tasks import TaskManager
 
     from nanotron_ext.data.prepare import validation_indices
@@ -243,7 +244,8 @@ def test_lm_eval_reads_the_export_on_a_local_task(corpus: dict, tmp_path: Path, 
     (tmp_path / "tasks" / "local.yaml").write_text(LM_EVAL_TASK.format(data=data))
     results = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={folder},dtype=float32",
                                       tasks=["nanotron_ext_local_text"], device="cpu", batch_size=1,
-                                      task_manager=TaskManager(include_path=str(tmp_path / "tasks")))
+                                      task_manager=TaskManager(include_path=str(tmp_path / "tasks"),
+                                                               include_defaults=False))  # not lm-eval's ~20 s index
     theirs = results["results"]["nanotron_ext_local_text"]["bits_per_byte,none"]
     assert eval_main(["--run", str(run["run"]), "--data", str(data), "--json", str(tmp_path / "ours.json")]) == 0
     ours = json.loads((tmp_path / "ours.json").read_text())["bits_per_byte"]
