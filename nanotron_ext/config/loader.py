@@ -29,6 +29,7 @@ from nanotron_ext.fileio import write_text_atomic
 
 T = TypeVar("T")
 _NoneType = type(None)
+MAX_LISTED_UNKNOWN = 10  # a file of 20,000 stray keys is one mistake, not 20,000 lines to read
 
 
 
@@ -187,10 +188,12 @@ def from_dict(cls: type[T], data: Optional[Mapping[str, Any]], path: str = "") -
     unknown = [k for k in data if k not in names]
     if unknown:
         lines = []
-        for key in unknown:
+        for key in unknown[:MAX_LISTED_UNKNOWN]:
             close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.6)
             hint = f"; did you mean '{close[0]}'?" if close else ""
             lines.append(f"{_join(path, key)}: unknown key{hint}")
+        if len(unknown) > MAX_LISTED_UNKNOWN:
+            lines.append(f"... and {len(unknown) - MAX_LISTED_UNKNOWN:,} more unknown keys in {where}")
         lines.append(f"allowed keys in section {path}: " if path else "allowed top-level keys: ")
         lines[-1] += ", ".join(names)
         raise ConfigError("\n".join(lines))
