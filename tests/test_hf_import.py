@@ -172,6 +172,7 @@ def test_a_folder_that_does_not_match_fails_at_config_load(hf_folder: Path, tmp_
     tied.mkdir()
     cfg = json.loads((hf_folder / "config.json").read_text())
     (tied / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": True}))
+    (tied / "model.safetensors").symlink_to(hf_folder / "model.safetensors")  # its tensors are checked at load too
     load_config(TINY, MODEL + [f"model.init_from=hf:{tied}", "tokenizer.vocab_size=300"])  # untied head = a copy
     with pytest.raises(ConfigError, match="model.qk_norm=True but .* holds a llama model"):
         load_config(TINY, good + ["model.qk_norm=true"])

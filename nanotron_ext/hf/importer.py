@@ -12,7 +12,6 @@ After the constraints, `ImportedWeights.report` compares the model's dense equiv
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Dict, Iterator, List, Tuple
@@ -24,20 +23,9 @@ from torch import nn
 
 from nanotron_ext.config.checks import ConfigError
 from nanotron_ext.config.schema import ModelConfig
+from nanotron_ext.hf.folder import safetensors_files
 from nanotron_ext.hf.names import FUSED, from_hf_name, split_fused
 from nanotron_ext.models.dense import dense_state_dict, load_dense_state_dict_
-
-
-def safetensors_files(folder: Path) -> List[Path]:
-    """The safetensors files of a transformers folder (one file, or the shards its index lists)."""
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        return [folder / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
-    single = folder / "model.safetensors"
-    if single.is_file():
-        return [single]
-    raise ConfigError(f"model.init_from: {folder} has no model.safetensors (or index); re-save the model with "
-                      "save_pretrained(..., safe_serialization=True)")
 
 
 class FolderTensors(Mapping):

@@ -176,7 +176,8 @@ def check_hf_config(hf: Dict[str, Any], cfg: "ModelConfig", folder: str) -> None
 
 
 def check_init_from(cfg: "ModelConfig") -> None:
-    """model.init_from at config load: 'hf:DIR' with a folder whose config.json matches the model section."""
+    """model.init_from at config load: 'hf:DIR' with a folder whose config.json matches the model section and
+    whose safetensors hold every weight whole, with its shape (hf/folder.py)."""
     value = cfg.init_from
     if not value.startswith("hf:") or not value[3:].strip():
         raise ConfigError(f"model.init_from={value!r}: expected 'hf:DIR', a folder written by transformers' "
@@ -185,3 +186,6 @@ def check_init_from(cfg: "ModelConfig") -> None:
     if not folder.is_dir():
         raise ConfigError(f"model.init_from: {folder} is not a folder")
     check_hf_config(read_hf_config(folder), cfg, str(folder))
+    from nanotron_ext.hf.folder import check_folder_tensors  # (imports this module)
+
+    check_folder_tensors(folder, cfg)
