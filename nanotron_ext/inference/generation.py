@@ -10,6 +10,7 @@ tokens whose probability reaches top_p (nucleus sampling), drawn from a generato
 """
 from __future__ import annotations
 
+import inspect
 from typing import Callable, List, Optional
 
 import torch
@@ -27,15 +28,22 @@ def native_next_logits(model: torch.nn.Module) -> NextLogits:
     return step
 
 
+def cache_name(model: torch.nn.Module) -> str:
+    """The KV cache's keyword (and output field) in this transformers: `cache` since it renamed `past_key_values`
+    (the old name then prints two deprecation warnings into the user's output), `past_key_values` before."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 def hf_next_logits(model: torch.nn.Module) -> NextLogits:
     """transformers model with its KV cache: each call feeds only the ids it has not seen."""
     state = {"cache": None, "seen": 0}
+    name = cache_name(model)
 
     @torch.no_grad()
     def step(ids: List[int]) -> torch.Tensor:
         new = torch.tensor([ids[state["seen"]:]])
-        out = model(input_ids=new, past_key_values=state["cache"], use_cache=True)
-        state["cache"], state["seen"] = out.past_key_values, len(ids)
+        out = model(input_ids=new, use_cache=True, **{name: state["cache"]})
+        state["cache"], state["seen"] = getattr(out, name), len(ids)
         return out.logits[0, -1].float()
 
     return step
