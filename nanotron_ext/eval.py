@@ -18,7 +18,7 @@ from nanotron_ext.export import add_run_args
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from nanotron_ext.cli_checks import at_least, output_file
+    from nanotron_ext.cli_checks import at_least, result_file
     from nanotron_ext.data.sources import input_files
     from nanotron_ext.errors import UserFacingError
     from nanotron_ext.fileio import write_text_atomic
@@ -39,8 +39,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         at_least("--batch-size", args.batch_size, 1)  # 0 or -1 scored no window: loss 0, perplexity 1
         at_least("--replica", args.replica, 0)
-        if args.json:
-            output_file("--json", args.json)
+        if args.json:  # never in the place of another file: a run's metrics.jsonl given by mistake was replaced
+            result_file("--json", args.json, ("run", "step", "data", "loss", "perplexity", "bits_per_byte"),
+                        "python -m nanotron_ext.eval")
         if not Path(args.data).expanduser().exists():
             raise UserFacingError(f"--data {args.data} does not exist")
         data = data_config(args.data, args.text_key, args.source)

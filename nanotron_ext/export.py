@@ -105,6 +105,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="skip comparing the folder's logits with the run's before committing it")
     args = parser.parse_args(argv)
     try:
+        from nanotron_ext.cli_checks import at_least
+
+        at_least("--replica", args.replica, 0)  # -1 was refused only after the checkpoint was opened
         export(args.run, args.out, args.step, args.replica, args.checkpoints, args.tokenizer, args.overwrite, args.verify)
     except UserFacingError as e:
         print(f"error: {e}", file=sys.stderr)

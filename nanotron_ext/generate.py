@@ -17,7 +17,7 @@ from nanotron_ext.export import add_run_args
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from nanotron_ext.cli_checks import at_least, finite
+    from nanotron_ext.cli_checks import at_least, finite, seed
     from nanotron_ext.errors import UserFacingError
 
     parser = argparse.ArgumentParser(prog="python -m nanotron_ext.generate", description=__doc__,
@@ -36,6 +36,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         finite("--temperature", args.temperature, 0.0)  # nan passed a plain `< 0` test
         finite("--top-p", args.top_p, 0.0, 1.0, low_open=True)
         at_least("--replica", args.replica, 0)
+        seed("--seed", args.seed)
         from nanotron_ext.inference.model import one_process_group
 
         with one_process_group():

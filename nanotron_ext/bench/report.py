@@ -20,9 +20,10 @@ import json
 import os
 import platform
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, NoReturn, Optional, Sequence
 
 from nanotron_ext.bench.paper import Verdict, verdict_table
 
@@ -120,14 +121,23 @@ def script_parser(description: Optional[str], default_out: str) -> argparse.Argu
 
 
 def read_saved(path: str | Path) -> Dict[str, Any]:
-    """A result a script wrote (--from-json), with the file named in the error when it is not one."""
+    """A result a script wrote (--from-json); when it is not one, one line naming the file and exit code 2 (a
+    user's argument error, as every command's)."""
+    if Path(path).exists() and not Path(path).is_file():  # a folder, or /dev/zero: read until memory ran out
+        _refuse(f"--from-json {path} is not a file; give the JSON a script wrote")
     try:
         data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise SystemExit(f"--from-json {path}: cannot read a saved result ({e})") from None
+    except (OSError, ValueError) as e:  # (UnicodeDecodeError is a ValueError)
+        _refuse(f"--from-json {path}: cannot read a saved result ({e})")
     if not isinstance(data, dict) or not ({"rows", "meta", "utilisation_model"} & set(data)):
-        raise SystemExit(f"--from-json {path}: not a result a reproduction script wrote (no 'rows' or 'meta')")
+        what = f"a JSON {type(data).__name__}" if not isinstance(data, dict) else "an object without 'rows' or 'meta'"
+        _refuse(f"--from-json {path}: not a result a reproduction script wrote ({what})")
     return data
+
+
+def _refuse(line: str) -> NoReturn:
+    print(f"error: {line}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
 
 
 def print_header(title: str, meta: Mapping[str, Any], *details: str) -> None:

@@ -63,6 +63,7 @@ from nanotron_ext.bench.report import (
     run_meta,
     script_parser,
 )
+from nanotron_ext.bench.wan_args import check_numbers, check_out, check_runs, config_file, saved_rows
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = "reproduce/wan/cpu_base.yaml"
@@ -181,7 +182,7 @@ def measure_run(system: str, preset: str, seed: int, args: argparse.Namespace) -
     from nanotron_ext.metrics.logger import read_metrics
 
     s = SYSTEMS[system]
-    summary = run_training(s.config or args.config, run_overrides(system, preset, seed, args),
+    summary = run_training(system_config(system, args), run_overrides(system, preset, seed, args),
                            f"{preset}_{system}_seed{seed}", nproc=s.nproc, root=Path(args.runs),
                            timeout_s=args.timeout_s, reuse=args.reuse)
     curve = run_curve(read_metrics(Path(summary["run_dir"]) / "metrics.jsonl"))
@@ -198,9 +199,14 @@ def closed_forms(system: str, preset: str, seed: int, args: argparse.Namespace) 
     from nanotron_ext.config import load_config
     from nanotron_ext.metrics.tier_bytes import job_bytes_per_step
 
-    s = SYSTEMS[system]
-    forms = job_bytes_per_step(load_config(REPO / (s.config or args.config), run_overrides(system, preset, seed, args)))
+    forms = job_bytes_per_step(load_config(system_config(system, args), run_overrides(system, preset, seed, args)))
     return {t: forms.get(t, 0.0) for t in TIERS}
+
+
+def system_config(system: str, args: argparse.Namespace) -> Path:
+    """The YAML a system's runs start from: its own file of the checkout, else --config (found from any folder)."""
+    s = SYSTEMS[system]
+    return REPO / s.config if s.config else config_file("--config", args.config, REPO)
 
 
 def run_overrides(system: str, preset: str, seed: int, args: argparse.Namespace) -> List[str]:
@@ -237,7 +243,7 @@ def calibrate_anchor(args: argparse.Namespace) -> Dict[str, Any]:
 
     sets = [*SYSTEMS["pipeline"].overrides, "parallelism.link.enabled=false", f"tokens.train_steps={args.calibration_steps}",
             "tokens.val_check_interval=0", "logging.progress_bar=false", *args.set]
-    summary = run_training(args.config, sets, "anchor_calibration", nproc=2, root=Path(args.runs),
+    summary = run_training(config_file("--config", args.config, REPO), sets, "anchor_calibration", nproc=2, root=Path(args.runs),
                            timeout_s=args.timeout_s, reuse=args.reuse)
     compute_s = run_curve(read_metrics(Path(summary["run_dir"]) / "metrics.jsonl"))["steady_step_s"]
     comm = summary["comm_bytes_per_step"]
@@ -350,7 +356,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--tp-preset", default="nvlink", choices=list(LINK_PRESETS), help="the TP group's link preset")
     p.add_argument("--systems", "--system", nargs="+", default=DEFAULT_SYSTEMS, choices=list(SYSTEMS),
                    help=f"systems to meter (known: {', '.join(SYSTEMS)})")
-    p.add_argument("--reference", default="pipeline", help="the system whose final validation loss sets the target")
+    p.add_argument("--reference", help="the system whose final validation loss sets the target, one of --systems "
+                   "(default: pipeline; without it among --systems there is no target)")
     p.add_argument("--target-rel", type=float, default=0.02, help="target = reference final validation loss x (1 + this)")
     p.add_argument("--config", default=BASE, help="model, data and budget every system shares")
     p.add_argument("--steps", type=int, default=60, help="training steps (the same token budget for every system)")
@@ -362,40 +369,65 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--timeout-s", type=float, default=1800, help="per run")
     p.add_argument("--reuse", action="store_true", help="read a finished run of the same resolved config instead of training")
     p.add_argument("--dry-run", action="store_true", help="resolve and print every run's config, train nothing")
-    return help_with_defaults(p).parse_args(argv)
+    args = help_with_defaults(p).parse_args(argv)
+    args.reference_given, args.reference = args.reference is not None, args.reference or "pipeline"
+    return args
+
+
+def planned_runs(args: argparse.Namespace) -> Dict[str, Tuple[Path, List[str]]]:
+    """{name: (config, overrides)} of every run the meter trains (the anchors' links unscaled until calibrated)."""
+    return {f"{p} {s} seed {seed}": (system_config(s, args), run_overrides(s, p, seed, args))
+            for p in args.preset for s in args.systems for seed in args.seeds}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    from nanotron_ext.errors import UserFacingError
+
     args = parse_args(argv)
-    title = "Wall-clock to a target validation loss over one emulated link preset"
-    if args.from_json:
-        data = read_saved(args.from_json)
-        rows, meta = data["rows"], data["meta"]
-    else:
+    try:  # every argument checked before anything is trained or written (wan_args.py)
+        check_out(args)
+        if args.from_json:
+            rows, meta = saved_rows(args.from_json, read_saved(args.from_json))
+            return publish_result(args, rows, meta)
         missing = [s for s in args.systems if SYSTEMS[s].config and not (REPO / SYSTEMS[s].config).exists()]
         if missing:
             print(f"--system {missing[0]} needs {SYSTEMS[missing[0]].config} (issue 17's dp=2 x tp=2 x pp=2 "
                   "composition), which this checkout does not have", file=sys.stderr)
             return 2
-        if args.dry_run:
-            from nanotron_ext.bench.presets import dry_run
+        check_numbers(args)
+        runs = planned_runs(args)
+        check_runs(runs, args.set)
+    except UserFacingError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        from nanotron_ext.bench.presets import dry_run
 
-            return dry_run({f"{p} {s} seed {seed}": (SYSTEMS[s].config or args.config, run_overrides(s, p, seed, args))
-                            for p in args.preset for s in args.systems for seed in args.seeds})
-        from tqdm import tqdm
+        return dry_run(runs)
+    return publish_result(args, *measure(args))
 
-        extra: Dict[str, Any] = {}
-        if set(ANCHORS) & set(args.preset):
-            extra["anchor_calibration"] = calibrate_anchor(args)
-            args.anchor_links = {k: tuple(v) for k, v in extra["anchor_calibration"]["links_mbps_ms"].items()}
-            print(f"anchor calibration: {extra['anchor_calibration']}")
-        jobs = [(p, s, seed) for p in args.preset for s in args.systems for seed in args.seeds]
-        runs = [measure_run(s, p, seed, args) for p, s, seed in tqdm(jobs, desc="wan meter runs", unit="run")]
-        rows = pooled_rows(runs, args.reference, args.target_rel)
-        meta = run_meta({"presets": args.preset, "tp_preset": args.tp_preset, "steps": args.steps,
-                         "config": args.config, "reference": args.reference, "target_rel": args.target_rel,
-                         "set": args.set, "own_configs": {s: SYSTEMS[s].config for s in args.systems if SYSTEMS[s].config},
-                         "note": "step times measured on a shared, loaded machine unless stated otherwise", **extra})
+
+def measure(args: argparse.Namespace) -> Tuple[List[Dict[str, Any]], Dict[str, Any]]:
+    """Every run trained and read; the pooled rows and the result's meta."""
+    from tqdm import tqdm
+
+    extra: Dict[str, Any] = {}
+    if set(ANCHORS) & set(args.preset):
+        extra["anchor_calibration"] = calibrate_anchor(args)
+        args.anchor_links = {k: tuple(v) for k, v in extra["anchor_calibration"]["links_mbps_ms"].items()}
+        print(f"anchor calibration: {extra['anchor_calibration']}")
+    jobs = [(p, s, seed) for p in args.preset for s in args.systems for seed in args.seeds]
+    runs = [measure_run(s, p, seed, args) for p, s, seed in tqdm(jobs, desc="wan meter runs", unit="run")]
+    rows = pooled_rows(runs, args.reference, args.target_rel)
+    meta = run_meta({"presets": args.preset, "tp_preset": args.tp_preset, "steps": args.steps,
+                     "config": args.config, "reference": args.reference, "target_rel": args.target_rel,
+                     "set": args.set, "own_configs": {s: SYSTEMS[s].config for s in args.systems if SYSTEMS[s].config},
+                     "note": "step times measured on a shared, loaded machine unless stated otherwise", **extra})
+    return rows, meta
+
+
+def publish_result(args: argparse.Namespace, rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) -> int:
+    title = "Wall-clock to a target validation loss over one emulated link preset"
     headers, body = table(rows)
     notes = ["Wall-clock = summed training step time (start-up and validation excluded); target = the reference "
              f"run's final validation loss x {1 + meta.get('target_rel', 0.02):g}. Step times: {meta.get('note', '')}."]

@@ -22,6 +22,14 @@ def require(cond: bool, key: str, msg: str) -> None:
         raise ConfigError(f"{key}: {msg}")
 
 
+SEED_LIMIT = 2**63  # torch generators take 64 bits (seed + 1 is drawn from too); numpy's SeedSequence no negative
+
+
+def require_seed(value: int, key: str) -> None:
+    """A seed torch and numpy both accept: -1 or 2^70 passed load, then each rank failed with a traceback."""
+    require(0 <= value < SEED_LIMIT, key, f"must be in [0, 2^63), got {value}")
+
+
 def require_registered(registry: ExtensionPoint, name: str) -> None:
     """Extension names are checked against what registered techniques declare (no implementation is imported)."""
     names = registry.names()

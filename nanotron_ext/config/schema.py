@@ -14,7 +14,14 @@ from dataclasses import field
 from pathlib import PurePath
 from typing import Dict, List, Literal, Optional
 
-from nanotron_ext.config.checks import ConfigError, check_residual_layout, require, require_finite, require_registered
+from nanotron_ext.config.checks import (
+    ConfigError,
+    check_residual_layout,
+    require,
+    require_finite,
+    require_registered,
+    require_seed,
+)
 from nanotron_ext.config.compose import Extensible
 from nanotron_ext.config.model_schema import (  # noqa: F401  (re-exported: the model section's classes)
     CodecConfig,
@@ -63,6 +70,7 @@ class GeneralConfig(Extensible, path="general"):
                  f"{self.run!r} must be a plain name inside general.output_dir (no absolute path, no '..'), "
                  "e.g. 'tiny_llama'")
         require(self.collective_timeout_s > 0, "general.collective_timeout_s", "must be > 0")
+        require_seed(self.seed, "general.seed")
         for key in ("max_loss_ratio", "max_weight_growth"):
             value = getattr(self, key)
             require(value == 0 or value > 1, f"general.{key}", f"must be 0 (off) or > 1, got {value}")
@@ -301,7 +309,11 @@ class CheckpointsConfig(Extensible, path="checkpoints"):
     """Checkpoints kept; older ones are deleted after a new one is complete."""
     resume: Literal["auto", "never", "overwrite"] = "auto"
     """auto: continue from the latest complete checkpoint in `dir` when there is one; never: start afresh, and
-    refuse a `dir` that holds checkpoints; overwrite: delete the checkpoints in `dir`, then start afresh."""
+    refuse a `dir` that holds checkpoints; overwrite: start afresh, leaving the earlier run's checkpoints and records
+    (config.yaml, metrics.jsonl, summary, plot, TensorBoard) untouched while the new records go to
+    `<run>/.overwrite/`; at the new run's first complete checkpoint both replace the earlier run's together. A
+    launch stopped before that checkpoint leaves the earlier run whole (the next launch discards its staged
+    records; train/handover.py)."""
 
     def __post_init__(self) -> None:
         require(self.interval >= 0, "checkpoints.interval", "must be >= 0")

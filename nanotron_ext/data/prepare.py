@@ -185,6 +185,10 @@ def prepare(config: Config, *, max_documents: Optional[int] = None, progress: bo
     a split that does not is rebuilt, and the report says why."""
     t0 = time.perf_counter()
     out = Path(config.data.prepared_dir)
+    if out.exists() and not out.is_dir():  # was "[Errno 17] File exists ...; free space" from the lock below
+        raise DataError(f"data.prepared_dir {out} is a file, not a folder; set data.prepared_dir to a folder")
+    if Path(config.tokenizer.path).is_dir():
+        load_tokenizer(Path(config.tokenizer.path))  # its one line, before the corpus is read
     settings = _settings(config, max_documents)  # lists the inputs: missing ones and packages fail first
     _check_no_overlap(config)
     for split in SPLITS:  # before the lock file: never write into a folder that is not ours
@@ -300,6 +304,9 @@ def load_tokenizer(path: Path):
     # datatrove / tokenizers only when preparing or reading data (seconds to import)
     from tokenizers import Tokenizer
 
+    if path.exists() and not path.is_file():  # a folder: "delete it" below would be the wrong advice
+        raise DataError(f"tokenizer {path} is not a file (a folder?); tokenizer.path (or --tokenizer) names the "
+                        f"tokenizer JSON, e.g. {path / 'tokenizer.json'}")
     try:
         return Tokenizer.from_file(str(path))
     except Exception as e:  # tokenizers raises a bare Exception

@@ -67,6 +67,8 @@ def input_files(data: DataConfig, flag: Optional[str] = None) -> List[Path]:
             if not found:
                 raise DataError(f"{where}: folder {p} holds no {'/'.join(_SUFFIXES[data.source])} files")
             files.extend(found)
+        elif not p.is_file():  # /dev/zero was read until the kernel killed the process
+            raise DataError(f"{where}: {p} is not a file or a folder (a device or a pipe?); {source} reads files")
         else:
             files.append(p)
     if data.source == "parquet":  # pyarrow's ArrowInvalid traceback, after the model was loaded, otherwise

@@ -48,6 +48,10 @@ class RunCheckpoint:
 
     def tokenizer_path(self, override: Optional[str] = None) -> Path:
         path = Path(override or self.config.tokenizer.path).expanduser()
+        if path.exists() and not path.is_file():
+            flag = "--tokenizer" if override else f"tokenizer.path of {self.run_dir}"
+            raise RunError(f"tokenizer {path} ({flag}) is not a file (a folder?); give the tokenizer JSON, e.g. "
+                           f"{path / 'tokenizer.json'}")
         if not path.is_file():
             raise RunError(f"tokenizer {path} (tokenizer.path of {self.run_dir}) does not exist here: run from the folder "
                            "you trained in, or pass --tokenizer PATH")
@@ -73,6 +77,8 @@ def open_run(run: str | Path, step: Optional[int] = None, checkpoints: Optional[
     if not found:
         hint = " (a relative path: run from the folder you trained in, or pass --checkpoints DIR)" \
             if not Path(config.checkpoints.dir).is_absolute() and not checkpoints else ""
+        if checkpoints and list_checkpoints(root.parent) and (root / "meta.json").is_file():
+            hint = f" ({root.name} is one checkpoint: pass its folder, --checkpoints {root.parent}, and --step to choose)"
         raise RunError(f"no complete checkpoint in {root} (checkpoints.dir of {config_file}){hint}")
     steps = {s: p for s, p in found}
     if step is None:

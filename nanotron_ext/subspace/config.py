@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal, Optional
 
-from nanotron_ext.config.checks import require, require_finite
+from nanotron_ext.config.checks import require, require_finite, require_seed
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -38,6 +38,7 @@ class SubspaceConfig:
     def __post_init__(self) -> None:
         require_finite(self, "model.subspace")
         require(self.k is None or self.k >= 1, "model.subspace.k", f"must be >= 1, got {self.k}")
+        require_seed(self.seed, "model.subspace.seed")
         require(self.grassmann_every >= 0, "model.subspace.grassmann_every", "must be >= 0")
         require(self.grassmann_lr > 0, "model.subspace.grassmann_lr", f"must be > 0, got {self.grassmann_lr}")
 

@@ -8,9 +8,13 @@ import os
 import signal
 import sys
 import time
-from typing import Callable, List, NoReturn, Optional
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, List, NoReturn, Optional
 
 from nanotron_ext.train import failures
+
+if TYPE_CHECKING:
+    from nanotron_ext.config.schema import Config
 
 _STOP = {"signal": None}  # set by the handler: a library may turn the KeyboardInterrupt into another error
 
@@ -55,6 +59,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     signal.signal(signal.SIGINT, _interrupt)  # Ctrl-C sent to the whole process group reaches workers too
     try:
         job["cfg"] = config_from_args(args)
+        _check_folders(job["cfg"])
         from nanotron_ext.train.trainer import Trainer
 
         job["trainer"] = Trainer(job["cfg"], config_file=args.config_file)
@@ -82,6 +87,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         _release_process_groups(job)
         _stop_threads(stop_watchdog)
     return 0
+
+
+def _check_folders(cfg: "Config") -> None:
+    """The folders the run writes, checked before any process group: a file in the place of one was an OSError
+    after start-up, reported with advice to free disk space."""
+    from nanotron_ext.cli_checks import output_folder
+
+    output_folder("general.output_dir", cfg.general.output_dir)
+    output_folder("general.run", Path(cfg.general.output_dir) / cfg.general.run)
+    output_folder("checkpoints.dir", cfg.checkpoints.dir)
 
 
 def _collective_failure(e: Exception, cfg: object) -> Optional[str]:

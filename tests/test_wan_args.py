@@ -1,0 +1,95 @@
+"""Issue 33 row 16, the WAN meter (`python -m nanotron_ext.bench.wan`): its arguments are checked before anything is
+trained or written, each bad one is one line naming it with exit code 2. They used to pass and then fail: `--dry-run`
+outside the checkout ("config file not found" traceback), `--steps 0` / `-1` and a `--set` typo (a ConfigError
+traceback, or the first run's "last error"), `--from-json` of a JSON list (exit 1) or of another script's result
+(KeyError while rendering)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import List
+
+import pytest
+
+from tests.helpers.runs import REPO
+
+DRY = ["--dry-run", "--systems", "pipeline", "--seeds", "1"]
+
+
+def _wan(args: List[str], cwd: Path = REPO) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}  # the checkout under test, from any folder
+    return subprocess.run([sys.executable, "-m", "nanotron_ext.bench.wan", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def _one_line(got: subprocess.CompletedProcess) -> str:
+    assert got.returncode == 2, (got.returncode, got.stdout[-1000:], got.stderr[-3000:])
+    return got.stderr.splitlines()[0]
+
+
+def test_dry_run_from_another_folder_finds_the_checkouts_config(tmp_path: Path) -> None:
+    got = _wan(DRY, cwd=tmp_path)
+    assert got.returncode == 0, got.stderr[-3000:]
+    assert f"- internet-200m-50ms pipeline seed 1: {REPO / 'reproduce/wan/cpu_base.yaml'} " in got.stdout
+    assert _one_line(_wan(DRY + ["--config", "no/such.yaml"], cwd=tmp_path)) == (
+        f"error: --config no/such.yaml does not exist (looked in {tmp_path} and in the checkout {REPO})")
+
+
+@pytest.mark.parametrize("flag, value, line", [
+    ("--steps", "0", "--steps 0: must be >= 1"),
+    ("--steps", "-1", "--steps -1: must be >= 1"),
+    ("--val-every", "0", "--val-every 0: must be >= 1"),
+    ("--inner-steps", "-1", "--inner-steps -1: must be >= 1"),
+    ("--timeout-s", "0", "--timeout-s 0.0: must be a finite number in (0, inf]"),
+    ("--target-rel", "nan", "--target-rel nan: must be a finite number in (-1, inf]"),
+    ("--seeds", "-1", "--seeds -1: must be in [0, 2^63)"),
+    ("--reference", "ddp", "--reference ddp is not among --systems pipeline: its final validation loss sets the "
+                           "target every system is timed to"),
+])
+def test_bad_numbers_and_reference_are_one_line(flag: str, value: str, line: str) -> None:
+    assert _one_line(_wan(DRY + [flag, value])) == f"error: {line}"
+
+
+def test_a_set_typo_is_refused_before_any_run(tmp_path: Path) -> None:
+    runs, out = tmp_path / "runs", tmp_path / "result.json"
+    got = _wan(["--systems", "pipeline", "--seeds", "1", "--steps", "2", "--runs", str(runs), "--out", str(out),
+                "--set", "optimizer.lrr=1e-3"])
+    assert _one_line(got) == ("error: --set (run internet-200m-50ms pipeline seed 1): optimizer.lrr: unknown key; "
+                              "did you mean 'lr'?")
+    assert not runs.exists() and not out.exists()
+
+
+def test_runs_that_is_a_file_and_out_that_is_a_folder_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    (tmp_path / "result.json").mkdir()
+    assert _one_line(_wan(DRY + ["--runs", str(tmp_path / "file")])) == (
+        f"error: --runs {tmp_path / 'file'} is a file; give the path of a folder to write")
+    assert _one_line(_wan(DRY + ["--out", str(tmp_path / "result")])) == (
+        f"error: --out {tmp_path / 'result.json'} is a folder; give the path of a file to write")
+
+
+def test_out_that_is_another_file_is_never_replaced(tmp_path: Path) -> None:
+    summary = tmp_path / "summary.json"  # a run's record, named by mistake
+    summary.write_text(json.dumps({"steps": 2, "final_val_loss": 5.1}))
+    got = _wan(["--from-json", str(REPO / "reproduce" / "wan" / "cpu_internet-200m-50ms.json"), "--out", str(summary)])
+    assert _one_line(got) == (f"error: --out {summary} exists and is not an earlier result of a reproduction script (a "
+                              "JSON object with rows, meta); nothing was written: choose another file")
+    assert json.loads(summary.read_text()) == {"steps": 2, "final_val_loss": 5.1}
+    assert not summary.with_suffix(".md").exists()
+
+
+def test_from_json_of_the_wrong_shape_is_one_line(tmp_path: Path) -> None:
+    listed = tmp_path / "list.json"
+    listed.write_text(json.dumps([1, 2]))
+    other = REPO / "reproduce" / "boost" / "cpu_table3.json"  # BOOST Table 3's result: rows of another shape
+    out = tmp_path / "out.json"
+    assert _one_line(_wan(["--from-json", str(listed), "--out", str(out)])) == (
+        f"error: --from-json {listed}: not a result a reproduction script wrote (a JSON list)")
+    assert _one_line(_wan(["--from-json", str(other), "--out", str(out)])) == (
+        f"error: --from-json {other}: row 0 has no 'preset'; not a result of python -m nanotron_ext.bench.wan")
+    assert _one_line(_wan(["--from-json", "/dev/zero", "--out", str(out)])) == (
+        "error: --from-json /dev/zero is not a file; give the JSON a script wrote")
+    assert not out.exists()
