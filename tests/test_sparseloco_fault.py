@@ -361,6 +361,7 @@ def _stub_sync(failures: int) -> "object":
     sync.pg = _StubGroup(torch.cat([torch.tensor([SENDS], dtype=torch.uint8), peer]), failures)
     sync.manager = _StubManager()
     sync.lighthouse = SimpleNamespace(wait=lambda: None, during=contextlib.nullcontext)  # always answers
+    sync.is_main = False  # says nothing
     sync.healed = False
     return sync
 

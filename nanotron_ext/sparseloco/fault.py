@@ -126,6 +126,11 @@ class FaultTolerantSparseLoCoSync(SparseLoCoSync):
                 elif self.healed:
                     self.outer.load_into(self.params)
                 return
+            if attempt < self.ft.max_retries:  # said, not silent: a peer died mid-sync, or a heal was refused
+                error = self.manager.errored()
+                self._say(f"sparseloco.fault_tolerance: replica {self.replica}: outer sync {self.outer.syncs + 1} "
+                          f"attempt {attempt + 1} failed ({_first_line(getattr(error, 'original_exception', error))}); "
+                          f"retrying with the next quorum")
         error = self.manager.errored()
         raise TrainingError(f"sparseloco.fault_tolerance: outer sync {self.outer.syncs + 1} failed "
                             f"{self.ft.max_retries + 1} times (sparseloco.fault_tolerance.max_retries="
@@ -215,6 +220,8 @@ class FaultTolerantSparseLoCoSync(SparseLoCoSync):
             e.zero_()
         o.load_into(self.params)
         self.healed = True
+        self._say(f"sparseloco.fault_tolerance: replica {self.replica} took the global weights and outer state of "
+                  f"outer sync {o.syncs} from a live peer")
         self.ledger.record("recv:recovery", _nbytes(state["global"] + state["momentum"]), self.pg)
         self._global_loaded()
 
@@ -229,6 +236,10 @@ class FaultTolerantSparseLoCoSync(SparseLoCoSync):
 
     def close(self) -> None:
         self.manager.shutdown(wait=False)
+
+
+def _first_line(error: object) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 def _nbytes(tensors: List[torch.Tensor]) -> int:
