@@ -82,6 +82,9 @@ class Technique:
     """The `model.tp_strategy` names (of those in `provides`) whose layers have no single weight writing into the
     residual stream (BOOST's vanilla: Megatron TP of each factor pair), so `model.output_constraint` has nothing
     to act on; the core refuses the pair at config load, naming both keys."""
+    memory_switches: ClassVar[Sequence[str]] = ()
+    """Boolean config keys of this technique's sections that trade recomputation for activation memory (BOOST's
+    model.boost.lowrank_checkpointing); `python -m nanotron_ext.plan` plans a config with each one flipped too."""
     pieces: ClassVar[Union[str, type]] = ""
     """"module:Class" of this technique's `Pieces` subclass, imported when a model is built (or the class itself,
     for a technique registered in-process with nanotron_ext.registry.register_technique)."""
@@ -108,6 +111,19 @@ class Technique:
         """The config DP replica `replica` builds its model from, when this technique owns the run's
         parallelism.dp_sync (heterogeneous SparseLoCo gives some replicas a compressing codec)."""
         return cfg
+
+    def outer_every(self, cfg: "Config") -> int:
+        """Optimiser steps between the outer steps of the DP sync this technique provides (1: it acts every step),
+        read by `python -m nanotron_ext.plan` to step a rank through one outer step. By default the `inner_steps`
+        field of one of this technique's own sections, where it has one (SparseLoCo's H)."""
+        for path in self.sections:
+            section: Any = cfg
+            for part in path.split("."):
+                section = getattr(section, part, None)
+            every = getattr(section, "inner_steps", None)
+            if isinstance(every, int) and every >= 1:
+                return every
+        return 1
 
     def closed_form_bytes(self, key: str, name: str, cfg: "Config") -> Optional["TierBytes"]:
         """Bytes per optimiser step that the piece `name` (provided at extension point `key`) puts on its

@@ -20,6 +20,7 @@ class BoostTechnique(Technique):
     provides = {"model.tp_strategy": LOW_RANK_STRATEGIES}
     shards_residual = ("btp",)  # BTP: each TP rank holds d/tp features of the residual stream
     no_output_projections = ("vanilla",)  # factor pairs, each Megatron-split: no one weight writes the stream
+    memory_switches = ("model.boost.lowrank_checkpointing",)  # sec. 4.4: recompute inside chunks (low-rank models)
     pieces = "nanotron_ext.boost.pieces:BoostPieces"
 
     def resolve_model(self, model: "ModelConfig") -> None:

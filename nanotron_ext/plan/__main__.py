@@ -1,0 +1,96 @@
+"""Will my layout fit? Step ranks of a config's real layout on this machine, with nothing real allocated.
+
+    python -m nanotron_ext.plan --config-file X.yaml [--set key=value ...] [--rank R | --rank all]
+                                [--gpu-memory 80] [--json plan.json]
+
+Each planned rank is built as rank R of the dp x tp x pp world over torch's fake process group, on the meta
+device, and steps one full training iteration (nanotron_ext.plan.rank). Printed per rank: parameters, weights,
+gradients, optimizer state, a DP sync's own state, activations at peak, the peak (torch's MemTracker), FLOPs
+(torch's FlopCounterMode); and bytes per step on each tier from the comm ledger beside the closed forms of
+`python -m nanotron_ext.config show`. A config whose techniques have recompute switches (BOOST's low-rank
+checkpointing) is planned with them flipped too. Exit 2 with one line when a rank's peak exceeds --gpu-memory.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import List, Optional
+
+from nanotron_ext.cli_checks import at_least, finite, output_file
+from nanotron_ext.config.loader import add_config_args, config_from_args
+from nanotron_ext.errors import UserFacingError
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m nanotron_ext.plan", description=__doc__.split("\n\n")[0])
+    add_config_args(parser)
+    parser.add_argument("--rank", default=None,
+                        help="a global rank, or 'all' (default: every stage of each distinct replica, TP rank 0)")
+    parser.add_argument("--gpu-memory", type=float, default=80.0, help="GiB per GPU (default: %(default)s)")
+    parser.add_argument("--json", default=None, help="also write the plan to this JSON file")
+    args = parser.parse_args(argv)
+    try:
+        finite("--gpu-memory", args.gpu_memory, 0.0, low_open=True)
+        if args.json:
+            output_file("--json", args.json)
+        cfg = config_from_args(args)
+        p = cfg.parallelism
+        world = p.dp * p.tp * p.pp
+        cfg.validate(world_size=world)
+        from nanotron_ext.plan.run import default_ranks
+
+        if args.rank is None:
+            ranks = default_ranks(cfg)
+        elif args.rank == "all":
+            ranks = list(range(world))
+        else:
+            try:
+                ranks = [int(args.rank)]
+            except ValueError:
+                raise UserFacingError(f"--rank {args.rank}: a global rank (an integer) or 'all'") from None
+            at_least("--rank", ranks[0], 0)
+            if ranks[0] >= world:
+                raise UserFacingError(f"--rank {ranks[0]}: the layout dp={p.dp} x tp={p.tp} x pp={p.pp} has ranks "
+                                      f"0..{world - 1}")
+    except UserFacingError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    summary = plan(args.config_file, list(args.overrides), cfg, ranks)
+    sys.stdout.write(_render(summary, args.config_file, args.overrides))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(summary, f, indent=1)
+            f.write("\n")
+    from nanotron_ext.plan.report import too_big
+
+    problem = too_big(summary, args.gpu_memory)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def plan(config_file: str, overrides: List[str], cfg, ranks: List[int]) -> dict:  # type: ignore[no-untyped-def]
+    """The plan of `ranks` as JSON (nanotron_ext.plan.report.summarise), with the memory switches flipped too."""
+    from nanotron_ext.config.loader import load_config
+    from nanotron_ext.plan.report import summarise
+    from nanotron_ext.plan.run import flipped, memory_switches, plan_ranks
+
+    alternative = None
+    flips = flipped(memory_switches(cfg))
+    if flips:
+        other = load_config(config_file, overrides + flips)
+        alternative = {"set": flips, **summarise(other, plan_ranks(config_file, overrides + flips, other, ranks))}
+        del alternative["tiers"]
+    return summarise(cfg, plan_ranks(config_file, overrides, cfg, ranks), alternative)
+
+
+def _render(summary: dict, config_file: str, overrides: List[str]) -> str:
+    from nanotron_ext.plan.report import render
+
+    return render(summary, " ".join([config_file, *(f"--set {o}" for o in overrides)]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
