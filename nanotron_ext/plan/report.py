@@ -144,11 +144,11 @@ def render(summary: Dict[str, Any], title: str) -> str:
         rows.append((str(r["rank"]), f"{r['role']}, {r['codec']}", f"{r['parameters'] / 1e6:,.1f}M",
                      _b(r["parameter_bytes"]), _b(r["gradient_bytes"]), _b(r["optimizer_state_bytes"]),
                      _b(r["dp_sync_state_bytes"]), _b(r["activation_bytes_at_peak"]), _b(r["peak_bytes"]),
-                     f"{r['flops'] / 1e12:.2f}"))
+                     f"{r['flops'] / 1e12:.3g}"))
     if "switched" in summary:
         for r in summary["switched"]["ranks"]:
             rows.append((str(r["rank"]), f"  with {', '.join(summary['switched']['set'])}", "", "", "", "", "",
-                         _b(r["activation_bytes_at_peak"]), _b(r["peak_bytes"]), f"{r['flops'] / 1e12:.2f}"))
+                         _b(r["activation_bytes_at_peak"]), _b(r["peak_bytes"]), f"{r['flops'] / 1e12:.3g}"))
     lines += _table(rows)
     lines += ["", "bytes per step by tier (the ledger of the planned ranks) beside `config show`'s closed forms:"]
     rows = [("replica", "tier", "ledger", "closed form", "ratio", "note")]
