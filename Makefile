@@ -34,8 +34,10 @@ lint: setup
 # Two pytest workers (pytest-xdist): multi-process tests spend much of their time starting processes and waiting
 # on each other, so a second worker fills the idle core (the full suite on 2 cores: ~33 min in one worker, ~26 in two).
 TEST_WORKERS ?= 2
-# NANOTRON_EXT_EXTRAS: the extras this set-up installed; a test of one of them fails, not skips, when it is missing
-PYTEST = NANOTRON_EXT_EXTRAS=$(EXTRAS) $(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal
+# NANOTRON_EXT_EXTRAS: the extras this set-up installed (dev: the test set-up, pyproject.toml); a test of one of them
+# fails, not skips, when it is missing
+PYTEST = NANOTRON_EXT_EXTRAS=dev$(if $(EXTRAS),$(comma)$(EXTRAS)) $(BIN)/python -m pytest -q -p no:cacheprovider \
+	-n $(TEST_WORKERS) --dist worksteal
 
 test: setup
 	$(PYTEST) --durations=25
