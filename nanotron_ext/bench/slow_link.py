@@ -33,9 +33,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import yaml
+
+from nanotron_ext.bench.report import run_meta, write_rows
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -197,15 +199,6 @@ def table(rows: Sequence[dict]) -> Tuple[List[str], List[List[Any]]]:
     return headers, body
 
 
-def legacy_meta(saved: Dict[str, Any]) -> Dict[str, Any]:
-    """meta of a result written before bench.report's convention ({"device": "<what> - <machine>, <date>"})."""
-    if "meta" in saved:
-        return saved["meta"]
-    device = str(saved.get("device", "")).split(" - ", 1)[-1]
-    machine, _, date = device.rpartition(", ")
-    return {"machine": machine, "date": date, **{k: saved[k] for k in ("slow_mbps", "fast_mbps") if k in saved}}
-
-
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", required=True)
@@ -248,8 +241,7 @@ def main(argv: Optional[Sequence[str]] = None) -> List[dict]:
     rows = run_grid(args)
     print(format_rows(rows))
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"rows": rows, "device": device_title("slow-link benchmark")}, indent=1))
+        write_rows(args.out, rows, run_meta())
     if args.png:
         plot(rows, args.png, args.title or device_title("throughput vs bandwidth"))
     return rows

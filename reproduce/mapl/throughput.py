@@ -59,7 +59,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--steps", type=int, default=8, help="training steps per point")
     ns = br.help_with_defaults(ap).parse_args(argv)
     saved = br.read_saved(ns.from_json) if ns.from_json else measure(ns)
-    rows, meta = saved["rows"], slow_link.legacy_meta(saved)
+    rows, meta = saved["rows"], saved["meta"]
     headers, body = slow_link.table(rows)
     headers.append("/ uncompressed over a 125x faster link")
     for r, line in zip(rows, body):

@@ -72,7 +72,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--steps", type=int, default=20, help="training steps per row")
     ns = br.help_with_defaults(ap).parse_args(argv)
     saved = br.read_saved(ns.from_json) if ns.from_json else measure(ns)
-    rows, meta = saved["rows"], slow_link.legacy_meta(saved)
+    rows, meta = saved["rows"], saved["meta"]
     slow_mbps = meta.get("slow_mbps") or next(r["bandwidth_mbps"] for r in rows[::-1])
     central = rows[0]["tokens_per_s"]
     plain = {(r["bandwidth_mbps"], r["duplex"]): r["tokens_per_s"] for r in rows if r["setting"] == "decentralised"}
