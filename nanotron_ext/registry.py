@@ -48,7 +48,7 @@ class CoreTechnique(Technique):
             sharded = residual_sharded(cfg.model.tp_strategy, cfg.parallelism.tp)
             return dataclasses.replace(form, tp_sharded=True) if form is not None and sharded else form
         if key == "parallelism.dp_sync":
-            from nanotron_ext.bench.params import count_params
+            from nanotron_ext.models.param_count import count_params
 
             return tb.dense_dp(cfg, count_params(cfg))
         return None

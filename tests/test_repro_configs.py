@@ -44,7 +44,7 @@ def header_sets(path: Path, marker: str) -> List[str]:
 
 
 def _counts(paths: List[str]) -> Dict[str, Tuple[int, int]]:
-    from nanotron_ext.bench.params import count_config_file
+    from nanotron_ext.models.param_count import count_config_file
 
     return {p: (count_config_file(p, uncompressed=True), count_config_file(p)) for p in paths}
 
@@ -52,7 +52,7 @@ def _counts(paths: List[str]) -> Dict[str, Tuple[int, int]]:
 def test_paper_scale_configs_state_their_size_and_match_the_paper() -> None:
     """Each header's size line equals the meta-device count of the model it names and is within 3%
     of the paper's size (MAPL '500m' built 695M and heterogeneous '512m' 438M before)."""
-    from nanotron_ext.bench.params import header_size
+    from nanotron_ext.models.param_count import header_size
 
     headers = {str(p): header_size(p.read_text()) for p in PAPER_SCALE}
     missing = [k for k, v in headers.items() if v is None]

@@ -13,7 +13,7 @@ import argparse
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from nanotron_ext.bench.params import count_params, fmt_count
+from nanotron_ext.models.param_count import count_params, fmt_count
 
 GPU_COMMON = ["model.dtype=bf16", "general.backend=auto", "logging.progress_bar=true"]
 

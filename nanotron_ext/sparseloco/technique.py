@@ -103,8 +103,8 @@ class SparseLoCoTechnique(Technique):
     def closed_form_bytes(self, key: str, name: str, cfg: "Config") -> Optional["TierBytes"]:
         """One outer sync's compressed pseudo-gradient (indices + values of the top-k per chunk), spread over
         its inner steps."""
-        from nanotron_ext.bench.params import param_shapes
         from nanotron_ext.metrics.tier_bytes import TierBytes
+        from nanotron_ext.models.param_count import param_shapes
         from nanotron_ext.sparseloco.accounting import outer_sync_bytes
 
         s = cfg.sparseloco

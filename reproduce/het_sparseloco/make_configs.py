@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Dict, List, Tuple
 
 from nanotron_ext.bench.configs import write_or_check  # noqa: E402
-from nanotron_ext.bench.params import header_line  # noqa: E402
+from nanotron_ext.models.param_count import header_line  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 VOCAB = 32000

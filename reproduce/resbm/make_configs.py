@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from nanotron_ext.bench.configs import write_or_check  # noqa: E402
-from nanotron_ext.bench.params import header_line  # noqa: E402
+from nanotron_ext.models.param_count import header_line  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 STEPS = 26_000_000_000 // (32 * 1024)  # Table 2: 26B tokens at batch 32 x 1024

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Dict, Optional, Sequence
 
-from nanotron_ext.bench.params import count_params  # noqa: F401 - tests load it from here
+from nanotron_ext.models.param_count import count_params  # noqa: F401 - tests load it from here
 
 HERE = Path(__file__).resolve().parent
 PAPER = {"baseline": 1_896_751_104, "128x_muon": 1_960_157_184, "128x_adamw": 1_960_157_184}
