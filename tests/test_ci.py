@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def test_ci_runs_the_readme_test_command_which_installs_and_requires_the_eval_extra() -> None:
-    """lm-eval on an export (README "After training") worked with `make setup EXTRAS=eval` but CI never ran its test:
+    """lm-eval on an export (docs/after-training.md) worked with `make setup EXTRAS=eval` but CI never ran its test:
     CI's `make test` installed `.[dev]` without lm-eval, so the test skipped (issue 33 row 10). Now CI's make command
     is README's test command; its dry run (`make -n -B`) installs `.[dev]`, whose extras include eval, and runs
     pytest with NANOTRON_EXT_EXTRAS=dev (the lm-eval test then fails, not skips, without lm-eval)."""
