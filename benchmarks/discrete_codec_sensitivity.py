@@ -119,8 +119,8 @@ def run_item(item: Dict[str, Any], plan: Dict[str, Any]) -> Dict[str, Any]:
                            "machine": br.machine_label(), "torch": torch.__version__,
                            "threads": torch.get_num_threads(), "pinned": bool(item.get("replay"))}
     if item.get("perturb"):
-        row["realised_perturbation"] = perturb_(trainer.model, item["perturb"])
-    rvq = any(isinstance(m, ResidualQuantizer) for m in trainer.model.modules())
+        row["realised_perturbation"] = perturb_(trainer.replica.model, item["perturb"])
+    rvq = any(isinstance(m, ResidualQuantizer) for m in trainer.replica.model.modules())
     base_tape = work / "tapes" / f"{item['technique']}_base.pt"
     tape = CodeTape(torch.load(base_tape)["codes"]) if item.get("replay") else CodeTape()
     losses = []

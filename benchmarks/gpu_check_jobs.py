@@ -160,7 +160,7 @@ def run_technique(item: Dict[str, Any], plan: Dict[str, Any]) -> Dict[str, Any]:
         from nanotron_ext.train.trainer import Trainer
 
         trainer = Trainer(cfg, config_file=plan["config_file"])
-        wires = WireCounter(trainer.model)
+        wires = WireCounter(trainer.replica.model)
         with code_tape(item.get("tape"), row):
             summary = trainer.train()
         records = [r for r in read_metrics(trainer.run_dir / "metrics.jsonl") if "loss" in r]
@@ -168,7 +168,7 @@ def run_technique(item: Dict[str, Any], plan: Dict[str, Any]) -> Dict[str, Any]:
                    comm_bytes=[r["comm_bytes"] for r in records],
                    wire_bytes_per_step=wires.bytes // max(1, len(records)),
                    mfu=records[-1].get("mfu"), tokens_per_s=summary.get("tokens_per_s"),
-                   misplaced=misplaced([trainer.model], trainer.optimizer, trainer.ctx.device),
+                   misplaced=misplaced([trainer.replica.model], trainer.replica.optimizer, trainer.ctx.device),
                    checkpoint_saved=latest_checkpoint(cfg.checkpoints.dir) is not None)
         if trainer.ctx.device != device:
             row["misplaced"].insert(0, f"ctx.device is {trainer.ctx.device}, expected {device}")

@@ -29,9 +29,9 @@ def _one_step_worker(path: Path, overrides: list) -> dict:
     from nanotron_ext.train.trainer import Trainer
 
     trainer = Trainer(load_config(path, overrides))
-    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    before = {n: p.detach().clone() for n, p in trainer.replica.model.named_parameters()}
     summary = trainer.train()
-    moved = sum(not torch.equal(before[n], p) for n, p in trainer.model.named_parameters())
+    moved = sum(not torch.equal(before[n], p) for n, p in trainer.replica.model.named_parameters())
     return {"summary": summary, "moved": moved, "params": len(before), "vocab": trainer.cfg.model.vocab_size}
 
 

@@ -55,7 +55,7 @@ def _train_and_look(overrides: List[str], ids: torch.Tensor, prompt: List[int], 
 
     trainer = Trainer(load_config(TINY, overrides))
     trainer.train()
-    model, ctx = trainer.model, trainer.ctx
+    model, ctx = trainer.replica.model, trainer.ctx
     pp, pp_rank = ctx.pp_pg.size(), torch_dist.get_rank(ctx.pp_pg)
     last = pp_rank == pp - 1
 

@@ -187,8 +187,8 @@ def _het_train_worker(overrides: list, stop_after, interval: int) -> dict:
     trainer = Trainer(load_config(TINY, overrides + [f"checkpoints.interval={interval}"]))
     trainer.train(stop_after=stop_after)
     return {"dp": dist.get_rank(trainer.ctx.dp_pg), "pp": dist.get_rank(trainer.ctx.pp_pg),
-            "codec": trainer.model.cfg.codec.kind,
-            "state": {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}}
+            "codec": trainer.replica.model.cfg.codec.kind,
+            "state": {k: v.detach().clone() for k, v in trainer.replica.model.state_dict().items()}}
 
 
 @pytest.mark.slow

@@ -37,7 +37,7 @@ def _train_worker(overrides: list, stop_after, interval: int) -> dict:
     cfg = load_config(TINY, overrides + [f"checkpoints.interval={interval}"])
     trainer = Trainer(cfg)
     trainer.train(stop_after=stop_after)
-    return {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    return {name: p.detach().clone() for name, p in trainer.replica.model.named_parameters()}
 
 
 def _losses(run_dir: Path) -> dict:
@@ -182,7 +182,7 @@ def _nan_worker(overrides: list) -> dict:
     trainer = Trainer(load_config(TINY, overrides + ["checkpoints.interval=1", "checkpoints.keep_last=2"]))
     trainer.train(stop_after=2)
     with torch.no_grad():
-        next(trainer.model.parameters()).fill_(float("nan"))  # what rope_theta=0 or lr=inf used to produce
+        next(trainer.replica.model.parameters()).fill_(float("nan"))  # what rope_theta=0 or lr=inf used to produce
     try:
         trainer.train()
     except TrainingError as e:
