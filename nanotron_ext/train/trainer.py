@@ -7,11 +7,9 @@ import json
 import logging
 import math
 import os
-import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-import torch
 import torch.distributed as torch_dist
 from nanotron import distributed as dist
 
@@ -20,14 +18,12 @@ from nanotron_ext.config.schema import Config
 from nanotron_ext.data.loader import build_train_loader, build_validation_loader
 from nanotron_ext.errors import TrainingError
 from nanotron_ext.fileio import write_text_atomic
-from nanotron_ext.metrics.comm import link_wait_fractions, total_sent_bytes
-from nanotron_ext.metrics.flops import device_peak_tflops, flops_per_token, matmul_weights, mfu
 from nanotron_ext.metrics.logger import MetricsLogger, plot_losses, read_metrics
-from nanotron_ext.metrics.memory import peak_memory_bytes
 from nanotron_ext.metrics.nvtx import enable_nvtx
+from nanotron_ext.metrics.step_meter import StepMeter, format_summary
 from nanotron_ext.parallel.comm import get_ledger
 from nanotron_ext.parallel.context import context_for
-from nanotron_ext.parallel.link import install_collective_links, link_emulator_from_config, waited_seconds
+from nanotron_ext.parallel.link import install_collective_links, link_emulator_from_config
 from nanotron_ext.train.agreement import RankAgreement
 from nanotron_ext.train.checkpoint import (
     CheckpointError,
@@ -102,10 +98,7 @@ class Trainer:
         self._weights_sq = weight_sq_norm(self.model.parameters())  # of the weights the next step starts from
         if self.step < cfg.tokens.train_steps:
             self.agree.on_main(lambda: save_config(cfg, self.records_dir / "config.yaml"))
-
-        self.flops_token = flops_per_token(cfg.model, self.matmul_params(), cfg.tokens.sequence_length)
-        self.peak_tflops = device_peak_tflops(cfg.logging.peak_tflops)
-        self.tokens_per_step = p.dp * cfg.tokens.batch_accumulation_per_replica * cfg.tokens.micro_batch_size * cfg.tokens.sequence_length
+        self.meter = StepMeter(cfg, self.ctx, self.model)
 
     def _restore(self, ckpt: Path, extra: Dict[str, object]) -> None:
         """The step, data position and outer-loop state from a loaded checkpoint; a state that does not fit fails
@@ -145,14 +138,6 @@ class Trainer:
         if box[0] is not None:
             raise TrainingError(box[0])
         return locks
-
-    def matmul_params(self) -> int:
-        """Matmul weights of the whole model (all stages, unsharded), embedding lookups excluded."""
-        local = matmul_weights(self.model.named_parameters(), tied_head=self.cfg.model.tie_embeddings)
-        total = torch.tensor([local], dtype=torch.float64, device=self.ctx.device)  # NCCL: CUDA tensors only
-        if self.ctx.pp_pg.size() > 1:  # stages hold different layers; TP ranks already see full shapes
-            dist.all_reduce(total, group=self.ctx.pp_pg)
-        return int(total.item())
 
     def train_step(self) -> Dict[str, float]:
         micro = [next(self.train_loader) for _ in range(self.cfg.tokens.batch_accumulation_per_replica)]
@@ -244,29 +229,13 @@ class Trainer:
             MetricsLogger(self.records_dir, cfg.logging, total, self.step, False)
         history: List[Dict[str, object]] = []
         val: Dict[str, float] = {}
-        n_devices = self.ctx.world_pg.size()
         try:
             while self.step < end:
-                self.ledger.reset()
-                waited0 = waited_seconds()
-                t0 = time.perf_counter()
+                self.meter.begin()
                 out = self.train_step()
-                elapsed = time.perf_counter() - t0
-                comm = total_sent_bytes(self.ledger, self.ctx.world_pg, self.ctx.device)  # this step's, all ranks
-                waited = {t: s - waited0.get(t, 0.0) for t, s in waited_seconds().items()}
                 self.step += 1
-                tps = self.tokens_per_step / elapsed
-                self.agree.main_io(log.progress, 1, loss=out["loss"], tok_s=tps, lr=out["lr"])  # validation's line follows
-                record = {
-                    "step": self.step, **out, "tokens_per_s": tps, "step_time_s": elapsed,
-                    "peak_memory_bytes": peak_memory_bytes(), "comm_bytes": comm,
-                }
-                if cfg.parallelism.link.enabled:  # where the step's time went: waiting on each tier's links
-                    record["link_wait_fraction"] = link_wait_fractions(waited, elapsed, self.ctx.world_pg,
-                                                                       self.ctx.device)
-                step_mfu = mfu(tps / n_devices, self.flops_token, self.peak_tflops)
-                if step_mfu is not None:
-                    record["mfu"] = step_mfu
+                record = self.meter.end(self.step, out)
+                self.agree.main_io(log.progress, 1, loss=out["loss"], tok_s=record["tokens_per_s"], lr=out["lr"])
                 interval = cfg.tokens.val_check_interval
                 if (interval and self.step % interval == 0) or self.step == total:
                     val = self.validate()
@@ -282,7 +251,7 @@ class Trainer:
                     log.path = self.records_dir / log.path.name  # the open file moved with the handover
         finally:
             log.close()
-        summary = self._summary(history, val)
+        summary = self.meter.summary(history, val, self.step)
         if self.is_main:
             write_text_atomic(self.records_dir / "summary.json", json.dumps(summary, indent=2))
             if log.path.exists():
@@ -301,7 +270,7 @@ class Trainer:
             records = [r for r in read_metrics(metrics) if r["step"] <= self.step] if metrics.exists() else []
             val = next(({"val_loss": r["val_loss"], "val_ppl": r["val_ppl"]} for r in reversed(records)
                         if "val_loss" in r), {})
-            stored = {**self._summary(records, val),
+            stored = {**self.meter.summary(records, val, self.step),
                       "rebuilt": f"from {metrics.name} ({len(records)} logged steps) and the checkpoint of step {self.step}"}
         if self.is_main:
             if rebuilt:
@@ -314,41 +283,3 @@ class Trainer:
                    "Its stored results:"))
             print(format_summary(stored, self.run_dir))
         return stored
-
-    def _summary(self, history: List[Dict[str, object]], val: Dict[str, float]) -> Dict[str, object]:
-        timed = history[1:] or history  # the first step pays one-off start-up costs
-        comm: Dict[str, float] = {}
-        for r in timed:
-            for g, b in r["comm_bytes"].items():
-                comm[g] = comm.get(g, 0) + b / len(timed)
-        waits = [r["link_wait_fraction"] for r in timed if "link_wait_fraction" in r]
-        return {
-            "steps": self.step,
-            "final_train_loss": history[-1]["loss"] if history and history[-1]["step"] == self.step else None,
-            "final_val_loss": val.get("val_loss"), "final_val_ppl": val.get("val_ppl"),
-            "tokens_per_s": sum(r["tokens_per_s"] for r in timed) / len(timed) if timed else None,
-            "comm_bytes_per_step": {g: round(b) for g, b in comm.items()},
-            **({"link_wait_fraction": {t: sum(w[t] for w in waits) / len(waits) for t in waits[0]}} if waits else {}),
-            "layout": {"dp": self.cfg.parallelism.dp, "tp": self.cfg.parallelism.tp, "pp": self.cfg.parallelism.pp},
-        }
-
-
-def format_summary(summary: Dict[str, object], run_dir: Path) -> str:
-    def mib(b: float) -> str:
-        return f"{b / 2**20:.3f} MiB"
-
-    lines = ["", f"== summary: {run_dir} ==", f"steps                 {summary['steps']}"]
-    if summary["final_train_loss"] is not None:
-        lines.append(f"final train loss      {summary['final_train_loss']:.4f}")
-    if summary["final_val_loss"] is not None:
-        lines.append(f"final validation loss {summary['final_val_loss']:.4f} (ppl {summary['final_val_ppl']:.1f})")
-    if summary["tokens_per_s"] is not None:
-        lines.append(f"tokens/s              {summary['tokens_per_s']:.0f}")
-    lines.append("bytes sent per step (all ranks):")
-    for g, b in sorted(summary["comm_bytes_per_step"].items()):
-        lines.append(f"  {g:<6} {mib(b)}")
-    if "link_wait_fraction" in summary:
-        waits = ", ".join(f"{t} {f:.1%}" for t, f in summary["link_wait_fraction"].items())
-        lines.append(f"step time waiting on emulated links (mean over ranks): {waits}")
-    lines.append(f"metrics: {run_dir / 'metrics.jsonl'}  plot: {run_dir / 'loss.png'}")
-    return "\n".join(lines)
