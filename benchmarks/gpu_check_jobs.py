@@ -163,7 +163,7 @@ def run_technique(item: Dict[str, Any], plan: Dict[str, Any]) -> Dict[str, Any]:
         wires = WireCounter(trainer.replica.model)
         with code_tape(item.get("tape"), row):
             summary = trainer.train()
-        records = [r for r in read_metrics(trainer.run_dir / "metrics.jsonl") if "loss" in r]
+        records = [r for r in read_metrics(trainer.folder.run_dir / "metrics.jsonl") if "loss" in r]
         row.update(losses=[r["loss"] for r in records], val_loss=summary.get("final_val_loss"),
                    comm_bytes=[r["comm_bytes"] for r in records],
                    wire_bytes_per_step=wires.bytes // max(1, len(records)),

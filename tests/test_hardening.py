@@ -64,14 +64,16 @@ def test_a_stop_signal_a_library_turned_into_another_error_is_still_reported_as_
     import nanotron_ext.train.__main__ as entry
     import nanotron_ext.train.trainer as trainer_module
 
+    class NoCheckpoint:
+        def last_checkpoint(self) -> None:
+            return None
+
     class SavingWhenStopped:
         step = 7
+        folder = NoCheckpoint()
 
         def __init__(self, *args, **kwargs) -> None:
             pass
-
-        def last_checkpoint(self) -> None:
-            return None
 
         def train(self) -> None:
             try:

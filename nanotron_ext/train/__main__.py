@@ -25,16 +25,16 @@ def _interrupt(signum: int, frame: object) -> NoReturn:
 
 
 def _interrupted(cfg: object, trainer: object) -> int:
-    from nanotron_ext.train.checkpoint import latest_checkpoint
+    from nanotron_ext.train.run_folder import checkpoint_to_resume
 
     if trainer is None and _STOP["signal"] == signal.SIGTERM:
         # the launcher stopped this rank while it was starting because a peer failed (CI saw this rank's line
         # printed before the peer's one-line error): the peer's line is the job's report, nothing to add here
         return 130
     if trainer is not None:
-        last = trainer.last_checkpoint()
+        last = trainer.folder.last_checkpoint()
     else:  # stopped while starting: resume=overwrite would not resume from what is there
-        last = latest_checkpoint(cfg.checkpoints.dir) if cfg is not None and cfg.checkpoints.resume == "auto" else None
+        last = checkpoint_to_resume(cfg) if cfg is not None else None
     if failures.rank() == 0:  # printed, not only reported: on Ctrl-C the launcher itself is stopped too
         print(f"interrupted at step {trainer.step if trainer is not None else 0}; last complete checkpoint: "
               f"{last or 'none'}" + (" (launch again to resume from it)" if last else ""), file=sys.stderr, flush=True)

@@ -31,6 +31,7 @@ from nanotron_ext.parallel.data_parallel import DataParallelSync
 from nanotron_ext.parallel.link import LinkEmulator
 from nanotron_ext.train.checkpoint import latest_checkpoint
 from nanotron_ext.train.pipeline_step import evaluate, forward_backward, make_engine
+from nanotron_ext.train.run_folder import resume_hint
 
 Batch = Dict[str, torch.Tensor]
 
@@ -75,8 +76,9 @@ class Replica:
         if judge is not None:
             judge(loss, grad_norm)
         elif self.any_rank(not (math.isfinite(loss) and math.isfinite(grad_norm))):
+            hint = resume_hint(self.cfg.checkpoints.dir, latest_checkpoint(self.cfg.checkpoints.dir))
             raise TrainingError(f"step {step}: the loss is {loss} and the gradient norm {grad_norm} (not finite); "
-                                f"stopped before the optimizer step, nothing was saved. {resume_hint(self.cfg)}; "
+                                f"stopped before the optimizer step, nothing was saved. {hint}; "
                                 "lower optimizer.lr or check the model.* values")
         with nvtx_range("optimizer_step"):
             self.optimizer.step()
@@ -107,8 +109,3 @@ def validation_summary(group_losses: List[float]) -> Dict[str, float]:
     """val_loss (mean over the groups) and val_ppl."""
     val = sum(group_losses) / len(group_losses)
     return {"val_loss": val, "val_ppl": math.exp(min(val, 50.0))}
-
-
-def resume_hint(cfg: Config) -> str:
-    last = latest_checkpoint(cfg.checkpoints.dir)
-    return f"the last complete checkpoint is {last}" if last else f"there is no complete checkpoint in {cfg.checkpoints.dir}"

@@ -1,0 +1,156 @@
+"""One launch's run folder (general.output_dir/general.run) and checkpoint folder (checkpoints.dir): locked for
+the process's life, where the run's records go, the checkpoint it resumes from, the checkpoints it writes, and
+the one resume hint every stop names.
+
+`RunFolder(cfg, agree)` claims both folders (rank 0; every rank learns the verdict): a busy folder, or
+checkpoints that resume=never would overwrite, stop the launch before any model is built. An interrupted
+overwrite handover is recovered first (train/handover.py); with resume=overwrite the records go to a staging
+folder until this run's first checkpoint hands the run folder over. `start` then loads the checkpoint to resume
+from (checkpoints.resume=auto) and writes config.yaml when there is training left.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Union
+
+import torch.distributed as torch_dist
+
+from nanotron_ext.config.loader import config_to_dict, save_config
+from nanotron_ext.config.schema import Config
+from nanotron_ext.errors import TrainingError
+from nanotron_ext.train.agreement import RankAgreement
+from nanotron_ext.train.checkpoint import (
+    CheckpointError,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    remove_checkpoint,
+    save_checkpoint,
+)
+from nanotron_ext.train.failures import DISK_HINT
+from nanotron_ext.train.guard import claim_folders, remove_other_checkpoints, resume_advice, resume_conflict
+from nanotron_ext.train.handover import begin, complete, recover
+
+if TYPE_CHECKING:
+    from nanotron.parallel import ParallelContext
+
+    from nanotron_ext.train.replica import Replica
+
+logger = logging.getLogger(__name__)
+
+
+def resume_hint(checkpoint_dir: Union[str, Path], last: Optional[Path]) -> str:
+    """What a run that stopped can resume from: `last`, this run's newest complete checkpoint, or nothing."""
+    return f"the last complete checkpoint is {last}" if last else f"there is no complete checkpoint in {checkpoint_dir}"
+
+
+def checkpoint_to_resume(cfg: Config) -> Optional[Path]:
+    """The checkpoint a launch of `cfg` resumes from: the newest complete one with checkpoints.resume=auto."""
+    return latest_checkpoint(cfg.checkpoints.dir) if cfg.checkpoints.resume == "auto" else None
+
+
+class RunFolder:
+    def __init__(self, cfg: Config, agree: RankAgreement) -> None:
+        self.cfg, self.agree = cfg, agree
+        self.run_dir = Path(cfg.general.output_dir) / cfg.general.run
+        # where this run's records go: the run folder, or (resume=overwrite, rank 0) a staging folder in it until
+        # the first checkpoint hands the run folder over (train/handover.py)
+        self.records_dir = self.run_dir
+        self._saved_here: List[Path] = []  # checkpoints this launch wrote
+        # resume=overwrite: the earlier checkpoints are deleted once this run's first one is complete, not before
+        self._overwrite_pending = cfg.checkpoints.resume == "overwrite"
+        self._locks = self._claim()
+
+    def _claim(self) -> list:
+        """Rank 0 locks the run and checkpoint folders for this process's life; every rank learns the verdict."""
+        locks, error = [], None
+        if self.agree.is_main:
+            try:
+                ckpt_dir = Path(self.cfg.checkpoints.dir)
+                locks = claim_folders(self.run_dir, ckpt_dir, self.cfg.checkpoints.resume)
+                note = recover(self.run_dir, ckpt_dir)  # before anything reads the checkpoints
+                if note:
+                    print(note, flush=True)
+                if self.cfg.checkpoints.resume == "overwrite":
+                    self.records_dir = begin(self.run_dir, ckpt_dir)
+            except TrainingError as e:
+                error = str(e)
+            except OSError as e:  # a folder that cannot be created or written: every rank stops with the line
+                error = f"{e}; {DISK_HINT}"
+        box = [error]
+        torch_dist.broadcast_object_list(box, src=0, group=self.agree.world_pg)
+        if box[0] is not None:
+            raise TrainingError(box[0])
+        return locks
+
+    def start(self, ctx: "ParallelContext", replica: "Replica", restore: Callable[[Path, Dict[str, object]], int]) -> int:
+        """The step this launch starts from (collective): 0, or that of the checkpoint to resume from, loaded
+        into `replica`'s model, optimiser and schedule and handed to `restore` (the rest of the saved state; it
+        returns the step). config.yaml is written only once that succeeded and there is training left to do: a
+        launch that fails, or finds the run complete, leaves the run folder as it was."""
+        step = 0
+        ckpt = checkpoint_to_resume(self.cfg)
+        if ckpt is not None:
+            config = config_to_dict(self.cfg)
+            conflict = resume_conflict(ckpt, config)  # every rank reads the same meta.json
+            if conflict:
+                raise CheckpointError(conflict)
+            try:
+                extra = load_checkpoint(ckpt, ctx, model=replica.model, optimizer=replica.optimizer,
+                                        scheduler=replica.scheduler)
+                step = restore(ckpt, extra)
+            except CheckpointError as e:
+                raise CheckpointError(f"{e}; {resume_advice(ckpt, config)}") from None
+            if self.agree.is_main:
+                print(f"resumed from {ckpt} at step {step}")
+        if step < self.cfg.tokens.train_steps:
+            self.agree.on_main(lambda: save_config(self.cfg, self.records_dir / "config.yaml"))
+        return step
+
+    def save(self, step: int, ctx: "ParallelContext", replica: "Replica", extra: Dict[str, object]) -> Path:
+        """Checkpoint `step` (collective): `replica`'s model, optimiser and schedule and `extra`. This run's first
+        one ends a resume=overwrite: the earlier checkpoints are deleted and the records change owner with them."""
+        path = save_checkpoint(
+            self.cfg.checkpoints.dir, step, ctx, model=replica.model, optimizer=replica.optimizer,
+            scheduler=replica.scheduler, extra=extra, keep_last=self.cfg.checkpoints.keep_last,
+            config=config_to_dict(self.cfg),
+        )
+        self._saved_here.append(path)
+        if self._overwrite_pending:  # this run has a complete checkpoint of its own now
+            if self.agree.is_main:
+                remove_other_checkpoints(Path(self.cfg.checkpoints.dir), path)
+            self._overwrite_pending = False
+        if self.records_dir != self.run_dir:  # rank 0 of an overwrite: the records change owner with the checkpoints
+            try:
+                complete(self.run_dir, Path(self.cfg.checkpoints.dir))
+                self.records_dir = self.run_dir
+            except OSError as e:  # the next checkpoint, or the next launch, finishes it
+                logger.warning("checkpoints.resume=overwrite: could not yet put this run's records in %s: %s",
+                               self.run_dir, e)
+        return path
+
+    def set_aside(self, step: int) -> Optional[Path]:
+        """Move this launch's checkpoint of `step` (whose weights just gave a diverged loss) out of the resume
+        namespace, kept as step_N.diverged; None when this launch did not write one."""
+        bad = Path(self.cfg.checkpoints.dir) / f"step_{step}"
+        if bad not in self._saved_here:
+            return None
+        if self.agree.is_main:
+            target = bad.with_name(f"{bad.name}.diverged")
+            if target.exists():
+                remove_checkpoint(target)
+            os.replace(bad, target)
+        return bad
+
+    def last_checkpoint(self, exclude: Optional[Path] = None) -> Optional[Path]:
+        """This run's newest complete checkpoint but `exclude` (with resume=overwrite the earlier run's, not yet
+        deleted, do not count)."""
+        if self._overwrite_pending:
+            return None
+        found = [p for _, p in list_checkpoints(self.cfg.checkpoints.dir) if p != exclude]
+        return found[-1] if found else None
+
+    def resume_hint(self, exclude: Optional[Path] = None) -> str:
+        return resume_hint(self.cfg.checkpoints.dir, self.last_checkpoint(exclude))
