@@ -1,4 +1,5 @@
-"""The registered techniques and the extension points they plug into.
+"""The registered techniques and the extension points they plug into: the mechanism only (register, look up),
+importing nothing of the package but `nanotron_ext.technique`.
 
 Every technique package declares one `Technique` object (nanotron_ext.technique) under the
 `nanotron_ext.techniques` entry-point group (pyproject.toml), the standard Python plug-in mechanism, so
@@ -8,53 +9,17 @@ name is checked at config load against what techniques *declare*; the implementa
 model is built (`ExtensionPoint.owner(name).pieces_class()`).
 
 An extension point is a config key whose value names an implementation, e.g. `model.codec.kind`. The
-core's own entries are declared by `CORE` (built by nanotron_ext.models.pieces.CorePieces).
+core's own entries are declared the same way, by the entry point `core` (nanotron_ext.models.technique,
+built by nanotron_ext.models.pieces.CorePieces).
 """
 from __future__ import annotations
 
-import dataclasses
 import importlib.metadata
-from typing import TYPE_CHECKING, Dict, List, Optional
+from typing import Dict, List, Optional
 
 from nanotron_ext.technique import Technique
 
-if TYPE_CHECKING:
-    from nanotron_ext.config.schema import Config
-    from nanotron_ext.metrics.tier_bytes import TierBytes
-
 ENTRY_POINT_GROUP = "nanotron_ext.techniques"
-
-
-class CoreTechnique(Technique):
-    """The core's defaults, declared like a technique so every name reaches its builder the same way."""
-
-    name = "core"
-    provides = {
-        "model.tp_strategy": ["megatron"],
-        "model.codec.kind": ["identity", "topk", "int8", "int4", "lowrank"],
-        "model.embedding.kind": ["standard"],
-        "model.output_constraint.kind": ["none"],
-        "parallelism.dp_sync": ["allreduce"],
-    }
-    pieces = "nanotron_ext.models.pieces:CorePieces"
-
-    def closed_form_bytes(self, key: str, name: str, cfg: "Config") -> Optional["TierBytes"]:
-        from nanotron_ext.metrics import tier_bytes as tb
-
-        if key == "model.tp_strategy":
-            return tb.megatron_tp(cfg)
-        if key == "model.codec.kind":  # these wires follow the residual stream (BoundaryCodec.wire_replicated)
-            form = tb.identity_wire(cfg) if name == "identity" else tb.lossy_wire(cfg, name)
-            sharded = residual_sharded(cfg.model.tp_strategy, cfg.parallelism.tp)
-            return dataclasses.replace(form, tp_sharded=True) if form is not None and sharded else form
-        if key == "parallelism.dp_sync":
-            from nanotron_ext.models.param_count import count_params
-
-            return tb.dense_dp(cfg, count_params(cfg))
-        return None
-
-
-CORE = CoreTechnique()
 
 
 class _Techniques:
@@ -70,7 +35,6 @@ class _Techniques:
         if self._loaded:
             return
         self._loaded = True
-        self._add(CORE, "nanotron_ext.registry")
         for ep in sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
             obj = ep.load()
             if not isinstance(obj, Technique):
@@ -91,12 +55,10 @@ class _Techniques:
         self.generation += 1
 
     def register(self, technique: Technique) -> Technique:
-        """Register a technique in this process (plug-ins installed as packages use entry points instead);
-        a technique whose sections cannot mount is refused, and nothing is registered."""
-        from nanotron_ext.config.compose import mounts  # a cycle otherwise: config reads this registry
-
+        """Add a technique in this process, unchecked against the config sections (plug-ins installed as
+        packages use entry points instead; nanotron_ext.config.compose.register_technique checks that its
+        sections mount first). A name another technique already provides is refused, and nothing is added."""
         self._load()
-        mounts(technique)
         self._add(technique, "register_technique")
         return technique
 
@@ -111,7 +73,6 @@ class _Techniques:
 
 TECHNIQUES = _Techniques()
 techniques = TECHNIQUES.all
-register_technique = TECHNIQUES.register
 
 
 def residual_sharded(tp_strategy: str, tp: int) -> bool:

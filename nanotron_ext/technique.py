@@ -15,7 +15,7 @@ with two halves, in the spirit of torchtitan's TrainSpec:
   module-level dict, so two models in one process share nothing.
 
 The core's own defaults (megatron, identity, standard, none, allreduce) are declared the same way
-(nanotron_ext.registry.CORE, nanotron_ext.models.pieces.CorePieces). ARCHITECTURE.md walks through
+(nanotron_ext.models.technique, nanotron_ext.models.pieces.CorePieces). ARCHITECTURE.md walks through
 adding a technique; tests/toy_technique/ is a complete one.
 """
 from __future__ import annotations
@@ -87,7 +87,7 @@ class Technique:
     model.boost.lowrank_checkpointing); `python -m nanotron_ext.plan` plans a config with each one flipped too."""
     pieces: ClassVar[Union[str, type]] = ""
     """"module:Class" of this technique's `Pieces` subclass, imported when a model is built (or the class itself,
-    for a technique registered in-process with nanotron_ext.registry.register_technique)."""
+    for a technique registered in-process with nanotron_ext.config.compose.register_technique)."""
 
     def section_items(self) -> Dict[str, Section]:
         return {path: s if isinstance(s, Section) else Section(s) for path, s in self.sections.items()}

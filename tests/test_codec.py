@@ -15,12 +15,12 @@ from tests.test_parallel_parity import MB, MODEL, N_MICRO, SEQ, _parity_worker
 
 def _register_anchor_codec() -> None:
     """Sends x - anchor(ids) and the ids; the receiver adds anchor(ids) back (SM/MAPL's shape), as a
-    technique registered in this worker process (nanotron_ext.registry.register_technique).
+    technique registered in this worker process (nanotron_ext.config.compose.register_technique).
 
     The anchor is a fixed pseudo-random table, identical on both stages, so the reconstruction is
     exact and the model's numbers must not change."""
     from nanotron_ext.codecs.base import BoundaryCodec, BoundaryDecoder, BoundaryEncoder
-    from nanotron_ext.registry import register_technique
+    from nanotron_ext.config.compose import register_technique
     from nanotron_ext.technique import Pieces, Technique
 
     def anchor(ids: torch.Tensor, d: int) -> torch.Tensor:

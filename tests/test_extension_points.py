@@ -298,7 +298,7 @@ def test_registration_mistakes_fail_naming_the_technique() -> None:
     """A name two techniques provide, or a section mounted where no core section is, or over a core key."""
     code = '''
 import dataclasses
-from nanotron_ext.registry import register_technique
+from nanotron_ext.config.compose import register_technique
 from nanotron_ext.technique import Technique
 from nanotron_ext.config.schema import Config
 

@@ -100,6 +100,15 @@ def mounts(technique: Technique) -> Dict[str, Tuple[str, Section]]:
     return out
 
 
+def register_technique(technique: Technique) -> Technique:
+    """Register a technique in this process (plug-ins installed as packages use entry points instead); a
+    technique whose sections cannot mount (`mounts`) or that provides a name another already provides is
+    refused, and nothing is registered."""
+    TECHNIQUES.all()  # load the entry points first: a clash with one of them is this technique's
+    mounts(technique)
+    return TECHNIQUES.register(technique)
+
+
 def _compose(core: type) -> type:
     fields, seen = [], {}
     for technique in TECHNIQUES.all():

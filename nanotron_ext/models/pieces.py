@@ -1,4 +1,4 @@
-"""The pieces of one model build: `CorePieces` (the core's defaults, declared by nanotron_ext.registry.CORE)
+"""The pieces of one model build: `CorePieces` (the core's defaults, declared by nanotron_ext.models.technique)
 and `ModelPieces`, which asks the technique that provides each name the config chose for its piece.
 
     pieces = ModelPieces(cfg.model, tp_pg)      # once per model build
