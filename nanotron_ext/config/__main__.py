@@ -14,7 +14,7 @@ import shutil
 import sys
 import textwrap
 import typing
-from typing import Any, Iterator, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Iterator, List, Optional, Sequence, Tuple
 
 from nanotron_ext.config.compose import composed
 from nanotron_ext.config.loader import (
@@ -25,9 +25,12 @@ from nanotron_ext.config.loader import (
     section_doc,
 )
 from nanotron_ext.config.schema import Config, ConfigError
+from nanotron_ext.config.tiers import replica_codecs, tier_forms
 from nanotron_ext.config.yaml_io import dump_yaml
-from nanotron_ext.metrics.tier_bytes import replica_codecs, tier_lines
 from nanotron_ext.registry import CODECS, DP_SYNCS, TP_STRATEGIES, techniques
+
+if TYPE_CHECKING:
+    from nanotron_ext.metrics.tier_bytes import TierBytes
 
 
 def _sections(cls: type, path: str = "") -> Iterator[Tuple[str, type]]:
@@ -84,6 +87,27 @@ def render_doc(width: Optional[int] = None) -> str:
                 out += textwrap.wrap(" ".join(doc.split()), width=width, initial_indent=" " * 6,
                                      subsequent_indent=" " * 6, break_on_hyphens=False)
     return "\n".join(out) + "\n"
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def form_line(tb: Optional["TierBytes"], what: str) -> str:
+    """One closed form's line: the bytes, then the form."""
+    if tb is None:
+        return f"{what}: no closed form"
+    split = f" (forward {_fmt_bytes(tb.forward)}, backward {_fmt_bytes(tb.backward)})" if tb.backward else ""
+    return f"{what}: {_fmt_bytes(tb.total)}{split}; {tb.formula}"
+
+
+def tier_lines(config: Config) -> List[str]:
+    """The closed forms' lines: one per distinct (what, closed form) of nanotron_ext.config.tiers.tier_forms."""
+    lines = [form_line(tb, what) for entries in tier_forms(config).values() for what, tb in entries]
+    return list(dict.fromkeys(lines))
 
 
 def render_tiers(config: Config) -> str:

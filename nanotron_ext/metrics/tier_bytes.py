@@ -1,7 +1,8 @@
-"""Bytes per optimiser step on each bandwidth tier, by closed form, for `python -m nanotron_ext.config show`.
+"""Bytes per optimiser step on each bandwidth tier, by closed form, for `python -m nanotron_ext.config show` (which
+prints them: nanotron_ext/config/__main__.py), the planner and the WAN meter.
 
 Each extension point's owner (nanotron_ext.registry) answers for the piece it provides
-(`Technique.closed_form_bytes`): the TP strategy for the TP tier, the codec for the PP tier, the DP sync for
+(`Technique.closed_form_bytes`; nanotron_ext.config.tiers asks each tier's owner): the TP strategy for the TP tier, the codec for the PP tier, the DP sync for
 the DP tier. The core answers for its own pieces here (megatron, identity and the lossy baselines,
 allreduce). Bytes follow the comm ledger's convention (nanotron_ext.parallel.comm: the payload one rank hands
 to a call, not ring traffic), so a closed form here can be checked against a run's ledger
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, Optional
 
 if TYPE_CHECKING:
     from nanotron_ext.config.schema import Config, ModelConfig
@@ -106,67 +107,14 @@ def dense_dp(cfg: "Config", num_params: int) -> TierBytes:
     return TierBytes(4.0 * num_params, 0.0, f"fp32 gradients of {num_params:,} parameters, all-reduced every step{extra}")
 
 
-# -- the report ------------------------------------------------------------------------------------------------
-def _fmt(n: float) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n:.0f} B"
-
-
-def describe(tb: Optional[TierBytes], what: str) -> str:
-    """One line for `config show`: the bytes, then the form."""
-    if tb is None:
-        return f"{what}: no closed form"
-    split = f" (forward {_fmt(tb.forward)}, backward {_fmt(tb.backward)})" if tb.backward else ""
-    return f"{what}: {_fmt(tb.total)}{split}; {tb.formula}"
-
-
-def replica_codecs(cfg: "Config") -> Dict[str, Tuple[List[int], "Config"]]:
-    """codec kind -> (the DP replicas that run it, the first such replica's config): heterogeneous SparseLoCo
-    gives some replicas a codec of their own (the DP sync's `replica_config`)."""
-    from nanotron_ext.registry import DP_SYNCS
-
-    out: Dict[str, Tuple[List[int], "Config"]] = {}
-    for replica in range(cfg.parallelism.dp):
-        rcfg = DP_SYNCS.owner(cfg.parallelism.dp_sync).replica_config(cfg, replica)
-        out.setdefault(rcfg.model.codec.kind, ([], rcfg))[0].append(replica)
-    return out
-
-
-def tier_forms(cfg: "Config") -> Dict[str, List[Tuple[str, Optional[TierBytes]]]]:
-    """Each tier with more than one rank: (what, closed form) from the owner of its piece; the PP tier one entry
-    per codec the replicas run (heterogeneous SparseLoCo gives some replicas their own)."""
-    from nanotron_ext.registry import CODECS, DP_SYNCS, TP_STRATEGIES
-
-    p, m = cfg.parallelism, cfg.model
-    forms: Dict[str, List[Tuple[str, Optional[TierBytes]]]] = {}
-    if p.tp > 1:
-        tb = TP_STRATEGIES.owner(m.tp_strategy).closed_form_bytes("model.tp_strategy", m.tp_strategy, cfg)
-        forms["tp"] = [("TP bytes per step per TP rank, all stages", tb)]
-    if p.pp > 1:
-        by_kind = replica_codecs(cfg)
-        for kind, (replicas, rcfg) in by_kind.items():
-            tb = CODECS.owner(kind).closed_form_bytes("model.codec.kind", kind, rcfg)
-            on = f", replicas {replicas}" if len(by_kind) > 1 else ""
-            forms.setdefault("pp", []).extend([(f"PP bytes per step per stage link ({kind}{on})", tb)] * len(replicas))
-    if p.dp > 1:
-        tb = DP_SYNCS.owner(p.dp_sync).closed_form_bytes("parallelism.dp_sync", p.dp_sync, cfg)
-        forms["dp"] = [("DP bytes per step per replica", tb)]
-    return forms
-
-
-def tier_lines(cfg: "Config") -> List[str]:
-    """`config show`'s lines: one per distinct (what, closed form)."""
-    lines = [describe(tb, what) for entries in tier_forms(cfg).values() for what, tb in entries]
-    return list(dict.fromkeys(lines))
-
-
+# -- the whole job ---------------------------------------------------------------------------------------------
 def job_bytes_per_step(cfg: "Config") -> Dict[str, Optional[float]]:
     """Closed-form bytes per step of the whole job by tier, all ranks together (what the WAN meter's ledger
     column sums): every TP rank of every replica; every stage link of every replica (a TP-replicated wire
     crosses once, or tp times with parallelism.pp_scatter_gather=false unless its TP ranks send disjoint shards
     of it); every replica. None where a piece has no closed form."""
+    from nanotron_ext.config.tiers import tier_forms
+
     p = cfg.parallelism
     out: Dict[str, Optional[float]] = {}
     for tier, entries in tier_forms(cfg).items():

@@ -49,7 +49,7 @@ def rank_row(cfg: Any, plan: Dict[str, Any]) -> Dict[str, Any]:
 
 def tier_rows(cfg: Any, plans: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """Per planned pipeline (a replica's TP rank 0, every stage): each tier's bytes beside its closed form."""
-    from nanotron_ext.metrics.tier_bytes import tier_forms
+    from nanotron_ext.config.tiers import tier_forms
     from nanotron_ext.registry import DP_SYNCS
 
     p = cfg.parallelism

@@ -41,7 +41,7 @@ def column(cfg: Any, rank: int) -> List[int]:
 
 def default_ranks(cfg: Any) -> List[int]:
     """Every stage of TP rank 0 of the first DP replica of each distinct replica config."""
-    from nanotron_ext.metrics.tier_bytes import replica_codecs
+    from nanotron_ext.config.tiers import replica_codecs
 
     firsts = sorted(replicas[0] for replicas, _ in replica_codecs(cfg).values())
     return [r for dp_rank in firsts for r in column(cfg, rank_of(cfg, 0, dp_rank, 0))]
@@ -107,7 +107,7 @@ def plan_ranks(config_file: str, overrides: Sequence[str], cfg: Any, ranks: Sequ
 
 def used_techniques(cfg: Any) -> List[Any]:
     """The techniques that provide a piece `cfg` names (its TP strategy, codecs, embedding, constraint, DP sync)."""
-    from nanotron_ext.metrics.tier_bytes import replica_codecs
+    from nanotron_ext.config.tiers import replica_codecs
     from nanotron_ext.registry import CODECS, DP_SYNCS, EMBEDDINGS, OUTPUT_CONSTRAINTS, TP_STRATEGIES
 
     m = cfg.model
