@@ -6,7 +6,7 @@ from typing import Iterable, Optional, Tuple
 import torch
 
 from nanotron_ext.config.schema import ModelConfig
-from nanotron_ext.models.init import full_shape
+from nanotron_ext.parallel.shards import full_shape
 
 # dense bf16 tensor-core peaks (TFLOP/s) of GPUs people train on; MFU needs the device's peak
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0, "L4": 121.0}

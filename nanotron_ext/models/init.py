@@ -1,4 +1,4 @@
-"""Layout-independent weight init and shard slicing.
+"""Layout-independent weight init (shard slicing: nanotron_ext.parallel.shards).
 
 Every parameter is drawn in full from a generator seeded by (seed, parameter name), then each
 rank keeps its slice (nanotron's ShardedInfo says which). Names do not depend on the parallel
@@ -12,8 +12,9 @@ import zlib
 from typing import Dict
 
 import torch
-from nanotron.parallel.parameters import NanotronParameter
 from torch import nn
+
+from nanotron_ext.parallel.shards import full_shape, local_shard  # noqa: F401  (also imported from here)
 
 # parameters whose output feeds the residual stream: std scaled by 1/sqrt(2 * num_layers) (GPT-2)
 RESIDUAL_OUTPUT_NAMES = ("o_proj", "down_proj")
@@ -44,22 +45,6 @@ def mark_zero_init(param: torch.Tensor) -> None:
 
 def is_zero_init(param: torch.Tensor) -> bool:
     return bool(getattr(param, _ZERO_INIT, False))
-
-
-def full_shape(param: torch.Tensor) -> torch.Size:
-    if isinstance(param, NanotronParameter) and param.is_sharded:
-        return torch.Size(param.get_sharded_info().unsharded_shape)
-    return param.shape
-
-
-def local_shard(full: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
-    """This rank's part of `full` (a tensor of the parameter's unsharded shape)."""
-    if not (isinstance(param, NanotronParameter) and param.is_sharded):
-        return full
-    out = torch.empty(param.shape, dtype=full.dtype, device=full.device)
-    for pair in param.get_sharded_info().local_global_slices_pairs:
-        out[pair.local_slices] = full[pair.global_slices]
-    return out
 
 
 def _generator(seed: int, name: str) -> torch.Generator:
