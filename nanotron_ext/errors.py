@@ -9,3 +9,8 @@ class UserFacingError(Exception):
 
 class TrainingError(UserFacingError, RuntimeError):
     """Training cannot go on (a non-finite loss, a run folder in use); the message names the step or folder."""
+
+
+class NoDenseEquivalent(UserFacingError, ValueError):
+    """The model computes something no standard layout holds (nanotron_ext.models.dense); the message says which
+    part and why, in one line."""

@@ -11,7 +11,7 @@ from typing import List
 
 import pytest
 
-from tests.helpers.runs import REPO, train_tiny_run
+from tests.helpers.runs import REPO, TINY, train_tiny_run
 
 
 @pytest.fixture(scope="module")
@@ -68,10 +68,10 @@ def test_generate_temperature_must_be_finite_and_not_negative(trained: Path, val
 
 
 def test_init_from_config_json_that_is_a_list_is_one_line(tmp_path: Path) -> None:
-    # row 6: an AttributeError traceback
+    # row 6: an AttributeError traceback; checked when the job starts (issue 32: not at config load)
     (tmp_path / "config.json").write_text(json.dumps([{"model_type": "llama"}]))
-    got = _cli("nanotron_ext.config", ["show", "--set", f"model.init_from=hf:{tmp_path}"])
-    assert _one_line(got) == (f"config error: model.init_from: {tmp_path / 'config.json'} holds a JSON list, not an "
+    got = _cli("nanotron_ext.train", ["--config-file", str(TINY), "--set", f"model.init_from=hf:{tmp_path}"])
+    assert _one_line(got) == (f"error: model.init_from: {tmp_path / 'config.json'} holds a JSON list, not an "
                               "object (a transformers config.json is one object of keys)")
 
 

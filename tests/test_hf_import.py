@@ -80,9 +80,9 @@ def _import_worker(overrides: List[str]) -> dict:
     """Build the model with init_from at tp=2 (as build_model does, keeping what the import reports); return the
     report and the model's dense equivalent."""
     from nanotron_ext.config.loader import load_config
-    from nanotron_ext.hf.importer import load_init_from_
     from nanotron_ext.models.dense import dense_state_dict
     from nanotron_ext.models.init import init_weights_
+    from nanotron_ext.models.init_from import load_init_from_
     from nanotron_ext.models.llama import LlamaForTraining
     from nanotron_ext.parallel.context import build_parallel_context
     from nanotron_ext.parallel.p2p import AccountedP2P
@@ -157,32 +157,37 @@ def _ours(hf_name: str) -> str:
     return from_hf_name(hf_name)
 
 
-def test_a_folder_that_does_not_match_fails_at_config_load(hf_folder: Path, tmp_path: Path) -> None:
+def test_a_folder_that_does_not_match_fails_when_the_job_starts(hf_folder: Path, tmp_path: Path) -> None:
+    """The folder is checked when the job starts, before any process group (issue 32: not at config load)."""
     from nanotron_ext.config.checks import ConfigError
     from nanotron_ext.config.loader import load_config
+    from nanotron_ext.train.__main__ import check_job_start
+
+    def start(overrides: List[str]) -> None:
+        check_job_start(load_config(TINY, overrides))
 
     good = MODEL + [f"model.init_from=hf:{hf_folder}", "tokenizer.vocab_size=300"]
-    load_config(TINY, good)
+    start(good)
     with pytest.raises(ConfigError, match=r"model.hidden_size=64 but .*config.json has hidden_size=32; set "
                                           r"model.hidden_size: 32"):
-        load_config(TINY, good + ["model.hidden_size=64"])
+        start(good + ["model.hidden_size=64"])
     with pytest.raises(ConfigError, match="model.tie_embeddings=true but .* has a head of its own"):
-        load_config(TINY, good + ["model.tie_embeddings=true"])
+        start(good + ["model.tie_embeddings=true"])
     tied = tmp_path / "tied"
     tied.mkdir()
     cfg = json.loads((hf_folder / "config.json").read_text())
     (tied / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": True}))
-    (tied / "model.safetensors").symlink_to(hf_folder / "model.safetensors")  # its tensors are checked at load too
-    load_config(TINY, MODEL + [f"model.init_from=hf:{tied}", "tokenizer.vocab_size=300"])  # untied head = a copy
+    (tied / "model.safetensors").symlink_to(hf_folder / "model.safetensors")  # its tensors are checked at start too
+    start(MODEL + [f"model.init_from=hf:{tied}", "tokenizer.vocab_size=300"])  # untied head = a copy
     with pytest.raises(ConfigError, match="model.qk_norm=True but .* holds a llama model"):
-        load_config(TINY, good + ["model.qk_norm=true"])
+        start(good + ["model.qk_norm=true"])
     with pytest.raises(ConfigError, match="expected 'hf:DIR'"):
-        load_config(TINY, MODEL + [f"model.init_from={hf_folder}"])
+        start(MODEL + [f"model.init_from={hf_folder}", "tokenizer.vocab_size=300"])
     with pytest.raises(ConfigError, match="is not a folder"):
-        load_config(TINY, MODEL + [f"model.init_from=hf:{tmp_path / 'missing'}"])
+        start(MODEL + [f"model.init_from=hf:{tmp_path / 'missing'}", "tokenizer.vocab_size=300"])
     bad = tmp_path / "scaled"
     bad.mkdir()
     scaled = {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
     (bad / "config.json").write_text(json.dumps({**cfg, "rope_parameters": scaled, "rope_scaling": scaled}))
     with pytest.raises(ConfigError, match="scaled RoPE"):
-        load_config(TINY, MODEL + [f"model.init_from=hf:{bad}", "tokenizer.vocab_size=300"])
+        start(MODEL + [f"model.init_from=hf:{bad}", "tokenizer.vocab_size=300"])

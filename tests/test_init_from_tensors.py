@@ -1,6 +1,6 @@
 """Issue 33 row 5: `model.init_from: hf:DIR` whose model.safetensors is cut short, or holds a tensor of another
-shape, or lacks one, is refused at config load with one line naming the file and the tensor (exit code 2), before
-any process group; it used to be a traceback on every rank once the import ran (SafetensorError; "Sizes of tensors
+shape, or lacks one, is refused when the job starts (nanotron_ext.train.__main__.check_job_start, not at config load:
+issue 32) with one line naming the file and the tensor (exit code 2), before any process group; it used to be a traceback on every rank once the import ran (SafetensorError; "Sizes of tensors
 must match")."""
 from __future__ import annotations
 
@@ -60,14 +60,19 @@ def _run(module: str, args: List[str], init_from: Path) -> subprocess.CompletedP
                           capture_output=True, text=True, timeout=300, env=env)
 
 
-def _show(init_from: Path) -> str:
-    got = _run("nanotron_ext.config", ["show"], init_from)
+def _start(init_from: Path) -> str:
+    """The first line the training job prints when it refuses to start (one process: no launcher needed)."""
+    got = _run("nanotron_ext.train", [], init_from)
     assert got.returncode == 2, (got.stdout[-500:], got.stderr[-2000:])
     return got.stderr.splitlines()[0]
 
 
 def test_the_saved_folder_loads(saved: Path) -> None:
+    from nanotron_ext.config.loader import load_config
+    from nanotron_ext.train.__main__ import check_job_start
+
     assert _run("nanotron_ext.config", ["show"], saved).returncode == 0
+    check_job_start(load_config(TINY, MODEL + [f"model.init_from=hf:{saved}"]))
 
 
 def test_a_file_cut_short_names_the_tensor_it_cuts(folder: Path) -> None:
@@ -75,14 +80,14 @@ def test_a_file_cut_short_names_the_tensor_it_cuts(folder: Path) -> None:
     last, (_, end) = max(_offsets(file).items(), key=lambda kv: kv[1][1])
     assert end == file.stat().st_size
     os.truncate(file, end - 1)  # an interrupted copy: the last tensor's last byte is missing
-    assert _show(folder) == (f"config error: model.init_from: {file} is cut off: tensor {last} ends at byte {end:,}, "
+    assert _start(folder) == (f"error: model.init_from: {file} is cut off: tensor {last} ends at byte {end:,}, "
                              f"the file has {end - 1:,} (an interrupted copy or download?)")
 
 
 def test_a_file_cut_in_its_header_is_one_line(folder: Path) -> None:
     file = folder / "model.safetensors"
     os.truncate(file, 100)
-    assert _show(folder) == (f"config error: model.init_from: {file} is not a safetensors file, or is cut off in its "
+    assert _start(folder) == (f"error: model.init_from: {file} is not a safetensors file, or is cut off in its "
                              "header (100 bytes); copy or download it again")
 
 
@@ -101,13 +106,13 @@ def _rewrite(file: Path, change: Dict[str, torch.Tensor | None]) -> None:
 def test_a_tensor_of_another_shape_is_named_with_both_shapes(folder: Path) -> None:
     file = folder / "model.safetensors"
     _rewrite(file, {K1: torch.zeros(32, 32)})  # the model section's k_proj is num_kv_heads x head_dim = 16 rows
-    assert _show(folder) == (f"config error: model.init_from: {file}: tensor {K1} has shape [32, 32]; the model "
+    assert _start(folder) == (f"error: model.init_from: {file}: tensor {K1} has shape [32, 32]; the model "
                              "section gives [16, 32]")
 
 
 def test_a_missing_tensor_is_named(folder: Path) -> None:
     _rewrite(folder / "model.safetensors", {K1: None})
-    assert _show(folder) == f"config error: model.init_from: {folder} has no tensor {K1}"
+    assert _start(folder) == f"error: model.init_from: {folder} has no tensor {K1}"
 
 
 def test_the_launcher_refuses_a_cut_file_with_one_line_before_any_process_group(folder: Path) -> None:

@@ -99,8 +99,9 @@ class ModelConfig(Extensible, path="model"):
     output_constraint: OutputConstraintConfig = field(default_factory=OutputConstraintConfig)
     init_from: Optional[str] = None
     """hf:DIR starts the run from a transformers Llama folder (Qwen3 when qk_norm) instead of the seeded init;
-    its config.json must match this section. Factorised linears start from a truncated SVD of the dense weights;
-    the per-layer reconstruction error is printed. A resumed run loads its checkpoint instead."""
+    its config.json must match this section (checked when the job starts, before any process group, not at load).
+    Factorised linears start from a truncated SVD of the dense weights; the per-layer reconstruction error is
+    printed. A resumed run loads its checkpoint instead."""
 
     def __post_init__(self) -> None:
         for key in ("vocab_size", "hidden_size", "ffn_size", "num_layers", "num_heads", "num_kv_heads", "max_seq_len"):
@@ -131,10 +132,6 @@ class ModelConfig(Extensible, path="model"):
         require_registered(OUTPUT_CONSTRAINTS, self.output_constraint.kind)
         for technique in techniques():
             technique.check_model(self)
-        if self.init_from is not None:
-            from nanotron_ext.hf.names import check_init_from  # reads the folder's config.json
-
-            check_init_from(self)
 
     @property
     def head_dim(self) -> int:

@@ -1,4 +1,4 @@
-"""`model.init_from: hf:DIR` at config load: the folder's safetensors files hold every tensor our model reads, whole
+"""`model.init_from: hf:DIR` when the job starts: the folder's safetensors files hold every tensor our model reads, whole
 and of the shape the model section gives.
 
 The importer reads the tensors only after the process groups are up, on every rank: a file cut short by an

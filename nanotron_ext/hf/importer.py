@@ -1,14 +1,8 @@
-"""`model.init_from: hf:DIR`: start a run of any layout from a transformers Llama (or Qwen3) folder.
+"""`model.init_from: hf:DIR`: a transformers Llama (or Qwen3) folder's tensors under our standard names
+(`FolderTensors`), and the per-layer table of how close a model came to them (`format_report`).
 
-nanotron_ext.models.build calls `load_init_from_` after the seeded init and before the model's constraints, so a
-constraint sees the imported weights the way it sees initialised ones (Subspace Models: W_small = U^T W, or W
-projected onto span(U)). Each rank reads only the tensors of its own stage, one at a time, and keeps its shard;
-modules that implement nanotron_ext.models.dense.DenseEquivalent turn the dense weights into their own
-parameters (BOOST's factor pairs: a rank-r truncated SVD; Subspace Models' split table: T_S = (E - T_fixed) U).
-Parameters with no counterpart in a Llama (boundary codecs: ResBM, MAPL) keep their seeded init.
-
-After the constraints, `ImportedWeights.report` compares the model's dense equivalent with the folder's tensors
-(relative Frobenius error per tensor, all stages) and prints it per layer on rank 0.
+nanotron_ext.models.init_from loads them into a model of any layout (`load_init_from_`, called by
+nanotron_ext.models.build) and reports with `format_report`.
 """
 from __future__ import annotations
 
@@ -17,15 +11,10 @@ from pathlib import Path
 from typing import Dict, Iterator, List, Tuple
 
 import torch
-import torch.distributed as torch_dist
-from nanotron.parallel import ParallelContext
-from torch import nn
 
 from nanotron_ext.config.checks import ConfigError
-from nanotron_ext.config.schema import ModelConfig
 from nanotron_ext.hf.folder import safetensors_files
-from nanotron_ext.hf.names import FUSED, from_hf_name, split_fused
-from nanotron_ext.models.dense import dense_state_dict, load_dense_state_dict_
+from nanotron_ext.hf.names import FUSED, from_hf_name
 
 
 class FolderTensors(Mapping):
@@ -76,34 +65,6 @@ class FolderTensors(Mapping):
         return len(self._where) + len(self._fused)
 
 
-class ImportedWeights:
-    """What `load_init_from_` loaded on this rank; `report` (collective) prints how close the model came."""
-
-    def __init__(self, folder: Path, tensors: FolderTensors, kept: List[str]) -> None:
-        self.folder, self.tensors, self.kept = folder, tensors, kept
-
-    def report(self, model: nn.Module, cfg: ModelConfig, ctx: ParallelContext) -> Dict[str, float]:
-        """Relative error ||W_model - W_folder|| / ||W_folder|| of every imported tensor, all stages, known on
-        every rank (0 = exact; a factorised linear shows its truncated-SVD loss, a Subspace Models projection
-        the part of W outside span(U)); printed per layer on global rank 0. Collective over the world."""
-        ours = split_fused(dense_state_dict(model, ctx.tp_pg, exact=False), cfg)
-        errors = {}
-        for name, value in ours.items():
-            if name in self.tensors:
-                ref = self.tensors[name].double()
-                errors[name] = float((value.double() - ref).norm() / ref.norm().clamp_min(1e-30))
-        merged: Dict[str, float] = {}
-        kept: List[str] = []
-        everyone = [None] * torch_dist.get_world_size()
-        torch_dist.all_gather_object(everyone, (errors, self.kept))
-        for errs, k in everyone:
-            merged.update(errs)
-            kept += [n for n in k if n not in kept]
-        if torch_dist.get_rank() == 0:
-            print(format_report(merged, kept, self.folder), flush=True)
-        return merged
-
-
 _COLUMNS = ("q", "k", "v", "o", "attn_norm", "q_norm", "k_norm", "gate", "up", "down", "mlp_norm",
             "embedding", "final_norm", "lm_head")
 
@@ -133,15 +94,3 @@ def format_report(errors: Dict[str, float], kept: List[str], folder: Path) -> st
     if kept:
         lines.append(f"  kept as initialised (no counterpart in a Llama): {len(kept)} parameters, e.g. {kept[0]}")
     return "\n".join(lines)
-
-
-@torch.no_grad()
-def load_init_from_(model: nn.Module, cfg: ModelConfig) -> ImportedWeights:
-    """Load `cfg.init_from` (hf:DIR, checked at config load) into this rank's stage."""
-    folder = Path(cfg.init_from[3:]).expanduser()
-    tensors = FolderTensors(folder)
-    try:
-        _, kept = load_dense_state_dict_(model, tensors)
-    except KeyError as e:
-        raise ConfigError(f"model.init_from: {folder} has no tensor for our parameter {e.args[0]}") from None
-    return ImportedWeights(folder, tensors, kept)

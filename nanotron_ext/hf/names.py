@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Tuple
 import torch
 
 from nanotron_ext.config.checks import ConfigError
+from nanotron_ext.errors import NoDenseEquivalent
 
 if TYPE_CHECKING:
     from nanotron_ext.config.schema import ModelConfig
@@ -73,8 +74,6 @@ def split_fused(state: Dict[str, torch.Tensor], cfg: "ModelConfig") -> Dict[str,
 def to_hf_names(state: Dict[str, torch.Tensor], cfg: "ModelConfig") -> Dict[str, torch.Tensor]:
     """Our standard-layout tensors under transformers' names; a parameter without one (a module that states no
     dense equivalent) is refused naming it."""
-    from nanotron_ext.models.dense import NoDenseEquivalent
-
     out = {}
     for name, value in split_fused(state, cfg).items():
         hit = next(((m, hf) for rx, hf in _TO_HF if (m := rx.match(name))), None)
@@ -176,7 +175,8 @@ def check_hf_config(hf: Dict[str, Any], cfg: "ModelConfig", folder: str) -> None
 
 
 def check_init_from(cfg: "ModelConfig") -> None:
-    """model.init_from at config load: 'hf:DIR' with a folder whose config.json matches the model section and
+    """model.init_from when the job starts (nanotron_ext.train.__main__.check_job_start) and before a model imports it
+    (nanotron_ext.models.init_from): 'hf:DIR' with a folder whose config.json matches the model section and
     whose safetensors hold every weight whole, with its shape (hf/folder.py)."""
     value = cfg.init_from
     if not value.startswith("hf:") or not value[3:].strip():

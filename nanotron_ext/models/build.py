@@ -23,7 +23,7 @@ def build_model(cfg: Config, parallel_context: ParallelContext, link: LinkEmulat
     init_weights_(model, seed=cfg.general.seed, std=cfg.model.init_std, num_layers=cfg.model.num_layers)
     imported = None
     if cfg.model.init_from is not None:  # before the constraints, which then see the imported weights
-        from nanotron_ext.hf.importer import load_init_from_
+        from nanotron_ext.models.init_from import load_init_from_
 
         imported = load_init_from_(model, cfg.model)
     model.apply_constraints()

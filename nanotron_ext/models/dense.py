@@ -22,16 +22,12 @@ from nanotron.parallel.parameters import NanotronParameter
 from torch import nn
 
 from nanotron_ext.codecs.base import BoundaryDecoder, BoundaryEncoder
-from nanotron_ext.errors import UserFacingError
-from nanotron_ext.models.init import local_shard
+from nanotron_ext.errors import NoDenseEquivalent
+from nanotron_ext.parallel.shards import local_shard
 
 FullTensor = Callable[[torch.Tensor], torch.Tensor]
 """Returns the unsharded value of one of this rank's parameters (a collective over the TP group: every TP rank
 of a stage calls it for the same parameters in the same order); other tensors come back as they are."""
-
-
-class NoDenseEquivalent(UserFacingError, ValueError):
-    """The model computes something no standard layout holds; the message says which part and why, in one line."""
 
 
 @runtime_checkable

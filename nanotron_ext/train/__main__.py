@@ -59,7 +59,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     signal.signal(signal.SIGINT, _interrupt)  # Ctrl-C sent to the whole process group reaches workers too
     try:
         job["cfg"] = config_from_args(args)
-        _check_folders(job["cfg"])
+        check_job_start(job["cfg"])
         from nanotron_ext.train.trainer import Trainer
 
         job["trainer"] = Trainer(job["cfg"], config_file=args.config_file)
@@ -89,11 +89,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     return 0
 
 
-def _check_folders(cfg: "Config") -> None:
-    """The folders the run writes, checked before any process group: a file in the place of one was an OSError
-    after start-up, reported with advice to free disk space."""
+def check_job_start(cfg: "Config") -> None:
+    """What the job checks before any process group, beyond the config's own rules: model.init_from's folder (its
+    config.json against the model section, its safetensors whole) and the folders the run writes (a file in the
+    place of one was an OSError after start-up, reported with advice to free disk space)."""
     from nanotron_ext.cli_checks import output_folder
 
+    if cfg.model.init_from is not None:
+        from nanotron_ext.hf.names import check_init_from  # reads the folder's config.json and tensor headers
+
+        check_init_from(cfg.model)
     output_folder("general.output_dir", cfg.general.output_dir)
     output_folder("general.run", Path(cfg.general.output_dir) / cfg.general.run)
     output_folder("checkpoints.dir", cfg.checkpoints.dir)
