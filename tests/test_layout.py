@@ -1,6 +1,9 @@
 """The package layout's rules, read from the source with `ast` (nothing is imported):
 
 - no import cycle between nanotron_ext modules (module-level imports);
+- no import cycle between nanotron_ext packages at any import level: imports inside functions count, those under
+  `if TYPE_CHECKING:` do not (a package is nanotron_ext's first sub-package, e.g. nanotron_ext.config; a top-level
+  module such as nanotron_ext.registry is its own);
 - the core never imports a technique package, not even lazily inside a function: techniques plug
   in through nanotron_ext.registry and the `nanotron_ext.techniques` entry points;
 - a technique imports another only where one paper builds on another;
@@ -34,11 +37,19 @@ def _module_name(path: Path) -> str:
 
 def _imports(path: Path) -> Tuple[Set[str], Set[str]]:
     """(module-level nanotron_ext imports, all nanotron_ext imports incl. inside functions)."""
+    top, every, _ = _all_imports(path)
+    return top, every
+
+
+def _all_imports(path: Path) -> Tuple[Set[str], Set[str], Set[str]]:
+    """(module-level nanotron_ext imports, all nanotron_ext imports incl. inside functions, the imports that run:
+    all but those under `if TYPE_CHECKING:`)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     is_pkg = path.name == "__init__.py"
     here = _module_name(path).split(".")
     top: Set[str] = set()
     every: Set[str] = set()
+    runs: Set[str] = set()
 
     def names(node: ast.AST) -> List[str]:
         if isinstance(node, ast.Import):
@@ -53,18 +64,30 @@ def _imports(path: Path) -> Tuple[Set[str], Set[str]]:
             return [mod] + [f"{mod}.{a.name}" for a in node.names]
         return []
 
-    def visit(node: ast.AST, in_function: bool) -> None:
+    def visit(node: ast.AST, in_function: bool, type_only: bool) -> None:
         for child in ast.iter_child_nodes(node):
             found = [n for n in names(child) if n == "nanotron_ext" or n.startswith("nanotron_ext.")]
             every.update(found)
             guarded = isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test)
             if not in_function and not guarded:
                 top.update(found)
+            if not type_only:
+                runs.update(found)
             inner = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
-            visit(child, inner or guarded)
+            if guarded:  # the body is for type checkers only; an `else:` branch runs
+                for stmt in child.body:
+                    visit_one(stmt, True, True)
+                for stmt in child.orelse:
+                    visit_one(stmt, inner, type_only)
+            else:
+                visit(child, inner, type_only)
 
-    visit(tree, False)
-    return top, every
+    def visit_one(stmt: ast.AST, in_function: bool, type_only: bool) -> None:
+        holder = ast.Module(body=[stmt], type_ignores=[])
+        visit(holder, in_function, type_only)
+
+    visit(tree, False, False)
+    return top, every, runs
 
 
 def _modules() -> Dict[str, Path]:
@@ -111,6 +134,125 @@ def test_no_import_cycle() -> None:
             dfs(m)
 
 
+def _package(module: str) -> str:
+    """The node of the package graph: nanotron_ext.<first sub-package>, or a top-level module itself."""
+    return ".".join(module.split(".")[:2])
+
+
+def _package_graph() -> Dict[str, Dict[str, List[Tuple[str, str]]]]:
+    """package -> {package it imports: [(importing module, imported module), ...]}, imports inside functions
+    included, those under `if TYPE_CHECKING:` not."""
+    modules = _modules()
+    graph: Dict[str, Dict[str, List[Tuple[str, str]]]] = {_package(m): {} for m in modules}
+    for module, path in modules.items():
+        for name in _all_imports(path)[2]:
+            target = _resolve(name, modules)
+            src, dst = _package(module), _package(target)
+            if src != dst and dst in graph:
+                graph[src].setdefault(dst, []).append((module, target))
+    return graph
+
+
+def _package_cycles(graph: Dict[str, Dict[str, List[Tuple[str, str]]]]) -> List[Tuple[List[str], Set[str]]]:
+    """Per strongly connected group of packages (Tarjan): one cycle through it (first node repeated at the end),
+    and the whole group."""
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    groups: List[Set[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = set()
+            while True:
+                w = stack.pop()
+                group.add(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(group)
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    cycles = []
+    for group in groups:
+        start = min(group)
+        # shortest way back to `start` inside the group (breadth first)
+        prev: Dict[str, str] = {}
+        frontier, seen, end = [start], {start}, None
+        while frontier and end is None:
+            nxt = []
+            for v in frontier:
+                for w in sorted(graph[v]):
+                    if w == start:
+                        end = v
+                        break
+                    if w in group and w not in seen:
+                        seen.add(w)
+                        prev[w] = v
+                        nxt.append(w)
+                if end is not None:
+                    break
+            frontier = nxt
+        path = [end]
+        while path[-1] != start:
+            path.append(prev[path[-1]])
+        cycles.append((list(reversed(path)) + [start], group))
+    return cycles
+
+
+def _describe_cycle(found: Tuple[List[str], Set[str]], graph: Dict[str, Dict[str, List[Tuple[str, str]]]]) -> str:
+    cycle, group = found
+    steps = [f"{a} -> {b} ({', '.join(f'{m} imports {n}' for m, n in sorted(set(graph[a][b]))[:3])})"
+             for a, b in zip(cycle, cycle[1:])]
+    tangled = f"\n  ({len(group)} packages in this loop: {', '.join(sorted(group))})" if len(group) > len(cycle) - 1 else ""
+    return "import cycle between packages: " + " -> ".join(cycle) + "\n  " + "\n  ".join(steps) + tangled
+
+
+def test_no_import_cycle_between_packages_at_any_level() -> None:
+    """Function-level imports count: a lazy import that closes a loop is still a loop (registry.py reaching up
+    into metrics/, bench/ and config/ once closed one through 11 packages)."""
+    graph = _package_graph()
+    cycles = _package_cycles(graph)
+    assert not cycles, "\n".join(_describe_cycle(c, graph) for c in cycles)
+
+
+def test_the_package_graph_sees_function_level_cycles_and_skips_type_checking(tmp_path: Path) -> None:
+    """The walker itself: a cycle closed inside a function is found and printed; one under TYPE_CHECKING is not."""
+    pkg = tmp_path / "nanotron_ext"
+    for sub in ("a", "b", "c"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a" / "x.py").write_text("from nanotron_ext.b import y\n")
+    (pkg / "b" / "y.py").write_text("def f():\n    from nanotron_ext.a import x\n")
+    (pkg / "c" / "z.py").write_text("from typing import TYPE_CHECKING\nfrom nanotron_ext.a import x\n"
+                                    "if TYPE_CHECKING:\n    from nanotron_ext.c import z\n")
+    (pkg / "b" / "w.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                    "    from nanotron_ext.c import z\nelse:\n    z = None\n")
+    global ROOT, PKG
+    saved = ROOT, PKG
+    try:
+        ROOT, PKG = tmp_path, pkg
+        graph = _package_graph()
+        cycles = _package_cycles(graph)
+        text = "\n".join(_describe_cycle(c, graph) for c in cycles)
+    finally:
+        ROOT, PKG = saved
+    assert cycles == [(["nanotron_ext.a", "nanotron_ext.b", "nanotron_ext.a"], {"nanotron_ext.a", "nanotron_ext.b"})]
+    assert "nanotron_ext.b.y imports nanotron_ext.a.x" in text
+    assert "nanotron_ext.c" not in graph["nanotron_ext.b"]
+
+
 def test_core_never_imports_a_technique_and_techniques_only_where_papers_build_on_each_other() -> None:
     bad = []
     for module, path in _modules().items():
@@ -134,6 +276,8 @@ def test_parallel_does_not_import_config() -> None:
 
 def test_every_technique_package_is_an_entry_point_with_a_paper_map() -> None:
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["nanotron_ext.techniques"]
+    # the core's own technique object registers the same way, beside its pieces (models/pieces.py: CorePieces)
+    assert declared.get("core") == "nanotron_ext.models.technique:technique", declared
     present = {p.name for p in PKG.iterdir() if p.is_dir() and p.name in TECHNIQUES}
     assert present, "no technique package found"
     for name in present:
