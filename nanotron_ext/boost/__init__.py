@@ -9,6 +9,8 @@ point); pieces.BoostPieces builds the strategies when a model is built. The core
 Paper -> code:
 - sec. 3, low-rank linears (SVD y = A(Bx), CoLA y = A silu(Bx), LaX y_i = B_i(A_i x_i + A_{i-1} x_{i-1})):
   lowrank.linear_specs, lowrank.latent, lowrank.lax_previous, lowrank.LatentRelay
+- the attention and SwiGLU sub-layers both TP schemes share (what differs: the linears' layout, the heads per
+  rank, the chunk loop): sublayer.Attention, sublayer.MLP over sublayer.Sublayer
 - sec. 3 / Fig. 3 top, vanilla low-rank TP (each factor pair a Megatron chunk):
   vanilla.VanillaAttention, vanilla.VanillaMLP, strategies.VanillaStrategy
 - sec. 4.1 / Fig. 3 bottom, bottleneck-aware TP (chunk shifted to the r-wide latent):

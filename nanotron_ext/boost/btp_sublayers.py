@@ -31,14 +31,7 @@ from nanotron_ext.boost.online_rmsnorm import (
     rescale_local,
     unfold_statistic,
 )
-from nanotron_ext.boost.sublayer import (
-    LowRankPair,
-    Sublayer,
-    Tensors,
-    attend,
-    distinct_input_gemm,
-    init_attention,
-)
+from nanotron_ext.boost.sublayer import MLP, Attention, LowRankPair, Sublayer, Tensors, distinct_input_gemm
 from nanotron_ext.config.schema import ModelConfig
 
 
@@ -54,13 +47,8 @@ class _BTPPending(NamedTuple):
 class _BTPSublayer(Sublayer):
     """Feature-sharded input -> feature-sharded output; collectives only on r-wide latents."""
 
-    def __init__(
-        self,
-        cfg: ModelConfig,
-        tp_pg: dist.ProcessGroup,
-        relay_in: Optional[LatentRelay] = None,
-        relay_out: Optional[LatentRelay] = None,
-    ) -> None:
+    def __init__(self, cfg: ModelConfig, tp_pg: dist.ProcessGroup, relay_in: Optional[LatentRelay] = None,
+                 relay_out: Optional[LatentRelay] = None) -> None:
         tp = tp_pg.size()
         for key, width in (("hidden_size", cfg.hidden_size), ("num_heads", cfg.num_heads),
                            ("num_kv_heads", cfg.num_kv_heads), ("ffn_size", cfg.ffn_size)):
@@ -73,6 +61,10 @@ class _BTPSublayer(Sublayer):
                       "(all full-rank) to carry the statistic; using sync RMSNorm there")
             mode = "sync"
         self.norm = ShardedRMSNorm(cfg.hidden_size, cfg.rms_norm_eps, tp_pg, mode)
+
+    def _head_layout(self) -> Tuple[int, Optional[dist.ProcessGroup]]:
+        # each rank holds different heads; one qk-norm weight serves every head (as in Megatron)
+        return self.tp_pg.size(), self.tp_pg
 
     def _build_linear(self, spec: LinearSpec) -> nn.Module:
         pg = self.tp_pg
@@ -161,26 +153,9 @@ class _BTPSublayer(Sublayer):
         return full[self.LAST] if self.LAST in full else self._expand((self.LAST,), pure)[self.LAST]
 
 
-class BTPAttention(_BTPSublayer):
-    FIRST, LAST = ("q", "k", "v"), "o"
-
-    def __init__(
-        self,
-        cfg: ModelConfig,
-        tp_pg: dist.ProcessGroup,
-        relay_in: Optional[LatentRelay] = None,
-        relay_out: Optional[LatentRelay] = None,
-    ) -> None:
-        super().__init__(cfg, tp_pg, relay_in, relay_out)
-        # one qk-norm weight serves every head and each rank holds different heads (as in Megatron)
-        init_attention(self, cfg, heads_divisor=tp_pg.size(), qk_norm_group=tp_pg)
-
-    def _core(self, outs: Tensors) -> torch.Tensor:
-        return attend(self, outs["q"], outs["k"], outs["v"])
+class BTPAttention(Attention, _BTPSublayer):
+    """Each TP rank holds its own heads; one qk-norm weight serves every head (as in Megatron)."""
 
 
-class BTPMLP(_BTPSublayer):
-    FIRST, LAST = ("gate", "up"), "down"
-
-    def _core(self, outs: Tensors) -> torch.Tensor:
-        return F.silu(outs["gate"]) * outs["up"]
+class BTPMLP(MLP, _BTPSublayer):
+    pass

@@ -1,5 +1,6 @@
 """The shared machinery of BOOST's low-rank sub-layers (attention and SwiGLU MLP): factor pairs,
-grouped GEMMs and the chunk loop that vanilla.py and btp_sublayers.py specialise."""
+grouped GEMMs, and the one Attention and MLP whose TP layout and chunk loop vanilla.py (vanilla TP of the
+low-rank layers) and btp_sublayers.py (bottleneck-aware TP) specialise."""
 from __future__ import annotations
 
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -106,24 +107,6 @@ def distinct_input_gemm(
     return outs  # type: ignore[return-value]
 
 
-def attend(mod: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Causal attention over the heads this rank holds; q/k/v: [b, s, heads * head_dim]."""
-    b, s, hd = q.shape[0], q.shape[1], mod.head_dim
-    q, k, v = q.reshape(b, s, mod.n_q, hd), k.reshape(b, s, mod.n_kv, hd), v.reshape(b, s, mod.n_kv, hd)
-    if mod.q_norm is not None:
-        q, k = mod.q_norm(q), mod.k_norm(k)
-    out = causal_attention(mod.rotary(q), mod.rotary(k), v, mod.backend)
-    return out.reshape(b, s, mod.n_q * hd)
-
-
-def init_attention(mod: nn.Module, cfg: ModelConfig, heads_divisor: int, qk_norm_group: Optional[dist.ProcessGroup]) -> None:
-    mod.n_q, mod.n_kv, mod.head_dim = cfg.num_heads // heads_divisor, cfg.num_kv_heads // heads_divisor, cfg.head_dim
-    mod.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, shared_across=qk_norm_group) if cfg.qk_norm else None
-    mod.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, shared_across=qk_norm_group) if cfg.qk_norm else None
-    mod.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
-    mod.backend = cfg.attention
-
-
 class Sublayer(nn.Module):
     """Pre-norm sub-layer: norm -> FIRST linears (shared input) -> core -> LAST linear.
 
@@ -134,9 +117,8 @@ class Sublayer(nn.Module):
     FIRST: Tuple[str, ...] = ()
     LAST: str = ""
 
-    def __init__(
-        self, cfg: ModelConfig, tp_pg: dist.ProcessGroup, relay_in: Optional[LatentRelay], relay_out: Optional[LatentRelay]
-    ) -> None:
+    def __init__(self, cfg: ModelConfig, tp_pg: dist.ProcessGroup, relay_in: Optional[LatentRelay] = None,
+                 relay_out: Optional[LatentRelay] = None) -> None:
         super().__init__()
         self.tp_pg, self.kind = tp_pg, cfg.low_rank.kind
         self.specs = linear_specs(cfg)
@@ -151,10 +133,15 @@ class Sublayer(nn.Module):
             warn_once(f"group_linears: the up-projections of {'/'.join(self.FIRST)} differ in output width "
                       "(grouped-query attention); each width is batched separately")
 
-    # strategy-specific
+    # where the two TP schemes differ (vanilla.py, btp_sublayers.py)
     def _build_linear(self, spec: LinearSpec) -> nn.Module:
         raise NotImplementedError
 
+    def _head_layout(self) -> Tuple[int, Optional[dist.ProcessGroup]]:
+        """(how many TP ranks the attention heads are split over, the group one qk-norm weight is shared across)."""
+        raise NotImplementedError
+
+    # where attention and the MLP differ (Attention, MLP below)
     def _core(self, outs: Tensors) -> torch.Tensor:
         raise NotImplementedError
 
@@ -172,3 +159,39 @@ class Sublayer(nn.Module):
 
     def _factorised(self, names: Sequence[str]) -> List[str]:
         return [n for n in names if self.specs[n].factorised]
+
+
+class Attention(Sublayer):
+    """q, k, v -> RoPE + causal attention over the heads this rank holds -> o."""
+
+    FIRST, LAST = ("q", "k", "v"), "o"
+
+    def __init__(self, cfg: ModelConfig, tp_pg: dist.ProcessGroup, relay_in: Optional[LatentRelay] = None,
+                 relay_out: Optional[LatentRelay] = None) -> None:
+        super().__init__(cfg, tp_pg, relay_in, relay_out)
+        heads_divisor, qk_norm_group = self._head_layout()
+        self.n_q, self.n_kv = cfg.num_heads // heads_divisor, cfg.num_kv_heads // heads_divisor
+        self.head_dim = cfg.head_dim
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, shared_across=qk_norm_group) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, shared_across=qk_norm_group) if cfg.qk_norm else None
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
+        self.backend = cfg.attention
+
+    def _core(self, outs: Tensors) -> torch.Tensor:
+        """Causal attention; q/k/v: [b, s, heads * head_dim] of this rank's heads."""
+        q, k, v = outs["q"], outs["k"], outs["v"]
+        b, s, hd = q.shape[0], q.shape[1], self.head_dim
+        q, k, v = q.reshape(b, s, self.n_q, hd), k.reshape(b, s, self.n_kv, hd), v.reshape(b, s, self.n_kv, hd)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        out = causal_attention(self.rotary(q), self.rotary(k), v, self.backend)
+        return out.reshape(b, s, self.n_q * hd)
+
+
+class MLP(Sublayer):
+    """gate, up -> silu(gate) * up -> down (SwiGLU)."""
+
+    FIRST, LAST = ("gate", "up"), "down"
+
+    def _core(self, outs: Tensors) -> torch.Tensor:
+        return F.silu(outs["gate"]) * outs["up"]

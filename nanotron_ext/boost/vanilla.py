@@ -2,10 +2,9 @@
 5bsd + 2bs*d_ff forward per block)."""
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Sequence
+from typing import NamedTuple, Optional, Sequence, Tuple
 
 import torch
-import torch.nn.functional as F
 from nanotron import distributed as dist
 from nanotron.parallel.tensor_parallel.distributed_differentiable_primitives import (
     differentiable_identity,
@@ -27,12 +26,12 @@ from nanotron_ext.boost.lowrank import (
     warn_once,
 )
 from nanotron_ext.boost.sublayer import (
+    MLP,
+    Attention,
     LowRankPair,
     Sublayer,
     Tensors,
-    attend,
     distinct_input_gemm,
-    init_attention,
     shared_input_gemm,
 )
 from nanotron_ext.config.schema import ModelConfig
@@ -52,13 +51,8 @@ class _VanillaPending(NamedTuple):
 class _VanillaSublayer(Sublayer):
     """Replicated input -> replicated output; each factorised linear is its own Megatron chunk."""
 
-    def __init__(
-        self,
-        cfg: ModelConfig,
-        tp_pg: dist.ProcessGroup,
-        relay_in: Optional[LatentRelay] = None,
-        relay_out: Optional[LatentRelay] = None,
-    ) -> None:
+    def __init__(self, cfg: ModelConfig, tp_pg: dist.ProcessGroup, relay_in: Optional[LatentRelay] = None,
+                 relay_out: Optional[LatentRelay] = None) -> None:
         tp, r = tp_pg.size(), cfg.low_rank.width(cfg.hidden_size)
         self.shard_rank = r % tp == 0
         if cfg.low_rank.kind != "none" and not self.shard_rank:
@@ -66,6 +60,9 @@ class _VanillaSublayer(Sublayer):
                       "on every TP rank (correct, no TP collective, no memory saving)")
         super().__init__(cfg, tp_pg, relay_in, relay_out)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def _head_layout(self) -> Tuple[int, Optional[dist.ProcessGroup]]:
+        return 1, None  # every rank computes all heads
 
     def _build_linear(self, spec: LinearSpec) -> nn.Module:
         pg = self.tp_pg
@@ -133,28 +130,12 @@ class _VanillaSublayer(Sublayer):
         return self._reduce(last)[self.LAST]
 
 
-class VanillaAttention(_VanillaSublayer):
-    FIRST, LAST = ("q", "k", "v"), "o"
-
-    def __init__(
-        self,
-        cfg: ModelConfig,
-        tp_pg: dist.ProcessGroup,
-        relay_in: Optional[LatentRelay] = None,
-        relay_out: Optional[LatentRelay] = None,
-    ) -> None:
-        super().__init__(cfg, tp_pg, relay_in, relay_out)
-        init_attention(self, cfg, heads_divisor=1, qk_norm_group=None)  # every rank computes all heads
-
-    def _core(self, outs: Tensors) -> torch.Tensor:
-        return attend(self, outs["q"], outs["k"], outs["v"])
+class VanillaAttention(Attention, _VanillaSublayer):
+    """Every TP rank computes all heads."""
 
 
-class VanillaMLP(_VanillaSublayer):
-    FIRST, LAST = ("gate", "up"), "down"
-
-    def _core(self, outs: Tensors) -> torch.Tensor:
-        return F.silu(outs["gate"]) * outs["up"]
+class VanillaMLP(MLP, _VanillaSublayer):
+    pass
 
 
 # =====================================================================================================
