@@ -71,6 +71,10 @@ class Technique:
     provides: ClassVar[Mapping[str, Sequence[str]]] = {}
     """Names this technique provides, by extension-point key (nanotron_ext.registry), e.g.
     {"model.codec.kind": ["resbm"]}. Checked at config load without importing `pieces`."""
+    requires: ClassVar[Sequence[str]] = ()
+    """The techniques (by name) this one builds on, e.g. SparseLoCo's ("subspace",): heterogeneous SparseLoCo
+    runs Subspace Models' codec on some replicas. A config that chooses one of this technique's names while one of
+    these is not registered fails at load, naming both (nanotron_ext.config.checks.require_registered)."""
     shards_residual: ClassVar[Sequence[str]] = ()
     """The `model.tp_strategy` names (of those in `provides`) that shard the residual stream on d over the TP
     group (BOOST's btp); the core checks `needs_replicated_residual` against them at config load."""

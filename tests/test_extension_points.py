@@ -325,3 +325,41 @@ attempt("bad3", sections={"model.hidden_size": S})
         "technique 'bad2' mounts S at 'nowhere.s', but 'nowhere' is not a core config section",
         "technique 'bad3' mounts a section at 'model.hidden_size', which is already a key",
     ]
+
+
+def test_a_technique_whose_dependency_is_not_registered_fails_at_load_naming_both(tmp_path: Path) -> None:
+    """Technique.requires: a config choosing a name of a technique that builds on one not registered here is one
+    config error naming the key, both techniques and what is registered (SparseLoCo declares Subspace Models)."""
+    code = '''
+import sys
+from nanotron_ext.config.compose import register_technique
+from nanotron_ext.config.loader import load_config
+from nanotron_ext.config.schema import ConfigError
+from nanotron_ext.registry import TECHNIQUES
+from nanotron_ext.technique import Technique
+
+empty = sys.argv[1]
+assert TECHNIQUES.get("sparseloco").requires == ("subspace",)
+load_config(empty, ["parallelism.dp_sync=sparseloco"])  # subspace is registered: loads
+
+class Needy(Technique):
+    name = "needy"
+    provides = {"parallelism.dp_sync": ["needy_sync"]}
+    requires = ("absent",)
+
+register_technique(Needy())  # registering is fine: only a config that chooses it needs "absent"
+load_config(empty, [])
+try:
+    load_config(empty, ["parallelism.dp_sync=needy_sync"])
+except ConfigError as e:
+    print(e)
+'''
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    out = subprocess.run([sys.executable, "-c", code, str(empty)], cwd=REPO, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "parallelism.dp_sync: 'needy_sync' is technique 'needy', which needs technique 'absent', and 'absent' is not "
+        "registered (registered: ['boost', 'core', 'mapl', 'needy', 'resbm', 'sparseloco', 'subspace']); install the "
+        "package that provides 'absent', or choose another parallelism.dp_sync"]

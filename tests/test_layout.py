@@ -6,7 +6,7 @@
   module such as nanotron_ext.registry is its own);
 - the core never imports a technique package, not even lazily inside a function: techniques plug
   in through nanotron_ext.registry and the `nanotron_ext.techniques` entry points;
-- a technique imports another only where one paper builds on another;
+- a technique imports another only where one paper builds on another, and declares it (`Technique.requires`);
 - parallel/ does not import config/ (primitives take plain values, the config layer reads YAML);
 - every technique package is declared as an entry point (its one Technique object) and maps its paper in
   its docstring;
@@ -266,6 +266,31 @@ def test_core_never_imports_a_technique_and_techniques_only_where_papers_build_o
             elif (src, dst) not in ALLOWED_TECHNIQUE_IMPORTS:
                 bad.append(f"technique {module} imports technique {name}")
     assert not bad, "\n".join(bad)
+
+
+def _declared_requires(technique: str) -> Set[str]:
+    """The names in `requires = (...)` of the Technique class in nanotron_ext/<technique>/technique.py."""
+    path = PKG / technique / "technique.py"
+    out: Set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())) if path.exists() else ():
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "requires" for t in node.targets):
+            out.update(ast.literal_eval(node.value))
+    return out
+
+
+def test_a_technique_that_imports_another_declares_it_in_requires() -> None:
+    """Technique.requires is what the loader checks (a config choosing SparseLoCo needs Subspace Models
+    registered): an import of another technique's code is such a dependency, so it must be declared."""
+    bad = []
+    for module, path in _modules().items():
+        src = _area(module)
+        if src not in TECHNIQUES:
+            continue
+        for name in _imports(path)[1]:
+            dst = _area(name)
+            if dst in TECHNIQUES and dst != src and dst not in _declared_requires(src):
+                bad.append(f"{module} imports {name}, but {src}'s Technique does not list {dst!r} in `requires`")
+    assert not bad, "\n".join(sorted(set(bad)))
 
 
 def test_parallel_does_not_import_config() -> None:

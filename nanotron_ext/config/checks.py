@@ -31,9 +31,17 @@ def require_seed(value: int, key: str) -> None:
 
 
 def require_registered(registry: ExtensionPoint, name: str) -> None:
-    """Extension names are checked against what registered techniques declare (no implementation is imported)."""
+    """Extension names are checked against what registered techniques declare (no implementation is imported),
+    and so are the techniques the owner of `name` builds on (`Technique.requires`)."""
     names = registry.names()
     require(name in names, registry.config_key, f"{name!r} is not available; registered: {names}")
+    owner = registry.owner(name)
+    registered = sorted(t.name for t in techniques())
+    for needed in owner.requires:
+        require(needed in registered, registry.config_key,
+                f"{name!r} is technique {owner.name!r}, which needs technique {needed!r}, and {needed!r} is not "
+                f"registered (registered: {registered}); install the package that provides {needed!r}, or choose "
+                f"another {registry.config_key}")
 
 
 def require_finite(section: object, prefix: str) -> None:

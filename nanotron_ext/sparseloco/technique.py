@@ -21,6 +21,7 @@ class SparseLoCoTechnique(Technique):
     name = "sparseloco"
     sections = {"sparseloco": SparseLoCoConfig}
     provides = {"parallelism.dp_sync": ["sparseloco"]}
+    requires = ("subspace",)  # heterogeneous SparseLoCo runs Subspace Models on its compressed replicas
     pieces = "nanotron_ext.sparseloco.pieces:SparseLoCoPieces"
 
     def check(self, cfg: "Config") -> None:
