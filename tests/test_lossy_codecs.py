@@ -58,6 +58,16 @@ def test_bytes_match_the_closed_form_and_reconstruction_the_reference(name: str)
     assert (back - x).norm() / x.norm() > 1e-3  # lossy, as the comparison needs
 
 
+def test_int4_codes_travel_two_per_byte_low_nibble_first() -> None:
+    from nanotron_ext.codecs.lossy import Quantise
+
+    x = _x()
+    codes = torch.round(x / (x.abs().amax(-1, keepdim=True) / 7)).clamp(-7, 7).to(torch.int64) + 7  # 0..14
+    expected = (codes[..., 0::2] | (codes[..., 1::2] << 4)).to(torch.uint8)
+    wire = Quantise(D, 4).compress(x)
+    assert torch.equal(wire[..., :-1].contiguous().view(torch.uint8), expected)
+
+
 @pytest.mark.parametrize("name", ["topk", "int8", "int4", "lowrank"])
 def test_the_gradient_crosses_compressed_by_the_same_scheme(name: str) -> None:
     from nanotron_ext.codecs.lossy import LossyDecoder, LossyEncoder

@@ -16,12 +16,12 @@ from tests.helpers.one_step import micro_batches, one_step, small_config
 
 @pytest.mark.parametrize("bits", [1, 3, 8, 12, 16])
 def test_pack_bits_round_trips(bits: int) -> None:
-    from nanotron_ext.mapl.rvq import pack_bits, unpack_bits, words_for
+    from nanotron_ext.codecs.bitpack import pack_words, unpack_words, words_for
 
     values = torch.randint(0, 2**bits, (5, 37), generator=torch.Generator().manual_seed(bits))
-    words = pack_bits(values, bits)
+    words = pack_words(values, bits)
     assert words.dtype == torch.int32 and words.shape[-1] == words_for(37, bits) == math.ceil(37 / (32 // bits))
-    assert torch.equal(unpack_bits(words, bits, 37), values)
+    assert torch.equal(unpack_words(words, bits, 37), values)
 
 
 @pytest.mark.parametrize("bits", [4, 8, 16])

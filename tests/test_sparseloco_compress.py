@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from nanotron_ext.codecs.bitpack import pack_stream, unpack_stream
 from nanotron_ext.sparseloco.compress import (
     chunk_spec,
     compress_with_feedback_,
@@ -14,11 +15,9 @@ from nanotron_ext.sparseloco.compress import (
     densify,
     encode_payload,
     from_chunks,
-    pack_bits,
     payload_nbytes,
     quantize,
     to_chunks,
-    unpack_bits,
 )
 
 
@@ -127,14 +126,14 @@ def _pack_reference(values: list, bits: int) -> bytes:
 @pytest.mark.parametrize("bits", [12, 2, 13])
 def test_index_packing_round_trips_and_matches_reference(bits: int) -> None:
     x = torch.randint(0, 2**bits, (1001,), generator=torch.Generator().manual_seed(bits))
-    packed = pack_bits(x, bits)
+    packed = pack_stream(x, bits)
     assert packed.dtype == torch.uint8 and packed.numel() == (1001 * bits + 7) // 8
     assert bytes(packed.tolist()) == _pack_reference(x.tolist(), bits)
-    assert torch.equal(unpack_bits(packed, bits, 1001), x)
+    assert torch.equal(unpack_stream(packed, bits, 1001), x)
     if bits == 12:  # two indices in three bytes
-        assert pack_bits(torch.tensor([0xABC, 0x123]), 12).tolist() == [0xBC, 0x3A, 0x12]
+        assert pack_stream(torch.tensor([0xABC, 0x123]), 12).tolist() == [0xBC, 0x3A, 0x12]
     with pytest.raises(ValueError):
-        pack_bits(torch.tensor([2**bits]), bits)
+        pack_stream(torch.tensor([2**bits]), bits)
 
 
 def _quantize_reference(v: torch.Tensor, bits: int):

@@ -28,6 +28,7 @@ from typing import Optional, Tuple
 import torch
 
 from nanotron_ext.codecs.base import BoundaryCodec, BoundaryDecoder, BoundaryEncoder, from_wire
+from nanotron_ext.codecs.bitpack import pack_words, unpack_words
 
 
 def _bitcast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -76,16 +77,14 @@ class Quantise(Scheme):
         scale = x.abs().amax(-1, keepdim=True).clamp_min(1e-30) / self.levels
         q = torch.round(x / scale).clamp(-self.levels, self.levels).to(torch.int8)
         if self.bits == 4:  # two codes per byte, offset to 0..14
-            u = (q + self.levels).to(torch.uint8)
-            q = (u[..., 0::2] | (u[..., 1::2] << 4)).view(torch.int8)
+            q = pack_words(q + self.levels, 4, word_bits=8).view(torch.int8)
         return torch.cat([_bitcast(q, self.dtype), _bitcast(scale, self.dtype)], dim=-1)
 
     def decompress(self, wire: torch.Tensor, d: int) -> torch.Tensor:
         codes = _bitcast(wire[..., :-self.scale_slots], torch.int8)
         scale = _bitcast(wire[..., -self.scale_slots:], torch.float32)
         if self.bits == 4:
-            u = codes.view(torch.uint8)
-            q = torch.stack([u & 0x0F, u >> 4], dim=-1).flatten(-2).to(torch.int16) - self.levels
+            q = unpack_words(codes.view(torch.uint8), 4, d, word_bits=8, dtype=torch.int16) - self.levels
         else:
             q = codes
         return q.float() * scale

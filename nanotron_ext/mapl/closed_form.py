@@ -8,7 +8,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Tuple
 
-from nanotron_ext.mapl.rvq import index_bits, words_for
+from nanotron_ext.codecs.bitpack import words_for
+from nanotron_ext.mapl.rvq import index_bits
 from nanotron_ext.metrics.tier_bytes import (
     TierBytes,
     element_size,

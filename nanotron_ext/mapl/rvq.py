@@ -39,36 +39,11 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
+from nanotron_ext.codecs.bitpack import pack_words, unpack_words, words_for
 from nanotron_ext.parallel.p2p import mark_forward_columns
 
 
-# -- bit packing ------------------------------------------------------------------------------------
-def words_for(count: int, bits: int) -> int:
-    """int32 words holding `count` values of `bits` bits (values never straddle two words)."""
-    per_word = 32 // bits
-    return math.ceil(count / per_word)
-
-
-def pack_bits(values: torch.Tensor, bits: int) -> torch.Tensor:
-    """Non-negative integers [..., n] (< 2**bits) -> int32 words [..., words_for(n, bits)]."""
-    per_word = 32 // bits
-    n = values.shape[-1]
-    padded = torch.nn.functional.pad(values.long(), (0, words_for(n, bits) * per_word - n))
-    grouped = padded.view(*values.shape[:-1], -1, per_word)
-    shifts = torch.arange(per_word, device=values.device) * bits
-    word = (grouped << shifts).sum(-1)  # < 2**32, exact in int64
-    return torch.where(word >= 2**31, word - 2**32, word).to(torch.int32)  # the same bit pattern as int32
-
-
-def unpack_bits(words: torch.Tensor, bits: int, n: int) -> torch.Tensor:
-    """Inverse of pack_bits: int32 words -> int64 values [..., n]."""
-    per_word = 32 // bits
-    unsigned = words.long() & 0xFFFFFFFF
-    shifts = torch.arange(per_word, device=words.device) * bits
-    values = (unsigned.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)
-    return values.reshape(*words.shape[:-1], -1)[..., :n]
-
-
+# -- index width -------------------------------------------------------------------------------------
 def index_bits(codebook_size: int) -> int:
     return max(1, math.ceil(math.log2(codebook_size)))
 
@@ -79,12 +54,12 @@ def quantise_gradient(g: torch.Tensor, bits: int) -> torch.Tensor:
     levels = 2 ** (bits - 1) - 1
     scale = g.abs().amax(-1, keepdim=True).float().clamp_min(1e-30) / levels
     codes = torch.round(g.float() / scale).clamp(-levels, levels).long() + levels  # shifted to >= 0
-    return torch.cat([pack_bits(codes, bits), scale.view(torch.int32)], dim=-1)
+    return torch.cat([pack_words(codes, bits), scale.view(torch.int32)], dim=-1)
 
 
 def dequantise_gradient(words: torch.Tensor, bits: int, r: int) -> torch.Tensor:
     levels = 2 ** (bits - 1) - 1
-    codes = unpack_bits(words[..., :-1], bits, r) - levels
+    codes = unpack_words(words[..., :-1], bits, r) - levels
     return codes.float() * words[..., -1:].contiguous().view(torch.float32)
 
 
@@ -293,7 +268,7 @@ def encode_to_wire(q: ResidualQuantizer, z: torch.Tensor, grad_bits: int, learn:
     rows = rows.to(dtype)
     q.apply_stream(j, rows.float())
     wire = torch.zeros(b * s, lay.width, dtype=dtype, device=z.device)
-    wire[:, :lay.index_cols] = pack_bits(idx.reshape(b * s, -1), lay.bits).view(dtype)
+    wire[:, :lay.index_cols] = pack_words(idx.reshape(b * s, -1), lay.bits).view(dtype)
     side = torch.zeros(b * s * lay.side, dtype=dtype, device=z.device)
     side[:lay.per_word] = torch.tensor([j], dtype=torch.int32, device=z.device).view(dtype)
     side[lay.per_word:lay.stream_cols] = rows.reshape(-1)
@@ -307,7 +282,7 @@ def decode_from_wire(q: ResidualQuantizer, wire: torch.Tensor, width: int, grad_
     b, s, _ = wire.shape
     lay = WireLayout(b * s, width, q, grad_bits, wire.dtype)
     cols = wire.detach().reshape(b * s, lay.width)
-    idx = unpack_bits(_words(cols[:, :lay.index_cols]), lay.bits, q.groups * q.rounds)
+    idx = unpack_words(_words(cols[:, :lay.index_cols]), lay.bits, q.groups * q.rounds)
     z_hat = q.decode(idx.view(b * s, q.groups, q.rounds)).view(b, s, width)
     side = cols[:, lay.index_cols:lay.forward].reshape(-1)
     q.apply_stream(int(_words(side[:lay.per_word])), side[lay.per_word:lay.stream_cols].float())

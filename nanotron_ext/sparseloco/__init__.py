@@ -14,7 +14,7 @@ Paper -> code:
   of <= 4096, so the density stays near k / 4096; per-tensor density reported, a warning above 2x):
   compress.chunk_spec, to_chunks / from_chunks, topk_indices, density_warning, outer.SparseLoCoOuter.report_density
 - optional n-bit quantisation (public SparseLoCo code's 2-bit option): compress.quantize / dequantize
-- compact indices (12 bits): compress.pack_bits / unpack_bits, the payload: encode_payload /
+- compact indices (12 bits): codecs.bitpack.pack_stream / unpack_stream, the payload: compress.encode_payload /
   decode_payload, its size in closed form: payload_nbytes
 - aggregation (mean over all replicas, or over the senders of each position) and outer SGD (lr 1.0,
   optional momentum): outer.SparseLoCoOuter.aggregate / apply; exchange: one all_gather in SparseLoCoSync.sync

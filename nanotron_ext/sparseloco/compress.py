@@ -27,7 +27,8 @@ holding the mean of the kept values that fell in each bin (bin centre for an emp
 table" idea; its exact binning (centring, scaling) is not stated in the paper, so this is our choice.
 
 Index packing: every index (position inside its chunk, < chunk size) is written with `index_bits`
-bits, little-endian within a byte stream (12 bits: two indices in three bytes).
+bits, little-endian within a byte stream (12 bits: two indices in three bytes; nanotron_ext.codecs.bitpack's
+dense stream).
 """
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ import math
 from typing import List, Optional, Sequence, Tuple
 
 import torch
+
+from nanotron_ext.codecs.bitpack import pack_stream, stream_nbytes, unpack_stream
 
 VALUE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -148,28 +151,6 @@ def dequantize(codes: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     return table[codes]
 
 
-# -- bit packing --------------------------------------------------------------------------------------
-def packed_nbytes(n: int, bits: int) -> int:
-    return (n * bits + 7) // 8
-
-
-def pack_bits(x: torch.Tensor, bits: int) -> torch.Tensor:
-    """Non-negative integers < 2**bits -> uint8 stream of ceil(n * bits / 8) bytes (little-endian bits)."""
-    x = x.reshape(-1).long()
-    if x.numel() and (int(x.min()) < 0 or int(x.max()) >= 2**bits):
-        raise ValueError(f"values must lie in [0, 2**{bits})")
-    stream = ((x.unsqueeze(1) >> torch.arange(bits, device=x.device)) & 1).to(torch.uint8).reshape(-1)
-    pad = (-stream.numel()) % 8
-    stream = torch.cat([stream, stream.new_zeros(pad)]).reshape(-1, 8).long()
-    return (stream << torch.arange(8, device=x.device)).sum(dim=1).to(torch.uint8)
-
-
-def unpack_bits(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
-    """Inverse of `pack_bits`: the first `n` integers (int64)."""
-    stream = ((packed.long().unsqueeze(1) >> torch.arange(8, device=packed.device)) & 1).reshape(-1)[: n * bits]
-    return (stream.reshape(n, bits) << torch.arange(bits, device=packed.device)).sum(dim=1)
-
-
 # -- one tensor's compression step ----------------------------------------------------------------------
 @dataclasses.dataclass
 class Compressed:
@@ -215,17 +196,17 @@ def payload_nbytes(specs: Sequence[ChunkSpec], index_bits: int, quant_bits: int 
     """Closed form of `encode_payload`'s size: packed indices + values (or codes + tables)."""
     n = sum(s.n_kept for s in specs)
     if quant_bits:
-        values = packed_nbytes(n, quant_bits) + len(specs) * 4 * 2**quant_bits
+        values = stream_nbytes(n, quant_bits) + len(specs) * 4 * 2**quant_bits
     else:
         values = n * VALUE_DTYPES[value_dtype].itemsize
-    return packed_nbytes(n, index_bits) + values
+    return stream_nbytes(n, index_bits) + values
 
 
 def encode_payload(parts: Sequence[Compressed], index_bits: int, quant_bits: int = 0) -> torch.Tensor:
     """[packed indices of all tensors | values or packed codes | lookup tables] as one uint8 tensor."""
-    pieces = [pack_bits(torch.cat([p.indices.reshape(-1) for p in parts]), index_bits)]
+    pieces = [pack_stream(torch.cat([p.indices.reshape(-1) for p in parts]), index_bits)]
     if quant_bits:
-        pieces.append(pack_bits(torch.cat([p.wire_values for p in parts]), quant_bits))
+        pieces.append(pack_stream(torch.cat([p.wire_values for p in parts]), quant_bits))
         pieces += [p.table.float().view(torch.uint8) for p in parts]
     else:
         pieces += [p.wire_values.contiguous().view(torch.uint8) for p in parts]
@@ -238,11 +219,11 @@ def decode_payload(
     """Inverse of `encode_payload`: per tensor (indices [n_chunks, k], fp32 values [n_chunks, k])."""
     counts = [s.n_kept for s in specs]
     n = sum(counts)
-    at = packed_nbytes(n, index_bits)
-    all_idx = unpack_bits(payload[:at], index_bits, n).split(counts)
+    at = stream_nbytes(n, index_bits)
+    all_idx = unpack_stream(payload[:at], index_bits, n).split(counts)
     if quant_bits:
-        nb = packed_nbytes(n, quant_bits)
-        all_vals = list(unpack_bits(payload[at:at + nb], quant_bits, n).split(counts))
+        nb = stream_nbytes(n, quant_bits)
+        all_vals = list(unpack_stream(payload[at:at + nb], quant_bits, n).split(counts))
         at += nb
         tsize = 4 * 2**quant_bits
         for i in range(len(specs)):
