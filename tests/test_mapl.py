@@ -276,7 +276,8 @@ def test_spel_modes_of_the_manifold_unaware_ablation() -> None:
 
 
 def test_energy_and_principal_angles_match_closed_forms() -> None:
-    from nanotron_ext.mapl.analyse import analyse, energy_kept, principal_angles_deg
+    from nanotron_ext.codecs.energy import energy_kept
+    from nanotron_ext.mapl.analyse import analyse, principal_angles_deg
 
     e = torch.eye(6, dtype=torch.float64)
     x = torch.stack([3 * e[0] + 4 * e[1], 2 * e[0]])  # energy 25 + 4; inside span(e0): 9 + 4

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from nanotron_ext.subspace.analyse import best_basis, energy_kept, stable_rank
+from nanotron_ext.codecs.energy import energy_kept
+from nanotron_ext.subspace.analyse import best_basis, stable_rank
 
 
 def test_stable_rank_closed_forms() -> None:

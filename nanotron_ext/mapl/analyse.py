@@ -25,11 +25,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-
-def energy_kept(x: torch.Tensor, basis: torch.Tensor) -> float:
-    """Share of the energy of rows of x [N, d] inside span(basis [d, r]) (basis orthonormal)."""
-    x = x.double()
-    return float((x @ basis.double()).square().sum() / x.square().sum())
+from nanotron_ext.codecs.energy import energy_kept
 
 
 def principal_angles_deg(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,7 @@ from typing import Dict, List, Optional
 
 import torch
 
+from nanotron_ext.codecs.energy import energy_kept
 from nanotron_ext.config.loader import add_config_args, config_from_args
 
 
@@ -28,13 +29,6 @@ def stable_rank(m: torch.Tensor) -> float:
     m = m.detach().double().reshape(m.shape[0], -1)
     top = torch.linalg.matrix_norm(m, ord=2)
     return float(m.square().sum() / top.square()) if top > 0 else 0.0
-
-
-def energy_kept(x: torch.Tensor, u: torch.Tensor) -> float:
-    """||X U||_F^2 / ||X||_F^2 for rows X [n, d] and orthonormal U [d, k]."""
-    x = x.detach().double().reshape(-1, x.shape[-1])
-    total = x.square().sum()
-    return float((x @ u.double()).square().sum() / total) if total > 0 else 1.0
 
 
 def best_basis(x: torch.Tensor, k: int) -> torch.Tensor:
