@@ -1,14 +1,10 @@
 """BOOST's TP communication volume in closed form: Table 6 of "BOOST: Bottleneck-Optimized Scalable Training
 Framework for Low-Rank Large Language Models" (arXiv:2512.12131; Table 1 in the body), with its GQA form.
 The reproduction scripts check it against the comm ledger (reproduce/boost/iter_compare.py, fig8_comm.py);
-`config show` scales it to a training step (`tp_tier_bytes`)."""
+`config show` scales it to a training step (technique.BoostTechnique.closed_form_bytes)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
-
-if TYPE_CHECKING:
-    from nanotron_ext.config.schema import Config
-    from nanotron_ext.metrics.tier_bytes import TierBytes
+from typing import Any, Optional
 
 
 def table6_tp_elements(strategy: str, b: int, s: int, d: int, d_ff: int, r: int, kv_width: Optional[int] = None) -> int:
@@ -30,17 +26,3 @@ def table6_tp_elements(strategy: str, b: int, s: int, d: int, d_ff: int, r: int,
 def kv_width(model_cfg: Any) -> int:
     """num_kv_heads * head_dim of a model config."""
     return model_cfg.num_kv_heads * (model_cfg.hidden_size // model_cfg.num_heads)
-
-
-def tp_tier_bytes(strategy: str, cfg: "Config") -> "TierBytes":
-    """One TP rank's payload per step: Table 6 per block and pass x layers x micro-batches, forward and
-    backward alike (each all-reduce's transpose is one of the same width)."""
-    from nanotron_ext.metrics.tier_bytes import TierBytes, element_size, micro_batches
-
-    m, t = cfg.model, cfg.tokens
-    per_pass = m.num_layers * micro_batches(cfg) * element_size(m) * table6_tp_elements(
-        strategy, t.micro_batch_size, t.sequence_length, m.hidden_size, m.ffn_size, m.low_rank.width(m.hidden_size),
-        kv_width(m))
-    form = {"btp": "7 b s r", "vanilla": "3 b s d + 2 b s kv + 2 b s d_ff"}[strategy]
-    return TierBytes(per_pass, per_pass, f"BOOST Table 6: {form} per block and pass, x {m.num_layers} blocks x "
-                     f"{micro_batches(cfg)} micro-batches; norm statistics, embedding and head left out")

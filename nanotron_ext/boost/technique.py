@@ -42,9 +42,20 @@ class BoostTechnique(Technique):
                 "compresses nothing)")
 
     def closed_form_bytes(self, key: str, name: str, cfg: "Config") -> Optional["TierBytes"]:
-        from nanotron_ext.boost.comm_volume import tp_tier_bytes
+        """One TP rank's payload per step: Table 6 per block and pass x layers x micro-batches, forward and
+        backward alike (each all-reduce's transpose is one of the same width)."""
+        if key != "model.tp_strategy":
+            return None
+        from nanotron_ext.boost.comm_volume import kv_width, table6_tp_elements
+        from nanotron_ext.metrics.tier_bytes import TierBytes, element_size, micro_batches
 
-        return tp_tier_bytes(name, cfg) if key == "model.tp_strategy" else None
+        m, t = cfg.model, cfg.tokens
+        per_pass = m.num_layers * micro_batches(cfg) * element_size(m) * table6_tp_elements(
+            name, t.micro_batch_size, t.sequence_length, m.hidden_size, m.ffn_size, m.low_rank.width(m.hidden_size),
+            kv_width(m))
+        form = {"btp": "7 b s r", "vanilla": "3 b s d + 2 b s kv + 2 b s d_ff"}[name]
+        return TierBytes(per_pass, per_pass, f"BOOST Table 6: {form} per block and pass, x {m.num_layers} blocks x "
+                         f"{micro_batches(cfg)} micro-batches; norm statistics, embedding and head left out")
 
 
 technique = BoostTechnique()

@@ -1,8 +1,8 @@
 """What one MAPL boundary sends per optimiser step, in closed form ("Learned Subspace Compression for
 Communication-Efficient Pipeline Parallelism", arXiv:2606.05484: Z and the token ids; plus what keeps the two
 copies of A_p and the anchor table equal, nanotron_ext/mapl/sync.py, and the RVQ wire of
-nanotron_ext/mapl/rvq.py). The ledger tests of tests/test_mapl.py and tests/test_mapl_rvq.py measure the
-same quantities."""
+nanotron_ext/mapl/rvq.py): the per-token wire and the sync exchange that technique.MaplTechnique.closed_form_bytes
+sums over a step. The ledger tests of tests/test_mapl.py and tests/test_mapl_rvq.py measure the same quantities."""
 from __future__ import annotations
 
 import math
@@ -11,9 +11,7 @@ from typing import TYPE_CHECKING, Tuple
 from nanotron_ext.codecs.bitpack import words_for
 from nanotron_ext.mapl.rvq import index_bits
 from nanotron_ext.metrics.tier_bytes import (
-    TierBytes,
     element_size,
-    micro_batches,
     tokens_per_micro_batch,
     tokens_per_step,
 )
@@ -49,11 +47,3 @@ def shared_sync(cfg: "Config") -> Tuple[float, float, str]:
     rows = min(m.vocab_size, tokens_per_step(cfg))  # the distinct ids of a step, at most
     return (m.hidden_size * r * e, (m.hidden_size * r + rows * anchor) * e,
             f"A_p's gradient partials each way + at most {rows} touched anchor rows back")
-
-
-def boundary_bytes(cfg: "Config") -> TierBytes:
-    n = tokens_per_step(cfg)
-    fwd, bwd, form = wire_per_token(cfg)
-    sync_fwd, sync_bwd, sync_form = shared_sync(cfg)
-    return TierBytes(n * fwd + sync_fwd, n * bwd + sync_bwd,
-                     f"{form} per token x {n} tokens ({micro_batches(cfg)} micro-batches); {sync_form}")

@@ -32,11 +32,18 @@ class MaplTechnique(Technique):
                 f"{mapl.vq_groups} does not divide the wire width r={r}")
 
     def closed_form_bytes(self, key: str, name: str, cfg: "Config") -> Optional["TierBytes"]:
+        """The wire of every token (Z and its id, or the RVQ indices; the gradient back) and the exchange that
+        keeps the two sides' A_p and anchor table equal (mapl/closed_form.py)."""
         if key != "model.codec.kind":
             return None
-        from nanotron_ext.mapl.closed_form import boundary_bytes
+        from nanotron_ext.mapl.closed_form import shared_sync, wire_per_token
+        from nanotron_ext.metrics.tier_bytes import TierBytes, micro_batches, tokens_per_step
 
-        return boundary_bytes(cfg)
+        n = tokens_per_step(cfg)
+        fwd, bwd, form = wire_per_token(cfg)
+        sync_fwd, sync_bwd, sync_form = shared_sync(cfg)
+        return TierBytes(n * fwd + sync_fwd, n * bwd + sync_bwd,
+                         f"{form} per token x {n} tokens ({micro_batches(cfg)} micro-batches); {sync_form}")
 
 
 technique = MaplTechnique()
