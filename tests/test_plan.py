@@ -26,7 +26,10 @@ THREE = str(REPO / "examples" / "config_three_tiers.yaml")  # dp = 2 x tp = 2 x 
 THREE_SETS = ["sparseloco.inner_steps=2", "sparseloco.embedding_adaptation=false", "tokens.sequence_length=32",
               "tokens.micro_batch_size=2", "model.vocab_size=1024", "tokenizer.vocab_size=1024"]
 pytestmark = pytest.mark.slow  # every test here runs several processes
-MEMORY_TOLERANCE = 0.02  # planned peak vs the allocator's (measured: 0.04% fp32 at dp 2, 0.5% / 1.4% bf16 at tp 2)
+# planned peak vs the allocator's. The real peak moves from run to run with when gloo's asynchronous collectives free
+# their buffers (measured on 2 cores: fp32 at dp 2 0.04% to 8.6% above the plan, bf16 at tp 2 0.5% to 2.9%); the
+# plan has no timing, so it is held to 10%
+MEMORY_TOLERANCE = 0.10
 
 
 def _real_rank(config_file: str, overrides: List[str], profile: bool = True) -> Dict[str, Any]:

@@ -17,8 +17,9 @@ import torch
 
 from nanotron_ext.config.compose import core_class
 from nanotron_ext.config.schema import Config, ParallelismConfig
-from nanotron_ext.inference.run import RunCheckpoint, RunError, free_port
+from nanotron_ext.inference.run import RunCheckpoint, RunError
 from nanotron_ext.models.llama import LlamaForTraining
+from nanotron_ext.parallel.context import init_portless
 from nanotron_ext.parallel.layout import codec_boundaries, split_layers
 
 
@@ -49,10 +50,11 @@ def one_process_group() -> Iterator[None]:
             raise RunError("generate/eval run on one process; this one is part of a larger process group")
         yield
         return
-    env = dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    env = dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
+        init_portless("gloo")
         yield
     finally:
         if torch_dist.is_initialized():

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import socket
 import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -103,12 +102,6 @@ class Gathered:
     """Logits [1, s, V] of `check_ids`, computed in the run's own layout, when asked for."""
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def gather(ckpt: RunCheckpoint, *, replica: int = 0, dense: bool = False,
            check_ids: Optional[torch.Tensor] = None) -> Gathered:
     """Reassemble DP replica `replica` of `ckpt` (see the module doc); with `dense`, also its dense equivalent; with
@@ -121,7 +114,7 @@ def gather(ckpt: RunCheckpoint, *, replica: int = 0, dense: bool = False,
         job = {"config": config_to_dict(ckpt.config), "path": str(ckpt.path), "meta": ckpt.meta, "replica": replica,
                "dense": dense, "check_ids": check_ids, "out": tmp, "tp": layout["tp"], "pp": layout["pp"]}
         try:
-            torch.multiprocessing.spawn(_worker, args=(world, free_port(), job), nprocs=world, join=True)
+            torch.multiprocessing.spawn(_worker, args=(world, job), nprocs=world, join=True)
         except Exception:  # the failing rank wrote a user-facing reason first, when it had one
             reasons = sorted(Path(tmp).glob("error_*.txt"))
             if reasons:
@@ -155,13 +148,15 @@ def _read_shard(path: Path, meta: Dict[str, Any], name: str) -> Dict[str, Any]:
     return torch.load(file, map_location="cpu", weights_only=True)
 
 
-def _worker(rank: int, world: int, port: int, job: Dict[str, Any]) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+def _worker(rank: int, world: int, job: Dict[str, Any]) -> None:
+    from nanotron_ext.parallel.context import init_portless
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     logging.disable(logging.WARNING)  # build-time notes (fallbacks, grouping) were shown when the run trained
     out = Path(job["out"])
     try:
+        init_portless("gloo", rank, world, store_file=str(out / "store"))
         _gather_rank(job, out)
     except UserFacingError as e:
         (out / f"error_{rank}.txt").write_text(str(e))

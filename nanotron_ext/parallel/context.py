@@ -17,7 +17,6 @@ import contextlib
 import datetime
 import importlib
 import os
-import socket
 from typing import Any, Iterator, Optional
 
 import numpy as np
@@ -109,28 +108,36 @@ def context_for(cfg: Any, world_size: Optional[int] = None) -> ParallelContext:
     return build_parallel_context(p.dp, p.tp, p.pp, backend=backend, timeout_s=cfg.general.collective_timeout_s)
 
 
+def init_portless(backend: str, rank: int = 0, world_size: int = 1, store_file: Optional[str] = None,
+                  timeout_s: float = 120.0) -> None:
+    """The default process group of processes on this machine, with a rendezvous that takes no TCP port: an
+    in-process store for a world of one, a FileStore at `store_file` for several. (A free port picked, released
+    and bound again can be taken by another job in between: EADDRINUSE under a loaded test suite.)"""
+    store = torch_dist.HashStore() if world_size == 1 else torch_dist.FileStore(store_file, world_size)
+    torch_dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                                  timeout=datetime.timedelta(seconds=timeout_s))
+
+
 def standalone_context(tp: int = 1, backend: Optional[str] = "gloo") -> ParallelContext:
     """dp = pp = 1 with `tp` TP ranks over this job's processes (`backend` None: NCCL with CUDA, else gloo).
-    In a lone process (no torchrun, no process group yet) that is a one-rank group on a free port, and the
-    rendezvous variables it needs are not left behind (a child process would inherit a stale MASTER_PORT)."""
+    In a lone process (no torchrun, no process group yet) that is a one-rank group (init_portless), and the
+    rank variables nanotron reads are not left behind (a child process would inherit them)."""
     if "RANK" in os.environ:
         return build_parallel_context(1, tp, 1, backend=backend)
     with _lone_rendezvous():
+        if not torch_dist.is_initialized():
+            init_portless(backend or ("nccl" if torch.cuda.is_available() else "gloo"))
         return build_parallel_context(1, tp, 1, backend=backend)
 
 
 @contextlib.contextmanager
 def _lone_rendezvous() -> Iterator[None]:
-    keys = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+    keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
     saved = {k: os.environ.get(k) for k in keys}
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     # A second standalone context in the same process finds the group from the first already made (nanotron
     # reads WORLD_SIZE and LOCAL_RANK even then); its rank and size stand in for the variables.
     rank, world = (torch_dist.get_rank(), torch_dist.get_world_size()) if torch_dist.is_initialized() else (0, 1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     try:
         yield
     finally:

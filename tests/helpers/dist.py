@@ -60,7 +60,20 @@ def _context() -> "mp.context.BaseContext":
     return ctx
 
 
+class _PortTaken(RuntimeError):
+    pass
+
+
 def run_distributed(fn: Callable, world_size: int, *args: Any, timeout_s: float = 240.0) -> List[Any]:
+    """fn(*args) on `world_size` forked ranks; their results, in rank order. Once more on another port when rank 0's
+    store found the free port taken meanwhile (another test's job bound it between free_port and the store)."""
+    try:
+        return _run_distributed(fn, world_size, args, timeout_s)
+    except _PortTaken:
+        return _run_distributed(fn, world_size, args, timeout_s)
+
+
+def _run_distributed(fn: Callable, world_size: int, args: tuple, timeout_s: float) -> List[Any]:
     ctx = _context()
     queue = ctx.Queue()
     port = free_port()
@@ -83,7 +96,7 @@ def run_distributed(fn: Callable, world_size: int, *args: Any, timeout_s: float 
                         raise RuntimeError(f"rank process exited with code {dead[0].exitcode} without reporting") from None
                 continue
             if status == "error":
-                raise RuntimeError(f"rank {rank} failed:\n{payload}")
+                raise (_PortTaken if "EADDRINUSE" in payload else RuntimeError)(f"rank {rank} failed:\n{payload}")
             results[rank] = _load(payload)
     finally:
         for p in procs:
