@@ -4,7 +4,7 @@ Loss, perplexity and bits per byte of a run's checkpoint (any layout, any techni
 text: jsonl, parquet or a dataset saved with `save_to_disk`. Windows, tokenisation and loss are the trainer's, so
 on the run's own validation documents the loss equals its validation loss; bits per byte compare runs with
 different tokenizers. For lm-eval's tasks, export the run (python -m nanotron_ext.export) and run
-`lm_eval --model hf --model_args pretrained=DIR ...` (README, "After training").
+`lm_eval --model hf --model_args pretrained=DIR ...` (docs/after-training.md).
 """
 from __future__ import annotations
 

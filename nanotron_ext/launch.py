@@ -1,6 +1,6 @@
 """`python -m nanotron_ext.launch [torchrun options] -m nanotron_ext.train --config-file X.yaml [--set ...]`
 
-torchrun (`torch.distributed.run`: the same options and defaults) that ends the way the README promises: a
+torchrun (`torch.distributed.run`: the same options and defaults) that ends the way docs/failures.md promises: a
 user-facing error is one line and exit code 2, not one line followed by torchrun's ~30-line ChildFailedError
 report with a traceback of its own and exit 1. The workers hand their one-line errors over through torch
 elastic's error files (`nanotron_ext.train.failures`); this launcher prints the first and exits with its code:

@@ -204,7 +204,7 @@ def test_repeated_short_runs_all_end_cleanly(small_corpus: Path, tmp_path: Path)
 @pytest.mark.slow
 @pytest.mark.parametrize("key", ["general.output_dir", "checkpoints.dir"])
 def test_a_folder_that_cannot_be_written_is_one_line_naming_it(small_corpus: Path, tmp_path: Path, key: str) -> None:
-    """A read-only folder (the README's claim): as root, chmod does not stop writes, so a folder under /sys, where
+    """A read-only folder (docs/failures.md's claim): as root, chmod does not stop writes, so a folder under /sys, where
     the kernel refuses mkdir to everyone, stands in for it."""
     if os.geteuid() == 0:
         folder = Path("/sys/nanotron_ext_test_not_writable")

@@ -268,7 +268,7 @@ def test_config_show_names_the_technique_of_every_tier() -> None:
         "# closed forms (nanotron_ext.metrics.tier_bytes; the comm ledger's bytes):",
         "#   TP bytes per step per TP rank, all stages: 7.00 MiB (forward 3.50 MiB, backward 3.50 MiB); BOOST Table 6: "
         "7 b s r per block and pass, x 4 blocks x 2 micro-batches; norm statistics, embedding and head left out",
-        # forward 68 + 512 KiB: the two replicas' pipeline bytes the example measures (README, "Three tiers in one
+        # forward 68 + 512 KiB: the two replicas' pipeline bytes the example measures (docs/three-tiers.md, "Three tiers in one
         # job"): 593,920 B each way per step
         "#   PP bytes per step per stage link (subspace, replicas [0]): 136.00 KiB (forward 68.00 KiB, backward 68.00 KiB); k x 4 B + "
         "a 4 B token id (k = 16) per token each way x 1024 tokens per step",

@@ -97,8 +97,8 @@ class TierLinkConfig(Extensible, path="parallelism.link.tp"):
     """The TP group's links (every pair of neighbours on the tier's ring); parallelism.link.dp has the same keys."""
 
     preset: Optional[str] = None
-    """A named link (nvlink, infiniband, 10gbe, datacenter-wan-1g, internet-200m-50ms, internet-80m; README
-    "Link presets" gives their sources); keys set beside it override its values."""
+    """A named link (nvlink, infiniband, 10gbe, datacenter-wan-1g, internet-200m-50ms, internet-80m; docs/links-and-wan-meter.md,
+    "Link emulation", gives their sources); keys set beside it override its values."""
     bandwidth_mbps: Optional[float] = None
     """Bandwidth in Mbit/s per direction (0 = unlimited; unset: the preset's, else 0)."""
     latency_ms: Optional[float] = None

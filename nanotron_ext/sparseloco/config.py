@@ -10,7 +10,7 @@ from nanotron_ext.config.checks import require, require_finite
 
 @dataclasses.dataclass(kw_only=True)
 class FaultToleranceConfig:
-    """Replicas that leave and rejoin (sparseloco.fault_tolerance; README "Fault-tolerant SparseLoCo"): each
+    """Replicas that leave and rejoin (sparseloco.fault_tolerance; docs/techniques/sparseloco.md): each
     replica is its own job (parallelism.dp = 1) and a torchft replica group; the outer sync runs a torchft
     quorum and gathers the payloads over torchft's reconfigurable process group among the replicas present."""
 

@@ -1,4 +1,4 @@
-"""Fault-tolerant SparseLoCo on torchft (sparseloco.fault_tolerance.enabled; README "Fault-tolerant SparseLoCo").
+"""Fault-tolerant SparseLoCo on torchft (sparseloco.fault_tolerance.enabled; docs/techniques/sparseloco.md).
 
 Process layout. Each replica is its own job (parallelism.dp = 1, its own tp x pp inner process groups, its own
 torchrun and TCPStore) and one torchft replica group (replica id sparseloco_<replica>). Every rank of the job

@@ -1,4 +1,4 @@
-"""One-machine launcher for fault-tolerant SparseLoCo (sparseloco.fault_tolerance; README "Fault-tolerant SparseLoCo"):
+"""One-machine launcher for fault-tolerant SparseLoCo (sparseloco.fault_tolerance; docs/techniques/sparseloco.md):
 a torchft lighthouse in this process at sparseloco.fault_tolerance.lighthouse's port, and one training job per
 replica (`python -m nanotron_ext.launch ... --set sparseloco.fault_tolerance.replica=R`, run `<general.run>_rR`,
 checkpoints `<checkpoints.dir>_rR`), each in its own process group so it can be killed alone. A replica that dies
