@@ -7,7 +7,7 @@ replaced by a Python list (tests/test_sparseloco_outer.py checks bit equality wi
 from __future__ import annotations
 
 import itertools
-from typing import Any, Dict, List, Literal, Optional, Sequence
+from typing import Any, Callable, Dict, List, Literal, Optional, Sequence
 
 import torch
 from torch import nn
@@ -67,7 +67,8 @@ class SimulatedReplicas:
 
 
 def run_simulated(cfg: Config, replicas: int, mode: Literal["sparseloco", "dense"] = "sparseloco",
-                  config_file: Optional[str] = None) -> Dict[str, Any]:
+                  config_file: Optional[str] = None,
+                  observe: Optional[Callable[[List[Replica]], ReplicaHook]] = None) -> Dict[str, Any]:
     """Train `replicas` data-parallel replicas of `cfg`'s model in this process (a 1-rank process group),
     each on the data shard the trainer gives DP rank r of `replicas`, each taking the trainer's own step
     (nanotron_ext.train.replica.Replica: autocast, clipping, the non-finite guard, optimiser, schedule,
@@ -75,10 +76,12 @@ def run_simulated(cfg: Config, replicas: int, mode: Literal["sparseloco", "dense
     over the replicas every step (classic DP). Losses are averaged over the replicas in replica order, as
     the trainer's DP all-reduce does (bit-identical to the trainer at dp = 2). Returns per-step mean train
     loss, the final validation loss (each replica on its own validation shard, averaged, as the trainer
-    does), bytes per replica per sync and the replicas' final weights."""
+    does), bytes per replica per sync and the replicas' final weights. `observe(replicas)` returns a hook that
+    sees every outer sync as SimulatedReplicas' own hooks do (it must not change the weights)."""
     if mode == "dense" and cfg.sparseloco.grassmann_every:  # its updates run at outer syncs: there are none
         raise ConfigError(f"sparseloco.grassmann_every={cfg.sparseloco.grassmann_every}: Grassmann updates run at "
-                          "SparseLoCo outer syncs; the dense mode (gradients averaged every step) has none, set it to 0")
+                          "SparseLoCo outer syncs; the dense mode (gradients averaged every step) has none, "
+                          "set it to 0")
     # general.backend as the trainer reads it: auto = NCCL on CUDA (the replicas then train on the GPU)
     ctx = standalone_context(backend=None if cfg.general.backend == "auto" else cfg.general.backend)
     reps = [Replica(cfg, ctx, r, local=True) for r in range(replicas)]  # heterogeneous: a per-replica codec
@@ -95,6 +98,8 @@ def run_simulated(cfg: Config, replicas: int, mode: Literal["sparseloco", "dense
         if sim is not None:
             sim.outer = SparseLoCoOuter(sim.params[0], cfg.sparseloco, sim.names)  # global weights after the split
             sim.hooks.append(hook)
+    if sim is not None and observe is not None:
+        sim.hooks.append(observe(reps))
     losses: List[float] = []
     for step in range(1, cfg.tokens.train_steps + 1):
         step_losses = [rep.backward([next(loaders[r]) for _ in range(cfg.tokens.batch_accumulation_per_replica)])
