@@ -33,7 +33,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--source", choices=("jsonl", "parquet", "hf_disk"), default=None,
                         help="reader (default: from the name)")
     parser.add_argument("--text-key", default="text", help="field holding each document's text")
-    parser.add_argument("--batch-size", type=int, default=None, help="windows per forward (default: the run's micro-batch)")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="windows per forward (default: the run's micro-batch)")
     parser.add_argument("--json", default=None, help="also write the numbers to this JSON file")
     args = parser.parse_args(argv)
     try:
@@ -52,7 +53,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         tokens = ckpt.config.tokens
         with one_process_group():
             model = load_single_process_model(ckpt, raw, args.replica)
-            score = score_text(model, data, tok_path, tokens.sequence_length, args.batch_size or tokens.micro_batch_size)
+            score = score_text(model, data, tok_path, tokens.sequence_length, args.batch_size
+                               or tokens.micro_batch_size)
     except UserFacingError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -60,7 +62,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"{ckpt.run_dir} step {ckpt.step} on {args.data}: {score.documents} documents, {score.bytes:,} bytes, "
           f"{score.tokens:,} tokens ({score.scored_tokens:,} scored in {score.windows} windows of "
           f"{tokens.sequence_length + 1})")
-    print(f"loss {score.loss:.4f} nats/token   perplexity {score.perplexity:.2f}   bits per byte {score.bits_per_byte:.4f}")
+    print(f"loss {score.loss:.4f} nats/token   perplexity {score.perplexity:.2f}   bits per byte "
+          f"{score.bits_per_byte:.4f}")
     if args.json:
         try:
             write_text_atomic(args.json, json.dumps(result, indent=2) + "\n")

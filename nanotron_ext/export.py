@@ -24,7 +24,8 @@ CHECK_TOKENS = 32
 
 def add_run_args(parser: argparse.ArgumentParser) -> None:
     """Options every command that reads a run shares (export, generate, eval)."""
-    parser.add_argument("--run", required=True, help="the run folder, general.output_dir/general.run (e.g. runs/tiny_llama)")
+    parser.add_argument("--run", required=True,
+                        help="the run folder, general.output_dir/general.run (e.g. runs/tiny_llama)")
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest complete one)")
     parser.add_argument("--replica", type=int, default=0, help="DP replica whose weights to read (default 0)")
     parser.add_argument("--checkpoints", default=None, help="checkpoint folder (default: checkpoints.dir of the run)")
@@ -80,8 +81,8 @@ def export(run: str, out: str, step: Optional[int] = None, replica: int = 0, che
             scale = max(1.0, got.logits.abs().max().item())
             print(f"check: {ids.shape[1]} tokens, max |logit difference| transformers vs the run's layout = {diff:.2e}")
             if not diff <= 1e-4 * scale:
-                raise UserFacingError(f"the exported model's logits differ from the run's by {diff:.3g} (> {1e-4 * scale:.3g}); "
-                                      "nothing was written to --out")
+                raise UserFacingError(f"the exported model's logits differ from the run's by {diff:.3g} (> "
+                                      f"{1e-4 * scale:.3g}); nothing was written to --out")
             info["check"] = {"tokens": ids.shape[1], "max_abs_logit_diff": diff}
             (tmp / EXPORT_INFO).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
         commit(tmp, target, overwrite)
@@ -108,7 +109,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         from nanotron_ext.cli_checks import at_least
 
         at_least("--replica", args.replica, 0)  # -1 was refused only after the checkpoint was opened
-        export(args.run, args.out, args.step, args.replica, args.checkpoints, args.tokenizer, args.overwrite, args.verify)
+        export(args.run, args.out, args.step, args.replica, args.checkpoints, args.tokenizer,
+               args.overwrite, args.verify)
     except UserFacingError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

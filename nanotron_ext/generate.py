@@ -1,4 +1,5 @@
-"""python -m nanotron_ext.generate --run runs/<run> --prompt "..." [--max-new-tokens N --temperature T --top-p P --seed S]
+"""python -m nanotron_ext.generate --run runs/<run> --prompt "..."
+       [--max-new-tokens N --temperature T --top-p P --seed S]
 
 Continues a prompt with a run's checkpoint (any layout, any technique) on one process and prints the text as it
 comes. The prompt is tokenised with the run's tokenizer after the document separator `<|endoftext|>` (what
@@ -29,7 +30,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass in (0, 1]")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--backend", choices=("auto", "native", "hf"), default="auto",
-                        help="hf: transformers with a KV cache (standard models); native: our model; auto: hf when possible")
+                        help="hf: transformers with a KV cache (standard models); native: our model; "
+                             "auto: hf when possible")
     args = parser.parse_args(argv)
     try:
         at_least("--max-new-tokens", args.max_new_tokens, 1)

@@ -74,7 +74,8 @@ class Verdict:
     @property
     def within_noise(self) -> bool:
         """The ordering is decided by less than 2 standard errors."""
-        return self.measured is not None and self.err is not None and abs(self.measured - self.claim.than) <= 2 * self.err
+        return (self.measured is not None and self.err is not None
+                and abs(self.measured - self.claim.than) <= 2 * self.err)
 
     @property
     def ours_over_paper(self) -> Optional[float]:
@@ -125,7 +126,8 @@ class Verdict:
         """One printable line: paper value, ours (+- s.e.), the ordering, the verdict and ours/paper."""
         c = self.claim
         paper = "-" if c.paper is None else f"{c.paper:.4g}"
-        ours = "-" if self.measured is None else f"{self.measured:.4g}" + ("" if self.err is None else f" +- {self.err:.2g}")
+        ours = "-" if self.measured is None else f"{self.measured:.4g}" + ("" if self.err is None
+                                                                           else f" +- {self.err:.2g}")
         src = f"[{c.source}] " if c.source else ""
         claimed = f"; claimed {c.column} {c.ordering}" if c.relation else ""
         ratio = "" if self.ours_over_paper is None else f" (ours/paper {self.ours_over_paper:.3g})"
@@ -157,7 +159,8 @@ def _finite(v: Any) -> Optional[float]:
     return float(v) if math.isfinite(v) else None
 
 
-def measured_value(claim: PaperClaim, rows: Sequence[Mapping[str, Any]], column: Optional[str] = None) -> Optional[float]:
+def measured_value(claim: PaperClaim, rows: Sequence[Mapping[str, Any]],
+                   column: Optional[str] = None) -> Optional[float]:
     """The claim's column (or `column`) in the first row that matches its `where` (None: no such
     row or value)."""
     for row in rows:

@@ -68,7 +68,8 @@ def dry_run(runs: Mapping[str, Tuple[str | Path, Sequence[str]]]) -> int:
     return 0
 
 
-def runs_for_seeds(base: Mapping[str, Tuple[str | Path, Sequence[str]]], seeds: Sequence[int]) -> Dict[str, Tuple[str | Path, List[str]]]:
+def runs_for_seeds(base: Mapping[str, Tuple[str | Path, Sequence[str]]],
+                   seeds: Sequence[int]) -> Dict[str, Tuple[str | Path, List[str]]]:
     """Each run once per seed, named '<run> seed <s>'."""
     return {f"{name} seed {s}": (cfg, with_seed(ovr, s)) for name, (cfg, ovr) in base.items() for s in seeds}
 

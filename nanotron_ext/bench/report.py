@@ -147,7 +147,8 @@ def print_header(title: str, meta: Mapping[str, Any], *details: str) -> None:
 
 def publish(out: str | Path, rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any], title: str,
             headers: Sequence[Any], body: Sequence[Sequence[Any]], verdicts: Sequence[Verdict] = (),
-            figure: Any = None, notes: Sequence[str] = (), extra: Optional[Mapping[str, Any]] = None) -> Dict[str, Path]:
+            figure: Any = None, notes: Sequence[str] = (),
+            extra: Optional[Mapping[str, Any]] = None) -> Dict[str, Path]:
     """Print header, table and verdicts; write JSON + markdown + PNG (see the module docstring); print
     the paths written."""
     print_header(title, meta)
@@ -161,7 +162,8 @@ def publish(out: str | Path, rows: Sequence[Mapping[str, Any]], meta: Mapping[st
     return write_report(out, rows, meta, title, headers, body, verdicts, figure, notes, extra)
 
 
-def publish_rendered(out: str | Path, saved: Mapping[str, Any], title: str, rendered: Mapping[str, Any]) -> Dict[str, Path]:
+def publish_rendered(out: str | Path, saved: Mapping[str, Any], title: str,
+                     rendered: Mapping[str, Any]) -> Dict[str, Path]:
     """`publish` of a script's saved result (`rows`, `meta`) and its render() output (`headers`, `body`,
     `verdicts`, `figure`, `notes`, `extra`)."""
     r = rendered
@@ -283,7 +285,8 @@ def markdown_report(title: str, meta: Mapping[str, Any], headers: Sequence[Any],
 
 def write_report(out: str | Path, rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any], title: str,
                  headers: Sequence[Any], body: Sequence[Sequence[Any]], verdicts: Sequence[Verdict] = (),
-                 figure: Any = None, notes: Sequence[str] = (), extra: Optional[Mapping[str, Any]] = None) -> Dict[str, Path]:
+                 figure: Any = None, notes: Sequence[str] = (),
+                 extra: Optional[Mapping[str, Any]] = None) -> Dict[str, Path]:
     """Write the JSON (or CSV; `extra`: more top-level JSON keys), the markdown beside it and the PNG
     beside it (titled `title` + machine + date): `figure`, or ours-vs-paper bars of the verdicts (the
     table itself when no verdict has a paper number). Prints and returns {"json"|"csv", "md", "png"}."""

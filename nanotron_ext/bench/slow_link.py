@@ -191,7 +191,8 @@ def plot(rows: Sequence[dict], path: Path, title: str) -> None:
 
 def table(rows: Sequence[dict]) -> Tuple[List[str], List[List[Any]]]:
     """(headers, body) of the benchmark's rows for bench.report."""
-    headers = ["setting", "Mbit/s", "duplex", "tokens/s", "link-bound tokens/s", "fwd B/step", "bwd B/step", "loss@budget"]
+    headers = ["setting", "Mbit/s", "duplex", "tokens/s", "link-bound tokens/s", "fwd B/step",
+               "bwd B/step", "loss@budget"]
     body = [[r["setting"], f"{r['bandwidth_mbps']:g}", r["duplex"], f"{r['tokens_per_s']:.0f}",
              f"{r['link_bound_tokens_per_s']:.0f}" if r["link_bound_tokens_per_s"] else "inf",
              f"{r['bytes_per_step_per_boundary']['fwd']:,.0f}", f"{r['bytes_per_step_per_boundary']['bwd']:,.0f}",
@@ -217,7 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def run_grid(args: argparse.Namespace, grid: Optional[Sequence[Tuple[str, List[str], float, str]]] = None) -> List[dict]:
+def run_grid(args: argparse.Namespace,
+             grid: Optional[Sequence[Tuple[str, List[str], float, str]]] = None) -> List[dict]:
     """Every (setting, bandwidth, duplex) of the arguments, or the explicit `grid` of such tuples."""
     if grid is None:
         grid = [(n, o, bw, dx) for n, o in args.setting for bw in args.bandwidth for dx in (args.duplex or ["half"])]

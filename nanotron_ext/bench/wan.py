@@ -40,7 +40,8 @@ bandwidth = F * 8 / (R * C) with R = (100.5 - 19.9) / 19.9 (their uncompressed c
 over their compressed step time, taken as compute), and latency = 50 ms * C / 19.9 s (their latency in units
 of their compute). `--preset resbm-80m-cpu` does the same for ResBM Table 3's half-duplex 80 Mbit/s link
 (R = 7530 / 609 - 1: its centralised 10 Gbps throughput over its 80 Mbps one, no latency). Over the plain
-`internet-200m-50ms` preset a CPU step is compute-bound and the ratio is near 1. Only the direction of a ratio (> 1) is judged against the paper; its size depends on that scaling.
+`internet-200m-50ms` preset a CPU step is compute-bound and the ratio is near 1. Only the direction of a ratio (> 1) is
+judged against the paper; its size depends on that scaling.
 """
 from __future__ import annotations
 
@@ -96,7 +97,8 @@ SYSTEMS: Dict[str, System] = {
     # opt-in rows (not in DEFAULT_SYSTEMS; resolved by tests/test_wan_meter.py, not yet in a committed result)
     "topk_pipeline": System("lossy top-k 8x (pp=2)", 2, PIPE + ("model.codec.kind=topk", "model.codec.ratio=8")),
     "int4_pipeline": System("lossy int4 (pp=2)", 2, PIPE + ("model.codec.kind=int4",)),
-    "lowrank_pipeline": System("lossy low-rank 8x (pp=2)", 2, PIPE + ("model.codec.kind=lowrank", "model.codec.ratio=8")),
+    "lowrank_pipeline": System("lossy low-rank 8x (pp=2)", 2,
+                               PIPE + ("model.codec.kind=lowrank", "model.codec.ratio=8")),
     "mapl_pipeline": System("MAPL (pp=2)", 2, PIPE + ("model.codec.kind=mapl",)),
     "mapl_vq_pipeline": System("MAPL + VQ (pp=2)", 2, PIPE + ("model.codec.kind=mapl", "model.codec.mapl.vq_groups=32",
                                                              "model.codec.mapl.vq_rounds=2",
@@ -241,9 +243,11 @@ def calibrate_anchor(args: argparse.Namespace) -> Dict[str, Any]:
     from nanotron_ext.bench.training import run_training
     from nanotron_ext.metrics.logger import read_metrics
 
-    sets = [*SYSTEMS["pipeline"].overrides, "parallelism.link.enabled=false", f"tokens.train_steps={args.calibration_steps}",
+    sets = [*SYSTEMS["pipeline"].overrides, "parallelism.link.enabled=false",
+            f"tokens.train_steps={args.calibration_steps}",
             "tokens.val_check_interval=0", "logging.progress_bar=false", *args.set]
-    summary = run_training(config_file("--config", args.config, REPO), sets, "anchor_calibration", nproc=2, root=Path(args.runs),
+    summary = run_training(config_file("--config", args.config, REPO), sets, "anchor_calibration", nproc=2,
+                           root=Path(args.runs),
                            timeout_s=args.timeout_s, reuse=args.reuse)
     compute_s = run_curve(read_metrics(Path(summary["run_dir"]) / "metrics.jsonl"))["steady_step_s"]
     comm = summary["comm_bytes_per_step"]
@@ -278,7 +282,8 @@ def pooled_rows(runs: Sequence[Mapping[str, Any]], reference: str, target_rel: f
                 "step_time_ratio_vs_pipeline_se": ratio_se,
                 "bytes_per_step": {t: statistics.fmean(r["bytes_per_step"][t] for r in seeds) for t in TIERS},
                 "closed_form_bytes_per_step": seeds[0].get("closed_form_bytes_per_step", {}),
-                "link_wait_fraction": {t: statistics.fmean(w.get(t, 0.0) for w in waits) for t in TIERS} if waits else {},
+                "link_wait_fraction": {t: statistics.fmean(w.get(t, 0.0) for w in waits)
+                                       for t in TIERS} if waits else {},
                 "final_val_loss": loss, "final_val_loss_se": loss_se, "target_val_loss": target,
                 "time_to_target_s": ttt, "time_to_target_s_se": ttt_se, "reached": f"{len(reached)}/{len(seeds)}",
                 "curves": [r["val_vs_wall"] for r in seeds],
@@ -358,7 +363,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                    help=f"systems to meter (known: {', '.join(SYSTEMS)})")
     p.add_argument("--reference", help="the system whose final validation loss sets the target, one of --systems "
                    "(default: pipeline; without it among --systems there is no target)")
-    p.add_argument("--target-rel", type=float, default=0.02, help="target = reference final validation loss x (1 + this)")
+    p.add_argument("--target-rel", type=float, default=0.02,
+                   help="target = reference final validation loss x (1 + this)")
     p.add_argument("--config", default=BASE, help="model, data and budget every system shares")
     p.add_argument("--steps", type=int, default=60, help="training steps (the same token budget for every system)")
     p.add_argument("--val-every", type=int, default=10, help="validation interval in steps (the loss-vs-time points)")
@@ -367,7 +373,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra override for every run")
     p.add_argument("--runs", default="runs/wan", help="where the runs' folders go")
     p.add_argument("--timeout-s", type=float, default=1800, help="per run")
-    p.add_argument("--reuse", action="store_true", help="read a finished run of the same resolved config instead of training")
+    p.add_argument("--reuse", action="store_true",
+                   help="read a finished run of the same resolved config instead of training")
     p.add_argument("--dry-run", action="store_true", help="resolve and print every run's config, train nothing")
     args = help_with_defaults(p).parse_args(argv)
     args.reference_given, args.reference = args.reference is not None, args.reference or "pipeline"

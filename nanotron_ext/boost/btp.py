@@ -155,7 +155,8 @@ class ColumnParallelLinear(TensorParallelColumnLinear):
     """nanotron's column-parallel linear (output features sharded) with a collective-free `local`."""
 
     def __init__(self, in_features: int, out_features: int, pg: dist.ProcessGroup, **kwargs) -> None:
-        super().__init__(in_features, out_features, pg=pg, mode=TensorParallelLinearMode.ALL_REDUCE, bias=False, **kwargs)
+        super().__init__(in_features, out_features, pg=pg, mode=TensorParallelLinearMode.ALL_REDUCE,
+                         bias=False, **kwargs)
 
     def local(self, x: torch.Tensor) -> torch.Tensor:
         """x must already be marked for the backward all-reduce (nanotron's f) by the caller."""
@@ -166,7 +167,8 @@ class RowParallelLinear(TensorParallelRowLinear):
     """nanotron's row-parallel linear (input features sharded) with a collective-free `local`."""
 
     def __init__(self, in_features: int, out_features: int, pg: dist.ProcessGroup, **kwargs) -> None:
-        super().__init__(in_features, out_features, pg=pg, mode=TensorParallelLinearMode.ALL_REDUCE, bias=False, **kwargs)
+        super().__init__(in_features, out_features, pg=pg, mode=TensorParallelLinearMode.ALL_REDUCE,
+                         bias=False, **kwargs)
 
     def local(self, x: torch.Tensor) -> torch.Tensor:
         """This rank's partial sum; the caller reduces it (all-reduce or reduce-scatter)."""

@@ -91,7 +91,8 @@ class _BTPSublayer(Sublayer):
             groups, fact_parts, full_parts = [[n] for n in fact], parts[:len(fact)], parts[len(fact):]
         buffers = list(fact_parts)
         if rms_local is not None:
-            buffers = [fold_statistic(buffers[0], rms_local, s_local)] + [rescale_local(b, rms_local) for b in buffers[1:]]
+            buffers = [fold_statistic(buffers[0], rms_local, s_local)] + [rescale_local(b, rms_local)
+                                                                          for b in buffers[1:]]
             full_parts = [rescale_local(p, rms_local) for p in full_parts]
         full = dict(zip(full_names, full_parts))
         widths = [[self.specs[n].rank for n in g] for g in groups]

@@ -56,10 +56,12 @@ def linear_specs(cfg: ModelConfig) -> Dict[str, LinearSpec]:
     """Shape and rank of each of the seven linears of a decoder block."""
     d, f = cfg.hidden_size, cfg.ffn_size
     q_out, kv_out = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    shapes = {"q": (d, q_out), "k": (d, kv_out), "v": (d, kv_out), "o": (q_out, d), "gate": (d, f), "up": (d, f), "down": (f, d)}
+    shapes = {"q": (d, q_out), "k": (d, kv_out), "v": (d, kv_out), "o": (q_out, d), "gate": (d, f),
+              "up": (d, f), "down": (f, d)}
     low = cfg.low_rank.kind != "none"
     return {
-        n: LinearSpec(n, i, o, cfg.low_rank.width(cfg.hidden_size) if low and n in cfg.low_rank.targets else None) for n, (i, o) in shapes.items()
+        n: LinearSpec(n, i, o, cfg.low_rank.width(cfg.hidden_size) if low and n in cfg.low_rank.targets else None)
+        for n, (i, o) in shapes.items()
     }
 
 

@@ -40,8 +40,8 @@ class LowRankPair(nn.Module):
 
     def dense_equivalent(self, full: FullTensor, exact: bool = True) -> Dict[str, torch.Tensor]:
         if exact and not self.exact_product:
-            raise NoDenseEquivalent("model.low_rank.kind is cola or lax: y = up(h(down(x))) with a nonlinearity or another "
-                                    "linear's latent in h has no single dense weight")
+            raise NoDenseEquivalent("model.low_rank.kind is cola or lax: y = up(h(down(x))) with a "
+                                    "nonlinearity or another linear's latent in h has no single dense weight")
         # a factor whose weight is computed from other parameters (Subspace Models' W = U_S C under btp) states
         # its unsharded value itself: full() knows the shards of parameters only
         up, down = (f.full_weight(full) if hasattr(f, "full_weight") else full(f.weight) for f in (self.up, self.down))

@@ -71,7 +71,8 @@ class _VanillaSublayer(Sublayer):
         if self.shard_rank:
             return LowRankPair(ColumnParallelLinear(spec.in_features, spec.rank, pg),
                                RowParallelLinear(spec.rank, spec.out_features, pg), self._exact_product(spec.name))
-        return LowRankPair(ReplicatedLinear(spec.in_features, spec.rank), ReplicatedLinear(spec.rank, spec.out_features),
+        return LowRankPair(ReplicatedLinear(spec.in_features, spec.rank),
+                           ReplicatedLinear(spec.rank, spec.out_features),
                            self._exact_product(spec.name))
 
     def _sharded(self, name: str) -> bool:

@@ -123,7 +123,8 @@ def render_tiers(config: Config) -> str:
                        for c, (r, _) in by_codec.items())
     boundaries = len(config.codec_boundaries())
     once = "" if p.tp == 1 or p.pp == 1 else (
-        "; each wire once over TP" if p.pp_scatter_gather else "; one copy per TP rank") + " (parallelism.pp_scatter_gather)"
+        "; each wire once over TP" if p.pp_scatter_gather
+        else "; one copy per TP rank") + " (parallelism.pp_scatter_gather)"
     lines = [f"tiers: dp={p.dp} x tp={p.tp} x pp={p.pp}",
              f"  TP (inside a stage, {p.tp} ranks): {owner(TP_STRATEGIES, m.tp_strategy)}"
              + (f", low-rank {m.low_rank.kind}" if m.low_rank.kind != "none" else ""),

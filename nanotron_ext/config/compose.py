@@ -52,7 +52,8 @@ def _rebuild(core: type, values: Dict[str, Any]) -> Any:
     names = {f.name for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(values) - names)
     if unknown:
-        raise TypeError(f"{core.__name__} has no keys {unknown} here (a technique registered where it was built is not)")
+        raise TypeError(f"{core.__name__} has no keys {unknown} here (a technique registered where "
+                        "it was built is not)")
     obj = object.__new__(cls)
     for f in dataclasses.fields(cls):
         if f.name in values:

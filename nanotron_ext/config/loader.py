@@ -102,73 +102,117 @@ def _is_required(f: dataclasses.Field) -> bool:
 
 def _convert(value: Any, tp: Any, path: str) -> Any:
     """Check `value` against annotation `tp` and return it as the field should hold it."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    origin = typing.get_origin(tp)
     if tp is Any:
         return value
     if dataclasses.is_dataclass(tp):
-        if value is not None and not isinstance(value, Mapping):
-            raise _Mismatch(path, tp, value)
-        return from_dict(tp, value, path)
+        return _convert_dataclass(value, tp, path)
     if origin is Literal:
-        # Compare types too: `True == 1`, so a bool would otherwise match Literal[1].
-        if any(type(value) is type(a) and value == a for a in args):
-            return value
-        raise _Mismatch(path, tp, value)
+        return _convert_literal(value, tp, path)
     if _is_union(tp):
-        if value is None and _NoneType in args:
-            return None
-        members = [a for a in args if a is not _NoneType]
-        deeper: Optional[ConfigError] = None
-        for member in members:
-            try:
-                return _convert(value, member, path)
-            except _Mismatch as e:
-                if e.path != path and deeper is None:
-                    deeper = e  # wrong inside the value (e.g. one list item): more precise
-        raise deeper if deeper is not None else _Mismatch(path, tp, value)
+        return _convert_union(value, tp, path)
     if origin is list or tp is list:
-        if not isinstance(value, (list, tuple)):
-            raise _Mismatch(path, tp, value)
-        item_tp = args[0] if args else Any
-        return [_convert(v, item_tp, f"{path}[{i}]") for i, v in enumerate(value)]
+        return _convert_list(value, tp, path)
     if origin is dict or tp is dict:
-        if not isinstance(value, Mapping):
-            raise _Mismatch(path, tp, value)
-        key_tp, val_tp = args if args else (Any, Any)
-        out = {}
-        for k, v in value.items():
-            try:
-                k = _convert(k, key_tp, path)
-            except _Mismatch:
-                raise ConfigError(f"{path}: keys must be {type_name(key_tp)}, got key {_given(k)}") from None
-            out[k] = _convert(v, val_tp, _join(path, k))
-        return out
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise _Mismatch(path, tp, value)
-    if tp is int:
-        # bool is a subclass of int in Python; `layers: true` is a mistake, not 1.
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise _Mismatch(path, tp, value)
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        # Dicts loaded with plain yaml.safe_load still hold `3e-4` as a string.
-        if isinstance(value, str) and EXP_FLOAT.match(value):
-            return float(value.replace("_", ""))
-        raise _Mismatch(path, tp, value)
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        hint = " (quote it in YAML to pass it as text)" if isinstance(value, (bool, int, float)) else ""
-        raise _Mismatch(path, tp, value, hint)
+        return _convert_dict(value, tp, path)
+    for scalar, convert in _SCALARS:
+        if tp is scalar:
+            return convert(value, path)
     if isinstance(tp, type):
         if isinstance(value, tp):
             return value
         raise _Mismatch(path, tp, value)
     raise TypeError(f"{path}: unsupported annotation {tp!r} in the config schema")
+
+
+def _convert_dataclass(value: Any, tp: Any, path: str) -> Any:
+    """A nested section: a mapping (or None: every field takes its default)."""
+    if value is not None and not isinstance(value, Mapping):
+        raise _Mismatch(path, tp, value)
+    return from_dict(tp, value, path)
+
+
+def _convert_literal(value: Any, tp: Any, path: str) -> Any:
+    # Compare types too: `True == 1`, so a bool would otherwise match Literal[1].
+    if any(type(value) is type(a) and value == a for a in typing.get_args(tp)):
+        return value
+    raise _Mismatch(path, tp, value)
+
+
+def _convert_union(value: Any, tp: Any, path: str) -> Any:
+    """Optional[X] / Union[...]: the first member that accepts the value; a member's error from inside the value
+    (e.g. one list item) is reported rather than the whole value's mismatch, being more precise."""
+    args = typing.get_args(tp)
+    if value is None and _NoneType in args:
+        return None
+    members = [a for a in args if a is not _NoneType]
+    deeper: Optional[ConfigError] = None
+    for member in members:
+        try:
+            return _convert(value, member, path)
+        except _Mismatch as e:
+            if e.path != path and deeper is None:
+                deeper = e  # wrong inside the value (e.g. one list item): more precise
+    raise deeper if deeper is not None else _Mismatch(path, tp, value)
+
+
+def _convert_list(value: Any, tp: Any, path: str) -> List[Any]:
+    """list / List[X]: a YAML list (or a tuple), each item converted to X."""
+    if not isinstance(value, (list, tuple)):
+        raise _Mismatch(path, tp, value)
+    args = typing.get_args(tp)
+    item_tp = args[0] if args else Any
+    return [_convert(v, item_tp, f"{path}[{i}]") for i, v in enumerate(value)]
+
+
+def _convert_dict(value: Any, tp: Any, path: str) -> Dict[Any, Any]:
+    """dict / Dict[K, V]: a mapping whose keys convert to K and values to V (each under its dotted key)."""
+    if not isinstance(value, Mapping):
+        raise _Mismatch(path, tp, value)
+    args = typing.get_args(tp)
+    key_tp, val_tp = args if args else (Any, Any)
+    out = {}
+    for k, v in value.items():
+        try:
+            k = _convert(k, key_tp, path)
+        except _Mismatch:
+            raise ConfigError(f"{path}: keys must be {type_name(key_tp)}, got key {_given(k)}") from None
+        out[k] = _convert(v, val_tp, _join(path, k))
+    return out
+
+
+def _convert_bool(value: Any, path: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise _Mismatch(path, bool, value)
+
+
+def _convert_int(value: Any, path: str) -> int:
+    # bool is a subclass of int in Python; `layers: true` is a mistake, not 1.
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise _Mismatch(path, int, value)
+
+
+def _convert_float(value: Any, path: str) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    # Dicts loaded with plain yaml.safe_load still hold `3e-4` as a string.
+    if isinstance(value, str) and EXP_FLOAT.match(value):
+        return float(value.replace("_", ""))
+    raise _Mismatch(path, float, value)
+
+
+def _convert_str(value: Any, path: str) -> str:
+    if isinstance(value, str):
+        return value
+    hint = " (quote it in YAML to pass it as text)" if isinstance(value, (bool, int, float)) else ""
+    raise _Mismatch(path, str, value, hint)
+
+
+# Scalar annotations, matched by identity (`tp is bool`, ...), each with its converter.
+_SCALARS: Tuple[Tuple[type, Any], ...] = (
+    (bool, _convert_bool), (int, _convert_int), (float, _convert_float), (str, _convert_str))
 
 
 def from_dict(cls: type[T], data: Optional[Mapping[str, Any]], path: str = "") -> T:

@@ -97,8 +97,8 @@ class TierLinkConfig(Extensible, path="parallelism.link.tp"):
     """The TP group's links (every pair of neighbours on the tier's ring); parallelism.link.dp has the same keys."""
 
     preset: Optional[str] = None
-    """A named link (nvlink, infiniband, 10gbe, datacenter-wan-1g, internet-200m-50ms, internet-80m; docs/links-and-wan-meter.md,
-    "Link emulation", gives their sources); keys set beside it override its values."""
+    """A named link (nvlink, infiniband, 10gbe, datacenter-wan-1g, internet-200m-50ms, internet-80m;
+    docs/links-and-wan-meter.md, "Link emulation", gives their sources); keys set beside it override its values."""
     bandwidth_mbps: Optional[float] = None
     """Bandwidth in Mbit/s per direction (0 = unlimited; unset: the preset's, else 0)."""
     latency_ms: Optional[float] = None
@@ -151,7 +151,8 @@ class LinkConfig(Extensible, path="parallelism.link"):
             require(not unknown, f"parallelism.link.per_stage_pair.{pair}",
                      f"unknown keys {sorted(unknown)}; allowed: bandwidth_mbps, latency_ms")
             for name, value in spec.items():  # as the section's own bandwidth_mbps / latency_ms
-                require(math.isfinite(value) and value >= 0, f"{key}.{name}", f"must be a finite number >= 0, got {value}")
+                require(math.isfinite(value) and value >= 0, f"{key}.{name}",
+                        f"must be a finite number >= 0, got {value}")
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -196,7 +197,8 @@ class TokenizerConfig(Extensible, path="tokenizer"):
     """Vocabulary of the byte-level BPE that `prepare` trains."""
 
     def __post_init__(self) -> None:
-        require(self.vocab_size >= 260, "tokenizer.vocab_size", f"must be >= 260 (bytes + specials), got {self.vocab_size}")
+        require(self.vocab_size >= 260, "tokenizer.vocab_size",
+                f"must be >= 260 (bytes + specials), got {self.vocab_size}")
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -215,7 +217,8 @@ class TokensConfig(Extensible, path="tokens"):
     """Validation batches per validation run."""
 
     def __post_init__(self) -> None:
-        for key in ("sequence_length", "micro_batch_size", "batch_accumulation_per_replica", "train_steps", "val_steps"):
+        for key in ("sequence_length", "micro_batch_size", "batch_accumulation_per_replica",
+                    "train_steps", "val_steps"):
             require(getattr(self, key) >= 1, f"tokens.{key}", f"must be >= 1, got {getattr(self, key)}")
         require(self.val_check_interval >= 0, "tokens.val_check_interval", "must be >= 0")
 

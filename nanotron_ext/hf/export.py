@@ -41,7 +41,8 @@ def hf_model(cfg: ModelConfig, dense: Dict[str, torch.Tensor], eos_id: Optional[
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [m for m in missing if not (cfg.tie_embeddings and m == "lm_head.weight")]
     if missing or unexpected:
-        raise ValueError(f"transformers' {model_cls.__name__} expects {missing or 'no more'} and not {unexpected or '-'}")
+        raise ValueError(f"transformers' {model_cls.__name__} expects {missing or 'no more'} and not "
+                         f"{unexpected or '-'}")
     if cfg.tie_embeddings:
         model.tie_weights()
     return model.float().eval()

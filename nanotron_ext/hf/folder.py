@@ -1,5 +1,5 @@
-"""`model.init_from: hf:DIR` when the job starts: the folder's safetensors files hold every tensor our model reads, whole
-and of the shape the model section gives.
+"""`model.init_from: hf:DIR` when the job starts: the folder's safetensors files hold every tensor our model reads,
+whole and of the shape the model section gives.
 
 The importer reads the tensors only after the process groups are up, on every rank: a file cut short by an
 interrupted copy (SafetensorError) or a tensor of another shape ("Sizes of tensors must match") was a traceback per
@@ -66,7 +66,8 @@ def read_header(file: Path) -> Dict[str, Tuple[str, List[int]]]:
         try:
             dtype, shape, (begin, end) = entry["dtype"], [int(d) for d in entry["shape"]], entry["data_offsets"]
         except (TypeError, KeyError, ValueError):
-            raise ConfigError(f"model.init_from: {file}: tensor {name} has a malformed header entry {entry!r}") from None
+            raise ConfigError(f"model.init_from: {file}: tensor {name} has a malformed header entry "
+                              f"{entry!r}") from None
         if end > data:
             raise ConfigError(f"model.init_from: {file} is cut off: tensor {name} ends at byte {8 + length + end:,}, "
                               f"the file has {size:,} (an interrupted copy or download?)")

@@ -53,7 +53,8 @@ def _fill(template: str, m: re.Match) -> str:
 
 
 def _widths(cfg: "ModelConfig") -> Dict[str, int]:
-    return {"q": cfg.num_heads * cfg.head_dim, "k": cfg.num_kv_heads * cfg.head_dim, "v": cfg.num_kv_heads * cfg.head_dim,
+    return {"q": cfg.num_heads * cfg.head_dim, "k": cfg.num_kv_heads * cfg.head_dim,
+            "v": cfg.num_kv_heads * cfg.head_dim,
             "gate": cfg.ffn_size, "up": cfg.ffn_size}
 
 
@@ -158,7 +159,8 @@ def check_hf_config(hf: Dict[str, Any], cfg: "ModelConfig", folder: str) -> None
         "num_kv_heads": ("num_key_value_heads", hf.get("num_key_value_heads") or heads),
         "rms_norm_eps": ("rms_norm_eps", hf.get("rms_norm_eps")), "rope_theta": ("rope_theta", _rope_theta(hf, folder)),
     }
-    if cfg.tie_embeddings and not hf.get("tie_word_embeddings", False):  # the other way round, the head starts as a copy
+    # the other way round, the head starts as a copy
+    if cfg.tie_embeddings and not hf.get("tie_word_embeddings", False):
         raise ConfigError(f"model.tie_embeddings=true but {folder} has a head of its own (tie_word_embeddings=false); "
                           "set model.tie_embeddings: false")
     for ours, (theirs, value) in expected.items():

@@ -52,8 +52,8 @@ class RunCheckpoint:
             raise RunError(f"tokenizer {path} ({flag}) is not a file (a folder?); give the tokenizer JSON, e.g. "
                            f"{path / 'tokenizer.json'}")
         if not path.is_file():
-            raise RunError(f"tokenizer {path} (tokenizer.path of {self.run_dir}) does not exist here: run from the folder "
-                           "you trained in, or pass --tokenizer PATH")
+            raise RunError(f"tokenizer {path} (tokenizer.path of {self.run_dir}) does not exist here: "
+                           "run from the folder you trained in, or pass --tokenizer PATH")
         return path
 
 
@@ -77,7 +77,8 @@ def open_run(run: str | Path, step: Optional[int] = None, checkpoints: Optional[
         hint = " (a relative path: run from the folder you trained in, or pass --checkpoints DIR)" \
             if not Path(config.checkpoints.dir).is_absolute() and not checkpoints else ""
         if checkpoints and list_checkpoints(root.parent) and (root / "meta.json").is_file():
-            hint = f" ({root.name} is one checkpoint: pass its folder, --checkpoints {root.parent}, and --step to choose)"
+            hint = (f" ({root.name} is one checkpoint: pass its folder, --checkpoints {root.parent}, "
+                    "and --step to choose)")
         raise RunError(f"no complete checkpoint in {root} (checkpoints.dir of {config_file}){hint}")
     steps = {s: p for s, p in found}
     if step is None:
@@ -108,7 +109,8 @@ def gather(ckpt: RunCheckpoint, *, replica: int = 0, dense: bool = False,
     `check_ids` [1, s], also the logits the run's layout computes for them."""
     layout = ckpt.layout
     if not 0 <= replica < layout["dp"]:
-        raise RunError(f"--replica {replica}: the run has parallelism.dp={layout['dp']} replicas (0..{layout['dp'] - 1})")
+        raise RunError(f"--replica {replica}: the run has parallelism.dp={layout['dp']} replicas "
+                       f"(0..{layout['dp'] - 1})")
     world = layout["tp"] * layout["pp"]
     with tempfile.TemporaryDirectory(prefix="nanotron_ext-gather-") as tmp:
         job = {"config": config_to_dict(ckpt.config), "path": str(ckpt.path), "meta": ckpt.meta, "replica": replica,

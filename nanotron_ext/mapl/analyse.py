@@ -190,10 +190,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     out = Path(args.out or Path(args.config_file).with_name("mapl_analysis.json"))
     write(result, out, f"MAPL projections: {args.checkpoint}")
     for r in result["boundaries"]:
-        print(f"boundary {r['boundary']}: energy kept learned {r['energy_learned']:.3f} vs random {r['energy_random']:.3f}"
-              f"; turned {r.get('mean_angle_to_init_deg', float('nan')):.1f} deg from its initial basis; 99% energy at "
-              f"rank {r['rank_99']} of {r['d']}; pair-cosine Pearson {r['pearson_learned']:.4f} (random basis "
-              f"{r['pearson_random']:.4f}); max |A^T A - I| {r['stiefel_error']:.1e}")
+        print(f"boundary {r['boundary']}: energy kept learned {r['energy_learned']:.3f} vs random "
+              f"{r['energy_random']:.3f}; turned {r.get('mean_angle_to_init_deg', float('nan')):.1f} deg from its "
+              f"initial basis; 99% energy at rank {r['rank_99']} of {r['d']}; pair-cosine Pearson "
+              f"{r['pearson_learned']:.4f} (random basis {r['pearson_random']:.4f}); max |A^T A - I| "
+              f"{r['stiefel_error']:.1e}")
     for k, v in result["mean_principal_angle_deg"].items():
         print(f"mean principal angle {k}: {v:.1f} deg")
     print(f"two random {projections_shape(result)} bases: {result['random_pair_mean_angle_deg']:.1f} deg")

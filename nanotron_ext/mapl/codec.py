@@ -170,12 +170,14 @@ class MaplDecoder(_Side, BoundaryDecoder):
     def forward(self, wire: torch.Tensor, input_ids: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
         p, mine = self.projection, self.mine
         self.record_ids(input_ids)
-        z = from_wire(wire) if self.quantizer is None else decode_from_wire(self.quantizer, wire, self.r, self.grad_bits)
+        z = from_wire(wire) if self.quantizer is None else decode_from_wire(self.quantizer, wire,
+                                                                            self.r, self.grad_bits)
         if self.shared_sync == "rows":  # before the identity below: its gradient is the whole dL/dZ
             z = z - p.sender_anchor_term(input_ids, mine)  # zero forward; routes -dL/dZ A^T P^T to this table
         if self.sharded_pg is not None:
             z = differentiable_identity(z, group=self.sharded_pg)  # backward: dZ summed over the feature shards
-        x = residual_float(z @ p.A[mine].T) + residual_float(p.anchor(input_ids, mine=mine))  # fp32 (autocast: bf16 products)
+        # fp32 (autocast: bf16 products)
+        x = residual_float(z @ p.A[mine].T) + residual_float(p.anchor(input_ids, mine=mine))
         return x, x
 
 

@@ -38,7 +38,8 @@ class MaplCodecConfig:
             require(value is None or value >= 1, f"model.codec.mapl.{key}", f"must be >= 1, got {value}")
         require(self.vq_groups >= 0, "model.codec.mapl.vq_groups", f"must be >= 0, got {self.vq_groups}")
         require(self.vq_rounds >= 1, "model.codec.mapl.vq_rounds", f"must be >= 1, got {self.vq_rounds}")
-        require(2 <= self.vq_codebook <= 2**16, "model.codec.mapl.vq_codebook", f"must be in [2, 65536], got {self.vq_codebook}")
+        require(2 <= self.vq_codebook <= 2**16, "model.codec.mapl.vq_codebook",
+                f"must be in [2, 65536], got {self.vq_codebook}")
         require(0 < self.vq_decay < 1, "model.codec.mapl.vq_decay", f"must be in (0, 1), got {self.vq_decay}")
 
     def widths(self, hidden_size: int) -> Tuple[int, int]:

@@ -177,7 +177,8 @@ class ResidualQuantizer(nn.Module):
             idx = self._nearest(residual, self.learning[:, t], "learn")
             onehot = torch.nn.functional.one_hot(idx, self.size).float()  # [N, G, K]
             self.ema_count[:, t].mul_(self.decay).add_(onehot.sum(0), alpha=1 - self.decay)
-            self.ema_sum[:, t].mul_(self.decay).add_(torch.einsum("ngk,ngw->gkw", onehot, residual), alpha=1 - self.decay)
+            self.ema_sum[:, t].mul_(self.decay).add_(torch.einsum("ngk,ngw->gkw", onehot, residual),
+                                                     alpha=1 - self.decay)
             n = self.ema_count[:, t].sum(-1, keepdim=True)
             count = (self.ema_count[:, t] + 1e-5) / (n + self.size * 1e-5) * n  # Laplace smoothing
             self.learning[:, t].copy_(self.ema_sum[:, t] / count.unsqueeze(-1))
@@ -241,7 +242,8 @@ class _FromWire(torch.autograd.Function):
     """Forward: the decoded Z_hat. Backward: dL/dZ_hat quantised into wire-shaped words."""
 
     @staticmethod
-    def forward(ctx, wire: torch.Tensor, z_hat: torch.Tensor, layout: WireLayout) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, wire: torch.Tensor, z_hat: torch.Tensor,
+                layout: WireLayout) -> torch.Tensor:  # type: ignore[override]
         ctx.layout, ctx.shape = layout, wire.shape
         return z_hat.clone()
 

@@ -43,7 +43,8 @@ class StepMeter:
                                            cfg.tokens.sequence_length)
         self.peak_tflops = device_peak_tflops(cfg.logging.peak_tflops)
         t = cfg.tokens
-        self.tokens_per_step = cfg.parallelism.dp * t.batch_accumulation_per_replica * t.micro_batch_size * t.sequence_length
+        self.tokens_per_step = (cfg.parallelism.dp * t.batch_accumulation_per_replica * t.micro_batch_size
+                                * t.sequence_length)
         self._waited0: Dict[str, float] = {}
         self._t0 = 0.0
 

@@ -2,10 +2,10 @@
 prints them: nanotron_ext/config/__main__.py), the planner and the WAN meter.
 
 Each extension point's owner (nanotron_ext.registry) answers for the piece it provides
-(`Technique.closed_form_bytes`; nanotron_ext.config.tiers asks each tier's owner): the TP strategy for the TP tier, the codec for the PP tier, the DP sync for
-the DP tier. The core answers for its own pieces here (megatron, identity and the lossy baselines,
-allreduce). Bytes follow the comm ledger's convention (nanotron_ext.parallel.comm: the payload one rank hands
-to a call, not ring traffic), so a closed form here can be checked against a run's ledger
+(`Technique.closed_form_bytes`; nanotron_ext.config.tiers asks each tier's owner): the TP strategy for the TP tier, the
+codec for the PP tier, the DP sync for the DP tier. The core answers for its own pieces here (megatron, identity and
+the lossy baselines, allreduce). Bytes follow the comm ledger's convention (nanotron_ext.parallel.comm: the payload one
+rank hands to a call, not ring traffic), so a closed form here can be checked against a run's ledger
 (tests/test_three_tiers.py).
 """
 from __future__ import annotations
@@ -104,7 +104,8 @@ def lossy_wire(cfg: "Config", kind: str) -> Optional[TierBytes]:
 
 def dense_dp(cfg: "Config", num_params: int) -> TierBytes:
     extra = "; each TP rank also all-reduces its copy of TP-replicated parameters" if cfg.parallelism.tp > 1 else ""
-    return TierBytes(4.0 * num_params, 0.0, f"fp32 gradients of {num_params:,} parameters, all-reduced every step{extra}")
+    return TierBytes(4.0 * num_params, 0.0,
+                     f"fp32 gradients of {num_params:,} parameters, all-reduced every step{extra}")
 
 
 # -- the whole job ---------------------------------------------------------------------------------------------

@@ -3,8 +3,8 @@ layer writes into the residual stream inside a subspace (Subspace Models' span(U
 
 `constrain` runs once per local layer after the weights are initialised (build_model), with that
 layer's output projections as the TP strategy names them ({"attn_out": ..., "mlp_down": ...}); a
-constraint may project or reparameterise them there (W = U W_small). The trainer calls `after_step` after every optimiser step
-(re-projection). `model.output_constraint.kind` names one; the technique providing the name builds it
+constraint may project or reparameterise them there (W = U W_small). The trainer calls `after_step` after every
+optimiser step (re-projection). `model.output_constraint.kind` names one; the technique providing the name builds it
 (nanotron_ext.technique.Pieces.output_constraint).
 """
 from __future__ import annotations

@@ -67,7 +67,8 @@ def header_size(text: str) -> Optional[Tuple[int, bool, float]]:
     if m is None:
         return None
     scale = {"": 1, "M": 1e6, "B": 1e9}[m.group(4)]
-    return int(m.group(1).replace(",", "")), m.group(2) == "uncompressed model", float(m.group(3).replace(",", "")) * scale
+    return int(m.group(1).replace(",",
+                                  "")), m.group(2) == "uncompressed model", float(m.group(3).replace(",", "")) * scale
 
 
 def fmt_count(n: float) -> str:

@@ -125,7 +125,8 @@ def _build_layouts(params: List[torch.Tensor], tp_pg: dist.ProcessGroup) -> Dict
     for p in params:
         if tuple(sorted(p.get_sharded_info().global_ranks)) != tp_ranks:
             raise ValueError(
-                f"a parameter is sharded over ranks {p.get_sharded_info().global_ranks}, not over the TP group {tp_ranks}"
+                f"a parameter is sharded over ranks {p.get_sharded_info().global_ranks}, not over "
+                f"the TP group {tp_ranks}"
             )
     encoded = [_encode_pairs(p) for p in params]
     flat = torch.cat([e.flatten() for e in encoded])
@@ -149,7 +150,8 @@ def _build_layouts(params: List[torch.Tensor], tp_pg: dist.ProcessGroup) -> Dict
             torch.Size([s.stop - s.start for s in glob]).numel() for pairs in pieces for _, glob in pairs
         )
         if covered != full_shape.numel():
-            raise ValueError(f"TP shards cover {covered} of {full_shape.numel()} elements of a {tuple(full_shape)} matrix")
+            raise ValueError(f"TP shards cover {covered} of {full_shape.numel()} elements of a "
+                             f"{tuple(full_shape)} matrix")
         layouts[id(p)] = _ShardLayout(full_shape=full_shape, pieces=tuple(pieces), rank=rank)
     return layouts
 
@@ -251,7 +253,8 @@ class TensorParallelMuon(torch.optim.Muon):
                 if torch_path:
                     ortho = _zeropower_via_newtonschulz(full, hyper["ns_coefficients"], hyper["ns_steps"], hyper["eps"])
                 elif self.orthogonaliser == "newton_schulz":
-                    ortho = newton_schulz(full, hyper["ns_coefficients"], hyper["ns_steps"], hyper["eps"], self.ns_dtype)
+                    ortho = newton_schulz(full, hyper["ns_coefficients"], hyper["ns_steps"],
+                                          hyper["eps"], self.ns_dtype)
                 else:
                     ortho = polar_express(full, steps=hyper["ns_steps"], dtype=self.ns_dtype)
                 # The lr adjustment depends on the matrix's shape: the full one, not the shard's.

@@ -56,7 +56,8 @@ class GradientAllReduce(DataParallelSync):
         allreduce_gradients_(self.model.parameters(), self.dp_pg)
 
 
-def allreduce_gradients_(params: Iterable[torch.nn.Parameter], dp_pg: dist.ProcessGroup, bucket_mb: float = 25.0) -> None:
+def allreduce_gradients_(params: Iterable[torch.nn.Parameter], dp_pg: dist.ProcessGroup,
+                         bucket_mb: float = 25.0) -> None:
     """Average `.grad` of `params` over `dp_pg` in place (gloo has no AVG: sum, then divide)."""
     if dp_pg.size() == 1:
         return

@@ -200,7 +200,8 @@ def link_emulator_from_config(cfg: LinkSettings) -> Optional[LinkEmulator]:
 
 @dataclasses.dataclass(frozen=True)
 class LinkPreset:
-    """A named link: bandwidth (Mbit/s, one direction), one-way latency (ms), duplex, and where the numbers come from."""
+    """A named link: bandwidth (Mbit/s, one direction), one-way latency (ms), duplex, and where the numbers come
+    from."""
 
     bandwidth_mbps: float
     latency_ms: float
@@ -223,15 +224,16 @@ LINK_PRESETS: Dict[str, LinkPreset] = {
                         "IEEE 802.3ae 10 Gbit/s Ethernet, ResBM Table 3's centralised baseline (10 Gbps); 50 us one "
                         "way is a typical same-rack TCP latency (our assumption)"),
     "datacenter-wan-1g": LinkPreset(1e3, 10.0, "full",
-                                    "1 Gbit/s between sites: heterogeneous SparseLoCo's Fig. 3(b) stage links and ResBM's "
-                                    "'consumer internet ... around 1 Gb/s'; 10 ms one way for regions on one continent "
-                                    "(our assumption)"),
+                                    "1 Gbit/s between sites: heterogeneous SparseLoCo's Fig. 3(b) "
+                                    "stage links and ResBM's 'consumer internet ... around 1 Gb/s'; 10 ms one way for "
+                                    "regions on one continent (our assumption)"),
     "internet-200m-50ms": LinkPreset(200.0, 50.0, "full",
                                      "Pluralis' ProtocolNanoGPT: 200 Mbit/s and 50 ms per pipeline stage (100.5 s/step "
                                      "uncompressed vs 19.9 s/step with subspace compression, 5.05x)"),
     "internet-80m": LinkPreset(80.0, 0.0, "half",
-                               "ResBM Table 3's decentralised link: 80 Mbit/s carrying activations and gradients in one "
-                               "budget (609 tok/s = 80e6 / (2 x 4096 x 16 bit): half duplex, latency not in the number)"),
+                               "ResBM Table 3's decentralised link: 80 Mbit/s carrying activations "
+                               "and gradients in one budget (609 tok/s = 80e6 / (2 x 4096 x 16 bit): half duplex, "
+                               "latency not in the number)"),
 }
 
 

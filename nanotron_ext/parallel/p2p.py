@@ -166,7 +166,8 @@ class AccountedP2P(P2P):
                 # else the emulated link starts sending before the tensor is computed
                 torch.cuda.current_stream(self.device).synchronize()
             share = self.tp_pg.size() if self._sliced(to_rank, kind) else 1  # a slice per TP rank's link
-            arrival = self.link.schedule_send(me, to_rank, sum(-(-t.numel() // share) * t.element_size() for t in payloads))
+            arrival = self.link.schedule_send(me, to_rank,
+                                              sum(-(-t.numel() // share) * t.element_size() for t in payloads))
             # on the P2P's device: an NCCL group cannot send a CPU tensor
             clock = torch.tensor([arrival], dtype=torch.float64, device=self.device)
             with self.ledger.tag("link-clock"):

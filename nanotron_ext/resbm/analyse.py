@@ -143,7 +143,8 @@ def plot_spectra(result: Dict[str, Dict[str, dict]], path: Path, title: str) -> 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Dict[str, dict]]:
     ap = argparse.ArgumentParser(description="Effective rank and normalised spectra per layer (ResBM appendix B.1)")
-    ap.add_argument("--checkpoint", action="append", required=True, type=Path, help="step_<N>/ folder or checkpoint root")
+    ap.add_argument("--checkpoint", action="append", required=True, type=Path,
+                    help="step_<N>/ folder or checkpoint root")
     ap.add_argument("--label", action="append", default=None, help="one per --checkpoint (default: folder names)")
     ap.add_argument("--pattern", default=DEFAULT_PATTERN, help="regex on parameter names")
     ap.add_argument("--out", type=Path, default=Path("runs/resbm_analysis"))

@@ -36,10 +36,10 @@ class ResBMTechnique(Technique):
         params = rc.params_per_boundary(model.hidden_size) * n_boundaries
         need, have = params * BYTES_PER_TRAINED_PARAM, machine_memory_bytes()
         require(not have or need <= have, "model.codec.resbm.m",
-                f"{rc.hidden(model.hidden_size)} gives the ResBM codec {params:,} parameters ({n_boundaries} boundaries x "
-                f"2 m (d + h)), about {need / 2**30:.1f} GiB as fp32 weights, gradients and AdamW state "
-                f"({BYTES_PER_TRAINED_PARAM} bytes each), more than this machine's {have / 2**30:.1f} GiB; lower it "
-                f"(default hidden_size // 4 = {model.hidden_size // 4})")
+                f"{rc.hidden(model.hidden_size)} gives the ResBM codec {params:,} parameters "
+                f"({n_boundaries} boundaries x 2 m (d + h)), about {need / 2**30:.1f} GiB as fp32 weights, "
+                f"gradients and AdamW state ({BYTES_PER_TRAINED_PARAM} bytes each), more than this machine's "
+                f"{have / 2**30:.1f} GiB; lower it (default hidden_size // 4 = {model.hidden_size // 4})")
 
     def closed_form_bytes(self, key: str, name: str, cfg: "Config") -> Optional["TierBytes"]:
         """Only b (h wide) crosses, and its gradient back (sec. 3.2; appendix A.3 counts it in bf16)."""

@@ -99,7 +99,8 @@ class SparseLoCoConfig:
         ft = self.fault_tolerance
         f = f"{k}.fault_tolerance"
         require(ft.replicas >= 1, f"{f}.replicas", f"must be >= 1, got {ft.replicas}")
-        require(0 <= ft.replica < ft.replicas, f"{f}.replica", f"must be in [0, {f}.replicas={ft.replicas}), got {ft.replica}")
+        require(0 <= ft.replica < ft.replicas, f"{f}.replica",
+                f"must be in [0, {f}.replicas={ft.replicas}), got {ft.replica}")
         require(1 <= ft.min_replicas <= ft.replicas, f"{f}.min_replicas",  # more: no sync ever commits
                 f"must be in [1, {f}.replicas={ft.replicas}], got {ft.min_replicas}")
         require(ft.timeout_s > 0 and ft.quorum_timeout_s > 0, f"{f}.timeout_s",

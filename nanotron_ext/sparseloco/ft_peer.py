@@ -78,7 +78,8 @@ class TensorsOnlyTransport(HTTPTransport):
         self._server.server_close()
         self._thread.join()
         server = type("_BoundHTTPServer", (ThreadingHTTPServer,),
-                      {"address_family": socket.AF_INET6 if ":" in host else socket.AF_INET, "request_queue_size": 1024})
+                      {"address_family": socket.AF_INET6 if ":" in host else socket.AF_INET,
+                       "request_queue_size": 1024})
         self._server = server((host, 0), handler)
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
@@ -120,7 +121,8 @@ def peer_state_problem(state: object, step: int, shapes: List[Tuple[torch.Size, 
         limit = f" and this run's {max_syncs} outer syncs" if max_syncs is not None else ""
         return f"its outer sync count {syncs!r} is not in [0, step {step}{limit}]"
     expected = shapes + (shapes if momentum_too else [])
-    if not isinstance(weights, list) or not isinstance(momentum, list) or len(weights) + len(momentum) != len(expected) \
+    if not isinstance(weights, list) or not isinstance(momentum,
+                                                       list) or len(weights) + len(momentum) != len(expected) \
             or len(weights) != len(shapes):
         return f"it has {_count(weights)} weight and {_count(momentum)} momentum tensors, this replica " \
                f"{len(shapes)} and {len(expected) - len(shapes)}"

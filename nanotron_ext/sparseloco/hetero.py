@@ -39,9 +39,9 @@ all inside one SparseLoCo outer loop.
   a 64 x 64 tile receive an entry.
 - Under TP (Megatron's, or BOOST's btp, for whose sharded residual stream the lookup is sliced:
   nanotron_ext.subspace.embedding.AdaptedSplitEmbedding) the table T_S is vocab-sharded (each TP rank holds
-  rows [min_id, max_id), and SparseLoCo syncs each shard over its own DP group) while T_fixed is replicated. Adaptation is row-wise in V: the initial
-  split and the fold act on this rank's rows, and the TP group all-gathers the rest (`_gather_rows`; the
-  outer step, or f after a Grassmann update, V d x 4 B per sync over the fast TP link, ledger tp
+  rows [min_id, max_id), and SparseLoCo syncs each shard over its own DP group) while T_fixed is replicated. Adaptation
+  is row-wise in V: the initial split and the fold act on this rank's rows, and the TP group all-gathers the rest
+  (`_gather_rows`; the outer step, or f after a Grassmann update, V d x 4 B per sync over the fast TP link, ledger tp
   `all_gather:embedding_fold`), so every TP rank computes the same f for every row and T_fixed stays replicated.
 """
 from __future__ import annotations

@@ -85,8 +85,9 @@ class SparseLoCoTechnique(Technique):
                     if t is not self:
                         t.check(rc)
             except ConfigError as e:
-                raise ConfigError(f"{e} [heterogeneous SparseLoCo: sparseloco.compressed_replicas={s.compressed_replicas} "
-                                  f"sets model.embedding.kind={rc.model.embedding.kind!r}"
+                raise ConfigError(f"{e} [heterogeneous SparseLoCo: "
+                                  f"sparseloco.compressed_replicas={s.compressed_replicas} sets "
+                                  f"model.embedding.kind={rc.model.embedding.kind!r}"
                                   + (f", model.codec.kind={rc.model.codec.kind!r}" if replica in s.compressed_replicas
                                      else "") + f" on replica {replica}]") from None
 

@@ -85,7 +85,8 @@ def _plot(rows: List[Dict[str, object]], path: Path) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
     layers = [r["layer"] for r in rows]
-    for key in ("attn_out_stable_rank", "mlp_down_stable_rank", "attn_out_grad_stable_rank", "mlp_down_grad_stable_rank"):
+    for key in ("attn_out_stable_rank", "mlp_down_stable_rank", "attn_out_grad_stable_rank",
+                "mlp_down_grad_stable_rank"):
         axes[0].plot(layers, [r[key] for r in rows], marker="o", label=key)
     axes[0].set(xlabel="layer", ylabel="stable rank", title="projection matrices and gradients")
     axes[0].legend(fontsize=7)
@@ -125,9 +126,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     t = cfg.tokens
     if args.random_tokens:
         g = torch.Generator().manual_seed(cfg.general.seed)
-        rows = torch.randint(0, cfg.tokenizer.vocab_size, (args.batches * t.micro_batch_size, t.sequence_length + 1), generator=g)
+        rows = torch.randint(0, cfg.tokenizer.vocab_size,
+                             (args.batches * t.micro_batch_size, t.sequence_length + 1), generator=g)
         micro = [{"input_ids": rows[i * t.micro_batch_size:(i + 1) * t.micro_batch_size, :-1],
-                  "label_ids": rows[i * t.micro_batch_size:(i + 1) * t.micro_batch_size, 1:]} for i in range(args.batches)]
+                  "label_ids": rows[i * t.micro_batch_size:(i + 1) * t.micro_batch_size, 1:]}
+                 for i in range(args.batches)]
     else:
         # datatrove / tokenizers only when preparing or reading data (seconds to import)
         from nanotron_ext.data.loader import build_validation_loader
@@ -137,7 +140,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     rows = analyse_model(model, micro, ctx, cfg.model.subspace.width(cfg.model.hidden_size))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "analysis.json").write_text(json.dumps({"k": cfg.model.subspace.width(cfg.model.hidden_size), "rows": rows}, indent=1))
+    (out / "analysis.json").write_text(json.dumps({"k": cfg.model.subspace.width(cfg.model.hidden_size),
+                                                   "rows": rows}, indent=1))
     _plot(rows, out / "analysis.png")
     keys = list(rows[0])
     print(" | ".join(keys))

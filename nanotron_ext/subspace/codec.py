@@ -53,8 +53,8 @@ class _ExactBoundary:
     def dense_equivalent(self, full: FullTensor, exact: bool = True) -> Dict[str, torch.Tensor]:
         sub = self.hub.cfg.subspace
         if exact and sub.parameterisation == "projection" and not sub.reproject:
-            raise NoDenseEquivalent("model.subspace.reproject=false: the output projections drift out of span(U), so the "
-                                    "subspace codec drops part of what crosses each boundary")
+            raise NoDenseEquivalent("model.subspace.reproject=false: the output projections drift "
+                                    "out of span(U), so the subspace codec drops part of what crosses each boundary")
         return {}
 
     def load_dense_(self, dense: Dict[str, torch.Tensor]) -> Dict[str, float]:
@@ -83,7 +83,8 @@ class SubspaceDecoder(_ExactBoundary, BoundaryDecoder):
         super().__init__()
         self.hub, self.boundary, self.sharded_pg = hub, boundary, sharded_pg
         if accumulate and sharded_pg is not None:
-            raise ValueError("Grassmann updates accumulate G^T G of the whole residual gradient: not on a sharded stream")
+            raise ValueError("Grassmann updates accumulate G^T G of the whole residual gradient: not "
+                             "on a sharded stream")
         d = hub.basis.shape[0]
         # A of this boundary, persistent so a resumed run keeps what it accumulated since the last update
         self.register_buffer("grad_gram", torch.zeros(d, d) if accumulate else torch.zeros(0))

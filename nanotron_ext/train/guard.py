@@ -40,7 +40,8 @@ def claim_folders(run_dir: Path, checkpoint_dir: Path, resume: str) -> List[IO[s
         names = ", ".join(p.name for _, p in existing)
         raise TrainingError(f"checkpoints.dir {checkpoint_dir} holds checkpoints ({names}) and checkpoints.resume="
                             "never would overwrite or prune them: set checkpoints.resume=auto to continue that run, "
-                            "checkpoints.resume=overwrite to delete them and start afresh, or use another checkpoints.dir")
+                            "checkpoints.resume=overwrite to delete them and start afresh, or use "
+                            "another checkpoints.dir")
     return locks
 
 
@@ -145,7 +146,8 @@ def resume_advice(path: Union[str, Path], config: Optional[Dict[str, Any]] = Non
         diffs = changed_keys(saved, config)
         if diffs:
             advice.append(f"config keys that differ from the checkpoint's (saved -> now): {', '.join(diffs)}; set them "
-                          "back to resume, or start afresh with checkpoints.resume=overwrite or another checkpoints.dir")
+                          "back to resume, or start afresh with checkpoints.resume=overwrite or "
+                          "another checkpoints.dir")
     m = re.fullmatch(r"step_(\d+)", path.name)
     older = [p for s, p in list_checkpoints(path.parent) if m and s < int(m.group(1))]
     if older:

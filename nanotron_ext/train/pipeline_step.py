@@ -71,7 +71,8 @@ def forward_backward(
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, engine: PipelineEngine, micro_batches: List[Dict[str, torch.Tensor]], parallel_context: ParallelContext
+    model: nn.Module, engine: PipelineEngine, micro_batches: List[Dict[str, torch.Tensor]],
+    parallel_context: ParallelContext
 ) -> torch.Tensor:
     """Mean loss over `micro_batches` without gradients (nanotron's validate_batch_iter, patch 0005)."""
     placed = [place_micro_batch(mb, parallel_context) for mb in micro_batches]

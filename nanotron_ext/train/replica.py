@@ -65,7 +65,8 @@ class Replica:
         with nvtx_range("forward_backward"), self.autocast():
             return forward_backward(self.model, self.engine, micro_batches, self.ctx, self.dp_sync)
 
-    def update(self, step: int, loss: float, judge: Optional[Callable[[float, float], None]] = None) -> Dict[str, float]:
+    def update(self, step: int, loss: float,
+               judge: Optional[Callable[[float, float], None]] = None) -> Dict[str, float]:
         """Finish optimiser step `step` (1-based) after `backward`; `loss` is the step's loss to report.
         Before the optimiser step `judge(loss, grad_norm)` may stop the run (every rank together, raising);
         by default a TrainingError when the loss or the gradient norm is not finite on any rank."""

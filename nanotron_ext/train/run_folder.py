@@ -85,7 +85,8 @@ class RunFolder:
             raise TrainingError(box[0])
         return locks
 
-    def start(self, ctx: "ParallelContext", replica: "Replica", restore: Callable[[Path, Dict[str, object]], int]) -> int:
+    def start(self, ctx: "ParallelContext", replica: "Replica",
+              restore: Callable[[Path, Dict[str, object]], int]) -> int:
         """The step this launch starts from (collective): 0, or that of the checkpoint to resume from, loaded
         into `replica`'s model, optimiser and schedule and handed to `restore` (the rest of the saved state; it
         returns the step). config.yaml is written only once that succeeded and there is training left to do: a

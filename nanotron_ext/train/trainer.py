@@ -109,9 +109,11 @@ class Trainer:
                    or self.guard.check_loss(self.step + 1, loss_value))
         if problem:  # the loss judged the weights of the last step, which a checkpoint may hold
             bad = self.folder.set_aside(self.step)
-            moved = f"; checkpoint {bad} holds the weights that gave this loss and was moved to {bad}.diverged" if bad else ""
+            moved = (f"; checkpoint {bad} holds the weights that gave this loss and was moved to {bad}.diverged"
+                     if bad else "")
             raise TrainingError(f"{problem}; stopped before the optimizer step, nothing was saved{moved}. "
-                                f"{self.folder.resume_hint(exclude=bad)}; lower optimizer.lr or check the model.* values")
+                                f"{self.folder.resume_hint(exclude=bad)}; lower optimizer.lr or "
+                                "check the model.* values")
 
     def validate(self) -> Dict[str, float]:
         batches = list(itertools.islice(self.val_loader, self.cfg.tokens.val_steps))
@@ -122,7 +124,8 @@ class Trainer:
         problem = (f"step {self.step}: the weights are not finite after the optimizer step" if stop
                    else self.guard.check_weights(self.step, weights_sq))
         if problem:
-            raise TrainingError(f"{problem}; these weights were not saved. {self.folder.resume_hint()}; lower optimizer.lr")
+            raise TrainingError(f"{problem}; these weights were not saved. "
+                                f"{self.folder.resume_hint()}; lower optimizer.lr")
         return self.folder.save(self.step, self.ctx, self.replica, self._state())
 
     def train(self, stop_after: Optional[int] = None) -> Dict[str, object]:
@@ -182,7 +185,8 @@ class Trainer:
             val = next(({"val_loss": r["val_loss"], "val_ppl": r["val_ppl"]} for r in reversed(records)
                         if "val_loss" in r), {})
             stored = {**self.meter.summary(records, val, self.step),
-                      "rebuilt": f"from {metrics.name} ({len(records)} logged steps) and the checkpoint of step {self.step}"}
+                      "rebuilt": f"from {metrics.name} ({len(records)} logged steps) and the checkpoint "
+                                 f"of step {self.step}"}
         if self.agree.is_main:
             if rebuilt:
                 write_text_atomic(path, json.dumps(stored, indent=2))
