@@ -4,7 +4,8 @@ forward+backward, median ns per token, and the wire's bytes per token and dtype,
 examples/config_125m_gpu.yaml (d = 768, bf16 autocast) at --micro-batch x --seq tokens (default the GPU check's
 16 x 1024, ~75 s on 2 CPU cores), the same for every codec.
 
-    python benchmarks/codec_cost.py --label after [--micro-batch 16] [--seq 1024] [--out runs/codec_cost/codec_cost_cpu.json]
+    python benchmarks/codec_cost.py --label after [--micro-batch 16] [--seq 1024]
+        [--out runs/codec_cost/codec_cost_cpu.json]
     python benchmarks/codec_cost.py --from-json benchmarks/results/codec_cost_cpu.json
 
 --label names the measurement: an --out that exists keeps its other labels' rows, so one file holds the cost
@@ -33,7 +34,8 @@ TITLE = "Boundary codec cost (one boundary, d = 768, bf16 autocast; ns per token
 
 
 def measure(label: str, micro_batch: int, seq: int, iters: int, warmup: int, threads: int) -> List[Dict[str, Any]]:
-    """One torchrun job (world size 1; gloo on CPU, NCCL on a GPU) of gpu_check_jobs.py --job codecs over every codec."""
+    """One torchrun job (world size 1; gloo on CPU, NCCL on a GPU) of gpu_check_jobs.py --job codecs over every
+    codec."""
     work = Path(tempfile.mkdtemp(prefix="codec_cost_"))
     plan = {"items": [{"name": k, "overrides": v} for k, v in CODECS.items()],
             "config_file": str(REPO / "examples/config_125m_gpu.yaml"),
@@ -41,7 +43,8 @@ def measure(label: str, micro_batch: int, seq: int, iters: int, warmup: int, thr
                           f"general.backend={br.default_backend()}", "model.compile=false"],
             "iters": iters, "warmup": warmup, "deadline": time.time() + 3600}
     (work / "plan.json").write_text(json.dumps(plan))
-    rc, tail = bl.launch(JOBS, ["--job", "codecs", "--plan", str(work / "plan.json"), "--results", str(work / "rows.jsonl")],
+    rc, tail = bl.launch(JOBS,
+                         ["--job", "codecs", "--plan", str(work / "plan.json"), "--results", str(work / "rows.jsonl")],
                          ["--nproc_per_node", "1"], work / "log.txt", 3600, env={"OMP_NUM_THREADS": str(threads)})
     rows = [json.loads(line) for line in (work / "rows.jsonl").read_text().splitlines() if line.strip()]
     rows = [r for r in rows if r["status"] != "started"]
@@ -71,8 +74,8 @@ def render(saved: Dict[str, Any]) -> Dict[str, Any]:
     body = [[n] + [cell(lab, n, k) for lab in labels for k in
                    ("encode_ns_per_token", "decode_ns_per_token", "fwd_bwd_ns_per_token")] +
             [cell(lab, n, "wire_bytes_per_token") for lab in labels] for n in names]
-    notes = ["wire B/token: the wire tensor's bytes per token as run_codec counts them (MAPL-RVQ's tensor is as wide as "
-             "its backward, the quantised gradient; its forward columns are fewer: mapl/rvq.py)."]
+    notes = ["wire B/token: the wire tensor's bytes per token as run_codec counts them (MAPL-RVQ's "
+             "tensor is as wide as its backward, the quantised gradient; its forward columns are fewer: mapl/rvq.py)."]
     notes += [f"{lab}: commit {r['commit']}, {r['date'][:10]}, {r['machine']}, {r['threads']} thread(s), "
              f"{r['shape'][0]} x {r['shape'][1]} tokens, {r['iters']} iterations ({r['warmup']} warm-up)"
              for lab in labels for r in [next(x for x in rows if x["label"] == lab)]]

@@ -115,7 +115,8 @@ def run_item(item: Dict[str, Any], plan: Dict[str, Any]) -> Dict[str, Any]:
         f"general.run={name}", f"general.output_dir={work}/runs_{plan['device']}",
         f"checkpoints.dir={work}/checkpoints_{plan['device']}/{name}"])
     trainer = Trainer(cfg, config_file=plan["config_file"])
-    row: Dict[str, Any] = {"technique": item["technique"], "variant": item["variant"], "device": str(trainer.ctx.device),
+    row: Dict[str, Any] = {"technique": item["technique"], "variant": item["variant"],
+                           "device": str(trainer.ctx.device),
                            "machine": br.machine_label(), "torch": torch.__version__,
                            "threads": torch.get_num_threads(), "pinned": bool(item.get("replay"))}
     if item.get("perturb"):
@@ -169,7 +170,8 @@ def plan_items(device: str, techniques: Sequence[str]) -> List[Dict[str, Any]]:
         variants = dict(CPU_VARIANTS if device == "cpu" else CUDA_VARIANTS)
         if tech == "mapl_rvq":
             variants.update({k: {**v, "replay": True} for k, v in (PINNED if device == "cpu" else CUDA_PINNED).items()})
-        items += [{"technique": tech, "variant": v, "overrides": overrides[tech], **opts} for v, opts in variants.items()]
+        items += [{"technique": tech, "variant": v, "overrides": overrides[tech], **opts} for v,
+                  opts in variants.items()]
     return items
 
 
@@ -235,14 +237,15 @@ def conclusion(summ: Dict[str, Any]) -> List[str]:
                "NOT explained by CPU-side last-bit noise: look for a CUDA difference")
     return [f"mapl_rvq: CUDA vs CPU ends {cuda['final_max']:.1e} apart; 1e-7 noise on CPU alone ends "
             f"{cpu['final_min']:.1e} to {cpu['final_max']:.1e} apart ({cpu['runs']} runs, amplification up to "
-            f"{cpu['amplification']:,.0f}x). No code assignment differs at step 1 (CUDA: {cuda['wire_flips_step1']:.0e}, "
-            f"CPU: {cpu['wire_flips_step1']:.0e}); by the last step {cuda['wire_flips_last'][1]:.0%} of CUDA's wire codes "
-            f"and {cpu['wire_flips_last'][0]:.0%}-{cpu['wire_flips_last'][1]:.0%} of the CPU runs' differ from base's. "
+            f"{cpu['amplification']:,.0f}x). No code assignment differs at step 1 (CUDA: "
+            f"{cuda['wire_flips_step1']:.0e}, CPU: {cpu['wire_flips_step1']:.0e}); by the last step "
+            f"{cuda['wire_flips_last'][1]:.0%} of CUDA's wire codes and "
+            f"{cpu['wire_flips_last'][0]:.0%}-{cpu['wire_flips_last'][1]:.0%} of the CPU runs' differ from base's. "
             f"With base's codes replayed the drift falls to {pinned['final_max']:.1e} on CUDA and "
             f"{rvq.get('cpu_pinned', {}).get('final_max', float('nan')):.1e} on CPU (MAPL without VQ: {plain:.1e}). "
             f"Verdict: {verdict}.",
-            f"Device check (issue 29): replay the device half's codes in the CPU half (mapl.rvq.CodeTape) and compare at "
-            f"the fp32 tolerance 1e-3: pinned runs here end within "
+            "Device check (issue 29): replay the device half's codes in the CPU half "
+            f"(mapl.rvq.CodeTape) and compare at the fp32 tolerance 1e-3: pinned runs here end within "
             f"{max(pinned['worst'], rvq.get('cpu_pinned', {}).get('worst', 0.0)):.1e} ("
             f"{1e-3 / max(pinned['worst'], rvq.get('cpu_pinned', {}).get('worst', 1e-12)):.0f}x margin); unpinned, "
             f"1e-3 is inside the noise ({cpu['final_min']:.1e} to {cpu['final_max']:.1e})."]

@@ -148,10 +148,12 @@ def technique_items() -> List[Dict[str, Any]]:
         items.append({"name": name, "overrides": CODECS[name] + [EVERY_LAYER], **DISCRETE_CHECKS.get(name, {})})
     items.insert(items.index(next(i for i in items if i["name"] == "subspace")) + 1,
                  {"name": "subspace_grassmann", "overrides": SM + [EVERY_LAYER, "model.subspace.grassmann_every=2"]})
-    items.append({"name": "sparseloco_sim", "replicas": 2, "overrides": ["parallelism.dp=2", "parallelism.dp_sync=sparseloco",
+    items.append({"name": "sparseloco_sim", "replicas": 2,
+                  "overrides": ["parallelism.dp=2", "parallelism.dp_sync=sparseloco",
                                                                         "sparseloco.inner_steps=2"]})
     items.append({"name": "het_sparseloco_sim", "replicas": 2,
-                  "overrides": ["parallelism.dp=2", "parallelism.dp_sync=sparseloco", "sparseloco.compressed_replicas=[0]",
+                  "overrides": ["parallelism.dp=2", "parallelism.dp_sync=sparseloco",
+                                "sparseloco.compressed_replicas=[0]",
                                 "sparseloco.inner_steps=2", "model.tie_embeddings=false", EVERY_LAYER]})
     return items
 
@@ -285,7 +287,8 @@ def prepare_data(run: Run) -> List[str]:
 def technique_base(s: Dict[str, Any], data_sets: Sequence[str]) -> List[str]:
     """Overrides of examples/config_tiny_llama.yaml shared by every technique run (`s`: settings())."""
     return ["parallelism.dp=1", f"tokens.train_steps={s['steps']}", "tokens.val_check_interval=0", "tokens.val_steps=2",
-            "optimizer.warmup_steps=2", "checkpoints.interval=0", "checkpoints.keep_last=1", "checkpoints.resume=overwrite",
+            "optimizer.warmup_steps=2", "checkpoints.interval=0", "checkpoints.keep_last=1",
+            "checkpoints.resume=overwrite",
             "logging.progress_bar=false", "logging.nvtx=true", *data_sets, *s["tiny"]]
 
 

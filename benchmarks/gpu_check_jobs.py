@@ -241,7 +241,8 @@ def run_throughput(item: Dict[str, Any], plan: Dict[str, Any]) -> Dict[str, Any]
                                                      if p.ndim == 2 and (n != "embed.weight" or plain.tied)), seq)}
     peak = device_peak_tflops(cfg.logging.peak_tflops) if device.type == "cuda" else None
     row: Dict[str, Any] = {"compile": item["compile"], "attention": item["attention"], "tokens_per_iteration": tokens,
-                           "flops_per_token": flops, "peak_tflops": peak, "optimizers": pair["optimizers"], "models": {}}
+                           "flops_per_token": flops, "peak_tflops": peak,
+                           "optimizers": pair["optimizers"], "models": {}}
     with _attention(item["attention"]):
         with bw.autocast_for(cfg, device):  # same weights, same batch: the same function before any step
             row["first_loss"] = {"nanotron_ext": evaluate(ours.model, ours.engine, batches, ctx).item()}

@@ -20,7 +20,8 @@ def _worst_rel(a: Sequence[float], b: Sequence[float]) -> float:
 
 
 def compare_halves(device_rows: Sequence[Mapping[str, Any]], cpu_rows: Sequence[Mapping[str, Any]],
-                   tolerance: Mapping[str, float], pinned_rows: Sequence[Mapping[str, Any]] = ()) -> List[Dict[str, Any]]:
+                   tolerance: Mapping[str, float],
+                   pinned_rows: Sequence[Mapping[str, Any]] = ()) -> List[Dict[str, Any]]:
     """Per technique: worst relative loss difference over the steps against the tolerance, and whether ledger
     bytes, codec wire bytes and SparseLoCo payload bytes are identical. The tolerance is the dtype's unless the
     row's "check" (gpu_check.DISCRETE_CHECKS) sets its own: `tolerance` for every step, `first_tolerance` for step 1;
@@ -46,7 +47,8 @@ def compare_halves(device_rows: Sequence[Mapping[str, Any]], cpu_rows: Sequence[
         bytes_same = all(d.get(k) == c.get(k) for k in ("comm_bytes", "wire_bytes_per_step", "sync_bytes"))
         row.update(dtype=d["dtype"], tolerance=tol, worst_rel=worst, first_rel=first,
                    loss_device=d["losses"][-1],
-                   loss_cpu=ref["losses"][-1], drop=drop, drop_in_tol=drop / (tol * abs(ref["losses"][0])) if same_len else 0,
+                   loss_cpu=ref["losses"][-1], drop=drop,
+                   drop_in_tol=drop / (tol * abs(ref["losses"][0])) if same_len else 0,
                    bytes_identical=bytes_same, misplaced=d.get("misplaced", []),
                    wire_bytes_per_step=d.get("wire_bytes_per_step"), sync_bytes=d.get("sync_bytes"),
                    peak_memory_bytes=d.get("peak_memory_bytes"))
@@ -60,7 +62,8 @@ def compare_halves(device_rows: Sequence[Mapping[str, Any]], cpu_rows: Sequence[
             row["max_code_disagreement"] = check["max_code_disagreement"]
             if c.get("status") == "ok" and len(c["losses"]) == len(d["losses"]):
                 row["unpinned_worst_rel"] = _worst_rel(d["losses"], c["losses"])
-            ok = ok and row["code_disagreement"] is not None and row["code_disagreement"] <= check["max_code_disagreement"]
+            ok = (ok and row["code_disagreement"] is not None
+                  and row["code_disagreement"] <= check["max_code_disagreement"])
         row["verdict"] = "pass" if ok else "FAIL"
         out.append(row)
     by = {r["name"]: r for r in cpu_rows if r.get("status") == "ok"}
@@ -110,8 +113,10 @@ def _techniques_md(body: Mapping[str, Any]) -> List[str]:
              f"{body['steps']} training steps each at world size 1; loss after every step compared (worst relative "
              f"difference; tolerance fp32 {tol['fp32']:g}, bf16 {tol['bf16']:g}; why: benchmarks/gpu_check.py). "
              "'drop / tol' is the loss decrease over the run in units of the tolerance: how far a wrong result could "
-             "move and still be caught. Bytes: ledger bytes per step, codec wire bytes per step, SparseLoCo payloads.", ""]
-    headers = ["technique", "precision", "loss (device)", "loss (CPU)", "step-1 rel diff", "worst rel diff", "tol", "drop / tol",
+             "move and still be caught. Bytes: ledger bytes per step, codec wire bytes per step, "
+             "SparseLoCo payloads.", ""]
+    headers = ["technique", "precision", "loss (device)", "loss (CPU)", "step-1 rel diff", "worst rel diff",
+               "tol", "drop / tol",
                "bytes identical", "wire B/step", "peak MiB", "off-device", "verdict"]
     body_rows = []
     for r in body["comparison"]:
@@ -136,8 +141,8 @@ def _techniques_md(body: Mapping[str, Any]) -> List[str]:
                           "last-bit noise: benchmarks/results/discrete_codec_sensitivity.md)."]
     scale = [r for r in body["comparison"] if "cpu_bf16_vs_fp32_rel" in r]
     if scale:
-        lines += ["", f"For scale: on the CPU, bf16 autocast alone moves the loss by {scale[0]['cpu_bf16_vs_fp32_rel']:.1e} "
-                      "(worst relative, bf16_autocast vs full_rank)."]
+        lines += ["", "For scale: on the CPU, bf16 autocast alone moves the loss by "
+                      f"{scale[0]['cpu_bf16_vs_fp32_rel']:.1e} (worst relative, bf16_autocast vs full_rank)."]
     lines += _problems([r for half in body["rows"].values() for r in half])
     return lines
 
@@ -291,8 +296,10 @@ def markdown(result: Mapping[str, Any]) -> str:
             f"commit {meta.get('commit') or '-'}, {meta.get('date')}", "",
             "Made by `make gpu-check` (benchmarks/gpu_check.py, whose docstring says what each number means).", "",
             br.markdown_table(["stage", "status", "measured on", "date", "seconds (budget)"],
-                              [[s, b.get("status"), b["meta"].get("gpu") or b["meta"].get("machine"), b["meta"].get("date"),
-                                f"{b['meta'].get('seconds')} ({b['meta'].get('budget_s'):.0f})"] for s, b in stages.items()])]
+                              [[s, b.get("status"), b["meta"].get("gpu") or b["meta"].get("machine"),
+                                b["meta"].get("date"),
+                                f"{b['meta'].get('seconds')} ({b['meta'].get('budget_s'):.0f})"] for s,
+                               b in stages.items()])]
     parts = [head]
     for name, fn in (("techniques", _techniques_md), ("throughput", _throughput_md), ("profile", _profile_md),
                      ("codecs", _codecs_md)):
@@ -422,6 +429,6 @@ def summary_text(result: Mapping[str, Any]) -> str:
             for r in body.get("rows", []):
                 if r["status"] == "ok":
                     o = r["models"]["nanotron_ext"]
-                    lines.append(f"            {r['name']:<14} ours/plain {r['ratio']:.3f}  ours {o['tokens_per_s']:,.0f} "
-                                 f"tok/s" + (f"  MFU {o['mfu']:.1%}" if o["mfu"] else ""))
+                    lines.append(f"            {r['name']:<14} ours/plain {r['ratio']:.3f}  ours "
+                                 f"{o['tokens_per_s']:,.0f} tok/s" + (f"  MFU {o['mfu']:.1%}" if o["mfu"] else ""))
     return "\n".join(lines)

@@ -245,7 +245,8 @@ def compare(args: argparse.Namespace) -> int:
             d["goodput_mbps"] / e["goodput_mbps"] for d, e in zip(variants["d"]["runs"], variants["e"]["runs"])
         )
 
-    def row(mode: str, rate_s: str, key: str, vs: Optional[str], note: str = "", ratio_v: Optional[float] = None) -> str:
+    def row(mode: str, rate_s: str, key: str, vs: Optional[str], note: str = "",
+            ratio_v: Optional[float] = None) -> str:
         g, ref = value[key], (value[vs] if vs else None)
         ratio = verdict = "-"
         if g is not None and ref is not None:

@@ -53,7 +53,8 @@ class Block(nn.Module):
         hd, nq, nkv = self.head_dim, self.heads, self.kv_heads
         q, k, v = self.qkv(rms_norm(x, self.attn_norm, self.eps)).split([nq * hd, nkv * hd, nkv * hd], dim=-1)
         q, k = self.rope(q.view(b, s, nq, hd)), self.rope(k.view(b, s, nkv, hd))
-        att = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.view(b, s, nkv, hd).transpose(1, 2),
+        att = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                             v.view(b, s, nkv, hd).transpose(1, 2),
                                              is_causal=True, enable_gqa=nkv != nq)
         x = x + self.o(att.transpose(1, 2).reshape(b, s, nq * hd))
         gate, up = self.gate_up(rms_norm(x, self.mlp_norm, self.eps)).chunk(2, dim=-1)
@@ -104,7 +105,8 @@ class PlainLlama(nn.Module):
         names = {"token_embedding.pp_block.embedding.weight": "embed.weight",
                  "lm_head.pp_block.final_norm.weight": "final_norm",
                  "lm_head.pp_block.lm_head.weight": "head.weight"}
-        per_layer = {"attn.norm.weight": "attn_norm", "attn.qkv_proj.weight": "qkv.weight", "attn.o_proj.weight": "o.weight",
+        per_layer = {"attn.norm.weight": "attn_norm", "attn.qkv_proj.weight": "qkv.weight",
+                     "attn.o_proj.weight": "o.weight",
                      "mlp.norm.weight": "mlp_norm", "mlp.gate_up_proj.weight": "gate_up.weight",
                      "mlp.down_proj.weight": "down.weight"}
         mine = dict(self.named_parameters())
@@ -130,7 +132,8 @@ def make_optimizer(model: nn.Module, opt: Any) -> torch.optim.AdamW:
     impl = opt.adamw_impl
     if impl == "auto":
         impl = "fused" if decay[0].is_cuda else "for_loop"
-    return torch.optim.AdamW([{"params": decay, "weight_decay": opt.weight_decay}, {"params": rest, "weight_decay": 0.0}],
+    return torch.optim.AdamW([{"params": decay, "weight_decay": opt.weight_decay},
+                              {"params": rest, "weight_decay": 0.0}],
                              lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps, fused=impl == "fused",
                              foreach=impl == "foreach")
 

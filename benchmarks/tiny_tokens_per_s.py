@@ -25,7 +25,8 @@ LAYOUTS = {"dp2": (2, 1, 1), "tp2": (1, 2, 1), "pp2": (1, 1, 2)}
 def run_layout(name: str, steps: int, config: Path, work: Path) -> Dict[str, object]:
     dp, tp, pp = LAYOUTS[name]
     sets = [f"parallelism.dp={dp}", f"parallelism.tp={tp}", f"parallelism.pp={pp}", f"tokens.train_steps={steps}",
-            "tokens.val_check_interval=0", "tokens.val_steps=1", "checkpoints.resume=never", "logging.progress_bar=false",
+            "tokens.val_check_interval=0", "tokens.val_steps=1", "checkpoints.resume=never",
+            "logging.progress_bar=false",
             f"general.output_dir={work}", f"general.run={name}", f"checkpoints.dir={work / name / 'ckpt'}"]
     if pp > 1:
         sets.append("model.tie_embeddings=false")  # tying needs both ends on one stage

@@ -133,7 +133,8 @@ def paper_rows(runs: Dict[str, Any]) -> List[Tuple[str, str, str, str, str]]:
                          "their fewest, one)"))
     if "gpu_125m_sdpa" in runs:
         ours = _rank0(runs, "gpu_125m_sdpa")["peak_bytes"]
-        rows.append(("125M on 1x H200 (gpu-check 2026-11-27, eager SDPA): peak allocated", f"{H200_125M_SDPA_PEAK / 1e9:.2f}"
+        rows.append(("125M on 1x H200 (gpu-check 2026-11-27, eager SDPA): peak allocated",
+                     f"{H200_125M_SDPA_PEAK / 1e9:.2f}"
                      " GB measured (ours + the plain model resident)", f"{ours / 1e9:.2f} GB (ours alone)",
                      f"{ours / H200_125M_SDPA_PEAK:.2f}", "not a clean check: the measurement also holds the plain "
                      "reference model's weights and AdamW state (~1.5 GB), so the plan is ~1 GB (~6%) above it"))

@@ -4,8 +4,8 @@ Paper: "BOOST: Bottleneck-Optimized Scalable Training Framework for Low-Rank Lar
 (Wang, Liu et al.). Three designs are compared on one model shape and batch: `megatron` (full rank,
 the paper's FullRank-TP), `vanilla` (low rank, Megatron TP per factor: Vanilla-TP) and `btp`
 (bottleneck-aware TP: BOOST). Here: how a config becomes each design, the Table 6 closed forms
-(nanotron_ext.boost.comm_volume, with their GQA form), one decoder block's TP bytes from the comm ledger, the saved-tensor probe
-that sees the inputs of low-rank checkpoint frames, and one colour per design in every figure.
+(nanotron_ext.boost.comm_volume, with their GQA form), one decoder block's TP bytes from the comm ledger, the
+saved-tensor probe that sees the inputs of low-rank checkpoint frames, and one colour per design in every figure.
 """
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from nanotron_ext.boost.comm_volume import kv_width, table6_tp_elements  # noqa:
 
 DESIGNS = ("megatron", "vanilla", "btp")
 PAPER = "BOOST: Bottleneck-Optimized Scalable Training Framework for Low-Rank Large Language Models"
-# Sec. 5.2 and app. B.3: the paper trains in pure bf16 (bf16 weights and activations). Under model.dtype bf16 every block, part
-# or GEMM a script times outside the trainer computes so (nanotron_ext.bench.workload.timing_precision);
+# Sec. 5.2 and app. B.3: the paper trains in pure bf16 (bf16 weights and activations). Under model.dtype bf16 every
+# block, part or GEMM a script times outside the trainer computes so (nanotron_ext.bench.workload.timing_precision);
 # whole training iterations (iter_compare, fig6) use the trainer's own bf16, autocast over fp32 weights.
 PRECISION = "pure"
 

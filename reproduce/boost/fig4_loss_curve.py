@@ -100,9 +100,11 @@ def _ms(values: Sequence[float]) -> Dict[str, Optional[float]]:
 
 
 def claims(tp: int) -> List[PaperClaim]:
-    kw = dict(column="value", err_column="err", source="Fig. 4", setting="tiny LLaMA, BTP vs TP = 1 (its TP size not stated), GPU")
+    kw = dict(column="value", err_column="err", source="Fig. 4",
+              setting="tiny LLaMA, BTP vs TP = 1 (its TP size not stated), GPU")
     return [
-        PaperClaim(f"max |loss(TP={tp}) - loss(TP=1)| / the same between two seeds at TP=1, 10-step means ('closely match')",
+        PaperClaim(f"max |loss(TP={tp}) - loss(TP=1)| / the same between two seeds at TP=1, 10-step "
+                   "means ('closely match')",
                    paper=None, relation="<", than=1.0, where={"key": "tp / seed max diff"}, **kw),
         PaperClaim(f"final validation loss, TP={tp} minus TP=1 (no difference)", paper=None, relation="~", than=0.0,
                    where={"key": "tp final val diff"}, **kw),
@@ -128,9 +130,10 @@ def render(saved: Dict[str, Any]) -> Dict[str, Any]:
     def fmt(c: Dict[str, Any]) -> str:
         return f"{c['value']:.3g}" + ("" if c["err"] is None else f" +- {c['err']:.2g}")
 
-    notes = [f"max |loss(TP={tp}) - loss(TP=1)| over all steps (same batches), mean over seeds: {fmt(by['tp max diff'])}; "
-             f"on 10-step means {fmt(by['tp max diff, 10-step mean'])}, against {fmt(by['seed max diff, 10-step mean'])} "
-             "between two seeds at TP=1 (different initialisation and batches)."]
+    notes = [f"max |loss(TP={tp}) - loss(TP=1)| over all steps (same batches), mean over seeds: "
+             f"{fmt(by['tp max diff'])}; on 10-step means {fmt(by['tp max diff, 10-step mean'])}, against "
+             f"{fmt(by['seed max diff, 10-step mean'])} between two seeds at TP=1 (different "
+             "initialisation and batches)."]
     return {"headers": headers, "body": body, "verdicts": evaluate(claims(tp), comps), "figure": _plot(rows, tp),
             "notes": notes, "extra": {"comparisons": comps}}
 

@@ -99,7 +99,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         meta = res["meta"]
         pts = points(res, args.warmup)
         for s in strategies:
-            rows.append({"panel": "left", "tp": tp, "hidden": d, "strategy": s, "mean_s": pts[s].mean, "std_s": pts[s].std})
+            rows.append({"panel": "left", "tp": tp, "hidden": d, "strategy": s, "mean_s": pts[s].mean,
+                         "std_s": pts[s].std})
     batches = [int(b) for b in args.batches.split(",")]
     res = panel_job(args, {f"{s}@{mb}": cfg(s, d_max, mb) for s in strategies for mb in batches}, tp_max, "middle")
     pts = points(res, args.warmup)
@@ -146,7 +147,8 @@ def claims_for(rows: Sequence[Dict[str, Any]]) -> List[bp.PaperClaim]:
     out = []
     if 1 in left_tps:
         out.append(bp.PaperClaim("low rank (btp) vs full rank without TP", "speedup_vs_megatron", 1.4, ">", 1.0,
-                                 where={"panel": "left", "tp": 1, "strategy": "btp"}, err_column="speedup_vs_megatron_err",
+                                 where={"panel": "left", "tp": 1, "strategy": "btp"},
+                                 err_column="speedup_vs_megatron_err",
                                  source="Fig. 6 (left)", setting="1B, 1 GPU"))
     if left_tps and left_tps[-1] > 1:
         at = {"panel": "left", "tp": left_tps[-1], "strategy": "btp"}
@@ -158,7 +160,8 @@ def claims_for(rows: Sequence[Dict[str, Any]]) -> List[bp.PaperClaim]:
         out.append(bp.PaperClaim(f"BOOST vs full rank, bz={mb}", "speedup_vs_megatron", value, ">", 1.0,
                                  where={"panel": "middle", "micro_batch": mb, "strategy": "btp"},
                                  err_column="speedup_vs_megatron_err", source="Fig. 6 (middle)", setting="7B, TP=4"))
-    for kind in [k for k in dict.fromkeys(r.get("kind") for r in rows if r["panel"] == "right") if k not in (None, "none")]:
+    for kind in [k for k in dict.fromkeys(r.get("kind") for r in rows if r["panel"] == "right")
+                 if k not in (None, "none")]:
         at = {"panel": "right", "kind": kind, "strategy": "btp"}
         out += [bp.PaperClaim(f"BOOST vs vanilla, {kind}", "speedup_vs_vanilla", 1.5, ">", 1.0, where=at,
                               err_column="speedup_vs_vanilla_err", source="Fig. 6 (right)", setting="7B, TP=4"),
@@ -221,7 +224,8 @@ def publish(rows: List[Dict[str, Any]], meta: Dict[str, Any], out: str) -> int:
     shape = f"{meta['layers']} layers, seq {meta['seq']}, " if "layers" in meta else ""
     title = f"BOOST Figure 6 at CPU scale: iteration time, {shape}mean +- std of {_n(meta)} iterations"
     written = br.write_report(Path(out).with_suffix(".json"), rows, meta, title, headers, body, verdicts=verdicts,
-                              figure=plot(rows), notes=["paper: LLaMA 1B-30B on GPUs, bz 4, seq 4k (speedups only compare)."])
+                              figure=plot(rows), notes=["paper: LLaMA 1B-30B on GPUs, bz 4, seq 4k "
+                                                        "(speedups only compare)."])
     print("wrote " + ", ".join(str(p) for p in written.values()))
     return 0
 

@@ -10,10 +10,10 @@
 One torchrun job (default 2 CPU ranks, TP=2) builds each model and takes the GEMM shapes from this
 rank's actual weight shards of the first decoder block (so each design's split is exactly what
 the strategy builds). Every weight's forward GEMM y = x W^T, x = [micro-batch x seq, in], is timed
-in the config's dtype (model.dtype bf16: bf16 weights and inputs, the paper's pure bf16) alone (median of --reps after 2 warm-up calls; ranks run concurrently, as in training); a
-linear's numbers sum its GEMMs (fused qkv / gate_up for Megatron; down and up factors for the
-low-rank designs). Linear grouping is not applied here: each factor is its own GEMM.
-FLOPs = 2 * tokens * in * out. Utilisation = achieved FLOP/s (median call) over the best FLOP/s of
+in the config's dtype (model.dtype bf16: bf16 weights and inputs, the paper's pure bf16) alone (median of --reps after
+2 warm-up calls; ranks run concurrently, as in training); a linear's numbers sum its GEMMs (fused qkv / gate_up for
+Megatron; down and up factors for the low-rank designs). Linear grouping is not applied here: each factor is its own
+GEMM. FLOPs = 2 * tokens * in * out. Utilisation = achieved FLOP/s (median call) over the best FLOP/s of
 any single call in the job (square GEMMs of 256..--peak-size and every measured GEMM): on CPU there
 is no datasheet peak to divide by, so 100% is this rank's best observed GEMM throughput.
 """
@@ -172,7 +172,8 @@ def claims_for(mb0: int) -> List[bp.PaperClaim]:
     for lin in LINEARS:
         at = {"design": btp, "micro_batch": mb0, "linear": lin}
         out += [
-            bp.PaperClaim(f"{lin}: BOOST FLOPs / full rank's", "flops_vs_megatron", None, "<", 1.0, where=at, exact=True,
+            bp.PaperClaim(f"{lin}: BOOST FLOPs / full rank's", "flops_vs_megatron", None, "<", 1.0,
+                          where=at, exact=True,
                           source=f"{src} (left)", setting="LLaMA-7B/13B, GPU"),
             bp.PaperClaim(f"{lin}: BOOST FLOPs / vanilla's (identical)", "flops_vs_vanilla", 1.0, "==", 1.0, where=at,
                           source=f"{src} (left)", setting="LLaMA-7B/13B, GPU"),
@@ -199,7 +200,8 @@ def plot(rows: Sequence[Dict[str, Any]], mb0: int) -> Any:
     tw.set_ylabel("GEMM time (ms, diamonds)")
     tw.legend(fontsize=7, loc="upper center")
     axes[0].set_title(f"work and time per linear (bz={mb0})")
-    br.grouped_bars(axes[1], list(LINEARS), {n: [100 * at[(n, mb0, lin)]["utilisation"] for lin in LINEARS] for n in names},
+    br.grouped_bars(axes[1], list(LINEARS),
+                    {n: [100 * at[(n, mb0, lin)]["utilisation"] for lin in LINEARS] for n in names},
                     ylabel="utilisation (% of best GEMM FLOP/s)", color=bc.design_color)
     axes[1].set_title(f"utilisation per linear (bz={mb0})")
     for n in names:

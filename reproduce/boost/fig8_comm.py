@@ -117,10 +117,13 @@ def claims_for(rows: Sequence[Dict[str, Any]]) -> List[bp.PaperClaim]:
     for mb in sorted({r["micro_batch"] for r in rows}):
         at = {"variant": online, "micro_batch": mb}
         out += [
-            bp.PaperClaim(f"BOOST TP volume / full rank's, bz={mb}", "bytes_vs_megatron", 7 / 8, "<", 1.0, where=at, exact=True,
+            bp.PaperClaim(f"BOOST TP volume / full rank's, bz={mb}", "bytes_vs_megatron", 7 / 8, "<", 1.0,
+                          where=at, exact=True,
                           source="Fig. 8 (left, middle); Table 6", setting="r = d/4"),
-            bp.PaperClaim(f"BOOST TP volume / vanilla's, bz={mb}", "bytes_vs_vanilla", 7 * 1024 / (5 * 4096 + 2 * 11008),
-                          "<", 1.0, where=at, exact=True, source="Fig. 8 (left, middle); Table 6", setting="LLaMA-7B shapes"),
+            bp.PaperClaim(f"BOOST TP volume / vanilla's, bz={mb}", "bytes_vs_vanilla",
+                          7 * 1024 / (5 * 4096 + 2 * 11008),
+                          "<", 1.0, where=at, exact=True, source="Fig. 8 (left, middle); Table 6",
+                          setting="LLaMA-7B shapes"),
             bp.PaperClaim(f"full rank's comm time / BOOST's, bz={mb}", "comm_speedup_vs_megatron", 1.08, ">", 1.0,
                           where=at, source="Fig. 8 (left, middle)", setting="7B/13B, GPU, up to"),
             bp.PaperClaim(f"vanilla's comm time / BOOST's, bz={mb}", "comm_speedup_vs_vanilla", 5.3, ">", 1.0,
@@ -137,7 +140,8 @@ def publish(rows: List[Dict[str, Any]], meta: Dict[str, Any], out: str) -> int:
     claims = claims_for(rows)
     bp.annotate(rows, claims)
     verdicts = bp.evaluate(claims, rows)
-    headers = ["variant", "bz", "TP KiB fwd+bwd", "TP calls", "block ms", "comm ms", "compute ms", "comm share", "volume / full",
+    headers = ["variant", "bz", "TP KiB fwd+bwd", "TP calls", "block ms", "comm ms", "compute ms",
+               "comm share", "volume / full",
                "paper", "volume / vanilla", "paper", "comm x vs full", "paper", "comm x vs vanilla", "paper"]
     body = [[r["variant"], r["micro_batch"], br.fmt_bytes(r["tp_bytes_fwd_bwd"]), r["tp_calls_fwd_bwd"],
              f"{r['block_s'] * 1e3:.1f} +- {r['block_std_s'] * 1e3:.1f}", f"{r['comm_s'] * 1e3:.1f}",
@@ -147,8 +151,8 @@ def publish(rows: List[Dict[str, Any]], meta: Dict[str, Any], out: str) -> int:
              for k in (col, f"paper_{col}")] for r in rows]
     print(br.format_table(headers, body))
     print("\n".join(bp.verdict_lines(verdicts)))
-    title = (f"BOOST Figures 8 and 1 (middle) at CPU scale: TP communication of one decoder block, TP={meta.get('tp')}, "
-             f"mean of {int(meta.get('iters', 0)) - int(meta.get('warmup', 0))} iterations")
+    title = ("BOOST Figures 8 and 1 (middle) at CPU scale: TP communication of one decoder block, "
+             f"TP={meta.get('tp')}, mean of {int(meta.get('iters', 0)) - int(meta.get('warmup', 0))} iterations")
     written = br.write_report(Path(out).with_suffix(".json"), rows, meta, title, headers, body, verdicts=verdicts,
                               figure=plot(rows), notes=["paper: 7B/13B on GPUs; volumes are the ledger's, fwd+bwd.",
                                                         "block = total, compute = comp: " + t3.method_note(meta)])
@@ -197,7 +201,8 @@ def plot(rows: Sequence[Dict[str, Any]]) -> Any:
         rest_ms = [at[(n, b)]["compute_s"] * 1e3 for b in batches]
         mode = n.split("(")[1].split()[0]
         ax.bar(xs, comm_ms, width, color=bc.design_color(n), label=f"{mode}: in collectives")
-        ax.bar(xs, rest_ms, width, bottom=comm_ms, color=bc.design_color(n), alpha=0.35, label=f"{mode}: rest (compute)")
+        ax.bar(xs, rest_ms, width, bottom=comm_ms, color=bc.design_color(n), alpha=0.35,
+               label=f"{mode}: rest (compute)")
         for x, b, c in zip(xs, batches, comm_ms):
             ax.annotate(f"{at[(n, b)]['tp_calls_fwd_bwd']} calls", (x, c / 2), fontsize=6, ha="center", va="center",
                         rotation=90)

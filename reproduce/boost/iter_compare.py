@@ -59,15 +59,20 @@ def variant_name(strategy: str, rmsnorm: Optional[str]) -> str:
 # abstract: 1.46-1.91x and 1.87-2.27x); FullRank-TP beats Vanilla-TP by ~25% from 3B on 2 GPUs up.
 # Online vs Sync RMSNorm (Sec. 5.6, Fig. 8 right): Online is the faster option, no number given.
 CLAIMS = [
-    bp.PaperClaim("BOOST (online) vs vanilla low-rank TP", "speedup_vs_vanilla", 2.28, ">", 1.0, err_column="speedup_vs_vanilla_err",
+    bp.PaperClaim("BOOST (online) vs vanilla low-rank TP", "speedup_vs_vanilla", 2.28, ">", 1.0,
+                  err_column="speedup_vs_vanilla_err",
                   where={"name": variant_name("btp", "online")}, source="Fig. 6 (left)", setting=_FIG6 + ", up to"),
-    bp.PaperClaim("BOOST (online) vs full-rank Megatron TP", "speedup_vs_megatron", 1.91, ">", 1.0, err_column="speedup_vs_megatron_err",
+    bp.PaperClaim("BOOST (online) vs full-rank Megatron TP", "speedup_vs_megatron", 1.91, ">", 1.0,
+                  err_column="speedup_vs_megatron_err",
                   where={"name": variant_name("btp", "online")}, source="Fig. 6 (left)", setting=_FIG6 + ", up to"),
-    bp.PaperClaim("BOOST (sync) vs vanilla low-rank TP", "speedup_vs_vanilla", None, ">", 1.0, err_column="speedup_vs_vanilla_err",
+    bp.PaperClaim("BOOST (sync) vs vanilla low-rank TP", "speedup_vs_vanilla", None, ">", 1.0,
+                  err_column="speedup_vs_vanilla_err",
                   where={"name": variant_name("btp", "sync")}, source="Fig. 6 (left)", setting=_FIG6),
-    bp.PaperClaim("vanilla low-rank TP vs full rank (~25% slower)", "speedup_vs_megatron", 1 / 1.25, "<", 1.0, err_column="speedup_vs_megatron_err",
+    bp.PaperClaim("vanilla low-rank TP vs full rank (~25% slower)", "speedup_vs_megatron", 1 / 1.25, "<", 1.0,
+                  err_column="speedup_vs_megatron_err",
                   where={"name": variant_name("vanilla", None)}, source="Fig. 6 (left)", setting=_FIG6),
-    bp.PaperClaim("Online vs Sync RMSNorm: sync time / online time", "speedup_vs_sync", None, ">=", 1.0, err_column="speedup_vs_sync_err",
+    bp.PaperClaim("Online vs Sync RMSNorm: sync time / online time", "speedup_vs_sync", None, ">=", 1.0,
+                  err_column="speedup_vs_sync_err",
                   where={"name": variant_name("btp", "online")}, source="Fig. 8 (right)", setting="7B/13B, GPU"),
 ]
 
@@ -186,7 +191,8 @@ def verdicts(rows: Sequence[Dict[str, Any]]) -> List[str]:
         ratio, err = bt.speedup(sy["summary"], on["summary"])
         met = on["mean_s"] <= sy["mean_s"]
         out.append(f"Online vs Sync RMSNorm: sync/online = {ratio:.3f} +- {err:.3f} -> target 'online no slower' "
-                   f"{'MET' if met else 'NOT met'}{'' if abs(ratio - 1) > 2 * err else ' (within noise: |1 - ratio| <= 2 s.e.)'}")
+                   f"{'MET' if met else 'NOT met'}"
+                   f"{'' if abs(ratio - 1) > 2 * err else ' (within noise: |1 - ratio| <= 2 s.e.)'}")
     return out
 
 
@@ -210,7 +216,8 @@ def plan(args: argparse.Namespace) -> List[Tuple[str, str, Optional[str]]]:
 def shape_of(cfg: Any) -> Dict[str, int]:
     m, t = cfg.model, cfg.tokens
     return {"b": t.micro_batch_size, "s": t.sequence_length, "d": m.hidden_size, "d_ff": m.ffn_size,
-            "r": m.low_rank.width(m.hidden_size), "kv": bc.kv_width(m), "layers": m.num_layers, "elem_bytes": 2 if m.dtype == "bf16" else 4}
+            "r": m.low_rank.width(m.hidden_size), "kv": bc.kv_width(m), "layers": m.num_layers, "elem_bytes": 2
+            if m.dtype == "bf16" else 4}
 
 
 def orchestrate(args: argparse.Namespace, torchrun_args: List[str]) -> List[Dict[str, Any]]:
@@ -311,7 +318,8 @@ def measure_interleaved(cfgs: Sequence[Any], ctx: Any, iters: int, warmup: int) 
     for _ in range(iters):
         for i, (t, b) in enumerate(zip(trainees, batches)):
             bw.reset_peak(ctx.device)
-            timings[i].extend(bt.timed(lambda t=t, b=b: bw.train_iteration(t, ctx, b), ctx.device, 1, ledger=get_ledger()))
+            timings[i].extend(bt.timed(lambda t=t, b=b: bw.train_iteration(t, ctx, b), ctx.device, 1,
+                                       ledger=get_ledger()))
             if cuda:
                 peaks[i] = max(peaks[i], bw.peak_memory())
     rows = []
@@ -334,7 +342,8 @@ def worker(args: argparse.Namespace) -> None:
     ctx = bl.init_distributed(cfgs[0])
     for name, cfg in zip(names, cfgs):
         bl.adapt_layout(cfg, ctx.world_pg.size())
-        if (cfg.parallelism.dp, cfg.parallelism.tp, cfg.parallelism.pp) != (ctx.dp_pg.size(), ctx.tp_pg.size(), ctx.pp_pg.size()):
+        if (cfg.parallelism.dp, cfg.parallelism.tp, cfg.parallelism.pp) != (ctx.dp_pg.size(),
+                                                                            ctx.tp_pg.size(), ctx.pp_pg.size()):
             raise ValueError(f"{name}: every config of one launch must share the parallel layout")
     if args.mode == "interleaved":
         measured = measure_interleaved(cfgs, ctx, args.iters, args.warmup)
@@ -371,7 +380,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     rows = build_rows(results, args.warmup)
     meta_src = next((r.get("meta") for r in results if r.get("meta")), None) or br.run_meta()
     shape = next((r["shape"] for r in results if r.get("shape")), {})
-    kind = next((r.get("low_rank_kind") for r in results if r.get("strategy") != "megatron" and r.get("low_rank_kind")), None)
+    kind = next((r.get("low_rank_kind") for r in results if r.get("strategy") != "megatron"
+                 and r.get("low_rank_kind")), None)
     meta = {**meta_src, "shape": shape, "low_rank_kind": kind, "iters": args.iters, "warmup": args.warmup,
             "rounds": args.rounds, "mode": args.mode, "torchrun_args": torchrun_args or ["--nproc_per_node", "2"]}
     publish(rows, meta, args.out)

@@ -162,9 +162,11 @@ def table(rows: Sequence[Dict[str, Any]]) -> Tuple[List[str], List[List[Any]]]:
              f"{r['total_ungrouped_s'] * us:,.0f} +- {r['total_ungrouped_std_s'] * us:,.0f}",
              f"{r['total_grouped_s'] * us:,.0f} +- {r['total_grouped_std_s'] * us:,.0f}",
              br.fmt_ratio((r["speedup"], r["speedup_err"])), x(r.get("paper_speedup")),
-             f"{r['comm_ungrouped_s'] * us:,.0f}", f"{r['comm_grouped_s'] * us:,.0f}", x(r["comm_speedup"], r.get("comm_speedup_err")),
+             f"{r['comm_ungrouped_s'] * us:,.0f}", f"{r['comm_grouped_s'] * us:,.0f}",
+             x(r["comm_speedup"], r.get("comm_speedup_err")),
              x(r.get("paper_comm_speedup")),
-             f"{r['comp_ungrouped_s'] * us:,.0f}", f"{r['comp_grouped_s'] * us:,.0f}", x(r["comp_speedup"], r.get("comp_speedup_err")),
+             f"{r['comp_ungrouped_s'] * us:,.0f}", f"{r['comp_grouped_s'] * us:,.0f}",
+             x(r["comp_speedup"], r.get("comp_speedup_err")),
              x(r.get("paper_comp_speedup")),
              f"{r['tp_calls_ungrouped']}/{r['tp_calls_grouped']}"] for r in rows]
     return headers, body
@@ -201,9 +203,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     c = cfgs["grouped"]
     meta = {**result["meta"], "raw": result["rows"], "low_rank_kind": kind, "totals": TOTALS,
             "precision": bw.precision_label(c, bc.PRECISION), "model_line": (
-        f"d={c.model.hidden_size} d_ff={c.model.ffn_size} r={c.model.low_rank.width(c.model.hidden_size)} low-rank={kind} "
-        f"rmsnorm={c.model.boost.rmsnorm}; seq {c.tokens.sequence_length}; {bw.precision_label(c, bc.PRECISION)}; "
-        "one decoder block fwd+bwd, "
+        f"d={c.model.hidden_size} d_ff={c.model.ffn_size} "
+        f"r={c.model.low_rank.width(c.model.hidden_size)} low-rank={kind} rmsnorm={c.model.boost.rmsnorm}; seq "
+        f"{c.tokens.sequence_length}; {bw.precision_label(c, bc.PRECISION)}; one decoder block fwd+bwd, "
         f"{args.iters} iterations, first {args.warmup} dropped")}
     return publish(rows, meta, args.out)
 
@@ -239,7 +241,8 @@ def publish(rows: List[Dict[str, Any]], meta: Dict[str, Any], out: Optional[str]
     if out:
         title = f"{TITLE}, {meta['precision']}" if meta.get("precision") else TITLE
         notes = ([f"model: {meta['model_line']}."] if meta.get("model_line") else []) + [
-            method_note(meta) + profiler_cost(rows), "Paper rows QKV and MLP1 are paths inside our attention and MLP sub-layers."]
+            method_note(meta) + profiler_cost(rows),
+            "Paper rows QKV and MLP1 are paths inside our attention and MLP sub-layers."]
         written = br.write_report(out, rows, meta, title, *table(rows), verdicts=verdicts, notes=notes)
         print("wrote " + ", ".join(str(p) for p in written.values()))
     return 0

@@ -164,9 +164,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     result = bl.run_job(__file__, cfgs, [], torchrun_args, args.log_dir, args.timeout, args.verbose)
     c = next(iter(cfgs.values()))
     meta = {**result["meta"], "low_rank_kind": kind, "model_line": (
-        f"d={c.model.hidden_size} d_ff={c.model.ffn_size} layers={c.model.num_layers} r={c.model.low_rank.width(c.model.hidden_size)} "
-        f"low-rank={kind}; micro-batch {c.tokens.micro_batch_size} x seq {c.tokens.sequence_length}; "
-        f"dtype {c.model.dtype}; AdamW")}
+        f"d={c.model.hidden_size} d_ff={c.model.ffn_size} layers={c.model.num_layers} "
+        f"r={c.model.low_rank.width(c.model.hidden_size)} low-rank={kind}; micro-batch {c.tokens.micro_batch_size} x "
+        f"seq {c.tokens.sequence_length}; dtype {c.model.dtype}; AdamW")}
     for s in wanted:
         if s not in strategies:
             print(f"{NAMES[s]}: not available (tp_strategy not registered)")

@@ -142,7 +142,8 @@ def compare(rows: Sequence[Dict[str, Any]], warmup: int) -> List[Dict[str, Any]]
             "d_cpu_err_s": d_cpu_err, "eff_cpu_mib_per_ms": eff_cpu, "extra_tp_calls": on["tp_calls"] - off["tp_calls"],
             "tp_calls_off": off["tp_calls"], "tp_calls_on": on["tp_calls"],
         })
-    return sorted(out, key=lambda r: (r["micro_batch"], STRATEGIES.index(r["strategy"]) if r["strategy"] in STRATEGIES else 9))
+    return sorted(out, key=lambda r: (r["micro_batch"], STRATEGIES.index(r["strategy"])
+                                      if r["strategy"] in STRATEGIES else 9))
 
 
 def add_ratios(rows: Sequence[Dict[str, Any]]) -> None:
@@ -207,9 +208,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     c = next(iter(cfgs.values()))
     meta = {**result["meta"], "raw": result["rows"], "low_rank_kind": kind,
             "precision": bw.precision_label(c, bc.PRECISION), "model_line": (
-        f"d={c.model.hidden_size} d_ff={c.model.ffn_size} layers={c.model.num_layers} r={c.model.low_rank.width(c.model.hidden_size)} "
-        f"low-rank={kind}; seq {c.tokens.sequence_length}; {bw.precision_label(c, bc.PRECISION)}; {args.iters} fwd+bwd per variant, first {args.warmup} "
-        f"dropped; TP rank 0 memory")}
+        f"d={c.model.hidden_size} d_ff={c.model.ffn_size} layers={c.model.num_layers} "
+        f"r={c.model.low_rank.width(c.model.hidden_size)} low-rank={kind}; seq {c.tokens.sequence_length}; "
+        f"{bw.precision_label(c, bc.PRECISION)}; {args.iters} fwd+bwd per variant, first {args.warmup} "
+        "dropped; TP rank 0 memory")}
     for s in STRATEGIES:
         if s not in strategies:
             print(f"{s}: not available (tp_strategy not registered)")

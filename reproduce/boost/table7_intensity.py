@@ -164,14 +164,16 @@ def _plot(comps: List[Dict[str, Any]], rows: List[Dict[str, Any]]) -> Any:
     sizes = list(dict.fromkeys(r["size"] for r in shown))
     for b, style in zip(sorted({r["b"] for r in shown}), ("o-", "s--", "^:")):
         for design in DESIGNS:
-            ys = [next(x["ai"] for x in shown if x["size"] == s and x["b"] == b and x["design"] == design) for s in sizes]
+            ys = [next(x["ai"] for x in shown if x["size"] == s and x["b"] == b
+                       and x["design"] == design) for s in sizes]
             ax1.plot(sizes, ys, style, color=design_color(design), label=f"{LABEL[design]}, b={b}")
     ax1.set(xlabel="model (Table 8)", ylabel="A.I. of the MLP block (FLOP / byte)", yscale="log")
     ax1.legend(fontsize=7)
     two = [c for c in comps if c.get("mlp") == "two-linear"]
     labels = [c["key"].replace(" two-linear", "") for c in two]
     ax2.barh(labels, [c["ai_btp_over_vanilla"] for c in two], color=design_color("btp"), label="BTP / vanilla")
-    ax2.barh(labels, [c["ai_vanilla_over_full"] for c in two], color=design_color("vanilla"), label="vanilla / full rank")
+    ax2.barh(labels, [c["ai_vanilla_over_full"] for c in two], color=design_color("vanilla"),
+             label="vanilla / full rank")
     ax2.axvline(2.5, color="k", ls=":", lw=0.8)
     ax2.axvline(0.2, color="k", ls=":", lw=0.8)
     ax2.set(xlabel="A.I. ratio (dotted: the paper's 0.2x and 2.5x at 7B)")
@@ -193,7 +195,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args.argv = list(sys.argv[1:] if argv is None else argv)
     saved = br.read_saved(args.from_json) if args.from_json else measure(args)
     r = render(saved)
-    br.publish(args.out, saved["rows"], saved["meta"], "BOOST Table 7: arithmetic intensity of the MLP block per TP rank (analytic)",
+    br.publish(args.out, saved["rows"], saved["meta"],
+               "BOOST Table 7: arithmetic intensity of the MLP block per TP rank (analytic)",
                r["headers"], r["body"], r["verdicts"], r["figure"], r["notes"], r["extra"])
     return 0
 

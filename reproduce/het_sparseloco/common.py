@@ -43,7 +43,8 @@ def parser(doc: str, name: str) -> argparse.ArgumentParser:
     p.add_argument("--config-file", default=CONFIG_FILE, help="CPU preset: the base config")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="on top of CPU_SCALE (see reproduce/het_sparseloco/common.py)")
-    p.add_argument("--replicas", type=int, default=None, help="M simulated replicas (default: 4; GPU preset: the paper's 8)")
+    p.add_argument("--replicas", type=int, default=None,
+                   help="M simulated replicas (default: 4; GPU preset: the paper's 8)")
     p.add_argument("--compressed", type=int, default=None,
                    help="compressed replicas in the heterogeneous rows (default: half of --replicas)")
     p.add_argument("--ratio", type=int, default=8, help="pipeline compression d/k of the compressed replicas")
@@ -87,7 +88,8 @@ def replicas(n: int) -> str:
     return f"sparseloco.compressed_replicas={list(range(n))}"
 
 
-def run_row(config_file: str, overrides: Sequence[str], n_replicas: int, mode: Mode = "sparseloco") -> Dict[str, object]:
+def run_row(config_file: str, overrides: Sequence[str], n_replicas: int,
+            mode: Mode = "sparseloco") -> Dict[str, object]:
     """One training run: per-step mean train loss, final validation loss, bytes per replica per sync, wall time."""
     cfg = load_config(config_file, list(overrides))
     t0 = time.perf_counter()
@@ -98,7 +100,8 @@ def run_row(config_file: str, overrides: Sequence[str], n_replicas: int, mode: M
 
 def run_table(args: argparse.Namespace, rows: Mapping[str, Row], paper: Mapping[str, Optional[float]],
               title: str, extra_meta: Optional[Dict[str, object]] = None,
-              plot: Optional[Callable[[Mapping[str, Dict[str, object]], Path], None]] = None) -> Dict[str, Dict[str, object]]:
+              plot: Optional[Callable[[Mapping[str, Dict[str, object]], Path],
+                                      None]] = None) -> Dict[str, Dict[str, object]]:
     """Every row x seed (a row already in <out>.json with the same overrides and seed is kept, so a stopped
     sweep resumes); writes <out>.json after each run and <out>.png at the end (`plot(summary, png)`, default
     bars of ours beside the paper's); returns the summaries."""
@@ -155,7 +158,8 @@ def _runs_of_other_tables(path: Path) -> Dict[Tuple[str, Tuple[str, ...]], Dict[
     return found
 
 
-def summarise(runs: Mapping[str, Dict[str, object]], rows: Mapping[str, Row], seeds: Sequence[int]) -> Dict[str, Dict[str, object]]:
+def summarise(runs: Mapping[str, Dict[str, object]], rows: Mapping[str, Row],
+              seeds: Sequence[int]) -> Dict[str, Dict[str, object]]:
     """Per row: validation losses per seed, their mean and sample standard deviation."""
     out: Dict[str, Dict[str, object]] = {}
     for name in rows:
@@ -166,7 +170,8 @@ def summarise(runs: Mapping[str, Dict[str, object]], rows: Mapping[str, Row], se
     return out
 
 
-def paired_delta(runs: Mapping[str, Dict[str, object]], row: str, than: str, seeds: Sequence[int]) -> Optional[Tuple[float, float]]:
+def paired_delta(runs: Mapping[str, Dict[str, object]], row: str, than: str,
+                 seeds: Sequence[int]) -> Optional[Tuple[float, float]]:
     """Mean over seeds of val(row) - val(than), seed by seed (same data order and init), and its standard
     error; None unless both rows ran on at least two common seeds."""
     diffs = [runs[f"{row} | seed {s}"]["val_loss"] - runs[f"{than} | seed {s}"]["val_loss"] for s in seeds
@@ -178,7 +183,8 @@ def paired_delta(runs: Mapping[str, Dict[str, object]], row: str, than: str, see
 
 def print_deltas(args: argparse.Namespace, pairs: Sequence[Tuple[str, str, str]],
                  paper: Mapping[str, Optional[float]],
-                 plot: Optional[Callable[[Mapping[str, Dict[str, object]], Path], None]] = None) -> List[Dict[str, object]]:
+                 plot: Optional[Callable[[Mapping[str, Dict[str, object]], Path],
+                                         None]] = None) -> List[Dict[str, object]]:
     """For each (row, than, paper's ordering ">" / "<" / "="): our paired difference (mean over seeds +- s.e.),
     the paper's, and the verdict (bench.paper: ">" / "<" beyond 2 s.e., "=" within 2 s.e. of zero; one seed
     is undetermined). Prints header, rows and verdicts, writes <out>.json (+ "orderings", "paper") and
@@ -194,7 +200,8 @@ def print_deltas(args: argparse.Namespace, pairs: Sequence[Tuple[str, str, str]]
         comps.append({"key": key, "value": d and d[0], "err": d and d[1]})
         claims.append(PaperClaim(f"{row} minus {than}, val loss (paired over {len(seeds)} seeds)", "value", p,
                                  {">": ">", "<": "<", "=": "~"}[claim], 0.0, where={"key": key}, err_column="err",
-                                 source=meta["title"].split(", ")[-1].split(" (")[0], setting="512M, DCLM, final train loss"))
+                                 source=meta["title"].split(", ")[-1].split(" (")[0],
+                                 setting="512M, DCLM, final train loss"))
     verdicts = evaluate(claims, comps)
     data["orderings"] = [{"row": row, "than": than, "paper_delta": c.paper, "claimed": claim, "ours_delta": v.measured,
                           "ours_se": v.err, "held": v.verdict, "verdict": v.status}

@@ -53,9 +53,12 @@ def config_text(size: str) -> str:
         header_line(params(layers, d, ffn), True, paper),
         "# Written by reproduce/het_sparseloco/make_configs.py (edit that, not this file).",
         f"#   python -m nanotron_ext.data prepare --config-file {path}",
-        f"#   torchrun --nnodes {m * STAGES // 8 or 1} --nproc_per_node={min(8, m * STAGES)} ... -m nanotron_ext.train --config-file {path}",
-        f"# PP-Compress (all replicas, 87.5%): --set 'sparseloco.compressed_replicas=[{','.join(str(r) for r in range(m))}]' --set model.subspace.k={d // 8}",
-        f"# Het-PP-Compress (half):            --set 'sparseloco.compressed_replicas=[{half}]' --set model.subspace.k={d // 8}",
+        f"#   torchrun --nnodes {m * STAGES // 8 or 1} --nproc_per_node={min(8, m * STAGES)} ... -m nanotron_ext.train "
+        f"--config-file {path}",
+        "# PP-Compress (all replicas, 87.5%): --set "
+        f"'sparseloco.compressed_replicas=[{','.join(str(r) for r in range(m))}]' --set model.subspace.k={d // 8}",
+        f"# Het-PP-Compress (half):            --set 'sparseloco.compressed_replicas=[{half}]' --set "
+        f"model.subspace.k={d // 8}",
         "general:", f"  run: sparseloco_{size}", "  backend: auto",
         "parallelism:", f"  dp: {m}", "  tp: 1", f"  pp: {STAGES}", "  pp_engine: 1f1b", "  dp_sync: sparseloco",
         "model:", f"  vocab_size: {VOCAB}", f"  hidden_size: {d}", f"  ffn_size: {ffn}", f"  num_layers: {layers}",

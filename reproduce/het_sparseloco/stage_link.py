@@ -63,7 +63,8 @@ def measure(args: Any) -> Dict[str, Any]:
              "budget_tokens": {"SparseLoCo": 10e9, "PP-Compress": 12e9, "Het-PP-Compress (1/2)": 12e9}}
     model["sync_s_at"] = {str(b): collective_time_s(payload, p.dp, (args.dp_mbps or b) * 1e6, "all_gather")
                           for b in args.mbps + [1000.0, args.fast_mbps]}
-    meta = br.run_meta({"analytic": True, "command": "python reproduce/het_sparseloco/stage_link.py " + " ".join(args.argv)})
+    meta = br.run_meta({"analytic": True,
+                        "command": "python reproduce/het_sparseloco/stage_link.py " + " ".join(args.argv)})
     return {"meta": meta, "model": model, "rows": rows_of(model, args.mbps)}
 
 
@@ -180,7 +181,8 @@ def render(saved: Dict[str, Any]) -> Dict[str, Any]:
               f"({b['time_vs_sparseloco_overlapped']:.2f}x)" for b in budget]
     notes.append("The verdicts hold for the assumed accelerator only: the last two columns give the fastest one at "
                  "which each row still reaches 97% (a slower GPU computes longer and hides more of the link).")
-    return {"headers": headers, "body": body, "verdicts": verdicts, "figure": _plot(model, rows, budget), "notes": notes,
+    return {"headers": headers, "body": body, "verdicts": verdicts,
+            "figure": _plot(model, rows, budget), "notes": notes,
             "extra": {"model": model, "time_to_budget": budget}}
 
 
@@ -189,8 +191,10 @@ def _plot(model: Dict[str, Any], rows: List[Dict[str, Any]], budget: List[Dict[s
     for ratio, colour in zip(model["ratios"], ("tab:red", "tab:green", "tab:purple", "tab:blue")):
         mine = [r for r in rows if r["ratio"] == ratio]
         label = "SparseLoCo, uncompressed" if ratio == 1 else f"+ PP-Compress 1/{ratio:g}"
-        ax1.plot([r["mbps"] for r in mine], [r["overlapped"] for r in mine], "o-", color=colour, label=f"{label}, overlapped")
-        ax1.plot([r["mbps"] for r in mine], [r["blocking"] for r in mine], "s--", color=colour, label=f"{label}, blocking")
+        ax1.plot([r["mbps"] for r in mine], [r["overlapped"] for r in mine], "o-", color=colour,
+                 label=f"{label}, overlapped")
+        ax1.plot([r["mbps"] for r in mine], [r["blocking"] for r in mine], "s--", color=colour,
+                 label=f"{label}, blocking")
     ax1.axhline(TARGET, color="k", lw=0.8, ls=":")
     ax1.axvspan(100, 1000, color="0.9")
     ax1.set(xscale="log", xlabel="bandwidth between pipeline stages (Mbit/s)", ylabel="compute utilisation",
@@ -212,7 +216,8 @@ def build_parser() -> Any:
     p.add_argument("--tflops", type=float, default=100.0, help="assumed effective TFLOP/s of one GPU (one stage)")
     p.add_argument("--ratios", type=float, nargs="+", default=[1.0, 8.0, 768.0],
                    help="boundary compression d / k (1 = uncompressed; the paper's Fig. 2: 8)")
-    p.add_argument("--mbps", type=float, nargs="+", default=[10.0, 30.0, 100.0, 300.0, 1000.0, 3000.0, 10000.0, 100000.0],
+    p.add_argument("--mbps", type=float, nargs="+",
+                   default=[10.0, 30.0, 100.0, 300.0, 1000.0, 3000.0, 10000.0, 100000.0],
                    help="stage-link bandwidths (Mbit/s)")
     p.add_argument("--dp-mbps", type=float, default=None,
                    help="bandwidth of the DP link for the outer sync (Mbit/s; default: the stage link's)")

@@ -55,7 +55,8 @@ def _plot(summary: Dict[str, Dict[str, object]], ratios: List[int], path: Path, 
     fig, (ax, bx) = new_figure(2, width=5, height=4)
     for name, label in (("uniform", f"uniform ({m}/{m} compressed)"), ("het", f"heterogeneous ({c}/{m})")):
         s = [summary[f"{name} 1/{r}"] for r in ratios]
-        ax.errorbar(ratios, [x["mean"] for x in s], yerr=[x["std"] or 0 for x in s], fmt="o-", capsize=3, label=f"ours: {label}")
+        ax.errorbar(ratios, [x["mean"] for x in s], yerr=[x["std"] or 0 for x in s], fmt="o-", capsize=3,
+                    label=f"ours: {label}")
     ax.axhline(summary["SparseLoCo"]["mean"], color="k", ls="--", label="ours: SparseLoCo")
     ax.set(xscale="log", xlabel="compression d/k", ylabel="final validation loss (CPU scale, mean of seeds)")
     ax.set_xscale("log", base=2)

@@ -36,7 +36,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     run_table(args, rows, PAPER, "Heterogeneous SparseLoCo, Table 3 (no inner loop) and 3(a) (+20% tokens)")
     print_deltas(args, [("AdamW + PP-Compression", "AdamW", ">"),
                         ("AdamW + Het PP-Compression (1/2)", "AdamW + PP-Compression", ">"),
-                        ("SparseLoCo + Het-PP-Compress (1/2), +20% tokens", "SparseLoCo + PP-Compress, +20% tokens", "<"),
+                        ("SparseLoCo + Het-PP-Compress (1/2), +20% tokens",
+                         "SparseLoCo + PP-Compress, +20% tokens", "<"),
                         ("SparseLoCo + PP-Compress, +20% tokens", "SparseLoCo", ">"),
                         ("SparseLoCo + Het-PP-Compress (1/2), +20% tokens", "SparseLoCo", ">")],
                  PAPER)

@@ -50,9 +50,11 @@ def measure(args: Any) -> Dict[str, Any]:
     rows = []
     for b in BANDWIDTHS:
         rows.append({"bandwidth_bps": b,
-                     "sparseloco": compute_utilisation(sl["step_time_s"], int(sl["inner_steps"]), sl["sync_bytes"], m, b, "all_gather"),
+                     "sparseloco": compute_utilisation(sl["step_time_s"], int(sl["inner_steps"]), sl["sync_bytes"],
+                                                       m, b, "all_gather"),
                      "dense_dp": compute_utilisation(dn["step_time_s"], 1, dn["sync_bytes"], m, b, "all_reduce")})
-    return {"meta": br.run_meta({"replicas": m}), "measured": {"sparseloco": sl, "dense": dn}, "replicas": m, "rows": rows}
+    return {"meta": br.run_meta({"replicas": m}), "measured": {"sparseloco": sl, "dense": dn},
+            "replicas": m, "rows": rows}
 
 
 def main(argv: List[str] | None = None) -> int:
@@ -72,14 +74,16 @@ def main(argv: List[str] | None = None) -> int:
         r["key"] = f"{r['bandwidth_bps'] / 1e6:g} Mbit/s"
     claims = [PaperClaim("SparseLoCo utilisation over a 100 Mbit/s DP link (the paper's > 97% is over stage links: "
                          "stage_link.py)", "sparseloco", 0.97, None, where={"key": "100 Mbit/s"},
-                         source="Fig. 2 (other link)", setting="512M, link between pipeline stages (ours: between replicas)")]
+                         source="Fig. 2 (other link)",
+                         setting="512M, link between pipeline stages (ours: between replicas)")]
     fig, ax = br.new_figure(1, width=6, height=4)
     bw = [r["bandwidth_bps"] / 1e6 for r in rows]
     ax.plot(bw, [r["sparseloco"] for r in rows], "o-", label="SparseLoCo")
     ax.plot(bw, [r["dense_dp"] for r in rows], "o-", label="dense DP (all-reduce every step)")
     ax.set(xscale="log", xlabel="bandwidth between replicas (Mbit/s)", ylabel="compute utilisation")
     ax.legend(fontsize=8)
-    title = f"Compute utilisation over the DP link between replicas (not the paper's stage links), M = {saved.get('replicas')}"
+    title = ("Compute utilisation over the DP link between replicas (not the paper's stage links), "
+             f"M = {saved.get('replicas')}")
     br.publish(args.out, rows, meta, title, headers, body,
                evaluate(claims, rows), fig, extra={"measured": saved.get("measured")},
                notes=[f"measured: {saved.get('measured')}"])

@@ -46,7 +46,8 @@ from reproduce.mapl.common import CPU_CONFIG, GPU_CONFIG, analyse, boundary_mean
 TITLE = "MAPL findings on trained checkpoints: 99% energy rank, pair-cosine isometry, energy kept, angles (P = 8)"
 PAPER = {"rank99_over_d": 250 / 1024, "energy_learned": 0.80, "energy_random": 0.36, "pearson": 0.992,
          "adjacent_angle": 53.0, "far_angle": 72.0}
-STATS = ("rank99_over_d", "rank99_centred_over_d", "energy_learned", "energy_random", "energy_ratio", "pearson_learned", "pearson_random",
+STATS = ("rank99_over_d", "rank99_centred_over_d", "energy_learned", "energy_random", "energy_ratio",
+         "pearson_learned", "pearson_random",
          "adjacent_angle_deg", "far_angle_deg", "far_minus_adjacent_deg", "angle_to_init_deg")
 
 
@@ -104,12 +105,14 @@ def claims(chance_angle: float) -> List[PaperClaim]:
         PaperClaim("rank for 99% energy / d ('intrinsically low-rank', read: < d/2)", paper=PAPER["rank99_over_d"],
                    relation="<", than=0.5, where={"key": "rank99_over_d"}, source="sec. 3.1", **kw),
         PaperClaim("rank for 99% energy / d, activations centred (our addition: the text does not say)",
-                   paper=PAPER["rank99_over_d"], relation=None, where={"key": "rank99_centred_over_d"}, source="sec. 3.1",
+                   paper=PAPER["rank99_over_d"], relation=None,
+                   where={"key": "rank99_centred_over_d"}, source="sec. 3.1",
                    **kw),
         PaperClaim("pair-cosine Pearson r through the learned A_p ('nearly identical', read: >= 0.99)",
                    paper=PAPER["pearson"], relation=">=", than=0.99, where={"key": "pearson_learned"},
                    source="Key findings", **kw),
-        PaperClaim("energy kept, learned / random basis ('2.2x')", paper=PAPER["energy_learned"] / PAPER["energy_random"],
+        PaperClaim("energy kept, learned / random basis ('2.2x')",
+                   paper=PAPER["energy_learned"] / PAPER["energy_random"],
                    relation=">", than=1.0, where={"key": "energy_ratio"}, source="Key findings", **kw),
         PaperClaim("energy kept by the learned A_p", paper=PAPER["energy_learned"], relation=None,
                    where={"key": "energy_learned"}, source="Key findings", **kw),
@@ -125,7 +128,8 @@ def claims(chance_angle: float) -> List[PaperClaim]:
 def render(saved: Dict[str, Any]) -> Dict[str, Any]:
     runs, bounds = saved["rows"], saved["boundaries"]
     seeds = sorted({b["seed"] for b in bounds})
-    headers = ["boundary (sending layer)", "rank for 99% energy", "centred", "energy kept: learned", "random", "Pearson r: learned",
+    headers = ["boundary (sending layer)", "rank for 99% energy", "centred", "energy kept: learned", "random",
+               "Pearson r: learned",
                "random", "max |A^T A - I|", "turned from init (deg)"]
     body = []
     for b in sorted({int(x["boundary"]) for x in bounds}):
@@ -134,7 +138,8 @@ def render(saved: Dict[str, Any]) -> Dict[str, Any]:
         def avg(key: str, mine: List[Dict[str, Any]] = mine) -> float:
             return sum(float(x[key]) for x in mine) / len(mine)
 
-        body.append([b, f"{avg('rank_99'):.1f} of {mine[0]['d']}", f"{avg('rank_99_centred'):.1f}", f"{avg('energy_learned'):.3f}",
+        body.append([b, f"{avg('rank_99'):.1f} of {mine[0]['d']}", f"{avg('rank_99_centred'):.1f}",
+                     f"{avg('energy_learned'):.3f}",
                      f"{avg('energy_random'):.3f}", f"{avg('pearson_learned'):.4f}", f"{avg('pearson_random'):.4f}",
                      f"{max(float(x['stiefel_error']) for x in mine):.1e}", f"{avg('mean_angle_to_init_deg'):.1f}"])
     summ = summary(runs)

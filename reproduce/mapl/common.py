@@ -49,7 +49,8 @@ def row_runs(rows: Sequence[str], seeds: Sequence[int], args: Any) -> Dict[str, 
                 ovr += [*presets.gpu_overrides(args), "parallelism.pp=1"]
             else:
                 ovr += [*CPU_FAST, f"tokens.train_steps={args.steps}"]
-            out[f"{row} seed {seed}"] = (GPU_CONFIG if gpu else args.config_file, [*ovr, *args.set, f"general.seed={seed}"])
+            out[f"{row} seed {seed}"] = (GPU_CONFIG if gpu else args.config_file,
+                                         [*ovr, *args.set, f"general.seed={seed}"])
     return out
 
 

@@ -77,7 +77,8 @@ def wire_bytes_per_token(design: str, config: str) -> Optional[int]:
     from nanotron_ext.mapl.rvq import ResidualQuantizer, WireLayout
 
     cfg = load_config(config, [])
-    d, r, tokens = cfg.model.hidden_size, cfg.model.codec.mapl.rank, cfg.tokens.micro_batch_size * cfg.tokens.sequence_length
+    d, r = cfg.model.hidden_size, cfg.model.codec.mapl.rank
+    tokens = cfg.tokens.micro_batch_size * cfg.tokens.sequence_length
     if design == "uncompressed":
         return d * 4
     if design in ("mapl", "ssn"):  # r (or k = r) fp32 coordinates and the int32 token id
@@ -156,7 +157,8 @@ def comparisons(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
 
     out = []
     for p in (4, 8):
-        out.append({"key": f"mapl-ssn@P{p}", **paired(lambda s, p=p: val("mapl", p, s), lambda s, p=p: val("ssn", p, s))})
+        out.append({"key": f"mapl-ssn@P{p}",
+                    **paired(lambda s, p=p: val("mapl", p, s), lambda s, p=p: val("ssn", p, s))})
         out.append({"key": f"vq-mapl@P{p}", **paired(lambda s, p=p: val("mapl_vq_2x", p, s, "degradation_pct"),
                                                      lambda s, p=p: val("mapl", p, s, "degradation_pct"))})
     out.append({"key": "ssn P8-P4", **paired(lambda s: val("ssn", 8, s), lambda s: val("ssn", 4, s))})
@@ -198,7 +200,8 @@ def plot(rows: List[Dict[str, Any]]) -> Any:
             steps = [s for s, _ in mine[0]["curve"]]
             mean = [statistics.fmean(r["curve"][i][1] for r in mine) for i in range(len(steps))]
             final, err = mean_se([r["val_loss"] for r in mine])
-            ax.plot(steps, mean, marker="o", label=f"{design} ({final:.3f}" + ("" if err is None else f" +- {err:.3f}") + ")")
+            ax.plot(steps, mean, marker="o",
+                    label=f"{design} ({final:.3f}" + ("" if err is None else f" +- {err:.3f}") + ")")
         ax.set(title=f"P = {p} (mean over seeds)", xlabel="step", ylabel="validation loss")
         ax.legend(fontsize=7)
     return fig
@@ -207,7 +210,8 @@ def plot(rows: List[Dict[str, Any]]) -> Any:
 def build_parser() -> argparse.ArgumentParser:
     parser = br.script_parser(__doc__, "runs/mapl/main_table.json")
     parser.add_argument("--config-file", default="reproduce/mapl/cpu_small.yaml", help="CPU preset: the base config")
-    parser.add_argument("--steps", type=int, default=None, help="override tokens.train_steps (smoke runs; default: the config's)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="override tokens.train_steps (smoke runs; default: the config's)")
     parser.add_argument("--reuse", default=None, help="an earlier JSON: keep its measured rows, run the missing")
     presets.add_preset_args(parser, f"{GPU_CONFIG} (1.0B, r = 256, batch 512 x 2048, bf16) on one 80 GB GPU")
     return br.help_with_defaults(parser)
@@ -235,7 +239,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         r["paper_degradation_pct"] = PAPER_DELTA[r["design"]][0 if r["P"] == 4 else 1]
     headers = ["P", "design", "seed", "wire B/token", "val loss", "delta %", "paper (150M) val loss", "paper delta %"]
     body = [[r["P"], r["design"], r.get("seed", 42), r["wire_bytes_per_token"] or "-", _f(r["val_loss"]),
-             _f(r["degradation_pct"], 2), r["paper_val_loss"], f"{PAPER_DELTA[r['design']][0 if r['P'] == 4 else 1]:+.2f}"] for r in rows]
+             _f(r["degradation_pct"], 2), r["paper_val_loss"],
+             f"{PAPER_DELTA[r['design']][0 if r['P'] == 4 else 1]:+.2f}"] for r in rows]
     verdicts = evaluate(claims(), comparisons(rows))
     br.publish(args.out, rows, meta, "MAPL main table: validation loss and degradation vs uncompressed", headers, body,
                verdicts, plot(rows), [] if len(meta.get("seeds") or [42]) > 1 else

@@ -41,7 +41,8 @@ def config_text(size: str) -> str:
     vq = " ".join(f"--set {k}={v}" for k, v in VQ_2X.items())
     return "\n".join([
         f"# MAPL {size} at paper scale (\"Learned Subspace Compression for Communication-Efficient Pipeline",
-        f"# Parallelism\", arXiv:2606.05484): r = {RANK} at every size (d/r = {d // RANK}x), P = 4 real pipeline stages,",
+        f"# Parallelism\", arXiv:2606.05484): r = {RANK} at every size (d/r = {d // RANK}x), P = 4 "
+        "real pipeline stages,",
         f"# the hybrid optimiser (Muon {muon_lr:g}, AdamW 0.5x, SPEL 0.1x), context 2048, global batch 512, bf16.",
         header_line(count, True, paper),
         "# Written by reproduce/mapl/make_configs.py (edit that, not this file). Choices the summary leaves open:",
@@ -50,7 +51,8 @@ def config_text(size: str) -> str:
         f"# GPU (4 GPUs):  torchrun --nproc_per_node 4 -m nanotron_ext.train --config-file {path}",
         "# P = 8:         --nproc_per_node 8 --set parallelism.pp=8",
         f"# MAPL+VQ:       {vq}",
-        f"#                (G = {RANK} scalar groups, R = 2, K = 16: 8 bits per coordinate = 2x MAPL's bf16 ratio, {2 * d // RANK}x)",
+        f"#                (G = {RANK} scalar groups, R = 2, K = 16: 8 bits per coordinate = 2x MAPL's bf16 "
+        f"ratio, {2 * d // RANK}x)",
         "# SSN row:       --set model.codec.kind=subspace --set model.embedding.kind=subspace",
         f"#                --set model.output_constraint.kind=subspace --set model.subspace.k={RANK}",
         "# uncompressed:  --set model.codec.kind=identity",

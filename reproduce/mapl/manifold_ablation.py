@@ -99,7 +99,8 @@ def claims() -> List[PaperClaim]:
 def render(saved: Dict[str, Any]) -> Dict[str, Any]:
     rows = saved["rows"]
     order = [n for n in ROWS if any(r["row"] == n for r in rows)]
-    headers = ["row", "seeds", "val loss (mean +- s.e.)", "per seed", "max |A^T A - I|", "energy kept (mean over boundaries)",
+    headers = ["row", "seeds", "val loss (mean +- s.e.)", "per seed", "max |A^T A - I|",
+               "energy kept (mean over boundaries)",
                "turned from init (deg)"]
     body = []
     for n in order:

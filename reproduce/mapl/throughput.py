@@ -65,7 +65,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for r, line in zip(rows, body):
         rel = r.get("relative_to_uncompressed_125x_faster")
         line.append("-" if rel is None else f"{rel:.2f}x")
-    br.publish(ns.out, rows, meta, "MAPL / MAPL+VQ / SSN vs uncompressed: tokens/s over a slow link (PP = 2, full duplex)",
+    br.publish(ns.out, rows, meta,
+               "MAPL / MAPL+VQ / SSN vs uncompressed: tokens/s over a slow link (PP = 2, full duplex)",
                headers, body, figure=slow_link.figure(rows),
                notes=["no paper number: the MAPL paper reports no throughput (no verdicts)"])
     return 0

@@ -112,7 +112,8 @@ def measure(args: Any, torchrun_args: Sequence[str]) -> Dict[str, Any]:
     d = 4096 if gpu else load_config(CPU_CONFIG, args.set).model.hidden_size
     hs = GPU_H if gpu else {r: nearest_h(d, r) for r in PAPER_RATIOS}
     extra = [*args.set, *(presets.gpu_overrides(args) if gpu else [*CPU_COMMON, f"tokens.train_steps={args.steps}"])]
-    runs = {row: (cfg, [*ovr, *extra]) for row, (cfg, ovr) in variants(hs, gpu).items() if row in args.rows or not args.rows}
+    runs = {row: (cfg, [*ovr, *extra]) for row, (cfg, ovr) in variants(hs, gpu).items()
+            if row in args.rows or not args.rows}
     if args.dry_run:
         return {"dry_run": presets.dry_run(presets.runs_for_seeds(runs, args.seeds))}
     rows = []
@@ -188,7 +189,8 @@ def render(saved: Dict[str, Any]) -> Dict[str, Any]:
         rank = mean_se([r["ffn_r_eff_mean"] for r in mine if "ffn_r_eff_mean" in r])[0]
         r0 = mine[0]
         body.append([name, r0["design"], r0["optimizer"], f"{r0['h']} ({r0['ratio']:.0f}x)", len(mine),
-                     f"{m:.4f}" + ("" if e is None else f" +- {e:.4f}"), ", ".join(f"{r['final_val_loss']:.4f}" for r in mine),
+                     f"{m:.4f}" + ("" if e is None else f" +- {e:.4f}"),
+                     ", ".join(f"{r['final_val_loss']:.4f}" for r in mine),
                      "-" if rank is None else f"{rank:.2f}"])
     notes = ["The paper gives curves, not numbers: each verdict is an ordering of same-seed differences (2 s.e.)."]
     return {"headers": headers, "body": body, "verdicts": evaluate(claims(rows), comps), "figure": _plot(rows),
@@ -223,7 +225,8 @@ def _plot(rows: List[Dict[str, Any]]) -> Any:
                 continue
             curve = _mean_curve(rows, name)
             colour, ls = style[r0["design"], r0["optimizer"]]
-            ax.plot(range(1, len(curve) + 1), curve, ls, color=colour, lw=1.2, label=f"{r0['design']} {r0['optimizer']}")
+            ax.plot(range(1, len(curve) + 1), curve, ls, color=colour, lw=1.2,
+                    label=f"{r0['design']} {r0['optimizer']}")
         ax.set(title=f"Fig. 2: paper {x}x (ours h = {next(r['h'] for r in rows if r['paper_ratio'] == x)})",
                xlabel="step", ylabel="train loss (10-step mean, mean over seeds)")
         ax.set_ylim(top=min(8.5, ax.get_ylim()[1]))
@@ -242,7 +245,8 @@ def _plot(rows: List[Dict[str, Any]]) -> Any:
         if spectra:
             mean = [statistics.fmean(s[i] for s in spectra) for i in range(len(spectra[0]))]
             ax.plot(range(1, len(mean) + 1), mean, color=colour, label=name.replace("baseline_", ""))
-    ax.set(title="Fig. 1: FFN output projections", xlabel="singular value index", ylabel="s_i / s_1 (mean over layers, seeds)",
+    ax.set(title="Fig. 1: FFN output projections", xlabel="singular value index",
+           ylabel="s_i / s_1 (mean over layers, seeds)",
            yscale="log")
     ax.legend(fontsize=7)
     return fig

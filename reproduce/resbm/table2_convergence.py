@@ -47,7 +47,8 @@ def variants(h_values: Sequence[int], gpu: bool) -> Dict[str, Tuple[str, List[st
         out = {"baseline_adamw": ("reproduce/resbm/resbm_2b_baseline.yaml", [])}
         for opt in ("adamw", "muon"):
             for h, ratio in zip((40, 32), PAPER_RATIOS):
-                out[f"resbm_{opt}_h{h}"] = (f"reproduce/resbm/resbm_2b_{ratio if ratio == 128 else 100}x_{opt}.yaml", [])
+                out[f"resbm_{opt}_h{h}"] = (f"reproduce/resbm/resbm_2b_{ratio if ratio == 128 else 100}x_{opt}.yaml",
+                                            [])
         return out
     out = {"baseline_adamw": (CPU_CONFIG, ["model.codec.kind=identity", "optimizer.name=adamw"])}
     for opt in ("adamw", "muon"):
@@ -133,7 +134,8 @@ def claims(rows: List[Dict[str, Any]], d: int) -> List[PaperClaim]:
         PaperClaim(f"ResBM-Muon at the milder ratio (ours h={milder}, {d / milder:.0f}x; paper 100x) / baseline, ppl",
                    "value", PAPER_PPL["resbm_muon_100x"] / PAPER_PPL["baseline_adamw"], "<", 1.0,
                    where={"key": "muon_milder/baseline"}, err_column="err", source=src, setting=setting),
-        PaperClaim(f"ResBM-Muon at 128x (ours h={harsher}, {d / harsher:.0f}x) / baseline, ppl: within 1% (paper +0.09%)",
+        PaperClaim(f"ResBM-Muon at 128x (ours h={harsher}, {d / harsher:.0f}x) / baseline, ppl: "
+                   "within 1% (paper +0.09%)",
                    "value", PAPER_PPL["resbm_muon_128x"] / PAPER_PPL["baseline_adamw"], "<=", 1.01,
                    where={"key": "muon_harsher/baseline"}, err_column="err", source=src, setting=setting),
     ]
@@ -187,7 +189,8 @@ def measure(ns: argparse.Namespace) -> Dict[str, Any]:
     d = 4096 if gpu else load_config(CPU_CONFIG, ns.set).model.hidden_size
     h_values = ns.h or sorted({nearest_h(d, r) for r in PAPER_RATIOS})
     extra = ns.set + (presets.gpu_overrides(ns) if gpu else [])
-    runs = {f"{n} seed {s}": (cfg, presets.with_seed(ovr + extra, s)) for n, (cfg, ovr) in variants(h_values, gpu).items()
+    runs = {f"{n} seed {s}": (cfg, presets.with_seed(ovr + extra, s)) for n,
+            (cfg, ovr) in variants(h_values, gpu).items()
             for s in ns.seeds}
     if ns.dry_run:
         return {"dry_run": presets.dry_run(runs)}
@@ -213,7 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--h", type=int, action="append", default=None,
                     help="CPU preset: wire widths (default: the widths nearest 100x and 128x at the config's d)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config overrides for every run")
-    ap.add_argument("--reuse", metavar="JSON", help="keep the runs of an earlier result (same row and seed), train the rest")
+    ap.add_argument("--reuse", metavar="JSON",
+                    help="keep the runs of an earlier result (same row and seed), train the rest")
     presets.add_preset_args(ap, "the 2B configs resbm_2b_*.yaml on one 80 GB GPU (batch 32 x 1024, bf16)")
     return br.help_with_defaults(ap)
 

@@ -69,7 +69,8 @@ def comparisons(rows: Sequence[dict], slow: float, fast: float) -> List[Dict[str
             for s in ("resbm_128x", "uncompressed")}
     if all(byte.values()):
         for d in ("fwd", "bwd"):
-            out.append({"key": f"bytes {d}: uncompressed / resbm", "value": byte["uncompressed"][d] / byte["resbm_128x"][d]})
+            out.append({"key": f"bytes {d}: uncompressed / resbm",
+                        "value": byte["uncompressed"][d] / byte["resbm_128x"][d]})
     return out
 
 

@@ -94,8 +94,10 @@ def run_row(name: str, steps: int, nproc: int, mbps: float, seed: Optional[int] 
     wall, curve = 0.0, []
     for m in metrics:
         wall += m.get("step_time_s", 0.0)
-        curve.append({"step": m["step"], "loss": m["loss"], "wall_s": wall, **({"val_loss": m["val_loss"]} if "val_loss" in m else {})})
-    return {"overrides": [o.format(mbps=mbps) for o in ROWS[name]], "summary": summary, "curve": curve, "train_wall_s": wall,
+        curve.append({"step": m["step"], "loss": m["loss"], "wall_s": wall,
+                      **({"val_loss": m["val_loss"]} if "val_loss" in m else {})})
+    return {"overrides": [o.format(mbps=mbps) for o in ROWS[name]], "summary": summary, "curve": curve,
+            "train_wall_s": wall,
             "elapsed_s": (datetime.datetime.now() - t0).total_seconds()}
 
 
@@ -147,7 +149,8 @@ CLAIMS = [
     PaperClaim("SM minus uncompressed, validation loss at equal steps (paper: parity or better)", "value",
                -0.0100, "<=", 0.0, where={"key": "sm - centralised"}, err_column="err", source="Table 1",
                setting="2B, 8 layers, OWT (ln of the perplexity ratio)"),
-    *[PaperClaim(f"{lossy} minus SM, validation loss (lossy baselines fail at aggressive ratios)", "value", None, ">", 0.0,
+    *[PaperClaim(f"{lossy} minus SM, validation loss (lossy baselines fail at aggressive ratios)",
+                 "value", None, ">", 0.0,
                  where={"key": f"{lossy} - sm"}, err_column="err", source="sec. 8.7 (Fig. 6)")
       for lossy in ("topk", "int4", "lowrank")],
     *[PaperClaim(f"{row} minus SM (W = U W_small), validation loss (no paper number)", "value", None, None,
@@ -194,7 +197,8 @@ def gpu_table(args: argparse.Namespace) -> Dict[str, Any]:
     table: Dict[str, Any] = {"rows": {}, "seeds": {}}
     for i, seed in enumerate(args.seeds):
         for name, (config, overrides) in gpu_runs(args).items():
-            s = run_training(config, presets.with_seed(overrides, seed), f"sm_gpu_{name}_s{seed}", root=Path("runs/sm_gpu"))
+            s = run_training(config, presets.with_seed(overrides, seed), f"sm_gpu_{name}_s{seed}",
+                             root=Path("runs/sm_gpu"))
             if i == 0:
                 curve = [{"step": st, "loss": loss, "wall_s": 0.0} for st, loss in s["val_curve"]]
                 table["rows"][name] = {"overrides": overrides, "summary": s, "curve": curve, "train_wall_s": 0.0}
@@ -209,9 +213,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=200, help="training steps per row")
     parser.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated subset of {list(ROWS)}")
     parser.add_argument("--nproc", type=int, default=2, help="processes per run (PP = 2)")
-    parser.add_argument("--mbps", type=float, default=10.0, help="slow-link bandwidth (Mbit/s) of the non-centralised rows")
+    parser.add_argument("--mbps", type=float, default=10.0,
+                        help="slow-link bandwidth (Mbit/s) of the non-centralised rows")
     parser.add_argument("--seed", type=int, default=None,
-                        help="another general.seed: rows are stored under 'seeds' (the main table keeps the config's seed)")
+                        help="another general.seed: rows are stored under 'seeds' (the main table "
+                             "keeps the config's seed)")
     presets.add_preset_args(parser, "the 2B sm_2b_{centralised,compressed}.yaml rows on one 80 GB GPU at equal steps "
                                     "(bf16, pp = 1, no emulated link; the curve is the validation loss)")
     return br.help_with_defaults(parser)

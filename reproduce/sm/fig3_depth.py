@@ -44,7 +44,8 @@ from nanotron_ext.bench.training import run_training  # noqa: E402
 from nanotron_ext.config.loader import load_config  # noqa: E402
 
 CONFIG = "examples/config_tiny_llama.yaml"
-BASE = ["parallelism.dp=1", "parallelism.pp=1", "model.tie_embeddings=false", "tokens.sequence_length=128", "tokens.micro_batch_size=8",
+BASE = ["parallelism.dp=1", "parallelism.pp=1", "model.tie_embeddings=false", "tokens.sequence_length=128",
+        "tokens.micro_batch_size=8",
         "tokens.batch_accumulation_per_replica=1", "tokens.val_check_interval=50", "tokens.val_steps=8",
         "checkpoints.interval=0", "logging.progress_bar=false", "model.codec.boundaries=every_layer"]
 ROWS: Dict[str, List[str]] = {
@@ -74,17 +75,20 @@ def measure(args: argparse.Namespace) -> Dict[str, Any]:
     k = load_config(config, base).model.hidden_size // 8
     rows_ovr = {n: [o if o != "model.subspace.k=16" else f"model.subspace.k={k}" for o in v] for n, v in ROWS.items()}
     if args.dry_run:
-        return {"dry_run": presets.dry_run({f"depth{d}_{n} seed {s}": (config, base + rows_ovr[n] + [f"model.num_layers={d}",
+        return {"dry_run": presets.dry_run({f"depth{d}_{n} seed "
+                                            f"{s}": (config, base + rows_ovr[n] + [f"model.num_layers={d}",
                                             f"general.seed={s}"]) for s in seeds for d in depths for n in args.rows})}
     rows = []
     for seed in seeds:
         for depth in depths:
             for name in ["uncompressed"] + [r for r in args.rows if r != "uncompressed"]:
-                ovr = base + rows_ovr[name] + [f"model.num_layers={depth}"] + ([] if gpu else [f"tokens.train_steps={args.steps}"])
+                ovr = (base + rows_ovr[name] + [f"model.num_layers={depth}"]
+                       + ([] if gpu else [f"tokens.train_steps={args.steps}"]))
                 run = f"depth{depth}_{name}"
                 if seed != base_seed:
                     ovr, run = ovr + [f"general.seed={seed}"], f"{run}_seed{seed}"
-                s = run_training(config, ovr, run, root=ROOT / "runs" / ("sm_depth_gpu" if gpu else "sm_depth"), reuse=True)
+                s = run_training(config, ovr, run,
+                                 root=ROOT / "runs" / ("sm_depth_gpu" if gpu else "sm_depth"), reuse=True)
                 rows.append({"depth": depth, "row": name, "seed": seed, "val_loss": s["final_val_loss"],
                              "train_loss": s["final_train_loss"], "val_curve": s["val_curve"], "overrides": ovr})
                 print(f"seed {seed} depth {depth:>2} {name:<13} val {s['final_val_loss']:.4f}", flush=True)
@@ -125,11 +129,13 @@ def render(saved: Dict[str, Any]) -> Dict[str, Any]:
     verdicts = evaluate(claims, growth_rows)
     fig, axes = new_figure(2)
     for name in names:
-        mean = {d: statistics.fmean(r["val_loss"] for r in rows if r["row"] == name and r["depth"] == d) for d in depths}
+        mean = {d: statistics.fmean(r["val_loss"] for r in rows if r["row"] == name
+                                    and r["depth"] == d) for d in depths}
         mgap = {d: statistics.fmean(r["gap"] for r in rows if r["row"] == name and r["depth"] == d) for d in depths}
         axes[0].plot(depths, [mean[d] for d in depths], "o-", label=name)
         axes[1].plot(depths, [mgap[d] for d in depths], "o-", label=name)
-    axes[0].set(xlabel="layers (codec after every block but the last)", ylabel=f"final validation loss (mean of {len(seeds)} seeds)")
+    axes[0].set(xlabel="layers (codec after every block but the last)",
+                ylabel=f"final validation loss (mean of {len(seeds)} seeds)")
     axes[1].set(xlabel="layers", ylabel="validation loss - uncompressed at that depth (mean)")
     axes[1].axhline(0, color="k", lw=0.5)
     for ax in axes:
@@ -153,7 +159,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if "dry_run" in saved:
         return saved["dry_run"]
     r = render(saved)
-    publish(args.out, r["rows"], r["meta"], "Subspace Models, Fig. 3 scaled down: compression between every block vs depth",
+    publish(args.out, r["rows"], r["meta"],
+            "Subspace Models, Fig. 3 scaled down: compression between every block vs depth",
             r["headers"], r["body"], r["verdicts"], r["figure"])
     return 0
 

@@ -52,14 +52,17 @@ def measure(ns: argparse.Namespace) -> Dict[str, object]:
 
 def claims(slow_mbps: float) -> List[PaperClaim]:
     out = [c for dx in ("half", "full") for c in (
-        PaperClaim(f"SM over 80 Mbit/s ({dx} duplex) / uncompressed over 10 Gbit/s, tokens/s", "relative_to_centralised",
+        PaperClaim(f"SM over 80 Mbit/s ({dx} duplex) / uncompressed over 10 Gbit/s, tokens/s",
+                   "relative_to_centralised",
                    PAPER_TPS["sm"] / PAPER_TPS["centralised"], ">=", 0.90,
-                   where={"setting": "sm", "bandwidth_mbps": 80.0, "duplex": dx}, source="Table 1", setting="2B, 8 x A10G"),
+                   where={"setting": "sm", "bandwidth_mbps": 80.0, "duplex": dx}, source="Table 1",
+                   setting="2B, 8 x A10G"),
         PaperClaim(f"uncompressed over 80 Mbit/s ({dx} duplex) / over 10 Gbit/s", "relative_to_centralised",
                    PAPER_TPS["decentralised"] / PAPER_TPS["centralised"], "<", 1.0,
                    where={"setting": "decentralised", "bandwidth_mbps": 80.0, "duplex": dx}, source="Table 1",
                    setting="2B, 8 x A10G"))]
-    out += [PaperClaim(f"SM / uncompressed, both over {mbps:g} Mbit/s ({dx} duplex), tokens/s", "over_uncompressed_same_link",
+    out += [PaperClaim(f"SM / uncompressed, both over {mbps:g} Mbit/s ({dx} duplex), tokens/s",
+                       "over_uncompressed_same_link",
                        PAPER_TPS["sm"] / PAPER_TPS["decentralised"] if mbps == 80.0 else None, ">", 1.0,
                        where={"setting": "sm", "bandwidth_mbps": mbps, "duplex": dx}, source="Table 1")
             for mbps, dx in ((80.0, "half"), (80.0, "full"), (slow_mbps, "half"))]
