@@ -24,7 +24,8 @@ def reference_param_shapes(cfg: ModelConfig) -> Dict[str, tuple]:
         shapes.update({
             f"{p}.attn.norm.weight": (d,), f"{p}.attn.qkv_proj.weight": (qkv, d),
             f"{p}.attn.o_proj.weight": (d, cfg.num_heads * hd),
-            f"{p}.mlp.norm.weight": (d,), f"{p}.mlp.gate_up_proj.weight": (2 * f, d), f"{p}.mlp.down_proj.weight": (d, f),
+            f"{p}.mlp.norm.weight": (d,), f"{p}.mlp.gate_up_proj.weight": (2 * f, d),
+            f"{p}.mlp.down_proj.weight": (d, f),
         })
         if cfg.qk_norm:
             shapes.update({f"{p}.attn.q_norm.weight": (hd,), f"{p}.attn.k_norm.weight": (hd,)})
@@ -61,7 +62,8 @@ def _rope(x: torch.Tensor, theta: float) -> torch.Tensor:
 
 
 def reference_loss(cfg: ModelConfig, params: Dict[str, torch.Tensor], input_ids: torch.Tensor, label_ids: torch.Tensor,
-                   boundary: Optional[Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]] = None) -> torch.Tensor:
+                   boundary: Optional[Callable[[int, torch.Tensor, torch.Tensor],
+                                               torch.Tensor]] = None) -> torch.Tensor:
     """Mean token cross-entropy of the whole batch; `boundary(i, x, input_ids)`, when given, replaces the
     hidden state after layer i (what a codec boundary does to it)."""
     eps, hd, nh, nkv = cfg.rms_norm_eps, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
@@ -87,6 +89,7 @@ def reference_loss(cfg: ModelConfig, params: Dict[str, torch.Tensor], input_ids:
         if boundary is not None and i < cfg.num_layers - 1:
             x = boundary(i, x, input_ids)
     x = _rms(x, params["lm_head.pp_block.final_norm.weight"], eps)
-    head = params["token_embedding.pp_block.embedding.weight" if cfg.tie_embeddings else "lm_head.pp_block.lm_head.weight"]
+    head = params["token_embedding.pp_block.embedding.weight" if cfg.tie_embeddings
+                  else "lm_head.pp_block.lm_head.weight"]
     logits = x @ head.T
     return F.cross_entropy(logits.reshape(-1, cfg.vocab_size), label_ids.reshape(-1))

@@ -59,7 +59,8 @@ def reference_params(cfg: ModelConfig, seed: int) -> Dict[str, torch.Tensor]:
     return params_from_shapes(cfg, reference_param_shapes(cfg), seed)
 
 
-def reference_loss(cfg: ModelConfig, params: Dict[str, torch.Tensor], input_ids: torch.Tensor, label_ids: torch.Tensor) -> torch.Tensor:
+def reference_loss(cfg: ModelConfig, params: Dict[str, torch.Tensor], input_ids: torch.Tensor,
+                   label_ids: torch.Tensor) -> torch.Tensor:
     """Mean token cross-entropy of the whole batch."""
     eps, hd, nh, nkv, kind = cfg.rms_norm_eps, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.low_rank.kind
     b, s = input_ids.shape
@@ -97,6 +98,7 @@ def reference_loss(cfg: ModelConfig, params: Dict[str, torch.Tensor], input_ids:
         gate, up = lin("mlp", "gate", h), lin("mlp", "up", h)
         x = x + lin("mlp", "down", F.silu(gate) * up)
     x = _rms(x, params["lm_head.pp_block.final_norm.weight"], eps)
-    head = params["token_embedding.pp_block.embedding.weight" if cfg.tie_embeddings else "lm_head.pp_block.lm_head.weight"]
+    head = params["token_embedding.pp_block.embedding.weight" if cfg.tie_embeddings
+                  else "lm_head.pp_block.lm_head.weight"]
     logits = x @ head.T
     return F.cross_entropy(logits.reshape(-1, cfg.vocab_size), label_ids.reshape(-1))

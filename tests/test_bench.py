@@ -125,7 +125,8 @@ def test_timed_and_interleaved_in_one_process() -> None:
     t = timing.timed(work("x", 8), torch.device("cpu"), 3, ledger=ledger)
     assert len(t.wall) == len(t.cpu) == 3 and all(w >= 0 for w in t.wall)
     assert t.comm == [{"bytes": 8, "calls": 1}] * 3 and t.comm_s == []
-    assert timing.timed(work("x", 8), torch.device("cpu"), 1, ledger=ledger, group="dp").comm == [{"bytes": 1, "calls": 1}]
+    assert timing.timed(work("x", 8), torch.device("cpu"), 1, ledger=ledger,
+                        group="dp").comm == [{"bytes": 1, "calls": 1}]
     order.clear()
     got = timing.interleaved({"a": work("a", 4), "b": work("b", 16)}, torch.device("cpu"), 3, ledger=ledger)
     assert order == ["a", "b"] * 3  # iteration i of every variant before iteration i+1 of any
@@ -196,11 +197,13 @@ def test_paper_claims_held_not_held_and_not_measured() -> None:
     v = paper.evaluate(CLAIMS, ROWS)
     assert [x.held for x in v] == [True, False, None, True, None]
     # one measurement without a standard error decides nothing
-    assert [x.status for x in v] == ["undetermined (1 run)"] * 2 + ["not measured", "undetermined (1 run)", "not measured"]
+    assert [x.status for x in v] == ["undetermined (1 run)"] * 2 + ["not measured",
+                                                                    "undetermined (1 run)", "not measured"]
     assert [x.verdict for x in v] == [None] * 5
     assert v[0].measured == pytest.approx(1.19) and v[0].ours_over_paper == pytest.approx(1.19 / 1.16)
     assert v[2].ours_over_paper is None
-    assert "paper 1.16, ours 1.19" in v[0].line() and "undetermined (1 run)" in v[1].line() and v[0].line().startswith("[Table 3]")
+    assert "paper 1.16, ours 1.19" in v[0].line() and "undetermined (1 run)" in v[1].line()
+    assert v[0].line().startswith("[Table 3]")
     d = v[3].as_dict()
     assert d["held"] is True and d["claimed"] == "< 1" and d["paper"] == pytest.approx(0.7205, abs=1e-4)
     # an ordering that holds only with equality
@@ -280,7 +283,8 @@ def test_figure_title_and_run_meta_name_the_machine_and_date() -> None:
 # launching and workloads
 # ------------------------------------------------------------------------------------------------
 def test_split_argv_and_torchrun_command() -> None:
-    assert launch.split_argv(["--iters", "3", "--", "--nproc_per_node", "8"]) == (["--iters", "3"], ["--nproc_per_node", "8"])
+    assert launch.split_argv(["--iters", "3", "--", "--nproc_per_node", "8"]) == (["--iters", "3"],
+                                                                                  ["--nproc_per_node", "8"])
     assert launch.split_argv(["--iters", "3"]) == (["--iters", "3"], [])
     cmd = launch.torchrun_command([], "x.py", ["--worker"])
     assert cmd[1:4] == ["-m", "torch.distributed.run", "--standalone"]

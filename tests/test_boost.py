@@ -30,7 +30,8 @@ BTP_OPTIONS = [
     dict(group_linears=True, rmsnorm="sync", lowrank_checkpointing=True),
     dict(group_linears=False, rmsnorm="online", lowrank_checkpointing=True),
 ]
-VANILLA_OPTIONS = [dict(group_linears=True, lowrank_checkpointing=False), dict(group_linears=False, lowrank_checkpointing=True)]
+VANILLA_OPTIONS = [dict(group_linears=True, lowrank_checkpointing=False),
+                   dict(group_linears=False, lowrank_checkpointing=True)]
 # Table 6 block: num_kv_heads == num_heads (the paper's MHA), and b, s, d, r, d_ff all different;
 # KV6 kv heads for the GQA form (kv width KV6 * d / H6)
 B6, S6, D6, R6, F6, H6, KV6 = 2, 5, 24, 6, 40, 4, 2
@@ -205,7 +206,8 @@ def _norm_kernel(ctx) -> dict:
                 norm = ShardedRMSNorm(d, eps, ctx.tp_pg, mode)
                 with torch.no_grad():
                     norm.weight.copy_(split_features(gamma, ctx.tp_pg))
-                y = rmsnorm_row_linear(split_features(x, ctx.tp_pg).to(dtype), norm, split_features(w, ctx.tp_pg).to(dtype))
+                y = rmsnorm_row_linear(split_features(x, ctx.tp_pg).to(dtype), norm,
+                                       split_features(w, ctx.tp_pg).to(dtype))
                 diff = (y.float() - base.float()).abs()
                 out[(scale, mode, str(dtype).split(".")[-1])] = {
                     "max": diff.max().item(), "mean": diff.mean().item(),
@@ -283,7 +285,8 @@ def _check_parity(runs: list) -> None:
             assert r["worst"] <= REL_TOL, (r["case"], r["worst_name"], r["worst"])
     for case_runs in zip(*runs):  # every reference parameter lives on some rank, and nothing else
         covered = set().union(*(r["names"] for r in case_runs))
-        assert covered == set(case_runs[0]["ref_names"]), (case_runs[0]["case"], covered ^ set(case_runs[0]["ref_names"]))
+        assert covered == set(case_runs[0]["ref_names"]), (case_runs[0]["case"],
+                                                           covered ^ set(case_runs[0]["ref_names"]))
 
 
 @pytest.mark.slow
@@ -390,14 +393,16 @@ def test_table6_bytes_per_block_per_pass(tp2: list) -> None:
     for name, (fb, fc, bb, bc) in expected.items():
         fwd, bwd = blocks[name]["fwd"], blocks[name]["bwd"]
         assert _ops(fwd) == {"all_reduce"} and _ops(bwd) == {"all_reduce"}, (name, fwd, bwd)
-        got = (fwd["all_reduce"]["bytes"], fwd["all_reduce"]["calls"], bwd["all_reduce"]["bytes"], bwd["all_reduce"]["calls"])
+        got = (fwd["all_reduce"]["bytes"], fwd["all_reduce"]["calls"], bwd["all_reduce"]["bytes"],
+               bwd["all_reduce"]["calls"])
         print(f"  {name:26s} fwd {got[0]:6d} B / {got[1]} calls   bwd {got[2]:6d} B / {got[3]} calls")
         assert got == (fb, fc, bb, bc), (name, got, (fb, fc, bb, bc))
     # the Table 6 volumes themselves, with the norm statistic reported apart
     assert blocks["megatron"]["fwd"]["all_reduce"]["bytes"] == 2 * bsd * e
     assert blocks["vanilla/ungrouped"]["fwd"]["all_reduce"]["bytes"] == (5 * bsd + 2 * bs * F6) * e
     # with grouped kv heads the paper's MHA form overcounts vanilla by 2bs(d - kv)
-    assert blocks["vanilla/ungrouped/gqa"]["fwd"]["all_reduce"]["bytes"] == (5 * bsd + 2 * bs * F6) * e - 2 * bs * (D6 - kv) * e
+    assert blocks["vanilla/ungrouped/gqa"]["fwd"]["all_reduce"]["bytes"] == (
+        (5 * bsd + 2 * bs * F6) * e - 2 * bs * (D6 - kv) * e)
     for name in ("btp/online/grouped", "btp/sync/grouped"):
         block_bytes = blocks[name]["fwd"]["all_reduce"]["bytes"] - stat
         assert block_bytes == 7 * bs * R6 * e, name
@@ -419,7 +424,8 @@ def test_online_rmsnorm_adds_no_collective(tp2: list) -> None:
 @pytest.mark.slow
 def test_lowrank_checkpointing_reforward_is_comm_free(tp2: list) -> None:
     blocks = tp2[0]["blocks"]
-    for base in ("btp/online/grouped", "btp/online/ungrouped", "btp/sync/grouped", "btp/sync/ungrouped", "vanilla/grouped"):
+    for base in ("btp/online/grouped", "btp/online/ungrouped", "btp/sync/grouped", "btp/sync/ungrouped",
+                 "vanilla/grouped"):
         plain, ckpt = blocks[base], blocks[f"{base}/ckpt"]
         # the backward recomputes every checkpointed segment, yet issues exactly the same collectives
         assert ckpt["fwd"] == plain["fwd"], base
@@ -498,7 +504,8 @@ def test_reference_lowrank_with_exact_factors_equals_full_rank_reference() -> No
             low[f"{p}.{key}_proj.up.weight"], low[f"{p}.{key}_proj.down.weight"] = up, down
         for norm in ("attn.norm", "mlp.norm"):
             low[f"{p}.{norm}.weight"] = full[f"{p}.{norm}.weight"].detach()
-    for name in ("token_embedding.pp_block.embedding.weight", "lm_head.pp_block.final_norm.weight", "lm_head.pp_block.lm_head.weight"):
+    for name in ("token_embedding.pp_block.embedding.weight", "lm_head.pp_block.final_norm.weight",
+                 "lm_head.pp_block.lm_head.weight"):
         low[name] = full[name].detach()
     ids = torch.randint(0, MODEL["vocab_size"], (2, SEQ + 1), generator=torch.Generator().manual_seed(SEED))
     a = reference_llama.reference_loss(full_cfg, full, ids[:, :-1], ids[:, 1:])

@@ -200,7 +200,8 @@ def test_table6_closed_forms_match_the_ledger() -> None:
 def _result(name: str, strategy: str, times: List[float], status: str = "ok") -> Dict[str, Any]:
     if status != "ok":
         return {"name": name, "strategy": strategy, "status": status}
-    return {"name": name, "strategy": strategy, "status": "ok", "rounds": [times], "cpu_rounds": [[t / 2 for t in times]],
+    return {"name": name, "strategy": strategy, "status": "ok", "rounds": [times],
+            "cpu_rounds": [[t / 2 for t in times]],
             "block": {"fwd": {"bytes": 100, "calls": 2}, "bwd": {"bytes": 80, "calls": 2}},
             "tp_calls_per_iter": 22.0, "tp_bytes_per_iter": 1e6, "peak_memory_bytes": 2**20,
             "shape": {"b": 2, "s": 8, "d": 16, "d_ff": 40, "r": 4, "elem_bytes": 4}}
@@ -246,7 +247,8 @@ def test_online_vs_sync_verdict_uses_the_means() -> None:
 
 def test_plan_expands_rmsnorm_both_into_two_btp_rows() -> None:
     args = SimpleNamespace(strategies="megatron,vanilla,btp", rmsnorm="both")
-    assert [(s, m) for _, s, m in ic.plan(args)] == [("megatron", None), ("vanilla", None), ("btp", "online"), ("btp", "sync")]
+    assert [(s, m) for _, s, m in ic.plan(args)] == [("megatron", None), ("vanilla", None),
+                                                     ("btp", "online"), ("btp", "sync")]
     args = SimpleNamespace(strategies="btp", rmsnorm="sync")
     assert [(s, m) for _, s, m in ic.plan(args)] == [("btp", "sync")]
     with pytest.raises(SystemExit):

@@ -42,14 +42,16 @@ def _recorder(calls: List[Call]) -> Any:
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             kwargs = kwargs or {}
             name = func.overloadpacket.__name__
-            tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
+            tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)
+                       and t.is_floating_point()]
             attention = name.startswith(ATTENTION)
             if name in MATMULS or attention:
                 # attention: the [b, h, s, hd] operands (its logsumexp [b, h, s] is fp32 by design)
                 calls.append((name, tuple(sorted({names.get(t.dtype, str(t.dtype)) for t in tensors
                                                   if not attention or t.ndim == 4}))))
             # detach (p.data) computes nothing: timing_precision's own set-up reads the fp32 values that way
-            if name != "detach" and any(isinstance(t, torch.nn.Parameter) and t.dtype == torch.float32 for t in tensors):
+            if name != "detach" and any(isinstance(t, torch.nn.Parameter)
+                                        and t.dtype == torch.float32 for t in tensors):
                 calls.append((f"reads an fp32 parameter: {name}", ("fp32",)))
             return func(*args, **kwargs)
 
@@ -121,7 +123,8 @@ def _configs(tmp_path: Path, dtype: str) -> Dict[str, Dict[str, str]]:
     variants = {
         "table3_grouping": {g: cfg(*bc.strategy_overrides("btp", "cola"), f"model.boost.group_linears={g}")
                             for g in ("false", "true")},
-        "table5_checkpointing": {f"{s}/{c}": cfg(*bc.strategy_overrides(s, "cola"), f"model.boost.lowrank_checkpointing={c}")
+        "table5_checkpointing": {f"{s}/{c}": cfg(*bc.strategy_overrides(s, "cola"),
+                                                 f"model.boost.lowrank_checkpointing={c}")
                                  for s in ("vanilla", "btp") for c in ("false", "true")},
         "fig7_compute": {s: cfg(*bc.strategy_overrides(s, "cola")) for s in bc.DESIGNS},
         "block_comm": {s: cfg(*bc.strategy_overrides(s, "cola")) for s in bc.DESIGNS},

@@ -17,7 +17,8 @@ def test_ci_runs_the_readme_test_command_which_installs_and_requires_the_eval_ex
     CI's `make test` installed `.[dev]` without lm-eval, so the test skipped (issue 33 row 10). Now CI's make command
     is README's test command; its dry run (`make -n -B`) installs `.[dev]`, whose extras include eval, and runs
     pytest with NANOTRON_EXT_EXTRAS=dev (the lm-eval test then fails, not skips, without lm-eval)."""
-    commands = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines() if line.startswith("make test")]
+    commands = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines()
+                if line.startswith("make test")]
     readme = re.search(r"```bash\n(?:.*\n)*?(make test\b[^#\n]*?)\s*#", (REPO / "README.md").read_text())
     assert readme is not None and commands == [readme.group(1).strip()], (commands, readme)
     plan = subprocess.run(["make", "-n", "-B", *shlex.split(commands[0])[1:]], cwd=REPO, capture_output=True,

@@ -279,7 +279,8 @@ def _dp_worker(cells: List[Tuple[str, str]]) -> dict:
     ctx = build_parallel_context(dp=2, tp=2, pp=2, backend="gloo")
     ref_ctx = build_parallel_context(dp=8, tp=1, pp=1, backend="gloo")
     dp_rank = torch_dist.get_rank(ctx.dp_pg)
-    out: dict = {"dp_rank": dp_rank, "pp_rank": torch_dist.get_rank(ctx.pp_pg), "tp_rank": torch_dist.get_rank(ctx.tp_pg)}
+    out: dict = {"dp_rank": dp_rank, "pp_rank": torch_dist.get_rank(ctx.pp_pg),
+                 "tp_rank": torch_dist.get_rank(ctx.tp_pg)}
     ledger = get_ledger()
     for strategy, sync in cells:
         cfg = dp_cell_config(strategy, sync)
@@ -322,7 +323,8 @@ def _dp_ledger(results: list, sync: str, replica: int) -> Dict[str, int]:
 def _dp_form(cfg: Config):
     from nanotron_ext.registry import DP_SYNCS
 
-    return DP_SYNCS.owner(cfg.parallelism.dp_sync).closed_form_bytes("parallelism.dp_sync", cfg.parallelism.dp_sync, cfg)
+    return DP_SYNCS.owner(cfg.parallelism.dp_sync).closed_form_bytes("parallelism.dp_sync",
+                                                                     cfg.parallelism.dp_sync, cfg)
 
 
 @pytest.mark.slow

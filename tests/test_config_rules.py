@@ -26,16 +26,20 @@ CASES = {
          "model.codec.boundaries=every_layer"],
         "model.hidden_size: 132 with model.codec.kind='int4': the codec packs 8 codes per 32-bit slot"),
     "a link from a stage to itself": (
-        ["parallelism.pp=2", "model.tie_embeddings=false", 'parallelism.link.per_stage_pair={"1-1": {bandwidth_mbps: 80}}'],
+        ["parallelism.pp=2", "model.tie_embeddings=false",
+         'parallelism.link.per_stage_pair={"1-1": {bandwidth_mbps: 80}}'],
         "parallelism.link.per_stage_pair.1-1: '1-1': a stage has no link to itself"),
     "a negative link pair": (
-        ["parallelism.pp=2", "model.tie_embeddings=false", 'parallelism.link.per_stage_pair={"-1-0": {bandwidth_mbps: 80}}'],
+        ["parallelism.pp=2", "model.tie_embeddings=false",
+         'parallelism.link.per_stage_pair={"-1-0": {bandwidth_mbps: 80}}'],
         "parallelism.link.per_stage_pair.-1-0: '-1-0': keys look like '0-1'"),
     "a link pair that never carries a message": (
-        ["parallelism.pp=3", "model.tie_embeddings=false", 'parallelism.link.per_stage_pair={"0-2": {bandwidth_mbps: 80}}'],
+        ["parallelism.pp=3", "model.tie_embeddings=false",
+         'parallelism.link.per_stage_pair={"0-2": {bandwidth_mbps: 80}}'],
         "parallelism.link.per_stage_pair.0-2: '0-2': pipeline messages only cross neighbouring stages"),
     "a link pair beyond the stages": (
-        ["parallelism.pp=2", "model.tie_embeddings=false", 'parallelism.link.per_stage_pair={"5-6": {bandwidth_mbps: 80}}'],
+        ["parallelism.pp=2", "model.tie_embeddings=false",
+         'parallelism.link.per_stage_pair={"5-6": {bandwidth_mbps: 80}}'],
         "parallelism.link.per_stage_pair.5-6: names stage 6, but parallelism.pp=2 has stages 0..1"),
     "sparseloco keys the per-step all-reduce ignores": (
         ["sparseloco.inner_steps=10", "sparseloco.topk=8"],
@@ -91,7 +95,8 @@ def test_command_line_prints_one_line_and_exits_2() -> None:
 
 def test_the_resbm_bound_is_a_memory_estimate_not_a_cap_on_m() -> None:
     """A large but affordable m loads; the message names the estimate and the machine's memory."""
-    cfg = load_config(TINY, ["model.codec.kind=resbm", "model.codec.boundaries=every_layer", "model.codec.resbm.ratio=4",
+    cfg = load_config(TINY,
+                      ["model.codec.kind=resbm", "model.codec.boundaries=every_layer", "model.codec.resbm.ratio=4",
                              "model.codec.resbm.m=100000"])
     assert cfg.model.codec.resbm.m == 100000
     with pytest.raises(ConfigError, match=r"about 1430\.5 GiB as fp32 weights, gradients and AdamW state \(16 bytes "
@@ -105,7 +110,8 @@ def test_what_still_loads() -> None:
     load_config(TINY, ["model.codec.kind=resbm", "model.codec.boundaries=every_layer"])
     load_config(REPO / "examples" / "config_tiny_sparseloco.yaml", ["parallelism.dp_sync=allreduce", "sparseloco=null"])
     load_config(REPO / "examples" / "config_tiny_het_sparseloco.yaml")
-    load_config(TINY, ["parallelism.pp=2", "model.tie_embeddings=false", 'parallelism.link.per_stage_pair={"1-0": {latency_ms: 5}}', "optimizer.lr=10"])
+    load_config(TINY, ["parallelism.pp=2", "model.tie_embeddings=false",
+                       'parallelism.link.per_stage_pair={"1-0": {latency_ms: 5}}', "optimizer.lr=10"])
 
 
 def test_the_removed_boost_tp_strategy_key_is_refused_by_name() -> None:

@@ -516,7 +516,8 @@ def test_prepare_rebuilds_missing_outputs_and_damaged_shards_are_detected(prepar
         build_train_loader(copy)
     assert prepare(copy, progress=False).skipped == ["all"]  # sizes match: only --verify hashes
     rebuilt = prepare(copy, progress=False, verify=True)
-    assert rebuilt.skipped == ["tokenizer", "validation"] and f"rebuilt train: {shard} does not match" in rebuilt.summary()
+    assert rebuilt.skipped == ["tokenizer",
+                               "validation"] and f"rebuilt train: {shard} does not match" in rebuilt.summary()
     assert len(take(build_train_loader(copy), 1)) == 1
 
 
@@ -588,9 +589,11 @@ def test_two_prepares_at_once_leave_one_complete_folder(tmp_path):
 
     write_corpus(tmp_path / "corpus")
     yaml_text = (f"data: {{source: jsonl, paths: [{tmp_path / 'corpus'}], prepared_dir: {tmp_path / 'prep'}}}\n"
-                 f"tokenizer: {{path: {tmp_path / 'prep' / 'tok.json'}, vocab_size: 300}}\nmodel: {{vocab_size: 512}}\n")
+                 f"tokenizer: {{path: {tmp_path / 'prep' / 'tok.json'}, vocab_size: 300}}\nmodel: "
+                 "{vocab_size: 512}\n")
     (tmp_path / "c.yaml").write_text(yaml_text)
-    cmd = [sys.executable, "-m", "nanotron_ext.data", "prepare", "--config-file", str(tmp_path / "c.yaml"), "--no-progress"]
+    cmd = [sys.executable, "-m", "nanotron_ext.data", "prepare", "--config-file",
+           str(tmp_path / "c.yaml"), "--no-progress"]
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outs = [p.communicate(timeout=300) for p in procs]
     codes = sorted(p.returncode for p in procs)

@@ -60,4 +60,5 @@ def test_the_committed_codec_cost_meets_issue_29(tmp_path: Path) -> None:
     assert rows["after", "lowrank"]["encode_ns_per_token"] < 5 * statistics.median(others)
     assert rows["before", "lowrank"]["encode_ns_per_token"] > 3 * rows["after", "lowrank"]["encode_ns_per_token"]
     assert rows["after", "lowrank"]["wire_bytes_per_token"] == rows["before", "lowrank"]["wire_bytes_per_token"]
-    assert (rows["before", "mapl_rvq"]["wire_dtype"], rows["after", "mapl_rvq"]["wire_dtype"]) == ("float32", "bfloat16")
+    assert (rows["before", "mapl_rvq"]["wire_dtype"],
+            rows["after", "mapl_rvq"]["wire_dtype"]) == ("float32", "bfloat16")

@@ -19,7 +19,8 @@ def _run_lines() -> str:
 
 def test_installs_the_project_with_its_declared_dependencies() -> None:
     run = _run_lines()
-    assert re.search(r"pip install [^\n]*-e '\.\[dev\]'", run), "the image must install the package itself (pyproject deps)"
+    assert re.search(r"pip install [^\n]*-e '\.\[dev\]'",
+                     run), "the image must install the package itself (pyproject deps)"
     assert "--no-deps" not in run, "installing without deps would skip what pyproject.toml declares"
     deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
     assert any(d.startswith("nanotron==0.4") for d in deps)

@@ -81,10 +81,12 @@ def broken_links() -> list[str]:
 
 
 def test_slug_is_githubs() -> None:
-    assert slug("Will my layout fit? (`python -m nanotron_ext.plan`)") == "will-my-layout-fit-python--m-nanotron_extplan"
+    assert slug("Will my layout fit? (`python -m "
+                "nanotron_ext.plan`)") == "will-my-layout-fit-python--m-nanotron_extplan"
     assert slug("Fault-tolerant SparseLoCo (replicas that leave and rejoin, on torchft)") == (
         "fault-tolerant-sparseloco-replicas-that-leave-and-rejoin-on-torchft")
-    assert slug("Time to loss (every system over one emulated WAN)") == "time-to-loss-every-system-over-one-emulated-wan"
+    assert slug("Time to loss (every system over one emulated "
+                "WAN)") == "time-to-loss-every-system-over-one-emulated-wan"
 
 
 def test_the_checker_finds_a_broken_link(tmp_path: Path) -> None:

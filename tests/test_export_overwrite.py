@@ -85,7 +85,8 @@ def test_overwrite_replaces_an_earlier_export_but_not_what_a_user_added(run: Pat
     assert sorted(p.name for p in out.parent.iterdir()) == ["ckpt", "hf", "run"]  # no temporary folder left
 
 
-def test_a_crash_while_the_new_export_is_put_in_place_keeps_the_old_one(run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_crash_while_the_new_export_is_put_in_place_keeps_the_old_one(run: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     # the old export was renamed away, then the new one renamed in: a crash between the two left no export at --out
     from nanotron_ext.export import main
 

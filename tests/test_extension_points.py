@@ -257,7 +257,8 @@ def test_registered_names_include_the_techniques() -> None:
     assert {"megatron", "vanilla", "btp"} <= set(TP_STRATEGIES.names())
     assert {"identity", "resbm", "mapl", "subspace"} <= set(CODECS.names())
     assert {"standard", "subspace", "subspace_adapted"} <= set(EMBEDDINGS.names())
-    assert {"none", "subspace"} <= set(OUTPUT_CONSTRAINTS.names()) and {"allreduce", "sparseloco"} <= set(DP_SYNCS.names())
+    assert {"none", "subspace"} <= set(OUTPUT_CONSTRAINTS.names()) and {"allreduce",
+                                                                        "sparseloco"} <= set(DP_SYNCS.names())
     assert "toy_trunc" not in CODECS.names()  # the toy is only on the path of its own tests' processes
 
 

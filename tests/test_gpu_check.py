@@ -35,7 +35,8 @@ def test_every_planned_config_loads(dry: bool, tmp_path: Path) -> None:
     base = gpu_check.technique_base(s, gpu_check.data_overrides(s, tmp_path))
     items = gpu_check.technique_items()
     assert {"full_rank", "bf16_autocast", "muon", "boost_svd_vanilla", "boost_lax_btp", "resbm", "subspace", "mapl",
-            "mapl_rvq", "topk", "int8", "int4", "lowrank", "sparseloco_sim", "het_sparseloco_sim"} <= {i["name"] for i in items}
+            "mapl_rvq", "topk", "int8", "int4", "lowrank", "sparseloco_sim",
+            "het_sparseloco_sim"} <= {i["name"] for i in items}
     for item in items:
         cfg = load_config(REPO / "examples/config_tiny_llama.yaml", base + item["overrides"] + ["general.backend=gloo"])
         assert cfg.tokens.train_steps == s["steps"]

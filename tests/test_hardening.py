@@ -33,7 +33,8 @@ def test_resume_truncates_metrics_to_the_checkpoint_and_tolerates_a_torn_line(tm
     assert [r["step"] for r in read_metrics(path)] == [1, 2, 3, 4]
 
 
-def test_a_damaged_tokenizer_is_one_line_naming_the_file_from_both_entry_points(small_corpus: Path, tmp_path: Path) -> None:
+def test_a_damaged_tokenizer_is_one_line_naming_the_file_from_both_entry_points(small_corpus: Path,
+                                                                                tmp_path: Path) -> None:
     # case 8: a corrupt tokenizer.json gave a per-rank traceback ending in "stream did not contain valid UTF-8"
     prepared = tmp_path / "prepared"
     shutil.copytree(small_corpus, prepared)
@@ -114,7 +115,8 @@ def test_a_yaml_alias_bomb_is_refused_quickly_and_plain_aliases_still_load(tmp_p
     proc = subprocess.run([sys.executable, "-m", "nanotron_ext.config", "show", "--config-file", str(bomb)],
                           capture_output=True, text=True, timeout=60, cwd=REPO)
     assert proc.returncode == 2 and time.perf_counter() - t0 < 30, proc.stderr[-2000:]
-    assert proc.stderr.count("\n") == 1 and f"{bomb}: invalid YAML" in proc.stderr and "expand to more than" in proc.stderr
+    assert (proc.stderr.count("\n") == 1 and f"{bomb}: invalid YAML" in proc.stderr
+            and "expand to more than" in proc.stderr)
     recursive = tmp_path / "recursive.yaml"
     recursive.write_text("general: &g {run: [*g]}\n")
     proc = subprocess.run([sys.executable, "-m", "nanotron_ext.config", "show", "--config-file", str(recursive)],
@@ -124,8 +126,8 @@ def test_a_yaml_alias_bomb_is_refused_quickly_and_plain_aliases_still_load(tmp_p
     from nanotron_ext.config.loader import load_config
 
     ok = tmp_path / "ok.yaml"
-    ok.write_text('parallelism:\n  pp: 3\n  link:\n    per_stage_pair:\n      "0-1": &slow {bandwidth_mbps: 80, latency_ms: 5}\n'
-                  '      "1-2": *slow\n')
+    ok.write_text('parallelism:\n  pp: 3\n  link:\n    per_stage_pair:\n      "0-1": &slow {bandwidth_mbps: '
+                  '80, latency_ms: 5}\n      "1-2": *slow\n')
     pairs = load_config(ok).parallelism.link.per_stage_pair
     assert pairs["0-1"] == pairs["1-2"] == {"bandwidth_mbps": 80, "latency_ms": 5}
 
@@ -191,7 +193,8 @@ def _group_timeout_worker(dp: int, tp: int, pp: int, group: str) -> tuple:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("group,layout", [("tp", (1, 2, 1)), ("pp", (1, 1, 2)), ("dp", (2, 1, 1)), ("world", (2, 1, 1))])
+@pytest.mark.parametrize("group,layout",
+                         [("tp", (1, 2, 1)), ("pp", (1, 1, 2)), ("dp", (2, 1, 1)), ("world", (2, 1, 1))])
 def test_every_process_group_has_the_collective_timeout(group: str, layout: tuple) -> None:
     # item 5: nanotron created its groups without a timeout (torch's default: 30 minutes)
     from tests.helpers.dist import run_distributed

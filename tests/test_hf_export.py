@@ -120,7 +120,8 @@ def test_export_loads_in_transformers_with_the_same_logits_and_greedy_tokens(nam
         theirs = model(input_ids=_check_ids()).logits
     diff = (theirs - run["logits"]).abs().max().item()
     assert diff <= 1e-5, f"{name}: max |logit difference| {diff:.3g}"
-    greedy = model.generate(torch.tensor([PROMPT]), max_new_tokens=NEW_TOKENS, do_sample=False)[0, len(PROMPT):].tolist()
+    greedy = model.generate(torch.tensor([PROMPT]), max_new_tokens=NEW_TOKENS, do_sample=False)[0,
+                                                                                                len(PROMPT):].tolist()
     assert greedy == run["greedy"], (greedy, run["greedy"])
 
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
@@ -129,7 +130,8 @@ def test_export_loads_in_transformers_with_the_same_logits_and_greedy_tokens(nam
     ours = Tokenizer.from_file(str(corpus["root"] / "prepared" / "tokenizer.json"))
     text = corpus["docs"][0][:200]
     assert tokenizer(text).input_ids == ours.encode(text).ids  # nothing added: our documents have no BOS
-    assert tokenizer.eos_token_id == tokenizer.pad_token_id == ours.token_to_id("<|endoftext|>") == model.config.eos_token_id
+    eos = ours.token_to_id("<|endoftext|>")
+    assert tokenizer.eos_token_id == tokenizer.pad_token_id == eos == model.config.eos_token_id
 
 
 def test_eval_equals_the_trainers_validation_loss(corpus: dict, tmp_path: Path) -> None:
@@ -220,7 +222,8 @@ metric_list:
 """
 
 
-def test_lm_eval_reads_the_export_on_a_local_task(corpus: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_lm_eval_reads_the_export_on_a_local_task(corpus: dict, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """The documented path `lm_eval --model hf --model_args pretrained=DIR` on a task built from a local jsonl (no hub):
     its bits per byte agree with eval's on the same documents (not exactly: lm-eval scores each document alone with up
     to max_seq_len tokens of context, eval the trainer's 17-token windows over the stream, separators included)."""
@@ -239,7 +242,8 @@ def test_lm_eval_reads_the_export_on_a_local_task(corpus: dict, tmp_path: Path, 
         export(str(run["run"]), str(folder))
     docs = corpus["docs"]
     data = tmp_path / "val.jsonl"
-    data.write_text("".join(json.dumps({"text": docs[i]}) + "\n" for i in sorted(validation_indices(len(docs), 42, 0.2))))
+    data.write_text("".join(json.dumps({"text": docs[i]}) + "\n"
+                            for i in sorted(validation_indices(len(docs), 42, 0.2))))
     (tmp_path / "tasks").mkdir()
     (tmp_path / "tasks" / "local.yaml").write_text(LM_EVAL_TASK.format(data=data))
     results = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={folder},dtype=float32",

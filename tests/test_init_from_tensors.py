@@ -1,7 +1,7 @@
 """Issue 33 row 5: `model.init_from: hf:DIR` whose model.safetensors is cut short, or holds a tensor of another
 shape, or lacks one, is refused when the job starts (nanotron_ext.train.__main__.check_job_start, not at config load:
-issue 32) with one line naming the file and the tensor (exit code 2), before any process group; it used to be a traceback on every rank once the import ran (SafetensorError; "Sizes of tensors
-must match")."""
+issue 32) with one line naming the file and the tensor (exit code 2), before any process group; it used to be a
+traceback on every rank once the import ran (SafetensorError; "Sizes of tensors must match")."""
 from __future__ import annotations
 
 import json

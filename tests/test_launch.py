@@ -37,8 +37,8 @@ def test_a_user_facing_error_is_one_line_and_exit_2_through_the_launcher(small_c
     base = [f"general.output_dir={tmp_path}", f"checkpoints.dir={tmp_path / 'ckpt'}"] + _data(small_corpus)
     extra, expected = {
         "not prepared": ([f"data.prepared_dir={tmp_path / 'none'}"],
-                         f"error: data.prepared_dir {tmp_path / 'none'} does not exist: run `python -m nanotron_ext.data "
-                         "prepare"),
+                         f"error: data.prepared_dir {tmp_path / 'none'} does not exist: run `python "
+                         "-m nanotron_ext.data prepare"),
         # a two-line message (the allowed keys on the second) is still one line
         "unknown key": (["model.hiden_size=64"], "error: model.hiden_size: unknown key; did you mean 'hidden_size'?; "
                                                  "allowed keys in section model: vocab_size, hidden_size"),
@@ -107,7 +107,8 @@ def test_a_frozen_worker_ends_the_job_within_the_timeout_naming_rank_and_collect
     from nanotron_ext.launch import SHUTDOWN_TIMEOUT_S
 
     timeout_s = 10
-    overrides = _small_overrides(small_corpus, tmp_path, 2, 1, 1, 100000) + [f"general.collective_timeout_s={timeout_s}"]
+    overrides = _small_overrides(small_corpus, tmp_path, 2, 1, 1,
+                                 100000) + [f"general.collective_timeout_s={timeout_s}"]
     launched = time.time()
     proc = start_job(2, overrides)
     pids: list = []
@@ -132,7 +133,8 @@ def test_a_frozen_worker_ends_the_job_within_the_timeout_naming_rank_and_collect
     bound = timeout_s + SHUTDOWN_TIMEOUT_S + max(30.0, startup)
     took = ended - froze
     assert proc.returncode == 1 and timeout_s <= ended - stopped and took < bound, \
-        (proc.returncode, f"took {took:.1f} s from the freeze, bound {bound:.1f} s (start-up {startup:.1f} s)", out[-3000:])
+        (proc.returncode, f"took {took:.1f} s from the freeze, bound {bound:.1f} s (start-up "
+                          f"{startup:.1f} s)", out[-3000:])
     line = out.strip().splitlines()[-1]
     assert line.startswith("error: rank 0: ") and f" timed out (general.collective_timeout_s={timeout_s}): a peer " \
         "rank stopped responding" in line, out[-3000:]
@@ -140,7 +142,8 @@ def test_a_frozen_worker_ends_the_job_within_the_timeout_naming_rank_and_collect
     assert line.split(": ")[2].split(" on the ")[0] in ("all_reduce", "broadcast", "all_gather"), line
     assert line.endswith(f"then rank 1 (pid {pids[1]}) was killed by SIGKILL"), line
     assert "Traceback" not in out
-    print(f"froze -> end {took:.1f} s, stop -> end {ended - stopped:.1f} s, start-up {startup:.1f} s, bound {bound:.1f} s")
+    print(f"froze -> end {took:.1f} s, stop -> end {ended - stopped:.1f} s, start-up {startup:.1f} s, "
+          f"bound {bound:.1f} s")
 
 
 def _file_size_limit(limit: int):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
-from typing import Dict, List, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 import tomllib
 
@@ -153,9 +153,17 @@ def _package_graph() -> Dict[str, Dict[str, List[Tuple[str, str]]]]:
     return graph
 
 
-def _package_cycles(graph: Dict[str, Dict[str, List[Tuple[str, str]]]]) -> List[Tuple[List[str], Set[str]]]:
+Graph = Dict[str, Dict[str, List[Tuple[str, str]]]]
+
+
+def _package_cycles(graph: Graph) -> List[Tuple[List[str], Set[str]]]:
     """Per strongly connected group of packages (Tarjan): one cycle through it (first node repeated at the end),
     and the whole group."""
+    return [(_cycle_through(graph, group), group) for group in _tangled_groups(graph)]
+
+
+def _tangled_groups(graph: Graph) -> List[Set[str]]:
+    """The strongly connected groups of more than one package (Tarjan's algorithm)."""
     index: Dict[str, int] = {}
     low: Dict[str, int] = {}
     stack: List[str] = []
@@ -171,50 +179,62 @@ def _package_cycles(graph: Dict[str, Dict[str, List[Tuple[str, str]]]]) -> List[
             elif w in stack:
                 low[v] = min(low[v], index[w])
         if low[v] == index[v]:
-            group = set()
-            while True:
-                w = stack.pop()
-                group.add(w)
-                if w == v:
-                    break
+            group = _pop_group(stack, v)
             if len(group) > 1:
                 groups.append(group)
 
     for v in sorted(graph):
         if v not in index:
             connect(v)
-    cycles = []
-    for group in groups:
-        start = min(group)
-        # shortest way back to `start` inside the group (breadth first)
-        prev: Dict[str, str] = {}
-        frontier, seen, end = [start], {start}, None
-        while frontier and end is None:
-            nxt = []
-            for v in frontier:
-                for w in sorted(graph[v]):
-                    if w == start:
-                        end = v
-                        break
-                    if w in group and w not in seen:
-                        seen.add(w)
-                        prev[w] = v
-                        nxt.append(w)
-                if end is not None:
-                    break
-            frontier = nxt
-        path = [end]
-        while path[-1] != start:
-            path.append(prev[path[-1]])
-        cycles.append((list(reversed(path)) + [start], group))
-    return cycles
+    return groups
+
+
+def _pop_group(stack: List[str], root: str) -> Set[str]:
+    """Pop Tarjan's stack down to `root` (included): one strongly connected group."""
+    group = set()
+    while True:
+        w = stack.pop()
+        group.add(w)
+        if w == root:
+            return group
+
+
+def _cycle_through(graph: Graph, group: Set[str]) -> List[str]:
+    """The shortest way from the group's first package back to itself inside the group (breadth first), the
+    first package repeated at the end."""
+    start = min(group)
+    prev: Dict[str, str] = {}
+    frontier, seen, end = [start], {start}, None
+    while frontier and end is None:
+        frontier, end = _next_frontier(graph, group, start, frontier, seen, prev)
+    path = [end]
+    while path[-1] != start:
+        path.append(prev[path[-1]])
+    return list(reversed(path)) + [start]
+
+
+def _next_frontier(graph: Graph, group: Set[str], start: str, frontier: List[str], seen: Set[str],
+                   prev: Dict[str, str]) -> Tuple[List[str], Optional[str]]:
+    """One breadth-first step: (the packages first reached from `frontier`, the frontier package with an import
+    of `start` or None). Fills `seen` and `prev`."""
+    nxt = []
+    for v in frontier:
+        for w in sorted(graph[v]):
+            if w == start:
+                return nxt, v
+            if w in group and w not in seen:
+                seen.add(w)
+                prev[w] = v
+                nxt.append(w)
+    return nxt, None
 
 
 def _describe_cycle(found: Tuple[List[str], Set[str]], graph: Dict[str, Dict[str, List[Tuple[str, str]]]]) -> str:
     cycle, group = found
     steps = [f"{a} -> {b} ({', '.join(f'{m} imports {n}' for m, n in sorted(set(graph[a][b]))[:3])})"
              for a, b in zip(cycle, cycle[1:])]
-    tangled = f"\n  ({len(group)} packages in this loop: {', '.join(sorted(group))})" if len(group) > len(cycle) - 1 else ""
+    tangled = (f"\n  ({len(group)} packages in this loop: {', '.join(sorted(group))})"
+               if len(group) > len(cycle) - 1 else "")
     return "import cycle between packages: " + " -> ".join(cycle) + "\n  " + "\n  ".join(steps) + tangled
 
 
@@ -300,13 +320,15 @@ def test_parallel_does_not_import_config() -> None:
 
 
 def test_every_technique_package_is_an_entry_point_with_a_paper_map() -> None:
-    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["nanotron_ext.techniques"]
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    declared = pyproject["project"]["entry-points"]["nanotron_ext.techniques"]
     # the core's own technique object registers the same way, beside its pieces (models/pieces.py: CorePieces)
     assert declared.get("core") == "nanotron_ext.models.technique:technique", declared
     present = {p.name for p in PKG.iterdir() if p.is_dir() and p.name in TECHNIQUES}
     assert present, "no technique package found"
     for name in present:
-        assert declared.get(name) == f"nanotron_ext.{name}:technique", f"nanotron_ext/{name} is not declared in pyproject.toml"
+        assert declared.get(name) == f"nanotron_ext.{name}:technique", (
+            f"nanotron_ext/{name} is not declared in pyproject.toml")
         doc = ast.get_docstring(ast.parse((PKG / name / "__init__.py").read_text())) or ""
         assert "Paper" in doc and "->" in doc, f"nanotron_ext/{name}/__init__.py must map the paper to functions"
 

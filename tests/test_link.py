@@ -231,7 +231,8 @@ def test_data_direction_labels(monkeypatch: pytest.MonkeyPatch) -> None:
     labels = {}
     for me in (0, 1, 2):
         monkeypatch.setattr(ndist, "get_rank", lambda group=None, me=me: me)
-        labels[me] = {(peer, sending): p2p._direction(peer, sending) for peer in (0, 1, 2) if peer != me for sending in (True, False)}
+        labels[me] = {(peer, sending): p2p._direction(peer, sending) for peer in (0, 1, 2) if peer != me
+                      for sending in (True, False)}
     assert labels[1] == {(2, True): "fwd", (0, False): "fwd", (0, True): "bwd", (2, False): "bwd"}
     assert labels[0] == {(1, True): "fwd", (2, True): "fwd", (1, False): "bwd", (2, False): "bwd"}
     assert labels[2] == {(0, True): "bwd", (1, True): "bwd", (0, False): "fwd", (1, False): "fwd"}
@@ -329,7 +330,8 @@ def test_half_duplex_serialises_both_directions(tmp_path, shared: bool) -> None:
     # over the shared 80 Mbit/s, i.e. about 610 tokens/s (Table 3 measured 609)
     link = LinkEmulator(LinkSpec(80, 0), duplex="half")
     tokens = 1000
-    done = max(link.schedule_send(0, 1, tokens * 4096 * 2, now=NOW), link.schedule_send(1, 0, tokens * 4096 * 2, now=NOW))
+    done = max(link.schedule_send(0, 1, tokens * 4096 * 2, now=NOW),
+               link.schedule_send(1, 0, tokens * 4096 * 2, now=NOW))
     assert tokens / (done - NOW) == pytest.approx(80e6 / (2 * 4096 * 16), rel=1e-9)
 
 

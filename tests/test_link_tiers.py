@@ -105,7 +105,8 @@ def test_every_preset_names_its_source() -> None:
     expected = {"nvlink", "infiniband", "10gbe", "datacenter-wan-1g", "internet-200m-50ms", "internet-80m"}
     assert set(LINK_PRESETS) == expected
     assert all(len(p.source) > 20 for p in LINK_PRESETS.values())
-    assert (LINK_PRESETS["internet-200m-50ms"].bandwidth_mbps, LINK_PRESETS["internet-200m-50ms"].latency_ms) == (200, 50)
+    assert (LINK_PRESETS["internet-200m-50ms"].bandwidth_mbps,
+            LINK_PRESETS["internet-200m-50ms"].latency_ms) == (200, 50)
 
 
 # -- two gloo ranks: the group finishes together at max(arrival) + T, bytes still counted -----------------------

@@ -158,7 +158,8 @@ def test_mapl_codec_matches_the_float64_reference(tp: int, pp: int, engine: str,
     d, v = MODEL["hidden_size"], MODEL["vocab_size"]
     distinct = _global_batch(1)[:, :-1].unique().numel()  # U: the rows of the anchor table this step touched
     assert distinct < v
-    values = {"fwd": d * R, "bwd": d * R + distinct * M} if sync == "rows" else {"fwd": d * R + v * M, "bwd": d * R + v * M}
+    values = {"fwd": d * R, "bwd": d * R + distinct * M} if sync == "rows" else {"fwd": d * R + v * M,
+                                                                                 "bwd": d * R + v * M}
     exchange = {k: -(-n // tp) * 4 for k, n in values.items()}  # fp32, once over TP: each TP rank 1/tp (padded)
     for r in results:
         assert abs(r["loss"] - r["ref_loss"]) <= 1e-5 * r["ref_loss"]
@@ -271,7 +272,8 @@ def test_spel_modes_of_the_manifold_unaware_ablation() -> None:
     assert (train("stiefel", 1) - train("euclidean_qr", 1)).abs().max() > 1e-4
     with pytest.raises(ValueError, match="mode"):
         SPEL([torch.nn.Parameter(a0.clone())], lr=0.1, mode="adam")
-    opt = build_spel([torch.nn.Parameter(a0.clone())], from_dict(OptimizerConfig, {"name": "muon", "spel": {"mode": "fixed"}}))
+    opt = build_spel([torch.nn.Parameter(a0.clone())],
+                     from_dict(OptimizerConfig, {"name": "muon", "spel": {"mode": "fixed"}}))
     assert opt.param_groups[0]["mode"] == "fixed"
 
 

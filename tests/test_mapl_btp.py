@@ -36,7 +36,8 @@ def _sharded_codec_worker(seed: int, sync: str) -> dict:
     pg = torch_dist.new_group(list(range(torch_dist.get_world_size())))
     cfg = from_dict(ModelConfig, {"vocab_size": V, "hidden_size": D, "ffn_size": 32, "num_heads": 2, "num_kv_heads": 2,
                                   "num_layers": 2, "tie_embeddings": False,
-                                  "codec": {"kind": "mapl", "mapl": {"rank": R, "anchor_width": M, "shared_sync": sync}}})
+                                  "codec": {"kind": "mapl",
+                                            "mapl": {"rank": R, "anchor_width": M, "shared_sync": sync}}})
     enc, dec = MaplEncoder(cfg, 0, pg), MaplDecoder(cfg, 0, pg)
     g = torch.Generator().manual_seed(seed)
     table = 0.5 * torch.randn(V, M, generator=g)
@@ -54,9 +55,11 @@ def _sharded_codec_worker(seed: int, sync: str) -> dict:
     (weight[..., mine] * x).sum().backward()
     sync_boundaries({0: enc}, {0: dec}, SimpleNamespace(pg=pg))  # both sides on this rank: nothing crosses PP
     p = enc.projection
-    return {"wire": wire.detach(), "x": x.detach(), "d_res": res.grad, "d_branch": br.grad, "mine": (mine.start, mine.stop),
+    return {"wire": wire.detach(), "x": x.detach(), "d_res": res.grad, "d_branch": br.grad,
+            "mine": (mine.start, mine.stop),
             "A": p.A.detach(), "P": p.anchor_basis, "table": table, "ids": ids, "residual": residual, "branch": branch,
-            "weight": weight, "grads": {f"{n}.{k}": getattr(s.projection, k).grad for n, s in (("enc", enc), ("dec", dec))
+            "weight": weight, "grads": {f"{n}.{k}": getattr(s.projection, k).grad for n,
+                                        s in (("enc", enc), ("dec", dec))
                                         for k in ("A", "anchor_table")}}
 
 
@@ -129,7 +132,8 @@ def _btp_worker(tp: int, references: dict) -> dict:
         with torch.no_grad():  # a non-zero anchor table, the same at every tp
             for m in model.modules():
                 if isinstance(m, BoundaryProjection):
-                    m.anchor_table.copy_(0.1 * torch.randn(m.anchor_table.shape, generator=torch.Generator().manual_seed(3)))
+                    m.anchor_table.copy_(0.1 * torch.randn(m.anchor_table.shape,
+                                                           generator=torch.Generator().manual_seed(3)))
         loss, comm = one_step(model, micro, ctx)
         out = {"loss": loss, "comm": comm, "pp_rank": dist.get_rank(ctx.pp_pg), "names": [],
                "codebooks": {n: b.clone() for n, b in model.named_buffers() if ".quantizer." in n}}

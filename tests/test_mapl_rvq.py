@@ -135,7 +135,8 @@ def _rvq_worker(steps: int, grad_bits: int = 8, dtype: str = "fp32") -> dict:
     from tests.test_parallel_parity import MB, MODEL, N_MICRO, SEQ, _global_batch
 
     ctx = build_parallel_context(dp=1, tp=1, pp=2, backend="gloo")
-    cfg = small_config({**MODEL, "dtype": dtype, "codec": {"kind": "mapl", "mapl": {"rank": 8, "anchor_width": 4, "vq_groups": 2,
+    cfg = small_config({**MODEL, "dtype": dtype,
+                        "codec": {"kind": "mapl", "mapl": {"rank": 8, "anchor_width": 4, "vq_groups": 2,
                                                                      "vq_rounds": 2, "vq_codebook": 16,
                                                                      "grad_bits": grad_bits}}},
                        pp=2, seq=SEQ, mb=MB, n_micro=N_MICRO)
@@ -150,7 +151,8 @@ def _rvq_worker(steps: int, grad_bits: int = 8, dtype: str = "fp32") -> dict:
         losses.append(loss)
         opt.step()
         opt.zero_grad()
-    return {"losses": losses, "comm": comm, "pp_rank": dist.get_rank(ctx.pp_pg), "A": side.projection.A.detach().clone(),
+    return {"losses": losses, "comm": comm, "pp_rank": dist.get_rank(ctx.pp_pg),
+            "A": side.projection.A.detach().clone(),
             "table": side.projection.anchor_table.detach().clone(), "shared": side.quantizer.shared.clone()}
 
 

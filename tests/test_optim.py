@@ -144,7 +144,8 @@ def test_param_groups_and_peaks() -> None:
 
     plain = build_optimizer(model, OptimizerConfig(name="adamw", weight_decay=0.1), tp_pg=None)
     assert type(plain) is torch.optim.AdamW
-    assert [(g["name"], g["weight_decay"]) for g in plain.param_groups] == [("adamw_decay", 0.1), ("adamw_no_decay", 0.0)]
+    assert [(g["name"], g["weight_decay"]) for g in plain.param_groups] == [("adamw_decay", 0.1),
+                                                                            ("adamw_no_decay", 0.0)]
 
 
 def test_fp32_newton_schulz_is_the_quintic_on_each_singular_value() -> None:
@@ -378,7 +379,8 @@ def _shards(model: nn.Module, grads: bool = False) -> dict:
     for name, p in model.named_parameters():
         t = (p.grad if grads else p).detach().clone()
         if getattr(p, "is_sharded", False):
-            out[name] = [(pr.global_slices, t[pr.local_slices]) for pr in p.get_sharded_info().local_global_slices_pairs]
+            out[name] = [(pr.global_slices, t[pr.local_slices])
+                         for pr in p.get_sharded_info().local_global_slices_pairs]
         else:
             out[name] = [((slice(None),) * t.ndim, t)]
     return out

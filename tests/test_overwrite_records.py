@@ -49,7 +49,8 @@ def _checkpoints(ckpt: Path) -> Dict[str, bytes]:
 @pytest.mark.slow
 def test_an_overwrite_stopped_before_its_first_checkpoint_keeps_the_earlier_record(small_corpus: Path,
                                                                                    tmp_path: Path) -> None:
-    overrides = _small_overrides(small_corpus, tmp_path, 1, 1, 1, 3) + ["checkpoints.interval=1", "checkpoints.keep_last=3"]
+    overrides = _small_overrides(small_corpus, tmp_path, 1, 1, 1, 3) + ["checkpoints.interval=1",
+                                                                        "checkpoints.keep_last=3"]
     run_dir, ckpt = tmp_path / "tiny_llama", tmp_path / "ckpt"
     first = run_job(1, overrides)
     assert first.returncode == 0, first.stderr[-3000:]

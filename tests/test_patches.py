@@ -62,7 +62,8 @@ def copy_nanotron(dest_root: Path) -> Path:
 
 
 def patch_cmd(root: Path, patch_name: str, *flags: str) -> subprocess.CompletedProcess:
-    cmd = ["patch", "-p1", "-s", "-f", "--no-backup-if-mismatch", "-d", str(root), "-i", str(PATCH_DIR / patch_name), *flags]
+    cmd = ["patch", "-p1", "-s", "-f", "--no-backup-if-mismatch", "-d", str(root), "-i",
+           str(PATCH_DIR / patch_name), *flags]
     return subprocess.run(cmd, capture_output=True, text=True)
 
 
@@ -218,7 +219,8 @@ class Probe:
 
 
 PROBES: Dict[str, Probe] = {
-    "0001": Probe("probe_0001_imports.py", 1, r"ImportError: cannot import name .* \(most likely due to a circular import\)"),
+    "0001": Probe("probe_0001_imports.py", 1,
+                  r"ImportError: cannot import name .* \(most likely due to a circular import\)"),
     "0002": Probe("probe_0002_dist_init.py", 2, r"NotImplementedError: CUDA was not found"),
     "0003": Probe("probe_0003_parallel_context.py", 2, r"in set_device\n.*torch\.cuda\.set_device"),
     "0004": Probe(
@@ -228,7 +230,8 @@ PROBES: Dict[str, Probe] = {
     "0005": Probe("probe_0005_validate.py", 1, r"assert output\[\"loss\"\]\.requires_grad\n.*AssertionError"),
     "0006": Probe("probe_0006_row_linear.py", 2, r"mismatched \['input gradient"),
     "0007": Probe("probe_0007_comm_hooks.py", 2, r"has no attribute 'register_comm_hook'"),
-    "0008": Probe("probe_0008_state_queues.py", 1, r"inherits queued entries: \{'microbatches_activations_requiring_backward': 2\}"),
+    "0008": Probe("probe_0008_state_queues.py", 1,
+                  r"inherits queued entries: \{'microbatches_activations_requiring_backward': 2\}"),
 }
 SLOW = {number for number, probe in PROBES.items() if probe.world_size > 1}
 IN_SERIES = [number for number in PROBES if any(name.startswith(number + "-") for name in SERIES)]

@@ -137,7 +137,8 @@ def test_long_runs_name_a_real_corpus(path: Path) -> None:
 
     cfg = load_config(path)
     t = cfg.tokens
-    tokens = cfg.parallelism.dp * t.micro_batch_size * t.batch_accumulation_per_replica * t.sequence_length * t.train_steps
+    tokens = (cfg.parallelism.dp * t.micro_batch_size * t.batch_accumulation_per_replica * t.sequence_length
+              * t.train_steps)
     if tokens > 40 * EMBEDDED_CORPUS_TOKENS:
         assert cfg.data.source != "sotu" and cfg.data.paths, f"{tokens:,} tokens from the embedded corpus"
 

@@ -17,8 +17,10 @@ D, H, M, EPS = 24, 14, 10, 1e-5  # h = 14 spans the first two shards at tp = 2 a
 
 def _full_params(norm: str, seed: int) -> Dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    p = {"enc.net.fc1.weight": torch.randn(M, D, generator=g) / D**0.5, "enc.net.fc2.weight": torch.randn(H, M, generator=g),
-         "dec.net.fc1.weight": torch.randn(M, H, generator=g) / H**0.5, "dec.net.fc2.weight": torch.randn(D, M, generator=g)}
+    p = {"enc.net.fc1.weight": torch.randn(M, D, generator=g) / D**0.5,
+         "enc.net.fc2.weight": torch.randn(H, M, generator=g),
+         "dec.net.fc1.weight": torch.randn(M, H, generator=g) / H**0.5,
+         "dec.net.fc2.weight": torch.randn(D, M, generator=g)}
     if norm in ("encoder", "both"):
         p["enc.net.norm.weight"] = 1 + 0.3 * torch.randn(D, generator=g)
     if norm in ("decoder", "both"):
@@ -170,7 +172,8 @@ def test_btp_lowrank_resbm_at_tp2_equals_tp1() -> None:
         got = {n: g for r in two for n, g in r[kind]["grads"].items()}
         assert got.keys() == ref.keys() and any("boundary_decoder.net.fc2" in n for n in got)
         for name, g in got.items():
-            torch.testing.assert_close(g, ref[name], rtol=1e-5, atol=1e-6, msg=lambda m, n=f"{kind} {name}": f"{n}: {m}")
+            torch.testing.assert_close(g, ref[name], rtol=1e-5, atol=1e-6, msg=lambda m,
+                                       n=f"{kind} {name}": f"{n}: {m}")
         assert abs(two[-1][kind]["loss"] - one[-1][kind]["loss"]) <= 1e-5 * abs(one[-1][kind]["loss"])
 
 

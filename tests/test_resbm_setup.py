@@ -29,7 +29,8 @@ def _counts() -> dict:
     from nanotron_ext.config.loader import load_config
 
     counts = _load(REPRO / "param_counts.py", "resbm_param_counts")
-    return {n: counts.count_params(load_config(REPRO / f"resbm_2b_{n}.yaml")) for n in ("baseline", "128x_muon", "100x_muon")}
+    return {n: counts.count_params(load_config(REPRO / f"resbm_2b_{n}.yaml"))
+            for n in ("baseline", "128x_muon", "100x_muon")}
 
 
 @pytest.mark.slow
@@ -70,7 +71,8 @@ def test_resbm_muon_optimiser_from_yaml() -> None:
     from nanotron_ext.optim.lr_schedule import build_scheduler
 
     total = 40
-    cfg = load_config(REPRO / "resbm_2b_128x_muon.yaml", ["optimizer.warmup_steps=5", "optimizer.weight_decay=0"]).optimizer
+    cfg = load_config(REPRO / "resbm_2b_128x_muon.yaml",
+                      ["optimizer.warmup_steps=5", "optimizer.weight_decay=0"]).optimizer
     assert (cfg.lr, cfg.muon_lr, cfg.min_lr_ratio, cfg.muon_min_lr_ratio) == (2e-4, 2e-4, 0.01, 0.1)
     model = _Toy()
     opt = build_optimizer(model, cfg, None)
@@ -135,7 +137,8 @@ def test_effective_rank_closed_form_and_cli_on_a_checkpoint(tmp_path: Path) -> N
     (step / "meta.json").write_text(json.dumps({"step": 7, "tp": 1, "pp": 2, "dp": 1}))
     enc0 = "decoder.0.pp_block.boundary_encoder.net.fc2.weight"
     enc2 = "decoder.2.pp_block.boundary_encoder.net.fc2.weight"
-    torch.save({"model": {enc0: w.float(), "decoder.0.pp_block.mlp.norm.weight": torch.ones(6)}}, step / "pp0_dp0_tp0.pt")
+    torch.save({"model": {enc0: w.float(), "decoder.0.pp_block.mlp.norm.weight": torch.ones(6)}},
+               step / "pp0_dp0_tp0.pt")
     torch.save({"model": {enc2: flat.float()}}, step / "pp1_dp0_tp0.pt")
     out = tmp_path / "out"
     result = main(["--checkpoint", str(tmp_path / "ckpt"), "--label", "run", "--out", str(out)])
@@ -152,8 +155,10 @@ def test_slow_link_arithmetic_and_table3_verdict() -> None:
         "resbm", ["model.codec.kind=resbm", "model.codec.resbm.h=2"])
     # the paper's uncompressed 80 Mbit/s row: 2 x 4096 bf16 values per token and boundary on one budget
     per_token = 4096 * 2
-    assert sl.link_bound_tokens_per_s(1024, 1024 * per_token, 1024 * per_token, 80, "half") == pytest.approx(610.35, abs=0.01)
-    assert sl.link_bound_tokens_per_s(1024, 1024 * per_token, 1024 * per_token, 80, "full") == pytest.approx(1220.7, abs=0.1)
+    assert sl.link_bound_tokens_per_s(1024, 1024 * per_token, 1024 * per_token, 80,
+                                      "half") == pytest.approx(610.35, abs=0.01)
+    assert sl.link_bound_tokens_per_s(1024, 1024 * per_token, 1024 * per_token, 80,
+                                      "full") == pytest.approx(1220.7, abs=0.1)
     assert sl.link_bound_tokens_per_s(1024, 5, 5, 0, "half") is None
     metrics = [{"step": i, "loss": 10 - i, "step_time_s": 2.0} for i in range(1, 6)]
     assert sl.loss_within(metrics, 6.5) == 7 and sl.loss_within(metrics, 1.0) is None

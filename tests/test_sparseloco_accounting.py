@@ -54,7 +54,8 @@ def test_stage_link_model_by_hand() -> None:
 
 
 @pytest.mark.parametrize("kwargs,key", [({"chunk": 1000}, "sparseloco.chunk"), ({"topk": 0}, "sparseloco.topk"),
-                                        ({"index_bits": 11}, "sparseloco.index_bits"), ({"beta": 1.5}, "sparseloco.beta"),
+                                        ({"index_bits": 11}, "sparseloco.index_bits"),
+                                        ({"beta": 1.5}, "sparseloco.beta"),
                                         ({"quant_bits": 9}, "sparseloco.quant_bits")])
 def test_config_rejects_values_naming_the_key(kwargs: dict, key: str) -> None:
     from nanotron_ext.config.schema import ConfigError

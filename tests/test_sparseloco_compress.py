@@ -167,7 +167,8 @@ def test_payload_round_trip_and_closed_form_size(quant_bits: int, value_dtype: s
              for s, sp in zip(shapes, specs)]
     payload = encode_payload(parts, 12, quant_bits)
     n = 2 * 32 + 32 + 2 * 32 + 3 * 32  # two tiles, one run of 64 (k = 32), two runs, three runs of 3200
-    values = (n * quant_bits + 7) // 8 + 4 * 4 * 2**quant_bits if quant_bits else n * {"fp32": 4, "bf16": 2}[value_dtype]
+    values = (n * quant_bits + 7) // 8 + 4 * 4 * 2**quant_bits if quant_bits else n * {"fp32": 4,
+                                                                                       "bf16": 2}[value_dtype]
     assert payload.numel() == payload_nbytes(specs, 12, quant_bits, value_dtype) == (n * 12 + 7) // 8 + values
     for (idx, val), part in zip(decode_payload(payload, specs, 12, quant_bits, value_dtype), parts):
         assert torch.equal(idx, part.indices) and torch.equal(val, part.transmitted)

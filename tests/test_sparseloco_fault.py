@@ -56,7 +56,8 @@ def _replica(index: int, lighthouse: str, steps: int, log: str, kill_at_step: Op
     model = torch.nn.Linear(48, 32)
     ft = FaultToleranceConfig(enabled=True, lighthouse=lighthouse, replica=index, replicas=3, min_replicas=2,
                               timeout_s=15, quorum_timeout_s=60, max_retries=5)
-    cfg = SimpleNamespace(sparseloco=SparseLoCoConfig(inner_steps=H, chunk=64, topk=8, index_bits=6, fault_tolerance=ft))
+    cfg = SimpleNamespace(sparseloco=SparseLoCoConfig(inner_steps=H, chunk=64, topk=8, index_bits=6,
+                                                      fault_tolerance=ft))
     sync = FaultTolerantSparseLoCoSync(model, ctx, cfg)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     out = open(log, "a")
@@ -233,7 +234,8 @@ def _ft_launch(small_corpus: Path, out: Path, port: int, pp: int = 1) -> subproc
     from tests.test_trainer import _small_overrides
 
     sets = _small_overrides(small_corpus, out, 1, 1, pp, 12) + [
-        "general.run=ft", "sparseloco.inner_steps=2", "sparseloco.topk=8", "checkpoints.interval=4", "checkpoints.keep_last=3",
+        "general.run=ft", "sparseloco.inner_steps=2", "sparseloco.topk=8", "checkpoints.interval=4",
+        "checkpoints.keep_last=3",
         "sparseloco.fault_tolerance.min_replicas=2", f"sparseloco.fault_tolerance.lighthouse=http://127.0.0.1:{port}"]
     example = Path(__file__).parent.parent / "examples" / "config_tiny_sparseloco_ft.yaml"
     cmd = [sys.executable, "-m", "nanotron_ext.sparseloco.ft_launch", f"--nproc_per_node={pp}", "--max-restarts=0",

@@ -364,7 +364,8 @@ def test_dense_simulation_refuses_grassmann_updates_it_would_never_run() -> None
     from nanotron_ext.sparseloco.simulate import run_simulated
 
     cfg = load_config(TINY, ["parallelism.dp=2", "parallelism.dp_sync=sparseloco", "model.tie_embeddings=false",
-                             "sparseloco.compressed_replicas=[0]", "sparseloco.inner_steps=2", "sparseloco.grassmann_every=2",
+                             "sparseloco.compressed_replicas=[0]", "sparseloco.inner_steps=2",
+                             "sparseloco.grassmann_every=2",
                              "model.codec.boundaries=every_layer"])
     with pytest.raises(ConfigError, match=r"sparseloco\.grassmann_every=2"):
         run_simulated(cfg, 2, "dense")
@@ -429,7 +430,8 @@ def test_effective_embedding_follows_plain_sparseloco_after_every_sync() -> None
     from nanotron_ext.sparseloco.simulate import SimulatedReplicas
 
     k, beta, lr = 8, 0.95, 0.8
-    cfg = from_dict(Config, {"parallelism": {"dp": 2, "dp_sync": "sparseloco"}, "model": {"tie_embeddings": False, "codec": {"boundaries": "every_layer"}},
+    cfg = from_dict(Config, {"parallelism": {"dp": 2, "dp_sync": "sparseloco"},
+                             "model": {"tie_embeddings": False, "codec": {"boundaries": "every_layer"}},
                              "sparseloco": {"compressed_replicas": [0], "topk": k, "beta": beta, "outer_lr": lr,
                                             "value_dtype": "fp32", "inner_steps": 1}})
     models = {0: _Replica(True), 1: _Replica(False)}

@@ -53,7 +53,8 @@ def _replica(index: int, lighthouse: str, log: str, stderr: str, stop_file: str)
     model = torch.nn.Linear(48, 32)
     ft = FaultToleranceConfig(enabled=True, lighthouse=lighthouse, replica=index, replicas=2, min_replicas=2,
                               timeout_s=10, quorum_timeout_s=QUORUM_TIMEOUT_S, max_retries=2)
-    cfg = SimpleNamespace(sparseloco=SparseLoCoConfig(inner_steps=H, chunk=64, topk=8, index_bits=6, fault_tolerance=ft))
+    cfg = SimpleNamespace(sparseloco=SparseLoCoConfig(inner_steps=H, chunk=64, topk=8, index_bits=6,
+                                                      fault_tolerance=ft))
     out = open(log, "a")
 
     def write(record: Dict[str, object]) -> None:
@@ -74,7 +75,8 @@ def _replica(index: int, lighthouse: str, log: str, stderr: str, stop_file: str)
             sync.after_step(step)
             if step % H == 0:
                 g = b"".join(t.detach().numpy().tobytes() for t in sync.outer.global_params)
-                write({"event": "sync", "ft_step": sync.manager.current_step(), "global": hashlib.sha256(g).hexdigest()})
+                write({"event": "sync", "ft_step": sync.manager.current_step(),
+                       "global": hashlib.sha256(g).hexdigest()})
                 if os.path.exists(stop_file):
                     break
             time.sleep(0.05)

@@ -49,7 +49,8 @@ def _train(model_kw: dict, dp_sync: str, sparseloco: dict, steps: int, inner: st
     cfg = _config(model_kw, dp_sync, sparseloco)
     torch.manual_seed(0)
     model = build_model(cfg, ctx)
-    opt = torch.optim.SGD(model.parameters(), lr=0.5) if inner == "sgd" else build_optimizer(model, cfg.optimizer, ctx.tp_pg)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5) if inner == "sgd" else build_optimizer(model,
+                                                                                             cfg.optimizer, ctx.tp_pg)
     sync = build_dp_sync(cfg, model, ctx)
     rank = dist.get_rank(ctx.dp_pg)
     out: dict = {"checksum": [], "dp": [], "hooks": []}
@@ -149,7 +150,8 @@ def _simulated(model_kw: dict, sparseloco: dict, steps: int) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("extra", [{}, {"quant_bits": 2, "aggregate": "senders", "outer_momentum": 0.5, "outer_lr": 0.8}])
+@pytest.mark.parametrize("extra",
+                         [{}, {"quant_bits": 2, "aggregate": "senders", "outer_momentum": 0.5, "outer_lr": 0.8}])
 def test_simulated_replicas_equal_distributed(extra: dict) -> None:
     cfg = {"inner_steps": 2, "chunk": 4096, "topk": 32, **extra}
     dist_runs = run_distributed(_train, 2, SMALL, "sparseloco", cfg, 5, "adamw")  # 2 syncs, then one inner step

@@ -27,7 +27,8 @@ def test_sparseloco_killed_mid_inner_loop_resumes_bit_exactly(small_corpus: Path
     """dp = 2 replicas of 1 or 2 pipeline stages (each stage syncs its own layers over its DP group). Syncs
     every 4 steps, checkpoints every 3: every checkpoint before the end falls inside an inner loop."""
     steps = 12
-    extra = ["parallelism.dp_sync=sparseloco", "sparseloco.inner_steps=4", "sparseloco.topk=8", "checkpoints.interval=3"]
+    extra = ["parallelism.dp_sync=sparseloco", "sparseloco.inner_steps=4", "sparseloco.topk=8",
+             "checkpoints.interval=3"]
     resumed_at = kill_and_resume(small_corpus, tmp_path, 2, 1, pp, kill, steps, extra)
     assert resumed_at % 4 != 0, resumed_at
     # after the last sync (step 12) the two replicas of each stage hold the same weights
@@ -103,7 +104,8 @@ def test_the_distributed_outer_step_equals_an_independent_reference(aggregate: s
 def test_sparseloco_resume_without_outer_state_differs(small_corpus: Path, tmp_path: Path) -> None:
     """The control: drop the outer state from the checkpoint and the resumed run no longer matches."""
     n = 3
-    straight = run_distributed(_train_worker, 2, _small_overrides(small_corpus, tmp_path / "a", 2, 1, 1, 2 * n) + SPARSELOCO,
+    straight = run_distributed(_train_worker, 2,
+                               _small_overrides(small_corpus, tmp_path / "a", 2, 1, 1, 2 * n) + SPARSELOCO,
                                None, 0)
     ovr = _small_overrides(small_corpus, tmp_path / "b", 2, 1, 1, 2 * n) + SPARSELOCO
     run_distributed(_train_worker, 2, ovr, n, n)
@@ -149,7 +151,8 @@ def test_simulated_runner_equals_the_trainer(small_corpus: Path, tmp_path: Path,
     extra = (SPARSELOCO if mode == "sparseloco" else []) + [f"model.dtype={dtype}"]
     ovr = _small_overrides(small_corpus, tmp_path / "t", 2, 1, 1, 5) + extra
     trainer = run_distributed(_trainer_worker, 2, ovr)
-    sim = run_distributed(_simulated_worker, 1, _small_overrides(small_corpus, tmp_path / "s", 2, 1, 1, 5) + extra, mode)[0]
+    sim = run_distributed(_simulated_worker, 1,
+                          _small_overrides(small_corpus, tmp_path / "s", 2, 1, 1, 5) + extra, mode)[0]
     logged = _losses(tmp_path / "t" / "tiny_llama")
     assert sim["train_loss"] == [logged[step][0] for step in range(1, 6)]
     assert sim["val_loss"] == logged[5][1]
@@ -167,5 +170,6 @@ def test_simulated_runner_and_trainer_stop_on_the_same_non_finite_step(small_cor
     ovr = _small_overrides(small_corpus, tmp_path, 2, 1, 1, 3) + ["model.init_std=1e30"]
     trainer = run_distributed(_trainer_worker, 2, ovr)
     sim = run_distributed(_simulated_worker, 1, ovr, "dense")[0]
-    assert trainer[0]["error"].startswith("step 1: the loss is ") and "the gradient norm nan (not finite)" in trainer[0]["error"]
+    assert trainer[0]["error"].startswith("step 1: the loss is "
+                                          "") and "the gradient norm nan (not finite)" in trainer[0]["error"]
     assert sim["error"] == trainer[0]["error"] == trainer[1]["error"]

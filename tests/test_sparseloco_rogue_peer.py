@@ -112,7 +112,8 @@ def _scenarios(kinds: List[str], out: str, marker: str) -> None:
 
 
 REFUSALS = {  # rogue -> what the refusal says after "refused to heal from the peer at http://127.0.0.1:PORT/..."
-    "runs_code": "its state is not only tensors, numbers and containers (read with weights_only: nothing in it was run)",
+    "runs_code": "its state is not only tensors, numbers and containers (read with weights_only: "
+                 "nothing in it was run)",
     "implausible_syncs": f"(quorum step {CLAIMED_STEP}): its outer sync count 1000000 is not in [0, step "
                          f"{CLAIMED_STEP} and this run's 10 outer syncs]",
     "wrong_shape": f"(quorum step {CLAIMED_STEP}): tensor 0 is (3, 3) torch.float32, this replica's is (32, 48) "

@@ -49,8 +49,10 @@ class Job:
     def start_lighthouse(self) -> subprocess.Popen:
         # join timeout: a quorum waits this long for a live replica still in its inner loop (they sync in step)
         return subprocess.Popen([str(Path(sys.executable).parent / "torchft_lighthouse"), "--bind",
-                                 f"127.0.0.1:{self.port}", "--min_replicas", str(self.min_replicas), "--join_timeout_ms", "20000",
-                                 "--heartbeat_timeout_ms", "2000"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                 f"127.0.0.1:{self.port}", "--min_replicas", str(self.min_replicas),
+                                 "--join_timeout_ms", "20000",
+                                 "--heartbeat_timeout_ms", "2000"], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
 
     def launch(self, replica: int, module: str = "nanotron_ext.train", env: Optional[Dict[str, str]] = None
                ) -> subprocess.Popen:

@@ -54,7 +54,8 @@ def test_codec_round_trip_is_exact_in_span_and_its_backward_is_g_u_ut() -> None:
     torch.testing.assert_close(x.grad, g @ u @ u.T, atol=1e-6, rtol=0)
     # an out-of-span X is not rebuilt: exactness rests on the constraints
     off = fixed[ids] + torch.randn(2, 5, 16)
-    back, _ = SubspaceDecoder(hub, 0, accumulate=False)(SubspaceEncoder(hub, torch.float32)(off, torch.zeros_like(off), ids), ids)
+    wire = SubspaceEncoder(hub, torch.float32)(off, torch.zeros_like(off), ids)
+    back, _ = SubspaceDecoder(hub, 0, accumulate=False)(wire, ids)
     assert (back - off).norm() / off.norm() > 0.1
 
 
@@ -117,7 +118,8 @@ def test_grassmann_step_is_a_riemannian_descent_step_on_the_stiefel_basis() -> N
 
     g = torch.Generator().manual_seed(0)
     u = torch.linalg.qr(torch.randn(12, 3, generator=g, dtype=torch.float64))[0]
-    grads = torch.randn(40, 12, generator=g, dtype=torch.float64) @ torch.diag(torch.linspace(3, 0.1, 12, dtype=torch.float64))
+    grads = torch.randn(40, 12, generator=g,
+                        dtype=torch.float64) @ torch.diag(torch.linspace(3, 0.1, 12, dtype=torch.float64))
     a = grads.T @ grads
     xi = riemannian_grad(a, u)
     torch.testing.assert_close(u.T @ xi, torch.zeros(3, 3, dtype=torch.float64), atol=1e-6, rtol=0)
@@ -210,7 +212,8 @@ def _two_models() -> dict:
     held_by_module = [type(r).__name__ for hub in hubs for r in gc.get_referrers(hub) if id(r) in modules]
     return {"k": [h.k for h in hubs], "hubs_distinct": hubs[0] is not hubs[1], "shared": shared,
             "holders": [set(h) == {id(hub)} for h, hub in zip(holders, hubs)], "unchanged": unchanged,
-            "held_by_module": held_by_module, "module_hubs": hasattr(sys.modules["nanotron_ext.subspace.basis"], "_HUBS")}
+            "held_by_module": held_by_module,
+            "module_hubs": hasattr(sys.modules["nanotron_ext.subspace.basis"], "_HUBS")}
 
 
 def test_two_models_with_different_subspace_settings_share_nothing() -> None:

@@ -42,7 +42,8 @@ def test_cli_writes_table_json_and_png(tmp_path: Path) -> None:
     sets = ["model.tie_embeddings=false", "model.embedding.kind=subspace",
             "model.output_constraint.kind=subspace", "model.subspace.k=16", "model.num_layers=2",
             "tokens.micro_batch_size=2", "tokens.sequence_length=16"]
-    cmd = [sys.executable, "-m", "nanotron_ext.subspace.analyse", "--config-file", str(root / "examples/config_tiny_llama.yaml"),
+    cmd = [sys.executable, "-m", "nanotron_ext.subspace.analyse", "--config-file",
+           str(root / "examples/config_tiny_llama.yaml"),
            "--random-tokens", "--batches", "1", "--out", str(tmp_path)] + [a for s in sets for a in ("--set", s)]
     env = {**os.environ, "MASTER_PORT": str(__import__("tests.helpers.dist", fromlist=["free_port"]).free_port())}
     out = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=240)

@@ -63,7 +63,8 @@ def _run_case(ctx, tp: int, low_rank: dict, subspace: dict) -> dict:
     loss, comm = one_step(model, _micro(0), ctx, engine)
     out = {"loss": loss, "pp_rank": pp_rank, "tp_rank": dist.get_rank(ctx.tp_pg),
            "comm": comm.get("pp", {}), "u": hub.basis.clone(),
-           "grads": {n: (p.grad.detach().clone(), _shards(p)) for n, p in model.named_parameters() if p.grad is not None}}
+           "grads": {n: (p.grad.detach().clone(), _shards(p)) for n, p in model.named_parameters()
+                     if p.grad is not None}}
     opt = build_optimizer(model, cfg.optimizer, ctx.tp_pg)
     losses = []
     for step in range(STEPS):
@@ -164,7 +165,8 @@ def test_btp_subspace_tp2_equals_tp1_and_stays_in_span(runs: Dict[int, List[Dict
         assert any(n.endswith("o_proj.weight_small") for n in grads)
         assert any(n.endswith("down_proj.up.weight_small") for n in grads)
     else:
-        assert any(n.endswith("o_proj.up") for n in constrained) and any(n.endswith("down_proj.up") for n in constrained)
+        assert any(n.endswith("o_proj.up") for n in constrained) and any(n.endswith("down_proj.up")
+                                                                         for n in constrained)
     for results in (one, two):  # the boundary rebuilds exactly what the sending stage computed, shard by shard
         stages = _by_stage(results)
         for sent, received in zip(stages[0], stages[1]):

@@ -276,7 +276,8 @@ def _state_worker() -> dict:
 
 def test_sm_memory_overhead_is_t_fixed_and_u_and_the_smaller_token_table() -> None:
     """Table 3 (appendix 8.8) at its root: the state SM adds is the fixed table T_fixed (V x d) and U (d x k),
-    in buffers (and the hub's 8-byte step counter), nothing else; the trained token table shrinks from V x d to V x k (closed forms, fp32)."""
+    in buffers (and the hub's 8-byte step counter), nothing else; the trained token table shrinks from V x d to V x k
+    (closed forms, fp32)."""
     r = run_distributed(_state_worker, 1)[0]
     v, d = MODEL["vocab_size"], MODEL["hidden_size"]
     assert r["sm"]["buffers"] - r["plain"]["buffers"] == 4 * (v * d + d * K) + 8  # + the int64 step counter

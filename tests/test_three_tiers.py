@@ -18,7 +18,8 @@ from tests.helpers.dist import run_distributed
 from tests.helpers.one_step import fixed_micro_batches, one_step, small_config
 
 REPO = Path(__file__).resolve().parents[1]
-HET = REPO / "examples" / "config_tiny_het_sparseloco.yaml"  # d = 128, 4 layers, dp = 2, pp = 2, compressed_replicas [0]
+# d = 128, 4 layers, dp = 2, pp = 2, compressed_replicas [0]
+HET = REPO / "examples" / "config_tiny_het_sparseloco.yaml"
 
 STRATEGIES = ("megatron", "btp")
 CODECS = ("identity", "resbm", "subspace", "mapl")
@@ -41,7 +42,8 @@ def refusal(strategy: str, codec: str, sync: str) -> Optional[str]:
     techniques' constraints, not read back from the loader."""
     if sync == "het_sparseloco" and codec != "identity":
         # meaningless: heterogeneous SparseLoCo sets each replica's codec itself (subspace or none)
-        return f"model.codec.kind: '{codec}': with sparseloco.compressed_replicas the per-replica model is set by sparseloco"
+        return (f"model.codec.kind: '{codec}': with sparseloco.compressed_replicas the per-replica model is set by "
+                "sparseloco")
     return None  # every codec composes with btp at tp = 2 (ResBM, MAPL, Subspace per feature shard)
 
 
@@ -222,7 +224,8 @@ def test_heterogeneous_sparseloco_dp2_tp2_replicas_identical_after_sync(small_co
     ovr = HET + ["model.codec.boundaries=[1]"]
     if strategy == "btp":  # the residual stream sharded on d: the codec, split table and constraint per shard
         ovr += ["model.tp_strategy=btp", "model.low_rank.kind=svd"]
-    tp2 = run_distributed(_het_train_worker, 4 * pp, _small_overrides(small_corpus, tmp_path / "tp2", 2, 2, pp, 4) + ovr,
+    tp2 = run_distributed(_het_train_worker, 4 * pp,
+                          _small_overrides(small_corpus, tmp_path / "tp2", 2, 2, pp, 4) + ovr,
                           None, 0, timeout_s=600)
     run_distributed(_het_train_worker, 2 * pp, _small_overrides(small_corpus, tmp_path / "tp1", 2, 1, pp, 4) + ovr,
                     None, 0, timeout_s=600)
@@ -236,7 +239,8 @@ def test_heterogeneous_sparseloco_dp2_tp2_replicas_identical_after_sync(small_co
     fixed = "token_embedding.pp_block.embedding.hub.fixed"
     table = "token_embedding.pp_block.embedding.table.weight"
     for a, b in zip(by[0], by[1]):  # the same (TP, PP) rank of the two replicas
-        shared = [k for k in b["state"] if k in a["state"] and not k.endswith(("grad_gram", "hub.steps"))]  # codec-side counters
+        # codec-side counters
+        shared = [k for k in b["state"] if k in a["state"] and not k.endswith(("grad_gram", "hub.steps"))]
         assert len(shared) >= 10
         for k in shared:
             assert torch.equal(a["state"][k], b["state"][k]), k
@@ -268,12 +272,12 @@ def test_config_show_names_the_technique_of_every_tier() -> None:
         "# closed forms (nanotron_ext.metrics.tier_bytes; the comm ledger's bytes):",
         "#   TP bytes per step per TP rank, all stages: 7.00 MiB (forward 3.50 MiB, backward 3.50 MiB); BOOST Table 6: "
         "7 b s r per block and pass, x 4 blocks x 2 micro-batches; norm statistics, embedding and head left out",
-        # forward 68 + 512 KiB: the two replicas' pipeline bytes the example measures (docs/three-tiers.md, "Three tiers in one
-        # job"): 593,920 B each way per step
-        "#   PP bytes per step per stage link (subspace, replicas [0]): 136.00 KiB (forward 68.00 KiB, backward 68.00 KiB); k x 4 B + "
-        "a 4 B token id (k = 16) per token each way x 1024 tokens per step",
-        "#   PP bytes per step per stage link (identity, replicas [1]): 1.00 MiB (forward 512.00 KiB, backward 512.00 KiB); d x 4 B "
-        "per token each way x 1024 tokens per step",
+        # forward 68 + 512 KiB: the two replicas' pipeline bytes the example measures (docs/three-tiers.md, "Three tiers
+        # in one job"): 593,920 B each way per step
+        "#   PP bytes per step per stage link (subspace, replicas [0]): 136.00 KiB (forward 68.00 KiB, backward "
+        "68.00 KiB); k x 4 B + a 4 B token id (k = 16) per token each way x 1024 tokens per step",
+        "#   PP bytes per step per stage link (identity, replicas [1]): 1.00 MiB (forward 512.00 KiB, backward "
+        "512.00 KiB); d x 4 B per token each way x 1024 tokens per step",
         "#   DP bytes per step per replica: 3.77 KiB; top-32 of every 4096-chunk (12-bit indices, bf16 values): 38,640 "
         "B per outer sync / 10 inner steps; + the changed rows of T_fixed on compressed replicas (data-dependent); the "
         "unsharded model's tensors: at tp > 1 every TP rank compresses its own shards (more chunks) and sends its copy "
@@ -320,8 +324,10 @@ def _sharded_subspace_worker(seed: int) -> dict:
     wire = SubspaceEncoder(hub, torch.float32, pg)(residual=res, branch=br, input_ids=ids)
     x, _ = SubspaceDecoder(hub, 0, accumulate=False, sharded_pg=pg)(wire, ids)
     (weight[..., mine] * x).sum().backward()
-    return {"wire": wire.detach(), "x": x.detach(), "d_res": res.grad, "d_branch": br.grad, "mine": (mine.start, mine.stop),
-            "basis": hub.basis, "fixed": hub.fixed, "ids": ids, "residual": residual, "branch": branch, "weight": weight}
+    return {"wire": wire.detach(), "x": x.detach(), "d_res": res.grad, "d_branch": br.grad,
+            "mine": (mine.start, mine.stop),
+            "basis": hub.basis, "fixed": hub.fixed, "ids": ids, "residual": residual,
+            "branch": branch, "weight": weight}
 
 
 @pytest.mark.slow

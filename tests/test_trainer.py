@@ -21,7 +21,8 @@ TINY = REPO / "examples" / "config_tiny_llama.yaml"
 
 def _small_overrides(corpus: Path, out: Path, dp: int, tp: int, pp: int, steps: int) -> list:
     return [
-        f"data.prepared_dir={corpus}", f"tokenizer.path={corpus / 'tokenizer.json'}", f"tokenizer.vocab_size={SMALL_VOCAB}",
+        f"data.prepared_dir={corpus}", f"tokenizer.path={corpus / 'tokenizer.json'}",
+        f"tokenizer.vocab_size={SMALL_VOCAB}",
         f"model.vocab_size={SMALL_VOCAB}", "model.hidden_size=32", "model.ffn_size=64", "model.num_layers=4",
         "model.tie_embeddings=false", f"parallelism.dp={dp}", f"parallelism.tp={tp}", f"parallelism.pp={pp}",
         "tokens.sequence_length=16", "tokens.micro_batch_size=2", "tokens.batch_accumulation_per_replica=2",
@@ -79,7 +80,8 @@ def kill_and_resume(corpus: Path, tmp_path: Path, dp: int, tp: int, pp: int, kil
         kill_job(proc, pids)
     assert proc.returncode != 0
     killed_at = latest_checkpoint(b / "ckpt")
-    assert killed_at is not None and killed_at.name != f"step_{steps}", f"the job finished before the kill ({killed_at})"
+    assert killed_at is not None and killed_at.name != f"step_{steps}", (
+        f"the job finished before the kill ({killed_at})")
     again = run_job(world, overrides)
     assert again.returncode == 0, again.stderr[-3000:]
     resumed = [ln for ln in again.stdout.splitlines() if ln.startswith("resumed from ")]
@@ -109,7 +111,8 @@ def test_a_killed_job_resumes_bit_exactly(small_corpus: Path, tmp_path: Path) ->
 def _run_train_cli(overrides: list, world_size: int) -> subprocess.CompletedProcess:
     env = {**os.environ, "WORLD_SIZE": str(world_size), "RANK": "0", "LOCAL_RANK": "0",
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}  # port 1: any process-group init would fail loudly
-    args = [sys.executable, "-m", "nanotron_ext.train", "--config-file", str(TINY)] + [a for o in overrides for a in ("--set", o)]
+    args = [sys.executable, "-m", "nanotron_ext.train", "--config-file", str(TINY)] + [a for o in overrides
+                                                                                       for a in ("--set", o)]
     return subprocess.run(args, env=env, capture_output=True, text=True, timeout=120, cwd=REPO)
 
 
@@ -118,7 +121,8 @@ def _run_train_cli(overrides: list, world_size: int) -> subprocess.CompletedProc
     [
         (["parallelism.dp=2"], 3, "world size 3 != parallelism.dp * tp * pp = 2 * 1 * 1 = 2"),
         (["parallelism.dp=1", "parallelism.tp=3"], 3, "model.hidden_size=128 is not divisible by parallelism.tp=3"),
-        (["parallelism.dp=1", "parallelism.pp=8", "model.tie_embeddings=false"], 8, "model.num_layers=4 is fewer than pipeline stages parallelism.pp=8"),
+        (["parallelism.dp=1", "parallelism.pp=8", "model.tie_embeddings=false"], 8,
+         "model.num_layers=4 is fewer than pipeline stages parallelism.pp=8"),
         (["parallelism.dp=1", "parallelism.tp=8", "model.num_heads=4"], 8, "is not divisible by parallelism.tp=8"),
     ],
 )
@@ -136,7 +140,8 @@ def test_bad_layout_fails_before_process_groups(overrides: list, world: int, exp
         (["parallelism.dp=2"], 3, "error: world size 3 != parallelism.dp * tp * pp = 2 * 1 * 1 = 2"),
         (["parallelism.dp=1", "parallelism.pp=4", "model.num_layers=2", "model.tie_embeddings=false"], 4,
          "error: model.num_layers=2 is fewer than pipeline stages parallelism.pp=4"),
-        (["parallelism.dp=1", "parallelism.tp=4"], 4, "error: model.num_kv_heads=2 is not divisible by parallelism.tp=4"),
+        (["parallelism.dp=1", "parallelism.tp=4"], 4,
+         "error: model.num_kv_heads=2 is not divisible by parallelism.tp=4"),
     ],
 )
 def test_bad_layout_is_one_line_and_exit_2_through_the_launcher(tmp_path: Path, overrides: list, world: int,
@@ -227,20 +232,23 @@ def test_rerunning_a_finished_run_reports_it_and_rewrites_nothing(small_corpus: 
     [first] = run_distributed(_rerun_worker, 1, overrides)
     run_dir = tmp_path / "tiny_llama"
     # .lock (the run lock of case 4) names its latest holder; everything else must stay as it is
-    files = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in run_dir.iterdir() if p.is_file() and p.name != ".lock"}
+    files = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in run_dir.iterdir() if p.is_file()
+             and p.name != ".lock"}
     assert {"summary.json", "config.yaml", "metrics.jsonl"} <= set(files)
     [again] = run_distributed(_rerun_worker, 1, overrides)
     assert f"run {run_dir} is complete (step 3 of 3" in again["stdout"], again["stdout"]
     assert f"final train loss      {first['summary']['final_train_loss']:.4f}" in again["stdout"]
     assert again["summary"] == first["summary"]
-    [failed] = run_distributed(_rerun_worker, 1, overrides + ["general.seed=7", f"data.prepared_dir={tmp_path / 'none'}"])
+    [failed] = run_distributed(_rerun_worker, 1,
+                               overrides + ["general.seed=7", f"data.prepared_dir={tmp_path / 'none'}"])
     assert "run `python -m nanotron_ext.data prepare" in failed["summary"]["error"]
     assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in run_dir.iterdir()
             if p.is_file() and p.name != ".lock"} == files
 
 
 @pytest.mark.slow
-def test_a_second_launch_on_busy_folders_fails_at_once_and_never_overwrites_checkpoints(small_corpus: Path, tmp_path: Path) -> None:
+def test_a_second_launch_on_busy_folders_fails_at_once_and_never_overwrites_checkpoints(small_corpus: Path,
+                                                                                        tmp_path: Path) -> None:
     # case 4: two launches with one run name used to collide; resume=never silently overwrote another run's checkpoints
     from tests.helpers.jobs import kill_job, metrics_lines, run_job, start_job, wait_for, workers
 
@@ -260,7 +268,8 @@ def test_a_second_launch_on_busy_folders_fails_at_once_and_never_overwrites_chec
         kill_job(first)
     saved = sorted(p.name for p in (tmp_path / "ckpt").iterdir() if p.name.startswith("step_"))
     third = run_job(1, overrides + ["checkpoints.resume=never"], timeout=120)
-    assert third.returncode == 2 and f"checkpoints.dir {tmp_path / 'ckpt'} holds checkpoints" in third.stderr, third.stderr
+    assert third.returncode == 2, third.stderr
+    assert f"checkpoints.dir {tmp_path / 'ckpt'} holds checkpoints" in third.stderr, third.stderr
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir() if p.name.startswith("step_")) == saved
 
 
@@ -288,8 +297,8 @@ def test_unloadable_checkpoint_names_the_previous_one_and_the_changed_keys(small
     shard.write_bytes(bytes(data))
     [msg] = run_distributed(_resume_worker, 1, overrides + ["tokens.train_steps=4"])
     assert "does not match the sha256" in msg, msg
-    assert (f"the previous complete checkpoint is {ckpt / 'step_1'}: to resume from it, move {ckpt / 'step_2'} out of the "
-            f"way (e.g. mv {ckpt / 'step_2'} {ckpt / 'step_2'}.bad)") in msg, msg
+    assert (f"the previous complete checkpoint is {ckpt / 'step_1'}: to resume from it, move "
+            f"{ckpt / 'step_2'} out of the way (e.g. mv {ckpt / 'step_2'} {ckpt / 'step_2'}.bad)") in msg, msg
     (ckpt / "step_2").rename(ckpt / "step_2.bad")
     [msg] = run_distributed(_resume_worker, 1, overrides + ["tokens.train_steps=4", "model.hidden_size=64"])
     assert msg.startswith(f"checkpoint {ckpt / 'step_1'} was saved with other settings; config keys that differ from "
@@ -308,7 +317,8 @@ def _alive(pid: int) -> bool:
 def test_workers_exit_when_torchrun_is_killed(small_corpus: Path, tmp_path: Path) -> None:
     # case 11: SIGKILL to torchrun left its workers training on, beside any restarted job
     overrides = _small_overrides(small_corpus, tmp_path, 2, 1, 1, 100000)
-    cmd = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc_per_node=2", "-m", "nanotron_ext.train",
+    cmd = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc_per_node=2", "-m",
+           "nanotron_ext.train",
            "--config-file", str(TINY)] + [a for o in overrides for a in ("--set", o)]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     metrics = tmp_path / "tiny_llama" / "metrics.jsonl"
@@ -368,12 +378,14 @@ def _step_folders(ckpt: Path) -> dict:
 
 
 @pytest.mark.slow
-def test_resume_overwrite_deletes_nothing_until_the_new_run_has_a_checkpoint(small_corpus: Path, tmp_path: Path) -> None:
+def test_resume_overwrite_deletes_nothing_until_the_new_run_has_a_checkpoint(small_corpus: Path,
+                                                                             tmp_path: Path) -> None:
     # item 1: resume=overwrite deleted every checkpoint before the data was checked: a relaunch with a bad
     # data.prepared_dir left checkpoints.dir empty
     from tests.helpers.jobs import run_job
 
-    overrides = _small_overrides(small_corpus, tmp_path, 1, 1, 1, 3) + ["checkpoints.interval=1", "checkpoints.keep_last=3"]
+    overrides = _small_overrides(small_corpus, tmp_path, 1, 1, 1, 3) + ["checkpoints.interval=1",
+                                                                        "checkpoints.keep_last=3"]
     assert run_job(1, overrides).returncode == 0
     ckpt = tmp_path / "ckpt"
     before = _step_folders(ckpt)
@@ -389,7 +401,8 @@ def test_resume_overwrite_deletes_nothing_until_the_new_run_has_a_checkpoint(sma
 
 
 @pytest.mark.slow
-def test_a_lost_summary_is_rebuilt_from_the_metrics_and_the_final_checkpoint(small_corpus: Path, tmp_path: Path) -> None:
+def test_a_lost_summary_is_rebuilt_from_the_metrics_and_the_final_checkpoint(small_corpus: Path,
+                                                                             tmp_path: Path) -> None:
     # item 2: when the end of a run failed (disk full writing summary.json, a kill after the final checkpoint) the
     # relaunch said "complete ... but has no summary.json; nothing to do"
     import json
@@ -408,8 +421,9 @@ def test_a_lost_summary_is_rebuilt_from_the_metrics_and_the_final_checkpoint(sma
     (run_dir / "loss.png").unlink(missing_ok=True)
     again = run_job(1, overrides)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert f"run {run_dir} is complete (step 4 of 4" in again.stdout and "summary.json was missing and is rebuilt from " \
-        "metrics.jsonl (4 logged steps) and the checkpoint of step 4" in again.stdout, again.stdout
+    assert f"run {run_dir} is complete (step 4 of 4" in again.stdout, again.stdout
+    assert ("summary.json was missing and is rebuilt from metrics.jsonl (4 logged steps) and the checkpoint of step 4"
+            in again.stdout), again.stdout
     a = json.loads((tmp_path / "a" / "tiny_llama" / "summary.json").read_text())
     b = json.loads((run_dir / "summary.json").read_text())
     assert b.pop("rebuilt") and a.pop("tokens_per_s") and b.pop("tokens_per_s")  # timings differ between runs
@@ -420,7 +434,8 @@ def test_a_lost_summary_is_rebuilt_from_the_metrics_and_the_final_checkpoint(sma
 
 
 @pytest.mark.slow
-def test_resume_refuses_changed_outer_loop_and_codec_settings_naming_the_keys(small_corpus: Path, tmp_path: Path) -> None:
+def test_resume_refuses_changed_outer_loop_and_codec_settings_naming_the_keys(small_corpus: Path,
+                                                                              tmp_path: Path) -> None:
     # item 9: SparseLoCo -> allreduce and outer_momentum 0 -> 0.9 gave per-rank tracebacks, a changed
     # compressed_replicas torch's multi-line state-dict dump, a codec int8 -> topk continued silently (and
     # rewrote the run's config.yaml)
@@ -434,11 +449,13 @@ def test_resume_refuses_changed_outer_loop_and_codec_settings_naming_the_keys(sm
     for change, expected in [
         (["parallelism.dp_sync=allreduce"], "parallelism.dp_sync 'sparseloco' -> 'allreduce'"),
         (sparseloco + ["sparseloco.outer_momentum=0.9"], "sparseloco.outer_momentum 0.0 -> 0.9"),
-        (sparseloco + ["sparseloco.compressed_replicas=[0]", "model.subspace.k=8", "model.codec.boundaries=every_layer"], "sparseloco.compressed_replicas [] -> [0]"),
+        (sparseloco + ["sparseloco.compressed_replicas=[0]", "model.subspace.k=8",
+                       "model.codec.boundaries=every_layer"], "sparseloco.compressed_replicas [] -> [0]"),
     ]:
         proc = run_job(2, base + change + ["tokens.train_steps=4"])
         # (the tiny model's 32-entry norm weights make SparseLoCo's density warning precede the error: not this test's)
-        stderr = "".join(ln + "\n" for ln in proc.stderr.splitlines() if not ln.startswith("sparseloco: overall density"))
+        stderr = "".join(ln + "\n" for ln in proc.stderr.splitlines()
+                         if not ln.startswith("sparseloco: overall density"))
         assert proc.returncode == 2 and stderr.count("\n") == 1, proc.stderr[-3000:]
         assert stderr.startswith(f"error: checkpoint {ckpt} was saved with other settings; config keys that differ "
                                       "from the checkpoint's (saved -> now): ") and expected in stderr, proc.stderr
@@ -457,12 +474,14 @@ def test_resume_refuses_changed_outer_loop_and_codec_settings_naming_the_keys(sm
 
 @pytest.mark.slow
 def test_a_diverging_run_stops_before_saving_diverged_weights(small_corpus: Path, tmp_path: Path) -> None:
-    # item 4: optimizer.lr=1e30 (now refused at load; 10 the largest accepted) trained to finite 1e30 weights (RMSNorm keeps the loss finite), saved them, and the
-    # later error named that checkpoint as the last complete one; lr=1 climbed to a loss of 22 and trained on
+    # item 4: optimizer.lr=1e30 (now refused at load; 10 the largest accepted) trained to finite 1e30 weights (RMSNorm
+    # keeps the loss finite), saved them, and the later error named that checkpoint as the last complete one; lr=1
+    # climbed to a loss of 22 and trained on
     from tests.helpers.jobs import run_job
 
     def overrides(name: str, lr: float) -> list:
-        return _small_overrides(small_corpus, tmp_path / name, 1, 1, 1, 12) + [f"optimizer.lr={lr}", "checkpoints.interval=1"]
+        return _small_overrides(small_corpus, tmp_path / name, 1, 1, 1, 12) + [f"optimizer.lr={lr}",
+                                                                               "checkpoints.interval=1"]
 
     runaway = run_job(1, overrides("runaway", 10.0))  # (the largest lr the config accepts)
     assert runaway.returncode == 2 and runaway.stderr.count("\n") == 1, runaway.stderr[-3000:]
@@ -474,7 +493,8 @@ def test_a_diverging_run_stops_before_saving_diverged_weights(small_corpus: Path
     climb = run_job(1, overrides("climb", 1.0))
     assert climb.returncode == 2 and climb.stderr.count("\n") == 1, climb.stderr[-3000:]
     first = _losses(tmp_path / "climb" / "tiny_llama")[1][0]
-    assert f"is more than 1.5x the run's first loss {first:.4g} (general.max_loss_ratio): training diverged" in climb.stderr
+    assert (f"is more than 1.5x the run's first loss {first:.4g} (general.max_loss_ratio): training diverged"
+            in climb.stderr)
     step = int(climb.stderr.split("error: step ")[1].split(":")[0])
     assert f"checkpoint {ckpt / f'step_{step - 1}'} holds the weights that gave this loss" in climb.stderr
     assert f"the last complete checkpoint is {ckpt / f'step_{step - 2}'}" in climb.stderr, climb.stderr

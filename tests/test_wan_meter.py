@@ -53,7 +53,8 @@ def test_dry_run_resolves_every_system(capsys: pytest.CaptureFixture) -> None:
     assert "parallelism.link.dp.preset=internet-200m-50ms" in out and "codec=subspace" in out
 
 
-def test_the_composed_job_and_its_plain_3d_layout_resolve_with_their_closed_forms(capsys: pytest.CaptureFixture) -> None:
+def test_the_composed_job_and_its_plain_3d_layout_resolve_with_their_closed_forms(
+        capsys: pytest.CaptureFixture) -> None:
     """three_tiers (BTP, subspace on one replica, heterogeneous SparseLoCo) beside dense_3d (Megatron, identity,
     all-reduce) on the same file: both resolve, and the meter's closed-form column follows by hand (b s = 512
     tokens, 2 micro-batches, d = 128, fp32; both replicas, both directions of the one stage link)."""
@@ -101,7 +102,8 @@ def test_tiny_meter_run_writes_its_result(tmp_path, small_corpus) -> None:
     corpus = [f"data.prepared_dir={small_corpus}", f"tokenizer.path={small_corpus / 'tokenizer.json'}",
               f"tokenizer.vocab_size={SMALL_VOCAB}", f"model.vocab_size={SMALL_VOCAB}"]
     assert wan.main(["--systems", "ddp", "--steps", "2", "--val-every", "2", "--seeds", "1", "--reference", "ddp",
-                     "--runs", str(tmp_path / "runs"), "--out", str(out), *[x for c in corpus for x in ("--set", c)]]) == 0
+                     "--runs", str(tmp_path / "runs"), "--out", str(out),
+                     *[x for c in corpus for x in ("--set", c)]]) == 0
     data = json.loads(out.read_text())
     [row] = data["rows"]
     assert row["system"] == "ddp" and row["reached"] == "1/1"  # its own final loss is within its own target

@@ -8,7 +8,8 @@ import torch
 from nanotron_ext.models.init import local_shard
 
 
-def worst_grad_error(model: torch.nn.Module, reference: Dict[str, torch.Tensor]) -> Tuple[float, Optional[str], List[str]]:
+def worst_grad_error(model: torch.nn.Module,
+                     reference: Dict[str, torch.Tensor]) -> Tuple[float, Optional[str], List[str]]:
     """Largest per-parameter relative error ||g - g_ref|| / ||g_ref|| (the reference sliced to this
     rank's shard), the parameter it occurs at, and the names of all parameters compared."""
     worst, worst_name, names = 0.0, None, []

@@ -85,7 +85,8 @@ def _run_distributed(fn: Callable, world_size: int, args: tuple, timeout_s: floa
     try:
         while len(results) < world_size:
             if time.time() > deadline:
-                raise TimeoutError(f"distributed test did not finish in {timeout_s}s ({len(results)}/{world_size} ranks done)")
+                raise TimeoutError(f"distributed test did not finish in {timeout_s}s "
+                                   f"({len(results)}/{world_size} ranks done)")
             try:
                 rank, status, payload = queue.get(timeout=0.5)
             except Exception:  # queue.Empty
@@ -93,7 +94,8 @@ def _run_distributed(fn: Callable, world_size: int, args: tuple, timeout_s: floa
                 if dead and queue.empty():
                     time.sleep(0.5)
                     if queue.empty():
-                        raise RuntimeError(f"rank process exited with code {dead[0].exitcode} without reporting") from None
+                        raise RuntimeError(f"rank process exited with code {dead[0].exitcode} without "
+                                           "reporting") from None
                 continue
             if status == "error":
                 raise (_PortTaken if "EADDRINUSE" in payload else RuntimeError)(f"rank {rank} failed:\n{payload}")

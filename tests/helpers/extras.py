@@ -29,7 +29,8 @@ def dev_extras() -> set:
 
 
 def require(module: str, extra: str) -> ModuleType:
-    """`module`, imported; a skip without it, unless this run installed `extra` (then the ImportError fails the test)."""
+    """`module`, imported; a skip without it, unless this run installed `extra` (then the ImportError fails the
+    test)."""
     if extra in installed_extras():
         return importlib.import_module(module)
     return pytest.importorskip(module, reason=f"the {extra!r} extra is not installed (make setup EXTRAS={extra})")

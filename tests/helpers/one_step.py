@@ -20,7 +20,8 @@ MicroBatch = Dict[str, torch.Tensor]
 
 
 def small_config(model: Mapping[str, Any], *, seq: int, mb: int, n_micro: int, dp: int = 1, tp: int = 1,
-                 pp: int = 1, parallelism: Optional[Mapping[str, Any]] = None, tokens: Optional[Mapping[str, Any]] = None,
+                 pp: int = 1, parallelism: Optional[Mapping[str, Any]] = None,
+                 tokens: Optional[Mapping[str, Any]] = None,
                  tokenizer_vocab: int = 260, **sections: Any) -> "Config":
     """`from_dict(Config, ...)` of a small model: `model` as given, parallelism dp x tp x pp (plus the keys of
     `parallelism`, e.g. pp_engine), a `tokenizer_vocab`-token tokenizer, `seq`-token sequences in `n_micro`

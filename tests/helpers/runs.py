@@ -26,7 +26,8 @@ def write_corpus(path: Path, n_docs: int = 24, chars: int = 700) -> List[str]:
 
 def corpus_overrides(corpus: Path, prepared: Path) -> List[str]:
     return ["data.source=jsonl", f"data.paths=[{corpus}]", f"data.prepared_dir={prepared}",
-            f"tokenizer.path={prepared / 'tokenizer.json'}", f"tokenizer.vocab_size={VOCAB}", "data.validation_fraction=0.2",
+            f"tokenizer.path={prepared / 'tokenizer.json'}", f"tokenizer.vocab_size={VOCAB}",
+            "data.validation_fraction=0.2",
             f"general.seed={SEED}"]
 
 

@@ -49,7 +49,8 @@ if __name__ == "__main__":
     assert model.block.pp_block.w.grad is None, "validation must not backpropagate"
 
     # The training path (grad enabled) must still register the loss for backward.
-    engine.train_batch_iter(model=model, pg=torch_dist.group.WORLD, batch=iter(batch), nb_microbatches=2, grad_accumulator=None)
+    engine.train_batch_iter(model=model, pg=torch_dist.group.WORLD, batch=iter(batch), nb_microbatches=2,
+                            grad_accumulator=None)
     # d/dw of sum_mb ((x*w)^2).sum() / 2 = sum_mb x^2 * w = [1*2 + 9*2, 4*(-1) + 0]
     assert torch.allclose(model.block.pp_block.w.grad, torch.tensor([20.0, -4.0])), model.block.pp_block.w.grad
     print("validate_batch_iter and train_batch_iter ok", flush=True)
