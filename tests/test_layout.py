@@ -23,9 +23,9 @@ import tomllib
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "nanotron_ext"
 TECHNIQUES = {"boost", "resbm", "subspace", "mapl", "sparseloco"}
-# where one paper builds on another (heterogeneous SparseLoCo on Subspace Models; MAPL's SSN baseline
-# is the Subspace Models codec)
-ALLOWED_TECHNIQUE_IMPORTS = {("sparseloco", "subspace"), ("mapl", "subspace")}
+# where one paper builds on another (heterogeneous SparseLoCo on Subspace Models; MAPL shares only the core's
+# codecs/energy.py with it)
+ALLOWED_TECHNIQUE_IMPORTS = {("sparseloco", "subspace")}
 
 
 def _module_name(path: Path) -> str:
