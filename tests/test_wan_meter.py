@@ -110,3 +110,47 @@ def test_tiny_meter_run_writes_its_result(tmp_path, small_corpus) -> None:
     assert row["bytes_per_step"]["dp"] > 0 and row["bytes_per_step"]["pp"] == 0
     assert row["link_wait_fraction"]["dp"] > 0
     assert out.with_suffix(".md").exists() and out.with_suffix(".png").exists()
+
+
+def _fake_run(log: list):
+    """A measure_run stand-in: 0.5 s of waiting (as a run's launch mostly is), a run whose numbers follow from its
+    system and seed."""
+    import time
+
+    def run(system, preset, seed, args):
+        start = time.monotonic()
+        time.sleep(0.5)
+        log.append((system, seed, start, time.monotonic()))
+        step = 1.0 + seed / 10 + (system == "ddp")
+        return {"system": system, "preset": preset, "seed": seed, "steady_step_s": step,
+                "val_vs_wall": [[step, 5.0], [2 * step, 4.0 + seed / 100]], "final_val_loss": 4.0 + seed / 100,
+                "bytes_per_step": {t: 1.0 for t in wan.TIERS}, "closed_form_bytes_per_step": {},
+                "link_wait_fraction": {}}
+    return run
+
+
+def test_jobs_run_side_by_side_and_merge_pools_results_like_one_run(tmp_path, monkeypatch, capsys) -> None:
+    """--jobs 2 overlaps the runs and keeps their order; --merge of two results (a seed each) gives the rows one
+    result of both seeds gives; merging results of different budgets is refused naming the key."""
+    import json
+
+    log: list = []
+    monkeypatch.setattr(wan, "measure_run", _fake_run(log))
+    base = ["--systems", "pipeline", "ddp", "--steps", "4", "--jobs", "2"]
+    assert wan.main([*base, "--seeds", "1", "2", "--out", str(tmp_path / "both.json")]) == 0
+    (_, _, s0, e0), (_, _, s1, e1) = sorted(log, key=lambda r: r[2])[:2]
+    assert s1 < e0, log  # the second run started before the first ended
+    both = json.loads((tmp_path / "both.json").read_text())
+    order = [("pipeline", 1), ("pipeline", 2), ("ddp", 1), ("ddp", 2)]
+    assert [(r["system"], r["seed"]) for r in both["runs"]] == order
+    for seed in (1, 2):
+        assert wan.main([*base, "--seeds", str(seed), "--out", str(tmp_path / f"s{seed}.json")]) == 0
+    assert wan.main(["--merge", str(tmp_path / "s1.json"), str(tmp_path / "s2.json"),
+                     "--out", str(tmp_path / "merged.json")]) == 0
+    merged = json.loads((tmp_path / "merged.json").read_text())
+    assert merged["rows"] == both["rows"] and merged["meta"]["merged_from"] == [str(tmp_path / "s1.json"),
+                                                                              str(tmp_path / "s2.json")]
+    assert wan.main([*base, "--steps", "8", "--seeds", "3", "--out", str(tmp_path / "s3.json")]) == 0
+    assert wan.main(["--merge", str(tmp_path / "s1.json"), str(tmp_path / "s3.json"),
+                     "--out", str(tmp_path / "bad.json")]) == 2
+    assert f"--merge {tmp_path / 's3.json'}: steps 8 differs" in capsys.readouterr().err

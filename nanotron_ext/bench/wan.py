@@ -18,6 +18,8 @@ parallel/link.py), and the meter reports per system, mean and standard error ove
     python -m nanotron_ext.bench.wan --preset internet-200m-50ms                  # the committed CPU result
     python -m nanotron_ext.bench.wan --preset internet-200m-50ms internet-80m --systems pipeline subspace_pipeline
     python -m nanotron_ext.bench.wan --dry-run                                    # resolve every run, train nothing
+    python -m nanotron_ext.bench.wan --jobs 4 --seeds 1 2 3 --out a.json          # 4 runs at a time (16 cores)
+    python -m nanotron_ext.bench.wan --merge a.json b.json --out ab.json          # pool the runs of results
     python -m nanotron_ext.bench.wan --system three_tiers                         # dp=2 x tp=2 x pp=2 (8 processes)
     python -m nanotron_ext.bench.wan --systems sparseloco_dp4 sparseloco_dp4_churn # churn: 1 of 4 replicas down 20%
 
@@ -50,6 +52,7 @@ import dataclasses
 import math
 import statistics
 import sys
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -65,6 +68,7 @@ from nanotron_ext.bench.report import (
     script_parser,
 )
 from nanotron_ext.bench.wan_args import check_numbers, check_out, check_runs, config_file, saved_rows
+from nanotron_ext.cli_checks import ArgumentError
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = "reproduce/wan/cpu_base.yaml"
@@ -376,6 +380,12 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--reuse", action="store_true",
                    help="read a finished run of the same resolved config instead of training")
     p.add_argument("--dry-run", action="store_true", help="resolve and print every run's config, train nothing")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="runs trained side by side (emulated link waits are sleeps; keep jobs x processes per run "
+                        "within the cores, or the step times include the runs' contention)")
+    p.add_argument("--merge", nargs="+", metavar="JSON",
+                   help="measure nothing: pool the per-seed runs of several results of this meter (e.g. systems "
+                        "measured on different machines, same --steps, --reference and --target-rel) into --out")
     args = help_with_defaults(p).parse_args(argv)
     args.reference_given, args.reference = args.reference is not None, args.reference or "pipeline"
     return args
@@ -394,8 +404,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:  # every argument checked before anything is trained or written (wan_args.py)
         check_out(args)
         if args.from_json:
-            rows, meta = saved_rows(args.from_json, read_saved(args.from_json))
-            return publish_result(args, rows, meta)
+            saved = read_saved(args.from_json)
+            rows, meta = saved_rows(args.from_json, saved)
+            return publish_result(args, rows, meta, saved.get("runs", []))
+        if args.merge:
+            runs, meta = merged_runs(args.merge)
+            return publish_result(args, pooled_rows(runs, meta["reference"], meta["target_rel"]), meta, runs)
         missing = [s for s in args.systems if SYSTEMS[s].config and not (REPO / SYSTEMS[s].config).exists()]
         if missing:
             print(f"--system {missing[0]} needs {SYSTEMS[missing[0]].config} (issue 17's dp=2 x tp=2 x pp=2 "
@@ -411,11 +425,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from nanotron_ext.bench.presets import dry_run
 
         return dry_run(runs)
-    return publish_result(args, *measure(args))
+    rows, meta, runs = measure(args)
+    return publish_result(args, rows, meta, runs)
 
 
-def measure(args: argparse.Namespace) -> Tuple[List[Dict[str, Any]], Dict[str, Any]]:
-    """Every run trained and read; the pooled rows and the result's meta."""
+def measure(args: argparse.Namespace) -> Tuple[List[Dict[str, Any]], Dict[str, Any], List[Dict[str, Any]]]:
+    """Every run trained and read (`--jobs` at a time); the pooled rows, the result's meta and the runs."""
     from tqdm import tqdm
 
     extra: Dict[str, Any] = {}
@@ -424,22 +439,54 @@ def measure(args: argparse.Namespace) -> Tuple[List[Dict[str, Any]], Dict[str, A
         args.anchor_links = {k: tuple(v) for k, v in extra["anchor_calibration"]["links_mbps_ms"].items()}
         print(f"anchor calibration: {extra['anchor_calibration']}")
     jobs = [(p, s, seed) for p in args.preset for s in args.systems for seed in args.seeds]
-    runs = [measure_run(s, p, seed, args) for p, s, seed in tqdm(jobs, desc="wan meter runs", unit="run")]
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # each run is its own launch: threads only wait
+        futures = [pool.submit(measure_run, s, p, seed, args) for p, s, seed in jobs]
+        for _ in tqdm(as_completed(futures), total=len(futures), desc="wan meter runs", unit="run"):
+            pass
+        runs = [f.result() for f in futures]  # in job order, whichever finished first
     rows = pooled_rows(runs, args.reference, args.target_rel)
-    meta = run_meta({"presets": args.preset, "tp_preset": args.tp_preset, "steps": args.steps,
+    meta = run_meta({"presets": args.preset, "tp_preset": args.tp_preset, "steps": args.steps, "jobs": args.jobs,
                      "config": args.config, "reference": args.reference, "target_rel": args.target_rel,
                      "set": args.set, "own_configs": {s: SYSTEMS[s].config for s in args.systems if SYSTEMS[s].config},
                      "note": "step times measured on a shared, loaded machine unless stated otherwise", **extra})
-    return rows, meta
+    return rows, meta, runs
 
 
-def publish_result(args: argparse.Namespace, rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) -> int:
+def merged_runs(paths: Sequence[str]) -> Tuple[List[Dict[str, Any]], Dict[str, Any]]:
+    """The per-seed runs of several saved results and the first one's meta (with `merged_from`); results that
+    disagree on what pooling reads, or that hold no runs (written before runs were saved), are refused naming the
+    file and the key."""
+    runs: List[Dict[str, Any]] = []
+    meta: Dict[str, Any] = {}
+    seen: Dict[Tuple[str, str, int], str] = {}
+    for path in paths:
+        saved = read_saved(path)
+        if not saved.get("runs"):
+            raise ArgumentError(f"--merge {path}: it holds no per-seed runs (a result written before the meter saved "
+                                "them); measure it again")
+        for key in ("steps", "reference", "target_rel"):
+            if meta and saved["meta"].get(key) != meta.get(key):
+                raise ArgumentError(f"--merge {path}: {key} {saved['meta'].get(key)!r} differs from {paths[0]}'s "
+                                    f"{meta.get(key)!r}; pooled runs must share it")
+        meta = meta or {**saved["meta"], "merged_from": list(paths)}
+        for run in saved["runs"]:
+            key = (run["preset"], run["system"], run["seed"])
+            if key in seen:
+                raise ArgumentError(f"--merge {path}: {key[1]} seed {key[2]} on {key[0]} is also in {seen[key]}")
+            seen[key] = path
+            runs.append(run)
+    return runs, meta
+
+
+def publish_result(args: argparse.Namespace, rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any],
+                   runs: Sequence[Mapping[str, Any]] = ()) -> int:
     title = "Wall-clock to a target validation loss over one emulated link preset"
     headers, body = table(rows)
     notes = ["Wall-clock = summed training step time (start-up and validation excluded); target = the reference "
              f"run's final validation loss x {1 + meta.get('target_rel', 0.02):g}. Step times: {meta.get('note', '')}."]
     claims = [c for c in CLAIMS if any(c.matches(r) for r in rows)]  # the anchors of the presets measured
-    publish(args.out, rows, meta, title, headers, body, evaluate(claims, rows), figure(rows), notes)
+    publish(args.out, rows, meta, title, headers, body, evaluate(claims, rows), figure(rows), notes,
+            extra={"runs": list(runs)} if runs else None)
     return 0
 
 

@@ -39,6 +39,7 @@ def check_numbers(args: argparse.Namespace) -> None:
     at_least("--val-every", args.val_every, 1)  # validations are the points of the loss-vs-time curve
     at_least("--inner-steps", args.inner_steps, 1)
     at_least("--calibration-steps", args.calibration_steps, 1)
+    at_least("--jobs", args.jobs, 1)
     finite("--timeout-s", args.timeout_s, 0.0, low_open=True)
     finite("--target-rel", args.target_rel, -1.0, low_open=True)  # target = loss x (1 + this) must stay > 0
     for value in args.seeds:
