@@ -21,10 +21,3 @@ def small_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     prepare(cfg, max_documents=40, progress=False)
     return root
-
-
-def pytest_collection_modifyitems(items: list) -> None:
-    """Slow tests first, each file's in their order. pytest-xdist's worksteal hands each worker a contiguous half of
-    this list and an idle worker steals the tail of the other's queue: the long multi-process tests then start
-    early, and the suite does not end on one worker finishing a long test while the other idles."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
