@@ -58,22 +58,18 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from nanotron_ext.bench.paper import PaperClaim, evaluate, mean_se
 from nanotron_ext.bench.report import (
-    fmt_bytes,
-    grouped_bars,
     help_with_defaults,
-    new_figure,
     publish,
     read_saved,
     run_meta,
     script_parser,
 )
 from nanotron_ext.bench.wan_args import check_numbers, check_out, check_runs, config_file, saved_rows
-from nanotron_ext.cli_checks import ArgumentError
+from nanotron_ext.bench.wan_results import TIERS, figure, merged_runs, run_curve, table, time_to_target
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = "reproduce/wan/cpu_base.yaml"
 THREE_TIERS = "examples/config_three_tiers.yaml"
-TIERS = ("tp", "pp", "dp")
 SM = ["model.codec.kind=subspace", "model.embedding.kind=subspace", "model.output_constraint.kind=subspace",
       "model.subspace.k=16"]
 
@@ -167,22 +163,6 @@ CLAIMS = [
 
 
 # -- reading one run ------------------------------------------------------------------------------------------
-def run_curve(metrics: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
-    """Steady step time, and validation loss against cumulative step time, from a run's metrics.jsonl records."""
-    times = [r["step_time_s"] for r in metrics if "step_time_s" in r]
-    clock, val = 0.0, []
-    for r in metrics:
-        clock += r.get("step_time_s", 0.0)
-        if "val_loss" in r:
-            val.append([clock, r["val_loss"]])
-    return {"steady_step_s": statistics.median(times[1:] or times), "val_vs_wall": val, "wall_s": clock}
-
-
-def time_to_target(val_vs_wall: Sequence[Sequence[float]], target: float) -> Optional[float]:
-    """Wall-clock (s) of the first validation at or below `target`; None when the run never reaches it."""
-    return next((t for t, loss in val_vs_wall if loss <= target), None)
-
-
 def measure_run(system: str, preset: str, seed: int, args: argparse.Namespace) -> Dict[str, Any]:
     from nanotron_ext.bench.training import run_training
     from nanotron_ext.metrics.logger import read_metrics
@@ -295,64 +275,6 @@ def pooled_rows(runs: Sequence[Mapping[str, Any]], reference: str, target_rel: f
     return rows
 
 
-def _pm(v: Optional[float], se: Optional[float], fmt: str = "{:.2f}") -> str:
-    if v is None:
-        return "-"
-    return fmt.format(v) + (f" ± {fmt.format(se)}" if se is not None else "")
-
-
-def table(rows: Sequence[Mapping[str, Any]]) -> Tuple[List[str], List[List[Any]]]:
-    headers = ["preset", "system", "seeds", "steady step s", "x vs reference (step time)", "KiB/step tp | pp | dp",
-               "closed form KiB/step tp | pp | dp",
-               "waiting tp | pp | dp", "final val loss", "target", "time to target s", "reached"]
-    body = []
-    for r in rows:
-        w = r["link_wait_fraction"]
-        body.append([
-            r["preset"], r["system"], len(r["seeds"]), _pm(r["steady_step_s"], r["steady_step_s_se"], "{:.3f}"),
-            _pm(r["step_time_ratio_vs_pipeline"], r["step_time_ratio_vs_pipeline_se"]),
-            " | ".join(fmt_bytes(r["bytes_per_step"][t], "KiB") for t in TIERS),
-            " | ".join(fmt_bytes(r["closed_form_bytes_per_step"].get(t), "KiB") for t in TIERS)
-            if r.get("closed_form_bytes_per_step") else "-",
-            " | ".join(f"{w.get(t, 0.0):.0%}" for t in TIERS) if w else "-",
-            _pm(r["final_val_loss"], r["final_val_loss_se"], "{:.3f}"),
-            "-" if r["target_val_loss"] is None else f"{r['target_val_loss']:.3f}",
-            _pm(r["time_to_target_s"], r["time_to_target_s_se"], "{:.1f}") if r["time_to_target_s"] is not None
-            else "not reached", r["reached"],
-        ])
-    return headers, body
-
-
-def figure(rows: Sequence[Mapping[str, Any]]) -> Any:
-    """Validation loss vs wall-clock (one line per system, first preset; thin lines: other seeds) and
-    time-to-target bars per preset."""
-    import matplotlib
-
-    fig, (left, right) = new_figure(2, width=6.0)
-    first = rows[0]["preset"] if rows else ""
-    colours = {s: matplotlib.colormaps["tab10"](i) for i, s in enumerate(dict.fromkeys(r["system"] for r in rows))}
-    for r in (r for r in rows if r["preset"] == first):
-        for i, curve in enumerate(r["curves"]):
-            if curve:
-                xs, ys = zip(*curve)
-                left.plot(xs, ys, color=colours[r["system"]], lw=1.8 if i == 0 else 0.6, marker="o" if i == 0 else None,
-                          ms=3, label=r["system"] if i == 0 else None)
-        if r["target_val_loss"] is not None:
-            left.axhline(r["target_val_loss"], color="k", lw=0.6, ls="--")
-    left.set(xlabel="wall-clock (s, training steps only)", ylabel="validation loss", title=f"{first}; dashed: target")
-    left.legend(fontsize=7)
-    presets = list(dict.fromkeys(r["preset"] for r in rows))
-    systems = list(colours)
-    by = {(r["preset"], r["system"]): r for r in rows}
-    series = {s: [by[(p, s)]["time_to_target_s"] if (p, s) in by else None for p in presets] for s in systems}
-    errors = {s: [by[(p, s)]["time_to_target_s_se"] if (p, s) in by else None for p in presets] for s in systems}
-    grouped_bars(right, presets, series, errors, ylabel="wall-clock to target validation loss (s)",
-                 color=lambda s: colours[s])
-    right.set_title("missing bar: target not reached")
-    right.legend(fontsize=7)
-    return fig
-
-
 # -- command line -----------------------------------------------------------------------------------------------
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     from nanotron_ext.parallel.link import LINK_PRESETS
@@ -450,32 +372,6 @@ def measure(args: argparse.Namespace) -> Tuple[List[Dict[str, Any]], Dict[str, A
                      "set": args.set, "own_configs": {s: SYSTEMS[s].config for s in args.systems if SYSTEMS[s].config},
                      "note": "step times measured on a shared, loaded machine unless stated otherwise", **extra})
     return rows, meta, runs
-
-
-def merged_runs(paths: Sequence[str]) -> Tuple[List[Dict[str, Any]], Dict[str, Any]]:
-    """The per-seed runs of several saved results and the first one's meta (with `merged_from`); results that
-    disagree on what pooling reads, or that hold no runs (written before runs were saved), are refused naming the
-    file and the key."""
-    runs: List[Dict[str, Any]] = []
-    meta: Dict[str, Any] = {}
-    seen: Dict[Tuple[str, str, int], str] = {}
-    for path in paths:
-        saved = read_saved(path)
-        if not saved.get("runs"):
-            raise ArgumentError(f"--merge {path}: it holds no per-seed runs (a result written before the meter saved "
-                                "them); measure it again")
-        for key in ("steps", "reference", "target_rel"):
-            if meta and saved["meta"].get(key) != meta.get(key):
-                raise ArgumentError(f"--merge {path}: {key} {saved['meta'].get(key)!r} differs from {paths[0]}'s "
-                                    f"{meta.get(key)!r}; pooled runs must share it")
-        meta = meta or {**saved["meta"], "merged_from": list(paths)}
-        for run in saved["runs"]:
-            key = (run["preset"], run["system"], run["seed"])
-            if key in seen:
-                raise ArgumentError(f"--merge {path}: {key[1]} seed {key[2]} on {key[0]} is also in {seen[key]}")
-            seen[key] = path
-            runs.append(run)
-    return runs, meta
 
 
 def publish_result(args: argparse.Namespace, rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any],
