@@ -33,7 +33,6 @@ lint: setup
 
 # Two pytest workers (pytest-xdist): multi-process tests spend much of their time starting processes and waiting
 # on each other, so a second worker fills the idle core (the full suite on 2 cores: ~33 min in one worker, ~26 in two).
-# Slow tests hold a lock (tests/conftest.py): one at a time, the other worker runs quick ones.
 TEST_WORKERS ?= 2
 # NANOTRON_EXT_EXTRAS: the extras this set-up installed (dev: the test set-up, pyproject.toml); a test of one of them
 # fails, not skips, when it is missing
