@@ -48,6 +48,7 @@ SCRIPTS = [
     ("het_sparseloco/sim_sweep.py", "het_sparseloco/cpu_sweep_m4.json"),
     ("het_sparseloco/utilisation.py", "het_sparseloco/cpu_baseline.json"),
     ("het_sparseloco/stage_link.py", "het_sparseloco/cpu_stage_link.json"),
+    ("het_sparseloco/outer_jump.py", "het_sparseloco/cpu_outer_jump.json"),
 ]
 CONVERGENCE = ["resbm/table2_convergence.py", "mapl/main_table.py", "sm/cpu_compare.py",
                "het_sparseloco/table1_main.py", "het_sparseloco/table2_ratio_sweep.py",
