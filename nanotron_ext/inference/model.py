@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 from typing import Iterator
 
 import torch
@@ -19,7 +18,7 @@ from nanotron_ext.config.compose import core_class
 from nanotron_ext.config.schema import Config, ParallelismConfig
 from nanotron_ext.inference.run import RunCheckpoint, RunError
 from nanotron_ext.models.llama import LlamaForTraining
-from nanotron_ext.parallel.context import init_portless
+from nanotron_ext.parallel.context import init_portless, lone_rank_env
 from nanotron_ext.parallel.layout import codec_boundaries, split_layers
 
 
@@ -50,20 +49,13 @@ def one_process_group() -> Iterator[None]:
             raise RunError("generate/eval run on one process; this one is part of a larger process group")
         yield
         return
-    env = dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        init_portless("gloo")
-        yield
-    finally:
-        if torch_dist.is_initialized():
-            torch_dist.destroy_process_group()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    with lone_rank_env():
+        try:
+            init_portless("gloo")
+            yield
+        finally:
+            if torch_dist.is_initialized():
+                torch_dist.destroy_process_group()
 
 
 @torch.no_grad()

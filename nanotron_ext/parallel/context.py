@@ -124,14 +124,15 @@ def standalone_context(tp: int = 1, backend: Optional[str] = "gloo") -> Parallel
     rank variables nanotron reads are not left behind (a child process would inherit them)."""
     if "RANK" in os.environ:
         return build_parallel_context(1, tp, 1, backend=backend)
-    with _lone_rendezvous():
+    with lone_rank_env():
         if not torch_dist.is_initialized():
             init_portless(backend or ("nccl" if torch.cuda.is_available() else "gloo"))
         return build_parallel_context(1, tp, 1, backend=backend)
 
 
 @contextlib.contextmanager
-def _lone_rendezvous() -> Iterator[None]:
+def lone_rank_env() -> Iterator[None]:
+    """RANK, WORLD_SIZE and LOCAL_RANK of a lone process (nanotron reads them), restored on the way out."""
     keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
     saved = {k: os.environ.get(k) for k in keys}
     # A second standalone context in the same process finds the group from the first already made (nanotron

@@ -28,6 +28,7 @@ from typing import Any, Callable, Dict, List, Sequence
 import torch
 
 from nanotron_ext.bench import report as br
+from nanotron_ext.bench.paper import mean_se
 from nanotron_ext.config.loader import load_config
 from nanotron_ext.data.loader import build_validation_loader
 from nanotron_ext.sparseloco.outer import ReplicaHook
@@ -99,29 +100,24 @@ def measure(args: Any) -> Dict[str, Any]:
     return {"meta": meta, "rows": rows}
 
 
-def _mean_se(values: Sequence[float]) -> str:
-    if not values:
-        return "-"
-    se = statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else 0.0
-    return f"{statistics.fmean(values):+.3f} ± {se:.3f}" if values[0] == values[0] else "-"
+def _pm(values: Sequence[float], fmt: str = "{:.3f}") -> str:
+    """mean ± standard error over seeds; "-" without values."""
+    mean, se = mean_se(values)
+    return "-" if mean is None else fmt.format(mean) + ("" if se is None else f" ± {se:.3f}")
 
 
-def summarise(rows: Sequence[Dict[str, Any]]) -> List[List[str]]:
+def summarise(rows: Sequence[Dict[str, Any]]) -> List[List[Any]]:
     """Per variant: jump (after - before) over the first 5 and the last 5 syncs, `moved` likewise, final val."""
     body = []
     for label in VARIANTS:
         runs = [r for r in rows if r["variant"] == label]
-        jumps = [[s["after"] - s["before"] for s in r["syncs"]] for r in runs]
-        moved = [[s["moved"] for s in r["syncs"]] for r in runs]
-        first = [statistics.fmean(j[:5]) for j in jumps if j]
-        last = [statistics.fmean(j[-5:]) for j in jumps if j]
-        m_first = [statistics.fmean(m[:5]) for m in moved if m]
-        m_last = [statistics.fmean(m[-5:]) for m in moved if m]
-        finals = [r["final_val_loss"] for r in runs]
-        body.append([label, len(runs[0]["syncs"]) if runs else 0, _mean_se(first), _mean_se(last),
-                     _mean_se(m_first).lstrip("+"), _mean_se(m_last).lstrip("+"),
-                     f"{statistics.fmean(finals):.3f} ± {statistics.stdev(finals) / len(finals) ** 0.5:.3f}"
-                     if len(finals) > 1 else f"{finals[0]:.3f}"])
+        jumps = [[s["after"] - s["before"] for s in r["syncs"]] for r in runs if r["syncs"]]
+        moved = [[s["moved"] for s in r["syncs"]] for r in runs if r["syncs"]]
+        body.append([label, len(runs[0]["syncs"]) if runs else 0,
+                     *(_pm([statistics.fmean(x[part]) for x in series], fmt)
+                       for series, fmt in ((jumps, "{:+.3f}"), (moved, "{:.3f}"))
+                       for part in (slice(None, 5), slice(-5, None))),
+                     _pm([r["final_val_loss"] for r in runs])])
     return body
 
 
