@@ -138,7 +138,6 @@ def test_comm_split_times_totals_without_the_profiler(monkeypatch: pytest.Monkey
     profiled_wall from one profiled iteration per variant and round, run after the unprofiled pass, in
     rotated order. A fake profiler makes what it watches 20 ms slower."""
     import contextlib
-    import time
 
     import torch
 

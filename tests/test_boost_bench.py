@@ -9,7 +9,6 @@ import importlib.util
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Dict, List
