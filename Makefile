@@ -29,7 +29,7 @@ train-tiny: setup
 	$(BIN)/torchrun --standalone --nproc_per_node=$(NPROC) -m nanotron_ext.train --config-file $(CONFIG)
 
 lint: setup
-	$(BIN)/ruff check nanotron_ext reproduce benchmarks tests
+	$(BIN)/ruff check .
 
 # Two pytest workers (pytest-xdist): multi-process tests spend much of their time starting processes and waiting
 # on each other, so a second worker fills the idle core (the full suite on 2 cores: ~33 min in one worker, ~26 in two).

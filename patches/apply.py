@@ -7,9 +7,9 @@ Usage: python patches/apply.py [--check] [--target DIR]
 this on temporary copies).
 
 Each patch in `series` is applied with `patch -p1` inside the directory that holds the installed
-`nanotron` package (where GNU patch is not installed, by an exact-context applier in this file). A patch that already reverses cleanly is skipped, so running this twice is a
-no-op. Afterwards a stamp file (`nanotron/NANOTRON_EXT_PATCHES`) records each patch's name and
-sha256; `nanotron_ext` refuses to import unless the stamp matches this series.
+`nanotron` package (where GNU patch is not installed, by an exact-context applier in this file).
+A patch that already reverses cleanly is skipped, so running this twice is a no-op.
+Afterwards a stamp file (`nanotron/NANOTRON_EXT_PATCHES`) records each patch's name and sha256; `nanotron_ext` refuses to import unless the stamp matches this series.
 Written by hand because no packaging tool patches an installed wheel in place.
 """
 from __future__ import annotations
@@ -132,6 +132,7 @@ def apply(check_only: bool = False, target: Optional[Path] = None) -> int:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="Apply the nanotron_ext patch series to nanotron==0.4.")
     parser.add_argument("--check", action="store_true", help="only report; exit 1 if a patch is not applied")
-    parser.add_argument("--target", type=Path, help="directory holding the `nanotron` package (default: the installed one)")
+    parser.add_argument("--target", type=Path,
+                        help="directory holding the `nanotron` package (default: the installed one)")
     args = parser.parse_args()
     sys.exit(apply(check_only=args.check, target=args.target))

@@ -90,7 +90,8 @@ def install(dest: Path, site: Path) -> int:
     sys.path.insert(0, str(site))
     importlib.invalidate_caches()
     have = _installed()
-    missing = sorted({f"{wheel_name(w)} needs {r}" for w in wheels for r in _requirements(wheel_name(w)) if r not in have})
+    missing = sorted({f"{wheel_name(w)} needs {r}"
+                      for w in wheels for r in _requirements(wheel_name(w)) if r not in have})
     if missing:
         sys.exit("requirements not met (add them to CARRIED in scripts/gpu_wheels.py and run make gpu-wheels): "
                  + "; ".join(missing))
@@ -103,7 +104,8 @@ def _check_entry_points(site: Path) -> None:
     import tomllib
 
     want = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"]["nanotron_ext.techniques"]
-    dists = [d for d in importlib.metadata.distributions(path=[str(site)]) if canonical(d.metadata["Name"]) == "nanotron-ext"]
+    dists = [d for d in importlib.metadata.distributions(path=[str(site)])
+             if canonical(d.metadata["Name"]) == "nanotron-ext"]
     have = {ep.name: ep.value for d in dists for ep in d.entry_points if ep.group == "nanotron_ext.techniques"}
     if have != want:
         sys.exit(f"the nanotron_ext wheel in {site} registers {have}, pyproject.toml declares {want}: "
