@@ -9,7 +9,8 @@ this on temporary copies).
 Each patch in `series` is applied with `patch -p1` inside the directory that holds the installed
 `nanotron` package (where GNU patch is not installed, by an exact-context applier in this file).
 A patch that already reverses cleanly is skipped, so running this twice is a no-op.
-Afterwards a stamp file (`nanotron/NANOTRON_EXT_PATCHES`) records each patch's name and sha256; `nanotron_ext` refuses to import unless the stamp matches this series.
+Afterwards a stamp file (`nanotron/NANOTRON_EXT_PATCHES`) records each patch's name and sha256;
+`nanotron_ext` refuses to import unless the stamp matches this series.
 Written by hand because no packaging tool patches an installed wheel in place.
 """
 from __future__ import annotations
