@@ -74,21 +74,110 @@ def test_the_composed_job_and_its_plain_3d_layout_resolve_with_their_closed_form
 def test_anchor_link_scales_protocolnanogpt_to_our_compute() -> None:
     import argparse
 
+    from nanotron_ext.bench.wan_anchors import scaled_link, tier_seconds_at_1mbps
+
     # their compressed step (compute) 19.9 s, uncompressed 100.5 s: communication = 4.05 x compute. Ours: C = 0.5 s
     # and F = 1e6 boundary bytes per step -> the link must move 8e6 bit in 4.05 x 0.5 s; latency 50 ms x 0.5 / 19.9
-    bw, lat = wan.anchor_link(0.5, 1e6)
+    at_1mbps = tier_seconds_at_1mbps("pp", {"send:fwd": 5e5, "send:bwd": 5e5}, dp=1, tp=1, pp=2)
+    assert at_1mbps == pytest.approx(8.0)
+    bw, lat = scaled_link(at_1mbps, 0.5, wan.ANCHORS[wan.ANCHOR].tiers()["pp"])
     assert bw == pytest.approx(8e6 / (80.6 / 19.9 * 0.5) / 1e6) and lat == pytest.approx(50 * 0.5 / 19.9)
-    args = argparse.Namespace(anchor_links={wan.ANCHOR: (bw, lat)}, tp_preset="nvlink", steps=4, val_every=2,
+    args = argparse.Namespace(anchor_links={wan.ANCHOR: {"pp": (bw, lat)}}, tp_preset="nvlink", steps=4, val_every=2,
                               inner_steps=10, set=[])
     sets = wan.run_overrides("pipeline", wan.ANCHOR, 1, args)
     assert f"parallelism.link.bandwidth_mbps={bw}" in sets and "parallelism.link.preset=" not in " ".join(sets)
+    assert f"parallelism.link.dp.bandwidth_mbps={bw}" in sets  # a measured anchor: DP gets the stage link
+    assert "parallelism.link.tp.preset=nvlink" in sets
     assert bw == pytest.approx(3.9503, abs=1e-4)
-    # ResBM Table 3: 7530 tok/s compute-bound vs 609 over 80 Mbit/s half duplex: communication 11.36 x compute
-    bw, lat = wan.anchor_link(0.5, 1e6, wan.ANCHORS["resbm-80m-cpu"])
-    assert bw == pytest.approx(8e6 / ((7530 - 609) / 609 * 0.5) / 1e6) and lat == 0.0
-    args.anchor_links = {"resbm-80m-cpu": (bw, lat)}
+    # ResBM Table 3: 7530 tok/s compute-bound vs 609 over 80 Mbit/s half duplex: communication 11.36 x compute;
+    # half duplex: forward and backward share one budget, as the emulator charges them
+    resbm = wan.ANCHORS["resbm-80m-cpu"].tiers()["pp"]
+    half = tier_seconds_at_1mbps("pp", {"send:fwd": 5e5, "send:bwd": 5e5}, 1, 1, 2, "half")
+    bw, lat = scaled_link(half, 0.5, resbm)
+    assert bw == pytest.approx(2 * 8e6 / ((7530 - 609) / 609 * 0.5) / 1e6) and lat == 0.0
+    args.anchor_links = {"resbm-80m-cpu": {"pp": (bw, lat)}}
     sets = wan.run_overrides("resbm_pipeline", "resbm-80m-cpu", 1, args)
     assert "parallelism.link.duplex=half" in sets and "parallelism.link.dp.duplex=half" in sets
+
+
+def test_modelled_presets_carry_the_real_settings_ratio_per_tier() -> None:
+    """internet-1g-cpu: heterogeneous SparseLoCo's 512M (d = 1536, 4 stages, 8 replicas, 32 x 2048 tokens per
+    replica step) on 100 TFLOP/s GPUs over 1 Gbit/s: a stage link carries 2 x T x d bf16 values per step, a stage's
+    DP ring all-reduces its quarter of the fp32 gradients (2 (M-1)/M of it per rank). boost-*: BOOST's 7B at
+    TP 4 x PP 2 (Megatron: 2 all-reduces of b s d bf16 per layer each way, + 2 for the embedding and head)."""
+    from nanotron_ext.bench.wan_anchors import ANCHORS
+    from nanotron_ext.models.param_count import count_config_file
+
+    n = count_config_file(wan.REPO / "reproduce/het_sparseloco/sparseloco_512m.yaml", uncompressed=True)
+    tokens = 32 * 2048
+    compute = 6 * n * tokens / 4 / 100e12
+    tiers = ANCHORS["internet-1g-cpu"].tiers()
+    assert tiers["pp"].comm_over_compute == pytest.approx(2 * tokens * 1536 * 2 * 8 / 1e9 / compute)
+    assert tiers["dp"].comm_over_compute == pytest.approx(2 * 7 / 8 * n / 4 * 4 * 8 / 1e9 / compute, rel=1e-3)
+    assert tiers["dp"].latency_ms_per_compute_s == pytest.approx(10 / compute)
+
+    n7 = count_config_file(wan.REPO / "reproduce/boost/llama_7b_fullrank.yaml")
+    b_s = 4 * 4096
+    compute7 = 6 * n7 * b_s / 8 / 100e12
+    per_rank = (4 * 32 + 2) * b_s * 4096 * 2 / 2  # both directions, all layers, over 2 stages
+    for name, gbytes_s in (("boost-nvlink-cpu", 300), ("boost-pcie-cpu", 32)):
+        tp = ANCHORS[name].tiers()["tp"]
+        assert tp.comm_over_compute == pytest.approx(2 * 3 / 4 * per_rank / (gbytes_s * 1e9) / compute7, rel=1e-3)
+    assert ANCHORS["boost-pcie-cpu"].tiers()["tp"].comm_over_compute > 9 * ANCHORS[
+        "boost-nvlink-cpu"].tiers()["tp"].comm_over_compute
+
+
+def test_calibrated_tiers_get_their_own_links_and_the_rest_their_defaults() -> None:
+    """Before calibration (a dry run) each tier shows its unscaled real link; after, its scaled one; a tier the
+    preset does not calibrate keeps the stage link (DP) or --tp-preset (TP)."""
+    from nanotron_ext.bench.wan_anchors import tier_links
+
+    dry = tier_links("internet-1g-cpu", None, "nvlink")
+    assert {"parallelism.link.bandwidth_mbps=1000.0", "parallelism.link.dp.bandwidth_mbps=1000.0",
+            "parallelism.link.dp.latency_ms=10.0", "parallelism.link.tp.preset=nvlink"} <= set(dry)
+    scaled = tier_links("boost-pcie-cpu", {"tp": (12.5, 0.01), "pp": (99.0, 0.002)}, "nvlink")
+    assert {"parallelism.link.tp.bandwidth_mbps=12.5", "parallelism.link.bandwidth_mbps=99.0",
+            "parallelism.link.dp.bandwidth_mbps=99.0"} <= set(scaled)
+    assert not any("tp.preset" in k for k in scaled)
+
+
+def test_calibration_measures_each_tier_once_and_scales_every_preset(monkeypatch, tmp_path) -> None:
+    """Two presets needing pp, dp and tp: three calibration runs (pipeline, ddp, megatron_tp), each tier's link
+    from its run's bytes and compute step; the pipeline's other bytes (headers, the emulator's clock) do not count."""
+    import argparse
+    import json
+
+    from nanotron_ext.bench import training
+
+    launched = []
+
+    def fake_run(config, sets, name, nproc, root, timeout_s, reuse):
+        launched.append((name, nproc))
+        run_dir = tmp_path / name
+        run_dir.mkdir()
+        step = {"anchor_calibration_pp": 0.5, "anchor_calibration_dp": 0.4, "anchor_calibration_tp": 0.8}[name]
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "loss": 5.0, "step_time_s": step}) + "\n"
+                                                       for i in range(1, 5)))
+        comm = {"pp": 1e9 + 1e6, "pp:send:fwd": 5e5, "pp:send:bwd": 5e5, "pp:send:link-clock": 1e9, "dp": 2e6,
+                "tp": 4e6, "world": 48}  # a summary's keys: tiers' totals, the pipeline's sends by direction
+        return {"run_dir": str(run_dir), "comm_bytes_per_step": comm}
+
+    monkeypatch.setattr(training, "run_training", fake_run)
+    args = argparse.Namespace(preset=["internet-1g-cpu", "boost-pcie-cpu"], config=wan.BASE, calibration_steps=4,
+                              set=[], runs=str(tmp_path), timeout_s=60, reuse=False)
+    got = wan.calibrate_anchors(args)
+    assert sorted(launched) == [("anchor_calibration_dp", 2), ("anchor_calibration_pp", 2),
+                                ("anchor_calibration_tp", 2)]
+    links = got["links_mbps_ms"]
+    internet = wan.ANCHORS["internet-1g-cpu"].tiers()
+    assert links["internet-1g-cpu"]["pp"][0] == pytest.approx(8.0 / (internet["pp"].comm_over_compute * 0.5), 1e-3)
+    dp_at_1mbps = 2 * 1 / 2 * (2e6 / 2) * 8 / 1e6  # dp = 2: each rank all-reduces its half of the ledger's sum
+    assert links["internet-1g-cpu"]["dp"][0] == pytest.approx(dp_at_1mbps / (internet["dp"].comm_over_compute * 0.4),
+                                                              1e-3)
+    pcie = wan.ANCHORS["boost-pcie-cpu"].tiers()
+    tp_at_1mbps = 2 * 1 / 2 * (4e6 / 2) * 8 / 1e6
+    assert links["boost-pcie-cpu"]["tp"][0] == pytest.approx(tp_at_1mbps / (pcie["tp"].comm_over_compute * 0.8), 1e-3)
+    assert set(got["sources"]) == {"internet-1g-cpu", "boost-pcie-cpu"}
 
 
 @pytest.mark.slow

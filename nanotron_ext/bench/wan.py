@@ -35,15 +35,16 @@ Anchors printed beside ours (bench.paper): ProtocolNanoGPT's step time uncompres
 over 200 Mbit/s and 50 ms per stage (100.5 / 19.9 s = 5.05x), and ResBM Table 3's 80 Mbit/s half-duplex
 throughput gain of ResBM 128x over the uncompressed run (7837 / 609 = 12.9x) when `internet-80m` is measured.
 
-`--preset protocolnanogpt-cpu` is the ProtocolNanoGPT setting with its compute-to-communication ratio
-scaled to this machine: one calibration run of the uncompressed pipeline without link emulation measures
-the compute step time C and the boundary bytes per step (fwd + bwd, F); the link then gets
-bandwidth = F * 8 / (R * C) with R = (100.5 - 19.9) / 19.9 (their uncompressed communication time per step
-over their compressed step time, taken as compute), and latency = 50 ms * C / 19.9 s (their latency in units
-of their compute). `--preset resbm-80m-cpu` does the same for ResBM Table 3's half-duplex 80 Mbit/s link
-(R = 7530 / 609 - 1: its centralised 10 Gbps throughput over its 80 Mbps one, no latency). Over the plain
-`internet-200m-50ms` preset a CPU step is compute-bound and the ratio is near 1. Only the direction of a ratio (> 1) is
-judged against the paper; its size depends on that scaling.
+Calibrated presets (bench/wan_anchors.py) keep a real setting's communication / compute ratio on each
+tier, scaled to this machine: one run per tier of the uncompressed system without link emulation measures
+this machine's compute step and the tier's bytes, and the tier's link gets the bandwidth and latency that give
+the real ratio. `protocolnanogpt-cpu` (ProtocolNanoGPT's measured 100.5 vs 19.9 s/step over 200 Mbit/s + 50 ms)
+and `resbm-80m-cpu` (ResBM Table 3's 609 vs 7530 tok/s at 80 Mbit/s half duplex) scale the stage link (the DP
+tier gets the same link); `internet-1g-cpu` (heterogeneous SparseLoCo's 512M over 1 Gbit/s stage and DP links),
+`boost-nvlink-cpu` and `boost-pcie-cpu` (BOOST's 7B at TP 4 over NVLink 3 or PCIe 4.0) model each tier's
+ratio from the paper-scale config and a stated GPU throughput. Over the plain `internet-200m-50ms` preset a
+CPU step is compute-bound and every ratio is near 1. Only the direction of a ratio (> 1) is judged against a
+paper; its size depends on that scaling.
 """
 from __future__ import annotations
 
@@ -63,6 +64,15 @@ from nanotron_ext.bench.report import (
     read_saved,
     run_meta,
     script_parser,
+)
+from nanotron_ext.bench.wan_anchors import (
+    ANCHOR,
+    ANCHORS,
+    CALIBRATION_SYSTEM,
+    describe,
+    scaled_link,
+    tier_links,
+    tier_seconds_at_1mbps,
 )
 from nanotron_ext.bench.wan_args import check_numbers, check_out, check_runs, config_file, saved_rows
 from nanotron_ext.bench.wan_results import TIERS, figure, merged_runs, run_curve, table, time_to_target
@@ -112,6 +122,10 @@ SYSTEMS: Dict[str, System] = {
     "svd_pipeline": System("SVD low-rank r=d/4 (pp=2)", 2, PIPE + LOW_RANK),
     "btp_pipeline": System("BOOST BTP, SVD low-rank r=d/4 (tp=2 x pp=2)", 4,
                            PIPE + LOW_RANK + ("parallelism.tp=2", "model.tp_strategy=btp")),
+    # Megatron TP of the dense model (tp=2): the TP tier's uncompressed traffic (the calibrated presets measure it)
+    "megatron_tp": System("Megatron TP (tp=2)", 2, ("parallelism.pp=1", "parallelism.dp=1", "parallelism.tp=2",
+                                                   "tokens.batch_accumulation_per_replica=4",
+                                                   "model.tp_strategy=megatron")),
     "three_tiers": System("three tiers dp=2 x tp=2 x pp=2 (issue 17)", 8, (), config=THREE_TIERS),
     # the same job as a plain 3D layout: full rank, Megatron TP, uncompressed stage link, DP all-reduce every step
     "dense_3d": System("uncompressed 3D dp=2 x tp=2 x pp=2 (Megatron, identity, all-reduce)", 8,
@@ -125,25 +139,6 @@ SYSTEMS: Dict[str, System] = {
 }
 DEFAULT_SYSTEMS = ["pipeline", "subspace_pipeline", "ddp", "sparseloco"]
 
-
-@dataclasses.dataclass(frozen=True)
-class Anchor:
-    """A paper's link scaled to this machine: its communication / compute time per step, its latency per second
-    of compute, its duplex, and its unscaled link (Mbit/s, ms; what a dry run shows)."""
-
-    comm_over_compute: float
-    latency_ms_per_compute_s: float
-    duplex: str
-    unscaled: Tuple[float, float]
-
-
-ANCHOR = "protocolnanogpt-cpu"  # ProtocolNanoGPT's link scaled to this machine's compute (module docstring)
-ANCHORS: Dict[str, Anchor] = {
-    # 100.5 s/step uncompressed, 19.9 s/step compressed (taken as compute), 50 ms per stage
-    ANCHOR: Anchor((100.5 - 19.9) / 19.9, 50.0 / 19.9, "full", (200.0, 50.0)),
-    # ResBM Table 3: 7530 tok/s at 10 Gbps (compute-bound) vs 609 tok/s at 80 Mbps half duplex; no latency
-    "resbm-80m-cpu": Anchor(7530 / 609 - 1, 0.0, "half", (80.0, 0.0)),
-}
 
 CLAIMS = [
     PaperClaim("step time uncompressed / subspace-compressed pipeline", "step_time_ratio_vs_pipeline", 5.05,
@@ -198,12 +193,8 @@ def system_config(system: str, args: argparse.Namespace) -> Path:
 def run_overrides(system: str, preset: str, seed: int, args: argparse.Namespace) -> List[str]:
     """The keys one run sets: the system's, the link preset on every tier, the budget and the seed."""
     s = SYSTEMS[system]
-    if preset in ANCHORS:
-        anchor = ANCHORS[preset]
-        bw, lat = getattr(args, "anchor_links", {}).get(preset, anchor.unscaled)  # dry run: the unscaled link
-        link = [f"parallelism.link.{t}{k}={v}" for t in ("", "dp.")
-                for k, v in (("bandwidth_mbps", bw), ("latency_ms", lat), ("duplex", anchor.duplex))]
-        link = ["parallelism.link.enabled=true", *link, f"parallelism.link.tp.preset={args.tp_preset}"]
+    if preset in ANCHORS:  # a calibrated preset: each tier scaled to this machine (bench/wan_anchors.py)
+        link = tier_links(preset, getattr(args, "anchor_links", {}).get(preset), args.tp_preset)
     else:
         link = ["parallelism.link.enabled=true", f"parallelism.link.preset={preset}",
                 f"parallelism.link.dp.preset={preset}", f"parallelism.link.tp.preset={args.tp_preset}"]
@@ -213,31 +204,41 @@ def run_overrides(system: str, preset: str, seed: int, args: argparse.Namespace)
     return [*s.overrides, *link, *budget, f"general.seed={seed}", "logging.progress_bar=false", *args.set]
 
 
-def anchor_link(compute_s: float, boundary_bytes: float, anchor: Anchor = ANCHORS[ANCHOR]) -> Tuple[float, float]:
-    """(bandwidth Mbit/s, latency ms) giving `anchor`'s communication / compute ratio and latency / compute to a
-    step of `compute_s` seconds that sends `boundary_bytes` over the stage link (fwd + bwd: the GPipe schedule
-    sends the two directions one after the other, and a half-duplex link carries both in one budget anyway)."""
-    return (boundary_bytes * 8 / (anchor.comm_over_compute * compute_s) / 1e6,
-            anchor.latency_ms_per_compute_s * compute_s)
-
-
-def calibrate_anchor(args: argparse.Namespace) -> Dict[str, Any]:
-    """The anchors' links scaled to this machine (module docstring), from one uncompressed pipeline run
-    without link emulation."""
+def calibrate_anchors(args: argparse.Namespace) -> Dict[str, Any]:
+    """The calibrated presets' links scaled to this machine (bench/wan_anchors.py): one run without link
+    emulation of each tier's uncompressed system measures its compute step and its bytes on that tier."""
     from nanotron_ext.bench.training import run_training
+    from nanotron_ext.config import load_config
     from nanotron_ext.metrics.logger import read_metrics
 
-    sets = [*SYSTEMS["pipeline"].overrides, "parallelism.link.enabled=false",
-            f"tokens.train_steps={args.calibration_steps}",
-            "tokens.val_check_interval=0", "logging.progress_bar=false", *args.set]
-    summary = run_training(config_file("--config", args.config, REPO), sets, "anchor_calibration", nproc=2,
-                           root=Path(args.runs),
-                           timeout_s=args.timeout_s, reuse=args.reuse)
-    compute_s = run_curve(read_metrics(Path(summary["run_dir"]) / "metrics.jsonl"))["steady_step_s"]
-    comm = summary["comm_bytes_per_step"]
-    boundary = comm.get("pp:send:fwd", 0) + comm.get("pp:send:bwd", 0)
-    links = {name: [round(v, 4) for v in anchor_link(compute_s, boundary, a)] for name, a in ANCHORS.items()}
-    return {"compute_step_s": compute_s, "boundary_bytes_per_step": boundary, "links_mbps_ms": links}
+    anchors = {name: ANCHORS[name].tiers() for name in args.preset if name in ANCHORS}
+    measured: Dict[str, Dict[str, Any]] = {}
+    for tier in sorted({t for tiers in anchors.values() for t in tiers}):
+        system = CALIBRATION_SYSTEM[tier]
+        sets = [*SYSTEMS[system].overrides, "parallelism.link.enabled=false",
+                f"tokens.train_steps={args.calibration_steps}", "tokens.val_check_interval=0",
+                "logging.progress_bar=false", *args.set]
+        config = config_file("--config", args.config, REPO)
+        summary = run_training(config, sets, f"anchor_calibration_{tier}", nproc=SYSTEMS[system].nproc,
+                               root=Path(args.runs), timeout_s=args.timeout_s, reuse=args.reuse)
+        p = load_config(config, sets).parallelism
+        comm = summary["comm_bytes_per_step"]
+        # the stage link: its activation and gradient sends (not headers, not the emulator's clock sync); TP and
+        # DP: the tier's total, as all-reduces (Megatron's and DDP's collectives; the summary keeps no op split)
+        ops = ({op: comm.get(f"pp:{op}", 0) for op in ("send:fwd", "send:bwd")} if tier == "pp"
+               else {"all_reduce": comm.get(tier, 0)})
+        measured[tier] = {"system": system, "bytes_by_op": ops, "dp": p.dp, "tp": p.tp, "pp": p.pp,
+                          "compute_step_s": run_curve(read_metrics(Path(summary["run_dir"]) / "metrics.jsonl"))[
+                              "steady_step_s"]}
+    links = {}
+    for name, tiers in anchors.items():
+        links[name] = {}
+        for tier, anchor in tiers.items():
+            m = measured[tier]
+            at_1mbps = tier_seconds_at_1mbps(tier, m["bytes_by_op"], m["dp"], m["tp"], m["pp"], anchor.duplex)
+            links[name][tier] = [round(v, 4) for v in scaled_link(at_1mbps, m["compute_step_s"], anchor)]
+    return {"tiers": measured, "links_mbps_ms": links,
+            "sources": {name: describe(name) for name in anchors}}
 
 
 # -- rows: seeds pooled per (preset, system) ------------------------------------------------------------------
@@ -357,8 +358,9 @@ def measure(args: argparse.Namespace) -> Tuple[List[Dict[str, Any]], Dict[str, A
 
     extra: Dict[str, Any] = {}
     if set(ANCHORS) & set(args.preset):
-        extra["anchor_calibration"] = calibrate_anchor(args)
-        args.anchor_links = {k: tuple(v) for k, v in extra["anchor_calibration"]["links_mbps_ms"].items()}
+        extra["anchor_calibration"] = calibrate_anchors(args)
+        args.anchor_links = {name: {tier: tuple(v) for tier, v in links.items()}
+                             for name, links in extra["anchor_calibration"]["links_mbps_ms"].items()}
         print(f"anchor calibration: {extra['anchor_calibration']}")
     jobs = [(p, s, seed) for p in args.preset for s in args.systems for seed in args.seeds]
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # each run is its own launch: threads only wait
