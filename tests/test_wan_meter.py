@@ -43,6 +43,42 @@ def test_pooled_rows_target_seeds_and_not_reached() -> None:
     assert body[-1][headers.index("time to target s")] == "not reached"
 
 
+def test_headline_puts_three_tiers_beside_dense_3d_and_the_best_single_technique() -> None:
+    """Times worked out by hand: three tiers 10 and 12 s (11 ± 1), dense 3D 40 and 44 s (42 ± 2): 3.82x, apart by
+    more than 2 s.e. each -> held; the best single technique is the one reaching the target in most seeds (SM in
+    2/2 at 20 ± 2 s, not ResBM in 1/2 at 15 s): 1.82x, held; baselines (the pipeline) are not techniques."""
+    def run(system, seed, t):  # reaches the target (final 3.0 x 1.02 = 3.06) at t, or never when t is None
+        curve = [[5.0, 4.0], [t, 3.0]] if t else [[5.0, 4.0], [50.0, 3.5]]
+        return _run(system, seed, 1.0, curve)
+
+    runs = [run("three_tiers", 1, 10.0), run("three_tiers", 2, 12.0), run("dense_3d", 1, 40.0),
+            run("dense_3d", 2, 44.0), run("subspace_pipeline", 1, 18.0), run("subspace_pipeline", 2, 22.0),
+            run("resbm_pipeline", 1, 15.0), run("resbm_pipeline", 2, None), run("pipeline", 1, 9.0),
+            run("pipeline", 2, 9.0)]
+    (line,) = wan.headline(wan.pooled_rows(runs, "dense_3d", 0.02))
+    assert line.startswith("p: three tiers 11.0 ± 1.0 s (2/2)")
+    assert "dense_3d 42.0 ± 2.0 s (2/2), three tiers 3.82x sooner (goal >= 3x: held)" in line
+    best = "best single technique (subspace_pipeline) 20.0 ± 2.0 s (2/2), three tiers 1.82x sooner (goal >= 1.3x: held)"
+    assert best in line
+    slow = [r if r["system"] != "three_tiers" else {**r, "val_vs_wall": [[30.0, 3.0]]} for r in runs]
+    (line,) = wan.headline(wan.pooled_rows(slow, "dense_3d", 0.02))
+    assert "1.40x sooner (goal >= 3x: not held)" in line and "0.67x sooner (goal >= 1.3x: not held)" in line
+
+
+def test_every_system_trains_the_same_budget_and_warm_up() -> None:
+    """Systems with their own YAML (the three-tier file: 30 steps, 5 warm-up steps, H = 10) take --steps,
+    --val-every, --inner-steps and the shared config's warm-up like every other system."""
+    import argparse
+
+    args = argparse.Namespace(config=wan.BASE, tp_preset="nvlink", steps=100, val_every=20, inner_steps=5, set=[])
+    for system in ("three_tiers", "dense_3d", "sparseloco", "pipeline"):
+        sets = wan.run_overrides(system, "internet-200m-50ms", 1, args)
+        assert {"tokens.train_steps=100", "tokens.val_check_interval=20"} <= set(sets), system
+        assert ("sparseloco.inner_steps=5" in sets) == (system in ("three_tiers", "sparseloco")), system
+    three = wan.run_overrides("three_tiers", "internet-200m-50ms", 1, args)
+    assert "optimizer.warmup_steps=10" in three  # cpu_base.yaml's, not the three-tier file's 5
+
+
 def test_dry_run_resolves_every_system(capsys: pytest.CaptureFixture) -> None:
     systems = [s for s, sys_ in wan.SYSTEMS.items() if sys_.config is None]  # three_tiers: its own config
     assert wan.main(["--dry-run", "--seeds", "1", "--systems", *systems]) == 0

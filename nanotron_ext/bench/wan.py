@@ -75,7 +75,15 @@ from nanotron_ext.bench.wan_anchors import (
     tier_seconds_at_1mbps,
 )
 from nanotron_ext.bench.wan_args import check_numbers, check_out, check_runs, config_file, saved_rows
-from nanotron_ext.bench.wan_results import TIERS, figure, merged_runs, run_curve, table, time_to_target
+from nanotron_ext.bench.wan_results import (
+    TIERS,
+    figure,
+    headline,
+    merged_runs,
+    run_curve,
+    table,
+    time_to_target,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = "reproduce/wan/cpu_base.yaml"
@@ -184,6 +192,20 @@ def closed_forms(system: str, preset: str, seed: int, args: argparse.Namespace) 
     return {t: forms.get(t, 0.0) for t in TIERS}
 
 
+def uses_outer_loop(s: System) -> bool:
+    """Whether a system's replicas sync by SparseLoCo's outer loop (its keys, or its own YAML unless overridden)."""
+    if "parallelism.dp_sync=sparseloco" in s.overrides:
+        return True
+    return s.config == THREE_TIERS and "parallelism.dp_sync=allreduce" not in s.overrides
+
+
+def shared_warmup(args: argparse.Namespace) -> int:
+    """The warm-up steps of --config (what the systems built on it train with)."""
+    from nanotron_ext.config import load_config
+
+    return load_config(config_file("--config", args.config, REPO), []).optimizer.warmup_steps
+
+
 def system_config(system: str, args: argparse.Namespace) -> Path:
     """The YAML a system's runs start from: its own file of the checkout, else --config (found from any folder)."""
     s = SYSTEMS[system]
@@ -198,8 +220,12 @@ def run_overrides(system: str, preset: str, seed: int, args: argparse.Namespace)
     else:
         link = ["parallelism.link.enabled=true", f"parallelism.link.preset={preset}",
                 f"parallelism.link.dp.preset={preset}", f"parallelism.link.tp.preset={args.tp_preset}"]
-    budget = [] if s.config else [f"tokens.train_steps={args.steps}", f"tokens.val_check_interval={args.val_every}"]
-    if "parallelism.dp_sync=sparseloco" in s.overrides:
+    # the same budget for every system, also those with their own YAML (the three-tier file's own 30 steps and 5
+    # warm-up steps gave way to --steps and the shared config's warm-up)
+    budget = [f"tokens.train_steps={args.steps}", f"tokens.val_check_interval={args.val_every}"]
+    if s.config:
+        budget.append(f"optimizer.warmup_steps={shared_warmup(args)}")
+    if uses_outer_loop(s):
         budget.append(f"sparseloco.inner_steps={args.inner_steps}")
     return [*s.overrides, *link, *budget, f"general.seed={seed}", "logging.progress_bar=false", *args.set]
 
@@ -380,7 +406,8 @@ def publish_result(args: argparse.Namespace, rows: Sequence[Mapping[str, Any]], 
                    runs: Sequence[Mapping[str, Any]] = ()) -> int:
     title = "Wall-clock to a target validation loss over one emulated link preset"
     headers, body = table(rows)
-    notes = ["Wall-clock = summed training step time (start-up and validation excluded); target = the reference "
+    notes = [*headline(rows),
+             "Wall-clock = summed training step time (start-up and validation excluded); target = the reference "
              f"run's final validation loss x {1 + meta.get('target_rel', 0.02):g}. Step times: {meta.get('note', '')}."]
     claims = [c for c in CLAIMS if any(c.matches(r) for r in rows)]  # the anchors of the presets measured
     publish(args.out, rows, meta, title, headers, body, evaluate(claims, rows), figure(rows), notes,

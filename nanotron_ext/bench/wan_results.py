@@ -55,6 +55,52 @@ def table(rows: Sequence[Mapping[str, Any]]) -> Tuple[List[str], List[List[Any]]
     return headers, body
 
 
+COMPOSED, DENSE = "three_tiers", "dense_3d"
+BASELINES = {"pipeline", "ddp", "megatron_tp", COMPOSED, DENSE}  # uncompressed layouts and the pair itself
+GOALS = {DENSE: 3.0, "best single technique": 1.3}  # issue 30: three tiers this many times sooner
+
+
+def headline(rows: Sequence[Mapping[str, Any]]) -> List[str]:
+    """Per preset that has both: the three-tier job's wall-clock to target beside dense 3D's and the best single
+    technique's (the one reaching the target in most seeds, then soonest), each mean ± s.e. (reached n/N), with
+    the ratio of means against the goal. 'held' needs both intervals of 2 s.e. apart; a system that reached
+    the target in no seed has no time."""
+    lines = []
+    for preset in dict.fromkeys(r["preset"] for r in rows):
+        by = {r["system"]: r for r in rows if r["preset"] == preset}
+        if COMPOSED not in by or DENSE not in by:
+            continue
+        singles = [r for s, r in by.items() if s not in BASELINES and r["time_to_target_s"] is not None]
+        best = min(singles, key=lambda r: (-int(r["reached"].split("/")[0]), r["time_to_target_s"]), default=None)
+        three = by[COMPOSED]
+        parts = [f"{preset}: three tiers {_ttt(three)}"]
+        for name, other in ((DENSE, by[DENSE]), ("best single technique", best)):
+            if other is None:
+                parts.append(f"{name}: none reached the target")
+                continue
+            label = name if name == DENSE else f"{name} ({other['system']})"
+            parts.append(f"{label} {_ttt(other)}, {_sooner(three, other, GOALS[name])}")
+        lines.append("; ".join(parts))
+    return lines
+
+
+def _ttt(r: Mapping[str, Any]) -> str:
+    t = r["time_to_target_s"]
+    return f"{'not reached' if t is None else _pm(t, r['time_to_target_s_se'], '{:.1f}') + ' s'} ({r['reached']})"
+
+
+def _sooner(three: Mapping[str, Any], other: Mapping[str, Any], goal: float) -> str:
+    a, b = three["time_to_target_s"], other["time_to_target_s"]
+    if a is None or b is None:
+        return "no ratio"
+    ratio = b / a
+    se_a, se_b = three["time_to_target_s_se"] or 0.0, other["time_to_target_s_se"] or 0.0
+    apart = abs(b - a) > 2 * (se_a + se_b)
+    verdict = ("held" if ratio >= goal and apart else "not held" if ratio < goal and (apart or ratio < 1)
+               else "undetermined")
+    return f"three tiers {ratio:.2f}x sooner (goal >= {goal:g}x: {verdict})"
+
+
 def figure(rows: Sequence[Mapping[str, Any]]) -> Any:
     """Validation loss vs wall-clock (one line per system, first preset; thin lines: other seeds) and
     time-to-target bars per preset."""
