@@ -235,6 +235,11 @@ def test_dry_run_runs_the_whole_plan(tmp_path: Path) -> None:
         assert first["plain"] == pytest.approx(first["nanotron_ext"], rel=1e-2), row["name"]  # bf16: same function
     assert {r["name"] for r in stages["codecs"]["rows"]} == {"resbm", "mapl_rvq", "int4"}
     assert "fig7" in stages["boost"] and "table3" in stages["boost"]
+    for stem in ("boost_fig7", "boost_table3"):  # the BOOST scripts' own outputs (fig7 is smoke-tested only here)
+        work = tmp_path / "work"
+        assert (work / f"{stem}.png").exists() and (work / f"{stem}.md").exists(), stem
+        data = json.loads((work / f"{stem}.json").read_text())
+        assert data["rows"] and data["paper"] and any(p["held"] is not None for p in data["paper"]), stem
     for row in stages["throughput"]["rows"]:  # both sides use the configured AdamW (auto on CPU: the for-loop)
         assert row["optimizers"] == {"nanotron_ext": "AdamW (for-loop)", "plain": "AdamW (for-loop)"}, row["name"]
     profiled = stages["profile"]["rows"][0]
