@@ -75,9 +75,19 @@ class ModelledAnchor:
 
 
 Anchor = MeasuredAnchor | ModelledAnchor
-ANCHOR = "protocolnanogpt-cpu"
 # A100 bf16 dense peak 312 TFLOP/s at about a third: the assumption reproduce/het_sparseloco/stage_link.py uses
 A100_EFFECTIVE_TFLOPS = 100.0
+
+
+def boost_node(tp_link: str, tp_mbps_ms: Tuple[float, float]) -> ModelledAnchor:
+    """BOOST's Llama 7B at TP 4 x PP 2 under Megatron, its TP group on `tp_link`, Slingshot 11 between stages."""
+    return ModelledAnchor(
+        f"BOOST (arXiv:2512.12131) testbed node: {tp_link}; Slingshot 11 at 200 Gbit/s between nodes; A100 at "
+        f"{A100_EFFECTIVE_TFLOPS:g} effective TFLOP/s (assumed)",
+        "BOOST's Llama 7B at TP 4 (Megatron) and 2 stages", "reproduce/boost/llama_7b_fullrank.yaml",
+        ("parallelism.pp=2", "model.tp_strategy=megatron"), A100_EFFECTIVE_TFLOPS,
+        {"tp": (*tp_mbps_ms, "full"), "pp": (2e5, 0.002, "full")})
+ANCHOR = "protocolnanogpt-cpu"
 ANCHORS: Dict[str, Anchor] = {
     ANCHOR: MeasuredAnchor(
         "ProtocolNanoGPT: 100.5 s/step uncompressed vs 19.9 s/step compressed (taken as compute), "
@@ -98,18 +108,8 @@ ANCHORS: Dict[str, Anchor] = {
         A100_EFFECTIVE_TFLOPS, {"pp": (1000.0, 10.0, "full"), "dp": (1000.0, 10.0, "full")}),
     # BOOST's testbed (Perlmutter: 4 x A100 per node, NVLink 3; Slingshot 11 between nodes) for its 7B model at
     # TP 4 under Megatron; beside it the same node with PCIe 4.0 x16 between the GPUs
-    "boost-nvlink-cpu": ModelledAnchor(
-        "BOOST (arXiv:2512.12131) testbed: A100 NVLink 3 at 300 GB/s per direction, ~2 us; Slingshot 11 at "
-        f"200 Gbit/s between nodes; A100 at {A100_EFFECTIVE_TFLOPS:g} effective TFLOP/s (assumed)",
-        "BOOST's Llama 7B at TP 4 (Megatron) and 2 stages", "reproduce/boost/llama_7b_fullrank.yaml",
-        ("parallelism.pp=2", "model.tp_strategy=megatron"), A100_EFFECTIVE_TFLOPS,
-        {"tp": (2.4e6, 0.002, "full"), "pp": (2e5, 0.002, "full")}),
-    "boost-pcie-cpu": ModelledAnchor(
-        "BOOST's node with PCIe 4.0 x16 (32 GB/s per direction, ~5 us) between its GPUs instead of NVLink; "
-        f"Slingshot 11 between nodes; A100 at {A100_EFFECTIVE_TFLOPS:g} effective TFLOP/s (assumed)",
-        "BOOST's Llama 7B at TP 4 (Megatron) and 2 stages", "reproduce/boost/llama_7b_fullrank.yaml",
-        ("parallelism.pp=2", "model.tp_strategy=megatron"), A100_EFFECTIVE_TFLOPS,
-        {"tp": (2.56e5, 0.005, "full"), "pp": (2e5, 0.002, "full")}),
+    "boost-nvlink-cpu": boost_node("A100 NVLink 3 at 300 GB/s per direction, ~2 us", (2.4e6, 0.002)),
+    "boost-pcie-cpu": boost_node("PCIe 4.0 x16 instead of NVLink: 32 GB/s per direction, ~5 us", (2.56e5, 0.005)),
 }
 
 
