@@ -108,6 +108,26 @@ def test_every_option_has_help_with_its_default_and_out_goes_to_runs(script: str
 
 
 @pytest.mark.parametrize("script,result", SCRIPTS, ids=[s for s, _ in SCRIPTS])
+def test_a_bad_out_is_refused_when_parsed_before_anything_is_measured(script: str, result: str, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch,
+                                                                      capsys: pytest.CaptureFixture) -> None:
+    """--out naming a run's summary.json (not a result) or a folder: one line and exit 2 from the script's own
+    parser, so no measurement is lost to an --out found bad only when the result is written (issue 33)."""
+    parser = _parsers(_load(script), ["--help"], monkeypatch)[0]
+    capsys.readouterr()
+    summary = tmp_path / "summary.json"
+    summary.write_text('{"final_val_loss": 4.2}')
+    (tmp_path / "folder.json").mkdir()
+    for out, why in ((summary, "is not an earlier result of a reproduction script"),
+                     (tmp_path / "folder.json", "is a folder")):
+        with pytest.raises(SystemExit) as e:
+            parser.parse_args(["--out", str(out)])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.count("\n") == 1 and err.startswith(f"error: --out {out} ") and why in err, err
+    assert summary.read_text() == '{"final_val_loss": 4.2}'
+
+
+@pytest.mark.parametrize("script,result", SCRIPTS, ids=[s for s, _ in SCRIPTS])
 def test_from_json_re_renders_the_committed_result(script: str, result: str, tmp_path: Path) -> None:
     mod = _load(script)
     out = tmp_path / "result.json"

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from nanotron_ext.bench.report import run_meta, write_rows
+from nanotron_ext.bench.report import checked_out, run_meta, write_rows
 from nanotron_ext.config.loader import load_config, save_config
 
 # torchrun arguments that mean "the user set up the rendezvous": then we do not add --standalone
@@ -106,7 +106,7 @@ def add_run_args(parser: argparse.ArgumentParser, iters: int, warmup: int, out: 
     script that is its own torchrun worker) the hidden worker-side ones."""
     parser.add_argument("--iters", type=int, default=iters, help=f"timed iterations per variant (default {iters})")
     parser.add_argument("--warmup", type=int, default=warmup, help=f"leading iterations dropped (default {warmup})")
-    parser.add_argument("--out", default=out, help=out_help)
+    parser.add_argument("--out", default=out, type=checked_out, help=out_help)  # refused when parsed, not after
     parser.add_argument("--from-json", metavar="JSON",
                         help="measure nothing: re-render the table and paper column of a result this script wrote")
     parser.add_argument("--log-dir", help="keep resolved configs, the worker log and raw JSON here (default: temp dir)")

@@ -104,9 +104,31 @@ def help_with_defaults(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     return parser
 
 
+def checked_out(value: str) -> str:
+    """--out, checked when the arguments are parsed, before anything is measured (a bad --out used to surface only
+    when the result was written, after hours): <out>.json may replace only an earlier result of a reproduction
+    script (never a run's summary.json), a .csv any regular file; neither may be a folder or a device."""
+    from nanotron_ext.cli_checks import ArgumentError, output_file, result_file
+
+    out = Path(value)
+    try:
+        if out.suffix.lower() == ".csv":
+            output_file("--out", out)
+        else:
+            result_file("--out", out.with_suffix(".json"), ("rows", "meta"), "a reproduction script")
+    except ArgumentError as e:
+        _refuse(str(e))
+    return value
+
+
+def checked_out_path(value: str) -> Path:
+    """checked_out for a script that reads --out as a Path."""
+    return Path(checked_out(value))
+
+
 def add_output_args(parser: argparse.ArgumentParser, default_out: str) -> None:
-    """--out (under runs/ by default) and --from-json."""
-    parser.add_argument("--out", default=default_out,
+    """--out (under runs/ by default; checked at parse time) and --from-json."""
+    parser.add_argument("--out", default=default_out, type=checked_out,
                         help="the result's JSON; the markdown and PNG are written beside it (default: %(default)s; "
                              "the committed result under reproduce/ is only rewritten when --out names it)")
     parser.add_argument("--from-json", metavar="JSON",

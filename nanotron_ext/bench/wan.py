@@ -74,7 +74,7 @@ from nanotron_ext.bench.wan_anchors import (
     tier_links,
     tier_seconds_at_1mbps,
 )
-from nanotron_ext.bench.wan_args import check_numbers, check_out, check_runs, config_file, saved_rows
+from nanotron_ext.bench.wan_args import check_numbers, check_runs, config_file, saved_rows
 from nanotron_ext.bench.wan_results import (
     TIERS,
     figure,
@@ -350,8 +350,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from nanotron_ext.errors import UserFacingError
 
     args = parse_args(argv)
-    try:  # every argument checked before anything is trained or written (wan_args.py)
-        check_out(args)
+    try:  # every argument checked before anything is trained or written (--out when parsed: bench.report)
         if args.from_json:
             saved = read_saved(args.from_json)
             rows, meta = saved_rows(args.from_json, saved)

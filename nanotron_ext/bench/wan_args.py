@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 from typing import Any, Dict, Mapping, Sequence, Tuple
 
-from nanotron_ext.cli_checks import ArgumentError, at_least, finite, output_file, output_folder, result_file, seed
+from nanotron_ext.cli_checks import ArgumentError, at_least, finite, output_folder, seed
 from nanotron_ext.config.checks import ConfigError
 
 # what table(), figure() and the claims read of each saved row
@@ -50,15 +50,6 @@ def check_numbers(args: argparse.Namespace) -> None:
         raise ArgumentError(f"--reference {args.reference} is not among --systems {' '.join(args.systems)}: its "
                             "final validation loss sets the target every system is timed to")
     output_folder("--runs", args.runs)
-
-
-def check_out(args: argparse.Namespace) -> None:
-    """--out, measured or re-rendered alike."""
-    out = Path(args.out)  # what bench.report writes: <out>.json unless it ends in .csv (the .md and .png beside it)
-    if out.suffix.lower() == ".csv":
-        output_file("--out", out)
-    else:  # only an earlier result, never another file (a run's summary.json)
-        result_file("--out", out.with_suffix(".json"), ("rows", "meta"), "a reproduction script")
 
 
 def check_runs(runs: Mapping[str, Tuple[Path, Sequence[str]]], extra: Sequence[str]) -> None:

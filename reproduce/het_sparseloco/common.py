@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Literal, Mapping, Optional, Sequence, Tuple
 
 from nanotron_ext.bench import presets
+from nanotron_ext.bench import report as br
 from nanotron_ext.bench.paper import PaperClaim, evaluate
 from nanotron_ext.bench.report import help_with_defaults, new_figure, publish, read_saved, run_meta, save_figure
 from nanotron_ext.config.loader import load_config
@@ -49,7 +50,7 @@ def parser(doc: str, name: str) -> argparse.ArgumentParser:
                    help="compressed replicas in the heterogeneous rows (default: half of --replicas)")
     p.add_argument("--ratio", type=int, default=8, help="pipeline compression d/k of the compressed replicas")
     p.add_argument("--rows", nargs="+", help="a subset of the table's rows (default: all)")
-    p.add_argument("--out", type=Path, default=Path(f"runs/het_sparseloco/{name}"),
+    p.add_argument("--out", type=br.checked_out_path, default=Path(f"runs/het_sparseloco/{name}"),
                    help="writes <out>.json, <out>.md and <out>.png (default: %(default)s; a committed result under "
                         "reproduce/ is only extended or rewritten when --out names it)")
     p.add_argument("--from-json", metavar="JSON", help="train nothing: re-render a result this script wrote to --out")
