@@ -55,14 +55,31 @@ def test_headline_puts_three_tiers_beside_dense_3d_and_the_best_single_technique
             run("dense_3d", 2, 44.0), run("subspace_pipeline", 1, 18.0), run("subspace_pipeline", 2, 22.0),
             run("resbm_pipeline", 1, 15.0), run("resbm_pipeline", 2, None), run("pipeline", 1, 9.0),
             run("pipeline", 2, 9.0)]
-    (line,) = wan.headline(wan.pooled_rows(runs, "dense_3d", 0.02))
-    assert line.startswith("p: three tiers 11.0 ± 1.0 s (2/2)")
+    line, equal_wall = wan.headline(wan.pooled_rows(runs, "dense_3d", 0.02))
+    assert line.startswith("p: three tiers 11.0 ± 1.0 s (2/2)") and equal_wall.startswith("p, at equal wall-clock")
     assert "dense_3d 42.0 ± 2.0 s (2/2), three tiers 3.82x sooner (goal >= 3x: held)" in line
     best = "best single technique (subspace_pipeline) 20.0 ± 2.0 s (2/2), three tiers 1.82x sooner (goal >= 1.3x: held)"
     assert best in line
     slow = [r if r["system"] != "three_tiers" else {**r, "val_vs_wall": [[30.0, 3.0]]} for r in runs]
-    (line,) = wan.headline(wan.pooled_rows(slow, "dense_3d", 0.02))
+    line = wan.headline(wan.pooled_rows(slow, "dense_3d", 0.02))[0]
     assert "1.40x sooner (goal >= 3x: not held)" in line and "0.67x sooner (goal >= 1.3x: not held)" in line
+
+
+def test_equal_wall_clock_compares_every_system_at_the_shortest_runs_training_time() -> None:
+    """The shortest run ends its budget at 20 s; each run's loss by then is its last validation at or before 20 s
+    (worked out by hand), and the headline orders the systems by it."""
+    runs = [_run("pipeline", 1, 1.0, [[10.0, 5.0], [30.0, 4.0], [40.0, 3.0]]),
+            _run("pipeline", 2, 1.0, [[12.0, 5.2], [19.0, 4.6], [42.0, 3.1]]),
+            _run("sparseloco", 1, 0.5, [[5.0, 5.5], [20.0, 4.4]])]
+    rows = {r["system"]: r for r in wan.pooled_rows(runs, "pipeline", 0.02)}
+    assert rows["pipeline"]["common_wall_s"] == 20.0
+    assert rows["pipeline"]["val_loss_at_common_wall"] == pytest.approx(4.8)  # 5.0 (seed 1) and 4.6 (seed 2)
+    assert rows["sparseloco"]["val_loss_at_common_wall"] == 4.4
+    assert wan.loss_by([[10.0, 5.0]], 9.0) is None
+    assert wan.headline(list(rows.values()))[-1] == (
+        "p, at equal wall-clock (20 s of training, the shortest run's): sparseloco 4.400, pipeline 4.800")
+    headers, body = wan.table(list(rows.values()))
+    assert body[0][headers.index("val loss at equal wall-clock")] == "4.800 ± 0.200 at 20 s"
 
 
 def test_every_system_trains_the_same_budget_and_warm_up() -> None:

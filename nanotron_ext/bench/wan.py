@@ -79,6 +79,7 @@ from nanotron_ext.bench.wan_results import (
     TIERS,
     figure,
     headline,
+    loss_by,
     merged_runs,
     run_curve,
     table,
@@ -276,6 +277,8 @@ def pooled_rows(runs: Sequence[Mapping[str, Any]], reference: str, target_rel: f
         ref = [r["final_val_loss"] for r in mine if r["system"] == reference and r["final_val_loss"] is not None]
         target = statistics.fmean(ref) * (1 + target_rel) if ref else None
         ref_step = statistics.fmean([r["steady_step_s"] for r in mine if r["system"] == reference] or [math.nan])
+        # equal wall-clock: the shortest run's training time, where every run still has a measured loss
+        common = min((r["val_vs_wall"][-1][0] for r in mine if r["val_vs_wall"]), default=None)
         for system in dict.fromkeys(r["system"] for r in mine):
             seeds = [r for r in mine if r["system"] == system]
             step, step_se = mean_se([r["steady_step_s"] for r in seeds])
@@ -286,6 +289,8 @@ def pooled_rows(runs: Sequence[Mapping[str, Any]], reference: str, target_rel: f
             ratios = [ref_step / r["steady_step_s"] for r in seeds]
             ratio, ratio_se = mean_se(ratios)
             waits = [r["link_wait_fraction"] for r in seeds if r["link_wait_fraction"]]
+            at_common, at_common_se = mean_se([loss_by(r["val_vs_wall"], common) for r in seeds]
+                                              if common is not None else [])
             rows.append({
                 "preset": preset, "system": system, "label": SYSTEMS[system].label if system in SYSTEMS else system,
                 "seeds": [r["seed"] for r in seeds], "steady_step_s": step, "steady_step_s_se": step_se,
@@ -296,6 +301,8 @@ def pooled_rows(runs: Sequence[Mapping[str, Any]], reference: str, target_rel: f
                 "link_wait_fraction": {t: statistics.fmean(w.get(t, 0.0) for w in waits)
                                        for t in TIERS} if waits else {},
                 "final_val_loss": loss, "final_val_loss_se": loss_se, "target_val_loss": target,
+                "common_wall_s": common, "val_loss_at_common_wall": at_common,
+                "val_loss_at_common_wall_se": at_common_se,
                 "time_to_target_s": ttt, "time_to_target_s_se": ttt_se, "reached": f"{len(reached)}/{len(seeds)}",
                 "curves": [r["val_vs_wall"] for r in seeds],
             })

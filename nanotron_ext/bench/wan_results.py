@@ -27,6 +27,12 @@ def time_to_target(val_vs_wall: Sequence[Sequence[float]], target: float) -> Opt
     return next((t for t, loss in val_vs_wall if loss <= target), None)
 
 
+def loss_by(val_vs_wall: Sequence[Sequence[float]], wall_s: float) -> Optional[float]:
+    """The validation loss a run had reached by wall-clock `wall_s`: its last validation at or before it."""
+    seen = [loss for t, loss in val_vs_wall if t <= wall_s]
+    return seen[-1] if seen else None
+
+
 def _pm(v: Optional[float], se: Optional[float], fmt: str = "{:.2f}") -> str:
     if v is None:
         return "-"
@@ -36,7 +42,8 @@ def _pm(v: Optional[float], se: Optional[float], fmt: str = "{:.2f}") -> str:
 def table(rows: Sequence[Mapping[str, Any]]) -> Tuple[List[str], List[List[Any]]]:
     headers = ["preset", "system", "seeds", "steady step s", "x vs reference (step time)", "KiB/step tp | pp | dp",
                "closed form KiB/step tp | pp | dp",
-               "waiting tp | pp | dp", "final val loss", "target", "time to target s", "reached"]
+               "waiting tp | pp | dp", "final val loss", "val loss at equal wall-clock", "target", "time to target s",
+               "reached"]
     body = []
     for r in rows:
         w = r["link_wait_fraction"]
@@ -48,6 +55,7 @@ def table(rows: Sequence[Mapping[str, Any]]) -> Tuple[List[str], List[List[Any]]
             if r.get("closed_form_bytes_per_step") else "-",
             " | ".join(f"{w.get(t, 0.0):.0%}" for t in TIERS) if w else "-",
             _pm(r["final_val_loss"], r["final_val_loss_se"], "{:.3f}"),
+            _at_common_wall(r),
             "-" if r["target_val_loss"] is None else f"{r['target_val_loss']:.3f}",
             _pm(r["time_to_target_s"], r["time_to_target_s_se"], "{:.1f}") if r["time_to_target_s"] is not None
             else "not reached", r["reached"],
@@ -81,6 +89,12 @@ def headline(rows: Sequence[Mapping[str, Any]]) -> List[str]:
             label = name if name == DENSE else f"{name} ({other['system']})"
             parts.append(f"{label} {_ttt(other)}, {_sooner(three, other, GOALS[name])}")
         lines.append("; ".join(parts))
+    for preset in dict.fromkeys(r["preset"] for r in rows):
+        at = [r for r in rows if r["preset"] == preset and r.get("val_loss_at_common_wall") is not None]
+        if at:
+            order = sorted(at, key=lambda r: r["val_loss_at_common_wall"])
+            lines.append(f"{preset}, at equal wall-clock ({at[0]['common_wall_s']:.0f} s of training, the shortest "
+                         "run's): " + ", ".join(f"{r['system']} {r['val_loss_at_common_wall']:.3f}" for r in order))
     return lines
 
 
@@ -99,6 +113,13 @@ def _sooner(three: Mapping[str, Any], other: Mapping[str, Any], goal: float) -> 
     verdict = ("held" if ratio >= goal and apart else "not held" if ratio < goal and (apart or ratio < 1)
                else "undetermined")
     return f"three tiers {ratio:.2f}x sooner (goal >= {goal:g}x: {verdict})"
+
+
+def _at_common_wall(r: Mapping[str, Any]) -> str:
+    if r.get("val_loss_at_common_wall") is None:  # (results written before the column existed)
+        return "-"
+    loss = _pm(r["val_loss_at_common_wall"], r["val_loss_at_common_wall_se"], "{:.3f}")
+    return f"{loss} at {r['common_wall_s']:.0f} s"
 
 
 def figure(rows: Sequence[Mapping[str, Any]]) -> Any:
