@@ -106,6 +106,7 @@ class System:
 PIPE = ("parallelism.pp=2", "parallelism.dp=1", "tokens.batch_accumulation_per_replica=4")
 DATA = ("parallelism.pp=1", "parallelism.dp=2", "tokens.batch_accumulation_per_replica=2")
 DATA4 = ("parallelism.pp=1", "parallelism.dp=4", "tokens.batch_accumulation_per_replica=1")
+TP2 = ("parallelism.pp=1", "parallelism.dp=1", "parallelism.tp=2", "tokens.batch_accumulation_per_replica=4")
 LOW_RANK = ("model.low_rank.kind=svd", "model.low_rank.rank=32")  # d/4 at cpu_base.yaml's d = 128
 SYSTEMS: Dict[str, System] = {
     "pipeline": System("uncompressed pipeline (pp=2)", 2, PIPE),
@@ -131,10 +132,11 @@ SYSTEMS: Dict[str, System] = {
     "svd_pipeline": System("SVD low-rank r=d/4 (pp=2)", 2, PIPE + LOW_RANK),
     "btp_pipeline": System("BOOST BTP, SVD low-rank r=d/4 (tp=2 x pp=2)", 4,
                            PIPE + LOW_RANK + ("parallelism.tp=2", "model.tp_strategy=btp")),
-    # Megatron TP of the dense model (tp=2): the TP tier's uncompressed traffic (the calibrated presets measure it)
-    "megatron_tp": System("Megatron TP (tp=2)", 2, ("parallelism.pp=1", "parallelism.dp=1", "parallelism.tp=2",
-                                                   "tokens.batch_accumulation_per_replica=4",
-                                                   "model.tp_strategy=megatron")),
+    # Megatron TP of the dense model (tp=2): the TP tier's uncompressed traffic (the calibrated presets measure it);
+    # BOOST's comparison on the same TP layout: the low-rank model under vanilla TP and under BTP
+    "megatron_tp": System("Megatron TP (tp=2)", 2, TP2 + ("model.tp_strategy=megatron",)),
+    "vanilla_tp": System("vanilla TP, SVD low-rank r=d/4 (tp=2)", 2, TP2 + LOW_RANK + ("model.tp_strategy=vanilla",)),
+    "btp_tp": System("BOOST BTP, SVD low-rank r=d/4 (tp=2)", 2, TP2 + LOW_RANK + ("model.tp_strategy=btp",)),
     "three_tiers": System("three tiers dp=2 x tp=2 x pp=2 (issue 17)", 8, (), config=THREE_TIERS),
     # the same job as a plain 3D layout: full rank, Megatron TP, uncompressed stage link, DP all-reduce every step
     "dense_3d": System("uncompressed 3D dp=2 x tp=2 x pp=2 (Megatron, identity, all-reduce)", 8,
