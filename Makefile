@@ -31,10 +31,10 @@ train-tiny: setup
 lint: setup
 	$(BIN)/ruff check .
 
-# Three pytest workers (pytest-xdist): multi-process tests spend much of their time starting processes, sleeping
-# on emulated links and waiting on each other, so more workers than cores fill the idle time (the full suite on
-# 2 cores: ~33 min in one worker, 28 in two, 27 in three with other work beside it; docs/testing.md).
-TEST_WORKERS ?= 3
+# Two pytest workers (pytest-xdist): multi-process tests spend much of their time starting processes and waiting
+# on each other, so a second worker fills the idle core (the full suite on 2 cores from a fresh clone: ~33 min in
+# one worker, 28 in two, 34.5 in three: docs/testing.md).
+TEST_WORKERS ?= 2
 # NANOTRON_EXT_EXTRAS: the extras this set-up installed (dev: the test set-up, pyproject.toml); a test of one of them
 # fails, not skips, when it is missing
 PYTEST = NANOTRON_EXT_EXTRAS=dev$(if $(EXTRAS),$(comma)$(EXTRAS)) $(BIN)/python -m pytest -q -p no:cacheprovider \

@@ -174,13 +174,26 @@ def test_resume_defining_keys_are_the_documented_ones() -> None:
 
 
 def _group_timeout_worker(dp: int, tp: int, pp: int, group: str) -> tuple:
+    import os
+    import tempfile
     import time
+    from pathlib import Path
 
     import torch.distributed as torch_dist
 
     from nanotron_ext.parallel.context import build_parallel_context
 
+    # the 3 s bound also bounds the rendezvous: a rank that connects to rank 0's store before rank 0 starts it waits
+    # only 3 s (a CI run under load timed out there), so the others start once rank 0 is about to create it
+    ready = Path(tempfile.gettempdir()) / f"group_timeout_{os.environ['MASTER_PORT']}.ready"
+    if os.environ["RANK"] == "0":
+        ready.touch()
+    else:
+        deadline = time.time() + 60
+        while not ready.exists() and time.time() < deadline:
+            time.sleep(0.05)
     ctx = build_parallel_context(dp, tp, pp, backend="gloo", timeout_s=3)
+    ready.unlink(missing_ok=True)  # every rank has joined by now (a later run may get the same port)
     if torch_dist.get_rank() != 0:
         time.sleep(10)  # never joins the collective
         return 0.0, ""
