@@ -8,6 +8,10 @@ elastic's error files (`nanotron_ext.train.failures`); this launcher prints the 
     0    the job finished                 2    a user-facing error (config, data, checkpoint, disk)
     1    a rank crashed or lost a peer    130  interrupted (Ctrl-C); 143 stopped by SIGTERM
 
+Before any worker starts, the launcher runs the job's own start-up checks once (`nanotron_ext.train`'s
+`preflight`: config, layout against the world size, output folders, prepared data, a resume with changed
+settings): such an error is the same one line and exit 2 a second after the launch, with no worker started.
+
 No banner is printed (torchrun's OMP_NUM_THREADS notice and its per-worker shutdown warnings are silenced), and
 `--shutdown-timeout` defaults to 10 s instead of 30 and also applies when a worker failed (torch waits a fixed
 30 s there), so a frozen worker is killed 10 s after a peer reported it.
@@ -82,6 +86,33 @@ def _agent_class() -> type:
     return Agent
 
 
+def _fixed_world(args: object) -> Optional[int]:
+    """nproc_per_node x nnodes when both are fixed numbers, else None (auto / gpu / an elastic min:max range)."""
+    nproc, nnodes = str(getattr(args, "nproc_per_node", "")), str(getattr(args, "nnodes", "1"))
+    lo, _, hi = nnodes.partition(":")
+    if not nproc.isdigit() or not lo.isdigit() or (hi and hi != lo):
+        return None
+    return int(nproc) * int(lo)
+
+
+def preflight_line(args: object) -> Optional[str]:
+    """The one-line error of the job's start-up checks (nanotron_ext.train.preflight) when the launched module is
+    our trainer and they fail, else None (another script, or nothing to refuse)."""
+    if not (getattr(args, "module", False) and getattr(args, "training_script", None) == "nanotron_ext.train"):
+        return None
+    from nanotron_ext.errors import UserFacingError
+    from nanotron_ext.train.__main__ import preflight
+    from nanotron_ext.train.failures import DISK_HINT, one_line
+
+    try:
+        preflight(list(args.training_script_args), _fixed_world(args))
+    except UserFacingError as e:
+        return one_line(f"error: {e}")
+    except OSError as e:  # a folder that cannot be created or read: as the worker reports it
+        return one_line(f"error: {e}; {DISK_HINT}")
+    return None
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -93,6 +124,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = get_args_parser()
     parser.prog = "python -m nanotron_ext.launch"
     args = parser.parse_args(argv)
+    line = preflight_line(args)
+    if line:
+        print(line, file=sys.stderr, flush=True)
+        return 2
     if args.shutdown_timeout is None and "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" not in os.environ:
         args.shutdown_timeout = SHUTDOWN_TIMEOUT_S
     for name in ("torch.distributed.run", "torch.distributed.elastic", "torch.distributed.launcher"):

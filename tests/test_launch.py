@@ -221,3 +221,50 @@ def test_a_folder_that_cannot_be_written_is_one_line_naming_it(small_corpus: Pat
     assert proc.returncode == 2, proc.stderr[-3000:]
     line = _one_line(proc.stderr)
     assert line.startswith("error: ") and str(folder) in line and "make it writable" in line, line
+
+
+# ------------------------------------------------------------------------------- the launcher's pre-flight
+
+
+def test_the_launcher_refuses_a_bad_job_before_starting_any_worker(small_corpus: Path, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """Config, layout against the world size, data and a resume with changed settings are refused by the
+    launcher itself (one line, exit 2) without torchrun's `run` ever being called; a valid job, an elastic world
+    size it cannot know, and a script that is not our trainer go through to it."""
+    import torch.distributed.run as torch_run
+
+    from nanotron_ext import launch
+    from nanotron_ext.config.loader import config_to_dict, load_config
+
+    started: list = []
+    monkeypatch.setattr(torch_run, "run", lambda args: started.append(args))
+    tiny = str(job_cmd(1, [])[-1])  # the tiny example config the jobs use
+    base = _small_overrides(small_corpus, tmp_path / "run", 2, 1, 1, 4)
+
+    def launch_with(overrides: list, *torchrun: str, module: str = "nanotron_ext.train") -> int:
+        started.clear()
+        return launch.main([*(torchrun or ["--nproc_per_node=2"]), "-m", module, "--config-file", tiny,
+                            *[a for o in overrides for a in ("--set", o)]])
+
+    ckpt = tmp_path / "run" / "ckpt" / "step_2"  # a complete checkpoint saved with SparseLoCo (no shard files)
+    ckpt.mkdir(parents=True)
+    saved = config_to_dict(load_config(job_cmd(1, [])[-1], base + ["parallelism.dp_sync=sparseloco"]))
+    (ckpt / "meta.json").write_text(json.dumps({"step": 2, "files": [], "config": saved}))
+    capsys.readouterr()
+    for overrides, expected in [
+        (["model.hiden_size=64"], "error: model.hiden_size: unknown key; did you mean 'hidden_size'?; allowed keys"),
+        (["parallelism.dp=1"], "error: world size 2 != parallelism.dp * tp * pp = 1 * 1 * 1 = 1"),
+        ([f"data.prepared_dir={tmp_path / 'none'}"], f"error: data.prepared_dir {tmp_path / 'none'} does not exist"),
+        ([], f"error: checkpoint {ckpt} was saved with other settings; config keys that differ from the "
+             "checkpoint's (saved -> now): parallelism.dp_sync 'sparseloco' -> 'allreduce'"),
+    ]:
+        assert launch_with(base + overrides) == 2 and not started, overrides
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith(expected), err
+    for overrides, torchrun, module in [
+        (["parallelism.dp_sync=sparseloco"], (), "nanotron_ext.train"),  # resumes with the same settings
+        (["parallelism.dp=1", f"checkpoints.dir={tmp_path / 'fresh'}"], ("--nnodes=1:2", "--nproc_per_node=2"),
+         "nanotron_ext.train"),  # elastic: the world size is not known before the rendezvous
+        (["model.hiden_size=64"], (), "nanotron_ext.data"),  # not the trainer: its own checks
+    ]:
+        assert launch_with(base + overrides, *torchrun, module=module) == 0 and len(started) == 1, overrides

@@ -41,13 +41,19 @@ def _interrupted(cfg: object, trainer: object) -> int:
     return 130
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    from nanotron_ext.config.loader import add_config_args, config_from_args
-    from nanotron_ext.errors import UserFacingError
+def _parser() -> argparse.ArgumentParser:
+    from nanotron_ext.config.loader import add_config_args
 
     parser = argparse.ArgumentParser(prog="python -m nanotron_ext.train", description=__doc__)
     add_config_args(parser)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    from nanotron_ext.config.loader import config_from_args
+    from nanotron_ext.errors import UserFacingError
+
+    args = _parser().parse_args(argv)
     job: dict = {}  # the trainer lives here, not in a local: _release_process_groups must be able to drop it
     stop_watchdog = None
     if "TORCHELASTIC_RUN_ID" in os.environ:  # launched by torchrun: do not outlive it
@@ -102,6 +108,27 @@ def check_job_start(cfg: "Config") -> None:
     output_folder("general.output_dir", cfg.general.output_dir)
     output_folder("general.run", Path(cfg.general.output_dir) / cfg.general.run)
     output_folder("checkpoints.dir", cfg.checkpoints.dir)
+
+
+def preflight(argv: List[str], world_size: Optional[int]) -> None:
+    """The job's start-up checks that need neither a process group nor a model, run once by the launcher
+    (python -m nanotron_ext.launch) before it starts any worker: a bad config or layout, an unwritable output
+    folder, unprepared or mismatched data, or a resume with changed settings ends in about a second with the line
+    each worker would print, not after N workers have imported torch and met. Raises what the worker raises (a
+    UserFacingError, an OSError); the workers check everything again. `world_size` None: not known yet (elastic)."""
+    from nanotron_ext.config.loader import config_from_args
+    from nanotron_ext.data.loader import read_manifest
+    from nanotron_ext.train.checkpoint import CheckpointError
+    from nanotron_ext.train.run_folder import resume_refusal
+
+    args = _parser().parse_args(argv)
+    cfg = config_from_args(args)
+    cfg.validate(world_size=world_size)  # in the worker's order: layout, folders, data, resume
+    check_job_start(cfg)
+    read_manifest(cfg, args.config_file)
+    refusal = resume_refusal(cfg)
+    if refusal:
+        raise CheckpointError(refusal)
 
 
 def _collective_failure(e: Exception, cfg: object) -> Optional[str]:

@@ -28,6 +28,11 @@ def rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+def one_line(text: str) -> str:
+    """`text` as one line: its non-blank lines joined by "; " (a message with a second line of advice)."""
+    return "; ".join(part.strip() for part in text.splitlines() if part.strip())
+
+
 def report(line: str, code: int, *, every_rank: bool = False) -> int:
     """Report `line` (made one line) as this worker's last word and return `code` (its exit status).
 
@@ -35,7 +40,7 @@ def report(line: str, code: int, *, every_rank: bool = False) -> int:
     not turn it into "interrupted" or a traceback, so both are ignored from now on."""
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)
-    line = "; ".join(part.strip() for part in line.splitlines() if part.strip())  # one line, always
+    line = one_line(line)
     write_error_file(line, code)
     if os.environ.get(LAUNCHER_ENV) != "1" and (every_rank or rank() == 0):
         print(line, file=sys.stderr, flush=True)

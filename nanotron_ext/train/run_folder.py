@@ -31,7 +31,7 @@ from nanotron_ext.train.checkpoint import (
 )
 from nanotron_ext.train.failures import DISK_HINT
 from nanotron_ext.train.guard import claim_folders, remove_other_checkpoints, resume_advice, resume_conflict
-from nanotron_ext.train.handover import begin, complete, recover
+from nanotron_ext.train.handover import STAGING, begin, complete, recover
 
 if TYPE_CHECKING:
     from nanotron.parallel import ParallelContext
@@ -49,6 +49,16 @@ def resume_hint(checkpoint_dir: Union[str, Path], last: Optional[Path]) -> str:
 def checkpoint_to_resume(cfg: Config) -> Optional[Path]:
     """The checkpoint a launch of `cfg` resumes from: the newest complete one with checkpoints.resume=auto."""
     return latest_checkpoint(cfg.checkpoints.dir) if cfg.checkpoints.resume == "auto" else None
+
+
+def resume_refusal(cfg: Config) -> Optional[str]:
+    """Why a launch of `cfg` must not resume (resume_conflict of the checkpoint it would resume from), read
+    without touching the folders: None also while an interrupted overwrite handover waits for the next launch's
+    rank 0 to finish or undo it (which may change the checkpoint to resume from). The launcher's pre-flight."""
+    if (Path(cfg.general.output_dir) / cfg.general.run / STAGING).is_dir():
+        return None
+    ckpt = checkpoint_to_resume(cfg)
+    return resume_conflict(ckpt, config_to_dict(cfg)) if ckpt is not None else None
 
 
 class RunFolder:
