@@ -296,3 +296,46 @@ def test_jobs_run_side_by_side_and_merge_pools_results_like_one_run(tmp_path, mo
     assert wan.main(["--merge", str(tmp_path / "s1.json"), str(tmp_path / "s3.json"),
                      "--out", str(tmp_path / "bad.json")]) == 2
     assert f"--merge {tmp_path / 's3.json'}: steps 8 differs" in capsys.readouterr().err
+    # a later result timed to another reference pools under the first's; calibrated links must be the same
+    links = {"internet-1g-cpu": {"pp": [9.3, 5.6]}}
+    for name, reference, pp in (("a", "pipeline", [9.3, 5.6]), ("b", "ddp", [9.3, 5.6]), ("c", "ddp", [20.0, 5.6])):
+        saved = json.loads((tmp_path / ("s1.json" if name == "a" else "s2.json")).read_text())
+        saved["meta"].update(reference=reference, anchor_calibration={"links_mbps_ms": {"internet-1g-cpu": {"pp": pp}}})
+        (tmp_path / f"{name}.json").write_text(json.dumps(saved))
+    assert wan.main(["--merge", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--out",
+                     str(tmp_path / "ab.json")]) == 0
+    ab = json.loads((tmp_path / "ab.json").read_text())
+    assert ab["rows"] == both["rows"] and ab["meta"]["anchor_calibration"]["links_mbps_ms"] == links
+    assert [b["from"] for b in ab["meta"]["batches"]] == [str(tmp_path / "a.json"), str(tmp_path / "b.json")]
+    assert wan.main(["--merge", str(tmp_path / "a.json"), str(tmp_path / "c.json"), "--out",
+                     str(tmp_path / "ac.json")]) == 2
+    err = capsys.readouterr().err
+    assert f"--merge {tmp_path / 'c.json'}: its calibrated links of internet-1g-cpu" in err
+    assert "--calibration-from" in err
+
+
+def test_calibration_from_an_earlier_result_gives_its_links_without_calibrating(tmp_path, monkeypatch,
+                                                                                capsys) -> None:
+    """--calibration-from reuses a saved result's scaled links (what a run added to it must get to be pooled with
+    it): the runs carry them and nothing is calibrated; a result without them, or without that preset's, is refused
+    naming the file."""
+    import json
+
+    monkeypatch.setattr(wan, "calibrate_anchors", lambda args: pytest.fail("calibrated again"))
+    links = {"internet-1g-cpu": {"pp": [9.3058, 5.5969], "dp": [18.741, 4.3705]}}
+    saved = tmp_path / "earlier.json"
+    saved.write_text(json.dumps({"meta": {"anchor_calibration": {"links_mbps_ms": links}}, "rows": []}))
+    args = ["--preset", "internet-1g-cpu", "--systems", "sparseloco", "--seeds", "1", "--dry-run"]
+    assert wan.main([*args, "--calibration-from", str(saved)]) == 0
+    out = capsys.readouterr().out
+    for key in ("parallelism.link.bandwidth_mbps=9.3058", "parallelism.link.latency_ms=5.5969",
+                "parallelism.link.dp.bandwidth_mbps=18.741", "parallelism.link.dp.latency_ms=4.3705"):
+        assert key in out, key
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"meta": {"anchor_calibration": {"links_mbps_ms": {"boost-pcie-cpu": {}}}}}))
+    none = tmp_path / "none.json"
+    none.write_text(json.dumps({"meta": {}, "rows": []}))
+    for path, expected in ((other, "it calibrated boost-pcie-cpu, not --preset internet-1g-cpu"),
+                           (none, "its meta has no anchor_calibration")):
+        assert wan.main([*args, "--calibration-from", str(path)]) == 2
+        assert f"--calibration-from {path}: {expected}" in capsys.readouterr().err

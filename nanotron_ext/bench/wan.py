@@ -74,7 +74,7 @@ from nanotron_ext.bench.wan_anchors import (
     tier_links,
     tier_seconds_at_1mbps,
 )
-from nanotron_ext.bench.wan_args import check_numbers, check_runs, config_file, saved_rows
+from nanotron_ext.bench.wan_args import check_numbers, check_runs, config_file, saved_calibration, saved_rows
 from nanotron_ext.bench.wan_results import (
     TIERS,
     figure,
@@ -270,6 +270,12 @@ def calibrate_anchors(args: argparse.Namespace) -> Dict[str, Any]:
             "sources": {name: describe(name) for name in anchors}}
 
 
+def links_of(calibration: Mapping[str, Any]) -> Dict[str, Dict[str, Tuple[float, float]]]:
+    """{preset: {tier: (Mbit/s, ms)}} of a calibration (run_overrides' `args.anchor_links`)."""
+    return {name: {tier: tuple(v) for tier, v in links.items()}
+            for name, links in calibration["links_mbps_ms"].items()}
+
+
 # -- rows: seeds pooled per (preset, system) ------------------------------------------------------------------
 def pooled_rows(runs: Sequence[Mapping[str, Any]], reference: str, target_rel: float) -> List[Dict[str, Any]]:
     """One row per (preset, system): means and standard errors over seeds, time to the preset's target."""
@@ -320,6 +326,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                    help="link preset(s) of the pipeline and DP tiers; one row per system per preset ("
                         f"{', '.join(ANCHORS)}: a paper's link scaled to this machine's compute, calibrated first)")
     p.add_argument("--calibration-steps", type=int, default=8, help="steps of the anchors' calibration run")
+    p.add_argument("--calibration-from", metavar="JSON",
+                   help="reuse the links an earlier result of this meter calibrated (its meta's anchor_calibration) "
+                        "instead of calibrating again: runs added to that result get the same links, so --merge "
+                        "pools like with like")
     p.add_argument("--tp-preset", default="nvlink", choices=list(LINK_PRESETS), help="the TP group's link preset")
     p.add_argument("--systems", "--system", nargs="+", default=DEFAULT_SYSTEMS, choices=list(SYSTEMS),
                    help=f"systems to meter (known: {', '.join(SYSTEMS)})")
@@ -373,6 +383,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   "composition), which this checkout does not have", file=sys.stderr)
             return 2
         check_numbers(args)
+        if args.calibration_from:  # the dry run then shows the links the runs will get
+            args.calibration = saved_calibration(args.calibration_from, args.preset)
+            args.anchor_links = links_of(args.calibration)
         runs = planned_runs(args)
         check_runs(runs, args.set)
     except UserFacingError as e:
@@ -392,9 +405,8 @@ def measure(args: argparse.Namespace) -> Tuple[List[Dict[str, Any]], Dict[str, A
 
     extra: Dict[str, Any] = {}
     if set(ANCHORS) & set(args.preset):
-        extra["anchor_calibration"] = calibrate_anchors(args)
-        args.anchor_links = {name: {tier: tuple(v) for tier, v in links.items()}
-                             for name, links in extra["anchor_calibration"]["links_mbps_ms"].items()}
+        extra["anchor_calibration"] = getattr(args, "calibration", None) or calibrate_anchors(args)
+        args.anchor_links = links_of(extra["anchor_calibration"])
         print(f"anchor calibration: {extra['anchor_calibration']}")
     jobs = [(p, s, seed) for p in args.preset for s in args.systems for seed in args.seeds]
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # each run is its own launch: threads only wait

@@ -11,6 +11,8 @@ import argparse
 from pathlib import Path
 from typing import Any, Dict, Mapping, Sequence, Tuple
 
+from nanotron_ext.bench.report import read_saved
+from nanotron_ext.bench.wan_anchors import ANCHORS
 from nanotron_ext.cli_checks import ArgumentError, at_least, finite, output_folder, seed
 from nanotron_ext.config.checks import ConfigError
 
@@ -85,3 +87,17 @@ def saved_rows(path: str, data: Mapping[str, Any]) -> Tuple[list, Dict[str, Any]
             raise ArgumentError(f"--from-json {path}: row {i} has no {missing[0]!r}; not a result of "
                                 "python -m nanotron_ext.bench.wan")
     return rows, meta
+
+
+def saved_calibration(path: str, presets: Sequence[str]) -> Dict[str, Any]:
+    """The anchor calibration of a saved meter result (`--calibration-from`), refused naming the file when it
+    holds none or lacks the links of a calibrated preset among `presets`."""
+    calibration = read_saved(path).get("meta", {}).get("anchor_calibration")
+    if not isinstance(calibration, dict) or not isinstance(calibration.get("links_mbps_ms"), dict):
+        raise ArgumentError(f"--calibration-from {path}: its meta has no anchor_calibration (a result of "
+                            "python -m nanotron_ext.bench.wan over a calibrated preset is expected)")
+    missing = [p for p in presets if p in ANCHORS and p not in calibration["links_mbps_ms"]]
+    if missing:
+        raise ArgumentError(f"--calibration-from {path}: it calibrated {', '.join(calibration['links_mbps_ms'])}, "
+                            f"not --preset {missing[0]}")
+    return {**calibration, "reused_from": path}

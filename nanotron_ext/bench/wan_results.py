@@ -129,7 +129,9 @@ def figure(rows: Sequence[Mapping[str, Any]]) -> Any:
 
     fig, (left, right) = new_figure(2, width=6.0)
     first = rows[0]["preset"] if rows else ""
-    colours = {s: matplotlib.colormaps["tab10"](i) for i, s in enumerate(dict.fromkeys(r["system"] for r in rows))}
+    names = list(dict.fromkeys(r["system"] for r in rows))
+    palette = matplotlib.colormaps["tab10" if len(names) <= 10 else "tab20"]  # tab10 repeats after 10 systems
+    colours = {s: palette(i) for i, s in enumerate(names)}
     for r in (r for r in rows if r["preset"] == first):
         for i, curve in enumerate(r["curves"]):
             if curve:
@@ -139,7 +141,7 @@ def figure(rows: Sequence[Mapping[str, Any]]) -> Any:
         if r["target_val_loss"] is not None:
             left.axhline(r["target_val_loss"], color="k", lw=0.6, ls="--")
     left.set(xlabel="wall-clock (s, training steps only)", ylabel="validation loss", title=f"{first}; dashed: target")
-    left.legend(fontsize=7)
+    left.legend(fontsize=6, ncol=2 if len(names) > 8 else 1)
     presets = list(dict.fromkeys(r["preset"] for r in rows))
     systems = list(colours)
     by = {(r["preset"], r["system"]): r for r in rows}
@@ -147,32 +149,49 @@ def figure(rows: Sequence[Mapping[str, Any]]) -> Any:
     errors = {s: [by[(p, s)]["time_to_target_s_se"] if (p, s) in by else None for p in presets] for s in systems}
     grouped_bars(right, presets, series, errors, ylabel="wall-clock to target validation loss (s)",
                  color=lambda s: colours[s])
-    right.set_title("missing bar: target not reached")
-    right.legend(fontsize=7)
+    right.set_title("missing bar: target not reached (colours as on the left)")
+    for i, preset in enumerate(presets):  # name the bars that are missing
+        missed = [s for s in systems if (preset, s) in by and by[(preset, s)]["time_to_target_s"] is None]
+        if missed:
+            right.text(i, 0, "not reached:\n" + "\n".join(missed), ha="center", va="bottom", fontsize=6)
     return fig
 
 
 def merged_runs(paths: Sequence[str]) -> Tuple[List[Dict[str, Any]], Dict[str, Any]]:
-    """The per-seed runs of several saved results and the first one's meta (with `merged_from`); results that
-    disagree on what pooling reads, or that hold no runs (written before runs were saved), are refused naming the
-    file and the key."""
+    """The per-seed runs of several saved results and the first one's meta (with `merged_from`, and `batches`: each
+    result's date, commit, load and --jobs, since step times depend on them); results that disagree on what pooling
+    reads (the budget, the target's margin, a calibrated preset's links), or that hold no runs (written before runs
+    were saved), are refused naming the file and the key. The first result's reference sets the target (a later
+    result may have timed its own systems to another one: pooling recomputes every target)."""
     runs: List[Dict[str, Any]] = []
     meta: Dict[str, Any] = {}
     seen: Dict[Tuple[str, str, int], str] = {}
+    calibrated: Dict[str, Tuple[Any, str]] = {}
     for path in paths:
         saved = read_saved(path)
         if not saved.get("runs"):
             raise ArgumentError(f"--merge {path}: it holds no per-seed runs (a result written before the meter saved "
                                 "them); measure it again")
-        for key in ("steps", "reference", "target_rel"):
+        for key in ("steps", "target_rel"):
             if meta and saved["meta"].get(key) != meta.get(key):
                 raise ArgumentError(f"--merge {path}: {key} {saved['meta'].get(key)!r} differs from {paths[0]}'s "
                                     f"{meta.get(key)!r}; pooled runs must share it")
-        meta = meta or {**saved["meta"], "merged_from": list(paths)}
+        links = saved["meta"].get("anchor_calibration", {}).get("links_mbps_ms", {})
+        for preset, tiers in links.items():  # a calibrated preset's runs pool only over the same scaled links
+            if calibrated.setdefault(preset, (tiers, path))[0] != tiers:
+                raise ArgumentError(f"--merge {path}: its calibrated links of {preset} {tiers} differ from "
+                                    f"{calibrated[preset][1]}'s {calibrated[preset][0]} (measure with "
+                                    f"--calibration-from {calibrated[preset][1]})")
+        meta = meta or {**saved["meta"], "merged_from": list(paths), "batches": []}
+        meta["batches"].append({"from": path, "systems": sorted({r["system"] for r in saved["runs"]}),
+                                **{k: saved["meta"].get(k) for k in ("date", "commit", "loadavg_1m", "jobs")}})
         for run in saved["runs"]:
             key = (run["preset"], run["system"], run["seed"])
             if key in seen:
                 raise ArgumentError(f"--merge {path}: {key[1]} seed {key[2]} on {key[0]} is also in {seen[key]}")
             seen[key] = path
             runs.append(run)
+    if not any(r["system"] == meta.get("reference") for r in runs):
+        raise ArgumentError(f"--merge: no result holds runs of {paths[0]}'s reference {meta.get('reference')}, whose "
+                            "final validation loss sets the target")
     return runs, meta
