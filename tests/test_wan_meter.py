@@ -339,3 +339,22 @@ def test_calibration_from_an_earlier_result_gives_its_links_without_calibrating(
                            (none, "its meta has no anchor_calibration")):
         assert wan.main([*args, "--calibration-from", str(path)]) == 2
         assert f"--calibration-from {path}: {expected}" in capsys.readouterr().err
+
+
+def test_a_failed_run_names_itself_and_keeps_the_finished_ones_for_reuse(tmp_path, monkeypatch, capsys) -> None:
+    """One run failing (after hours of others) names the run and says --reuse reads the finished ones back."""
+    log: list = []
+    fake = _fake_run(log)
+
+    def run(system: str, preset: str, seed: int, args):
+        if system == "ddp" and seed == 2:
+            raise RuntimeError("boom")
+        return fake(system, preset, seed, args)
+
+    monkeypatch.setattr(wan, "measure_run", run)
+    with pytest.raises(SystemExit) as stop:
+        wan.main(["--systems", "pipeline", "ddp", "--steps", "4", "--seeds", "1", "2", "--jobs", "2",
+                  "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "r.json")])
+    assert "1 of 4 runs failed" in str(stop.value) and "--reuse" in str(stop.value)
+    assert "run internet-200m-50ms ddp seed 2 failed: RuntimeError('boom')" in capsys.readouterr().err
+    assert len(log) == 3 and not (tmp_path / "r.json").exists()

@@ -413,12 +413,20 @@ def measure(args: argparse.Namespace) -> Tuple[List[Dict[str, Any]], Dict[str, A
         futures = [pool.submit(measure_run, s, p, seed, args) for p, s, seed in jobs]
         for _ in tqdm(as_completed(futures), total=len(futures), desc="wan meter runs", unit="run"):
             pass
+        failed = [(job, f.exception()) for job, f in zip(jobs, futures) if f.exception() is not None]
+        if failed:  # the finished runs stay in their folders: --reuse reads them back instead of training again
+            for (preset, system, seed), error in failed:
+                print(f"run {preset} {system} seed {seed} failed: {error!r}", file=sys.stderr)
+            raise SystemExit(f"{len(failed)} of {len(jobs)} runs failed; every finished run is kept under --runs "
+                             f"{args.runs}: the same command with --reuse reads them instead of training them again")
         runs = [f.result() for f in futures]  # in job order, whichever finished first
     rows = pooled_rows(runs, args.reference, args.target_rel)
     meta = run_meta({"presets": args.preset, "tp_preset": args.tp_preset, "steps": args.steps, "jobs": args.jobs,
                      "config": args.config, "reference": args.reference, "target_rel": args.target_rel,
                      "set": args.set, "own_configs": {s: SYSTEMS[s].config for s in args.systems if SYSTEMS[s].config},
-                     "note": "step times measured on a shared, loaded machine unless stated otherwise", **extra})
+                     "note": "step times measured on a shared, loaded machine unless stated otherwise",
+                     # --reuse read finished runs back: their step times are of when they trained, not of this load
+                     "reused_runs": bool(args.reuse), **extra})
     return rows, meta, runs
 
 

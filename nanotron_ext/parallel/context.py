@@ -17,6 +17,7 @@ import contextlib
 import datetime
 import importlib
 import os
+import threading
 from typing import Any, Iterator, Optional
 
 import numpy as np
@@ -122,12 +123,18 @@ def standalone_context(tp: int = 1, backend: Optional[str] = "gloo") -> Parallel
     """dp = pp = 1 with `tp` TP ranks over this job's processes (`backend` None: NCCL with CUDA, else gloo).
     In a lone process (no torchrun, no process group yet) that is a one-rank group (init_portless), and the
     rank variables nanotron reads are not left behind (a child process would inherit them)."""
-    if "RANK" in os.environ:
-        return build_parallel_context(1, tp, 1, backend=backend)
-    with lone_rank_env():
-        if not torch_dist.is_initialized():
-            init_portless(backend or ("nccl" if torch.cuda.is_available() else "gloo"))
-        return build_parallel_context(1, tp, 1, backend=backend)
+    # the variables and the default group are the process's: threads building contexts at once (the WAN meter's
+    # closed forms with --jobs > 1) once saw another thread's lone-rank RANK, then its WORLD_SIZE removed under them
+    with _LONE:
+        if "RANK" in os.environ:  # a launched rank
+            return build_parallel_context(1, tp, 1, backend=backend)
+        with lone_rank_env():
+            if not torch_dist.is_initialized():
+                init_portless(backend or ("nccl" if torch.cuda.is_available() else "gloo"))
+            return build_parallel_context(1, tp, 1, backend=backend)
+
+
+_LONE = threading.Lock()  # one standalone_context at a time per process
 
 
 @contextlib.contextmanager

@@ -1,0 +1,47 @@
+"""standalone_context from several threads of one process (the WAN meter computes closed forms, which build the
+model on the meta device, from its --jobs threads): the lone-rank variables are the process's, so one thread's
+must never be seen or removed by another (a 45-run meter batch once ended in KeyError: 'WORLD_SIZE')."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+
+def test_threads_building_standalone_contexts_never_share_the_lone_rank_variables(monkeypatch) -> None:
+    from nanotron_ext.parallel import context
+
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    inside, overlapped, seen = [0], [], []
+
+    def build(dp: int, tp: int, pp: int, **kw) -> object:  # stands in for the process groups; slow enough to overlap
+        inside[0] += 1
+        overlapped.append(inside[0] > 1)
+        time.sleep(0.05)
+        seen.append((os.environ.get("RANK"), os.environ.get("WORLD_SIZE"), os.environ.get("LOCAL_RANK")))
+        inside[0] -= 1
+        return object()
+
+    monkeypatch.setattr(context, "build_parallel_context", build)
+    monkeypatch.setattr(context, "init_portless", lambda *a, **k: None)
+    monkeypatch.setattr(context.torch_dist, "is_initialized", lambda: False)
+    threads = [threading.Thread(target=context.standalone_context) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert seen == [("0", "1", "0")] * 4 and not any(overlapped)
+    assert not any(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))  # nothing left behind
+
+
+def test_a_launched_rank_keeps_its_own_variables(monkeypatch) -> None:
+    from nanotron_ext.parallel import context
+
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    got = []
+    monkeypatch.setattr(context, "build_parallel_context",
+                        lambda *a, **k: got.append((os.environ["RANK"], os.environ["WORLD_SIZE"])) or object())
+    context.standalone_context()
+    assert got == [("3", "4")]
