@@ -37,8 +37,10 @@ lint: setup
 TEST_WORKERS ?= 2
 # NANOTRON_EXT_EXTRAS: the extras this set-up installed (dev: the test set-up, pyproject.toml); a test of one of them
 # fails, not skips, when it is missing
-PYTEST = NANOTRON_EXT_EXTRAS=dev$(if $(EXTRAS),$(comma)$(EXTRAS)) $(BIN)/python -m pytest -q -p no:cacheprovider \
-	-n $(TEST_WORKERS) --dist worksteal
+# OMP_NUM_THREADS=1: one intra-op thread per process (as torchrun gives each rank): torch's default of one per core
+# makes two workers and their single-process jobs oversubscribe the cores, and OpenMP threads spin while they wait
+PYTEST = NANOTRON_EXT_EXTRAS=dev$(if $(EXTRAS),$(comma)$(EXTRAS)) OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q \
+	-p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal
 
 test: setup
 	$(PYTEST) --durations=25
