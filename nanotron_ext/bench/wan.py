@@ -20,6 +20,7 @@ parallel/link.py), and the meter reports per system, mean and standard error ove
     python -m nanotron_ext.bench.wan --dry-run                                    # resolve every run, train nothing
     python -m nanotron_ext.bench.wan --jobs 4 --seeds 1 2 3 --out a.json          # 4 runs at a time (16 cores)
     python -m nanotron_ext.bench.wan --merge a.json b.json --out ab.json          # pool the runs of results
+    python -m nanotron_ext.bench.wan --preset internet-1g-cpu --calibration-from a.json --out b.json  # a's links
     python -m nanotron_ext.bench.wan --system three_tiers                         # dp=2 x tp=2 x pp=2 (8 processes)
     python -m nanotron_ext.bench.wan --systems sparseloco_dp4 sparseloco_dp4_churn # churn: 1 of 4 replicas down 20%
 
