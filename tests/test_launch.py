@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import SMALL_VOCAB
-from tests.helpers.jobs import job_cmd, kill_job, metrics_lines, run_job, start_job, wait_for, workers
+from tests.helpers.jobs import TINY, job_cmd, kill_job, metrics_lines, run_job, start_job, wait_for, workers
 from tests.test_trainer import _small_overrides
 
 
@@ -238,17 +238,16 @@ def test_the_launcher_refuses_a_bad_job_before_starting_any_worker(small_corpus:
 
     started: list = []
     monkeypatch.setattr(torch_run, "run", lambda args: started.append(args))
-    tiny = str(job_cmd(1, [])[-1])  # the tiny example config the jobs use
     base = _small_overrides(small_corpus, tmp_path / "run", 2, 1, 1, 4)
 
     def launch_with(overrides: list, *torchrun: str, module: str = "nanotron_ext.train") -> int:
         started.clear()
-        return launch.main([*(torchrun or ["--nproc_per_node=2"]), "-m", module, "--config-file", tiny,
+        return launch.main([*(torchrun or ["--nproc_per_node=2"]), "-m", module, "--config-file", str(TINY),
                             *[a for o in overrides for a in ("--set", o)]])
 
     ckpt = tmp_path / "run" / "ckpt" / "step_2"  # a complete checkpoint saved with SparseLoCo (no shard files)
     ckpt.mkdir(parents=True)
-    saved = config_to_dict(load_config(job_cmd(1, [])[-1], base + ["parallelism.dp_sync=sparseloco"]))
+    saved = config_to_dict(load_config(TINY, base + ["parallelism.dp_sync=sparseloco"]))
     (ckpt / "meta.json").write_text(json.dumps({"step": 2, "files": [], "config": saved}))
     capsys.readouterr()
     for overrides, expected in [
