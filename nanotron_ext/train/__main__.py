@@ -122,8 +122,9 @@ def preflight(argv: List[str], world_size: Optional[int]) -> None:
     from nanotron_ext.train.run_folder import resume_refusal
 
     args = _parser().parse_args(argv)
-    cfg = config_from_args(args)
-    cfg.validate(world_size=world_size)  # in the worker's order: layout, folders, data, resume
+    cfg = config_from_args(args)  # validated when built; the layout against the world size too when it is known
+    if world_size is not None:  # in the worker's order: layout, folders, data, resume
+        cfg.validate(world_size=world_size)
     check_job_start(cfg)
     read_manifest(cfg, args.config_file)
     refusal = resume_refusal(cfg)
