@@ -227,17 +227,30 @@ def test_a_folder_that_cannot_be_written_is_one_line_naming_it(small_corpus: Pat
 
 
 def test_the_launcher_refuses_a_bad_job_before_starting_any_worker(small_corpus: Path, tmp_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+                                                                 monkeypatch: pytest.MonkeyPatch, capsys,
+                                                                 request: pytest.FixtureRequest) -> None:
     """Config, layout against the world size, data and a resume with changed settings are refused by the
     launcher itself (one line, exit 2) without torchrun's `run` ever being called; a valid job, an elastic world
     size it cannot know, and a script that is not our trainer go through to it."""
+    import logging
+
     import torch.distributed.run as torch_run
+    from torch.distributed.launcher import api as launcher_api
 
     from nanotron_ext import launch
     from nanotron_ext.config.loader import config_to_dict, load_config
+    from nanotron_ext.train.failures import LAUNCHER_ENV
 
     started: list = []
     monkeypatch.setattr(torch_run, "run", lambda args: started.append(args))
+    # what launch.main sets for its workers stays out of this test process (a later job of this pytest worker would
+    # inherit LAUNCHER_ENV and hand its error line to a launcher that is not there)
+    monkeypatch.setenv(LAUNCHER_ENV, "0")  # (delenv of an absent variable records nothing to restore)
+    monkeypatch.delenv(LAUNCHER_ENV)
+    monkeypatch.setattr(launcher_api, "LocalElasticAgent", launcher_api.LocalElasticAgent)
+    for logger in map(logging.getLogger, ("torch.distributed.run", "torch.distributed.elastic",
+                                          "torch.distributed.launcher")):
+        request.addfinalizer(lambda logger=logger, level=logger.level: logger.setLevel(level))
     base = _small_overrides(small_corpus, tmp_path / "run", 2, 1, 1, 4)
 
     def launch_with(overrides: list, *torchrun: str, module: str = "nanotron_ext.train") -> int:
