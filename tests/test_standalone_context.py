@@ -1,6 +1,8 @@
 """standalone_context from several threads of one process (the WAN meter computes closed forms, which build the
 model on the meta device, from its --jobs threads): the lone-rank variables are the process's, so one thread's
-must never be seen or removed by another (a 45-run meter batch once ended in KeyError: 'WORLD_SIZE')."""
+must never be seen or removed by another (a 45-run meter batch once ended in KeyError: 'WORLD_SIZE'). And a
+process that asks again gets the same groups: each new context's gloo groups kept three threads each until the
+process ended (a pytest worker that ran the dry-run presets held 1,228 threads, polling for a third of a core)."""
 from __future__ import annotations
 
 import os
@@ -13,6 +15,7 @@ def test_threads_building_standalone_contexts_never_share_the_lone_rank_variable
 
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(key, raising=False)
+    monkeypatch.setattr(context, "_BUILT", {})
     inside, overlapped, seen = [0], [], []
 
     def build(dp: int, tp: int, pp: int, **kw) -> object:  # stands in for the process groups; slow enough to overlap
@@ -40,8 +43,25 @@ def test_a_launched_rank_keeps_its_own_variables(monkeypatch) -> None:
 
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setattr(context, "_BUILT", {})
     got = []
     monkeypatch.setattr(context, "build_parallel_context",
                         lambda *a, **k: got.append((os.environ["RANK"], os.environ["WORLD_SIZE"])) or object())
     context.standalone_context()
     assert got == [("3", "4")]
+
+
+def test_asking_again_reuses_the_groups_while_their_default_group_lives(monkeypatch) -> None:
+    from nanotron_ext.parallel import context
+
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setattr(context, "_BUILT", {})
+    first = context.standalone_context()
+    threads = len(os.listdir("/proc/self/task"))
+    assert all(context.standalone_context() is first for _ in range(3))
+    assert len(os.listdir("/proc/self/task")) == threads  # no new gloo threads
+    stale = object()  # a context built on a default group that has since been destroyed and made again
+    monkeypatch.setitem(context._BUILT, (1, "gloo"), (object(), stale))
+    rebuilt = context.standalone_context()
+    assert rebuilt is not stale and rebuilt is not first and context.standalone_context() is rebuilt

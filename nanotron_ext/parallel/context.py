@@ -18,7 +18,7 @@ import datetime
 import importlib
 import os
 import threading
-from typing import Any, Iterator, Optional
+from typing import Any, Dict, Iterator, Optional, Tuple
 
 import numpy as np
 import torch
@@ -122,19 +122,31 @@ def init_portless(backend: str, rank: int = 0, world_size: int = 1, store_file: 
 def standalone_context(tp: int = 1, backend: Optional[str] = "gloo") -> ParallelContext:
     """dp = pp = 1 with `tp` TP ranks over this job's processes (`backend` None: NCCL with CUDA, else gloo).
     In a lone process (no torchrun, no process group yet) that is a one-rank group (init_portless), and the
-    rank variables nanotron reads are not left behind (a child process would inherit them)."""
+    rank variables nanotron reads are not left behind (a child process would inherit them). A process asks
+    again and again (parameter counts, the WAN meter's closed forms, each dry-run preset): it gets the same
+    context while the default group it was built on lives, since every new context's gloo groups keep their
+    threads (three per group) until the process ends."""
     # the variables and the default group are the process's: threads building contexts at once (the WAN meter's
     # closed forms with --jobs > 1) once saw another thread's lone-rank RANK, then its WORLD_SIZE removed under them
     with _LONE:
+        built = _BUILT.get((tp, backend))
+        if built is not None and torch_dist.is_initialized() and built[0] is torch_dist.group.WORLD:
+            return built[1]
         if "RANK" in os.environ:  # a launched rank
-            return build_parallel_context(1, tp, 1, backend=backend)
-        with lone_rank_env():
-            if not torch_dist.is_initialized():
-                init_portless(backend or ("nccl" if torch.cuda.is_available() else "gloo"))
-            return build_parallel_context(1, tp, 1, backend=backend)
+            ctx = build_parallel_context(1, tp, 1, backend=backend)
+        else:
+            with lone_rank_env():
+                if not torch_dist.is_initialized():
+                    init_portless(backend or ("nccl" if torch.cuda.is_available() else "gloo"))
+                ctx = build_parallel_context(1, tp, 1, backend=backend)
+        if torch_dist.is_initialized():
+            _BUILT[(tp, backend)] = (torch_dist.group.WORLD, ctx)
+        return ctx
 
 
 _LONE = threading.Lock()  # one standalone_context at a time per process
+# (tp, backend) -> (the default group it was built on, the context): a group destroyed and made again is a new one
+_BUILT: Dict[Tuple[int, Optional[str]], Tuple[Any, ParallelContext]] = {}
 
 
 @contextlib.contextmanager
