@@ -24,15 +24,25 @@ def test_config_loads_and_validates(path: Path) -> None:
 
 
 def _one_step_worker(path: Path, overrides: list) -> dict:
+    import functools
+
     import torch
 
     from nanotron_ext.train.trainer import Trainer
+
+    # model.compile as written compiles the layers in place; inductor's C++ code generation for them costs ~30 CPU-s
+    # from a cold cache (every CI run). AOT autograd traces the same graphs (what breaks), as test_gpu_check's
+    # compile test and the GPU check's dry run do; compiled numbers equal eager ones there.
+    torch.nn.Module.compile = functools.partialmethod(torch.nn.Module.compile, backend="aot_eager")
 
     trainer = Trainer(load_config(path, overrides))
     before = {n: p.detach().clone() for n, p in trainer.replica.model.named_parameters()}
     summary = trainer.train()
     moved = sum(not torch.equal(before[n], p) for n, p in trainer.replica.model.named_parameters())
-    return {"summary": summary, "moved": moved, "params": len(before), "vocab": trainer.cfg.model.vocab_size}
+    compiled = [getattr(b.pp_block, "_compiled_call_impl", None) is not None for b in trainer.replica.model.decoder
+                if getattr(b, "pp_block", None) is not None]
+    return {"summary": summary, "moved": moved, "params": len(before), "vocab": trainer.cfg.model.vocab_size,
+            "compiled": compiled}
 
 
 @pytest.mark.slow
@@ -65,4 +75,5 @@ def test_example_builds_its_model_and_takes_one_step(path: Path, small_corpus: P
         # an untrained model predicts about uniformly over the vocabulary: loss ~ ln V
         assert abs(s["final_train_loss"] - math.log(run["vocab"])) < 0.5, (rank, s["final_train_loss"])
         assert math.isfinite(s["final_val_loss"])
+        assert run["compiled"] and all(c == cfg.model.compile for c in run["compiled"]), (rank, run["compiled"])
     assert sorted(q.name for q in (tmp_path / "ckpt").iterdir() if q.name.startswith("step_")) == ["step_1"]
