@@ -275,6 +275,45 @@ def _one_process_logits(run: Path, ids: torch.Tensor) -> torch.Tensor:
         return logits(load_single_process_model(ckpt, raw), ids)
 
 
+def test_a_one_process_layout_is_gathered_in_this_process_leaving_nothing_behind(corpus: dict) -> None:
+    """eval, generate and export of a one-process run read its rank here (a spawned interpreter cost ~4 s of a 10 s
+    eval): the same tensors as a spawned rank, and no process group, rank variable, random state, logging level,
+    thread count or thread left behind."""
+    run = _trained("cola", corpus)
+    out = run_distributed(_gathered_here_and_spawned, 1, run["run"])[0]
+    assert out["spawned_ranks"] == [0, 1]  # here, then (with a group of its own) spawned
+    assert out["after"] == out["before"]
+    here, spawned = out["here"], out["spawned"]
+    assert sorted(here) == sorted(spawned) and all(torch.equal(here[k], spawned[k]) for k in here)
+
+
+def _gathered_here_and_spawned(run: Path) -> dict:
+    import logging
+
+    import torch.distributed as torch_dist
+
+    from nanotron_ext.inference.run import gather, open_run
+
+    spawns = []
+    real_spawn = torch.multiprocessing.spawn
+    torch.multiprocessing.spawn = lambda *a, **k: spawns.append(1) or real_spawn(*a, **k)
+
+    def state() -> dict:
+        names = sorted(Path(f"/proc/self/task/{t}/comm").read_text().strip() for t in os.listdir("/proc/self/task"))
+        return {"group": torch_dist.is_initialized(), "rng": torch.get_rng_state().tolist(), "threads": names,
+                "env": {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")},
+                "logging": logging.root.manager.disable, "intra_op": torch.get_num_threads()}
+
+    ckpt = open_run(run)
+    before = state()
+    here = gather(ckpt).raw
+    after, spawned_ranks = state(), [len(spawns)]
+    torch_dist.init_process_group("gloo", store=torch_dist.HashStore(), rank=0, world_size=1)
+    spawned = gather(ckpt).raw  # a process with a group of its own spawns the rank
+    spawned_ranks.append(len(spawns))
+    return {"here": here, "spawned": spawned, "before": before, "after": after, "spawned_ranks": spawned_ranks}
+
+
 NO_DENSE = {  # overrides -> what the one-line refusal names
     "resbm": (["model.codec.kind=resbm", "model.codec.boundaries=every_layer"], "model.codec.kind='resbm'"),
     "int8": (["model.codec.kind=int8", "model.codec.boundaries=[1]"], "model.codec.kind='int8'"),

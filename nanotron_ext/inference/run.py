@@ -5,7 +5,8 @@ trained with (the copy in the checkpoint's meta.json, else the run's config.yaml
 checkpoint's shards: a checkpoint holds one file per rank and nanotron's ShardedInfo on each parameter of the
 model built for that rank says which slice the file holds, so the run's layout (tp x pp, one DP replica) is
 spawned as gloo CPU processes that build their model, load their file and sum their slices into full tensors over
-TP; each stage's TP rank 0 writes them to a temporary folder this process reads. Any TP strategy and technique
+TP; each stage's TP rank 0 writes them to a temporary folder this process reads. A one-process layout runs its
+rank in this process instead (when it has no process group of its own). Any TP strategy and technique
 works, because nothing here knows a layout: the model built per rank does.
 """
 from __future__ import annotations
@@ -116,7 +117,10 @@ def gather(ckpt: RunCheckpoint, *, replica: int = 0, dense: bool = False,
         job = {"config": config_to_dict(ckpt.config), "path": str(ckpt.path), "meta": ckpt.meta, "replica": replica,
                "dense": dense, "check_ids": check_ids, "out": tmp, "tp": layout["tp"], "pp": layout["pp"]}
         try:
-            torch.multiprocessing.spawn(_worker, args=(world, job), nprocs=world, join=True)
+            if world == 1 and not torch_dist.is_initialized():
+                _gather_here(job)  # a fresh interpreter re-imports torch and the package: ~4 s of a 10 s eval
+            else:
+                torch.multiprocessing.spawn(_worker, args=(world, job), nprocs=world, join=True)
         except Exception:  # the failing rank wrote a user-facing reason first, when it had one
             reasons = sorted(Path(tmp).glob("error_*.txt"))
             if reasons:
@@ -150,11 +154,25 @@ def _read_shard(path: Path, meta: Dict[str, Any], name: str) -> Dict[str, Any]:
     return torch.load(file, map_location="cpu", weights_only=True)
 
 
-def _worker(rank: int, world: int, job: Dict[str, Any]) -> None:
-    from nanotron_ext.parallel.context import init_portless
+def _gather_here(job: Dict[str, Any]) -> None:
+    """A one-process layout's rank in this process, leaving nothing of it behind: its world of one, the rank
+    variables, the random state building the model draws from, the logging level."""
+    from nanotron_ext.parallel.context import lone_rank_env
+
+    level = logging.root.manager.disable
+    try:
+        with lone_rank_env(), torch.random.fork_rng(devices=[]):
+            _worker(0, 1, job, threads=False)
+    finally:
+        logging.disable(level)
+
+
+def _worker(rank: int, world: int, job: Dict[str, Any], threads: bool = True) -> None:
+    from nanotron_ext.parallel.context import init_portless, release_process_groups
 
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    if threads:  # a spawned rank's share of the cores (this process keeps its own setting)
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     logging.disable(logging.WARNING)  # build-time notes (fallbacks, grouping) were shown when the run trained
     out = Path(job["out"])
     try:
@@ -164,8 +182,7 @@ def _worker(rank: int, world: int, job: Dict[str, Any]) -> None:
         (out / f"error_{rank}.txt").write_text(str(e))
         raise
     finally:
-        if torch_dist.is_initialized():
-            torch_dist.destroy_process_group()
+        release_process_groups()  # in this process (a one-process layout), its gloo threads end here
 
 
 def _gather_rank(job: Dict[str, Any], out: Path) -> None:

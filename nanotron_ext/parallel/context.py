@@ -61,6 +61,14 @@ class TimedParallelContext(ParallelContext):
         return mine
 
 
+def _dynamo_first() -> None:
+    """torch._dynamo (imported by the first optimizer, torch.optim's @_disable_dynamo, and by building a model)
+    keeps one process group alive past destroy_process_group when it is imported after the groups exist: its gloo
+    threads then run into interpreter exit (a rare "terminate called without an active exception"), or outlive a
+    world of one opened and destroyed inside a longer process. Import it before any group."""
+    importlib.import_module("torch._dynamo")
+
+
 def build_parallel_context(
     dp: int, tp: int, pp: int, backend: Optional[str] = None, timeout_s: float = 120.0
 ) -> ParallelContext:
@@ -71,10 +79,7 @@ def build_parallel_context(
     """
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     validate_parallelism(world_size, dp, tp, pp)
-    # torch._dynamo (imported by the first optimizer, torch.optim's @_disable_dynamo) keeps one process group
-    # alive past destroy_process_group when it is imported after the groups exist: its gloo threads then run
-    # into interpreter exit (a rare "terminate called without an active exception"). Import it first.
-    importlib.import_module("torch._dynamo")
+    _dynamo_first()
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if not torch_dist.is_initialized():
@@ -114,6 +119,7 @@ def init_portless(backend: str, rank: int = 0, world_size: int = 1, store_file: 
     """The default process group of processes on this machine, with a rendezvous that takes no TCP port: an
     in-process store for a world of one, a FileStore at `store_file` for several. (A free port picked, released
     and bound again can be taken by another job in between: EADDRINUSE under a loaded test suite.)"""
+    _dynamo_first()
     store = torch_dist.HashStore() if world_size == 1 else torch_dist.FileStore(store_file, world_size)
     torch_dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                   timeout=datetime.timedelta(seconds=timeout_s))
@@ -147,6 +153,23 @@ def standalone_context(tp: int = 1, backend: Optional[str] = "gloo") -> Parallel
 _LONE = threading.Lock()  # one standalone_context at a time per process
 # (tp, backend) -> (the default group it was built on, the context): a group destroyed and made again is a new one
 _BUILT: Dict[Tuple[int, Optional[str]], Tuple[Any, ParallelContext]] = {}
+
+
+def release_process_groups() -> None:
+    """Destroy every process group so that its gloo threads (two per group, plus its TCP loop) end now, not at
+    interpreter exit: nanotron's cached group lookups (functools caches keyed by, and holding, the groups) are
+    cleared and the groups nothing else holds are collected first, since a group still referenced keeps its
+    threads past destroy_process_group(). The caller drops its own references (model, context) before."""
+    import gc
+
+    from nanotron import distributed as nanotron_dist
+
+    nanotron_dist.get_rank.cache_clear()
+    nanotron_dist.get_global_rank.cache_clear()
+    gc.collect()
+    if torch_dist.is_initialized():
+        torch_dist.destroy_process_group()
+    gc.collect()
 
 
 @contextlib.contextmanager

@@ -143,24 +143,14 @@ def _release_process_groups(job: dict) -> None:
     """Destroy every process group on every way out, errors included, while the interpreter is whole.
 
     A clean run once ended with "terminate called without an active exception" (exit -6, no loss.png): gloo's
-    C++ threads (two per group, plus its TCP loops) were still running at interpreter exit, because the trainer
-    (model, optimizer, parallel context) and nanotron's cached group lookups kept the groups alive past
-    destroy_process_group(). Drop those references, collect, then destroy. Best effort: a failure here must not
-    replace the exit code."""
-    import gc
-
-    import torch.distributed as torch_dist
+    C++ threads were still running at interpreter exit, because the trainer (model, optimizer, parallel context)
+    kept the groups alive past destroy_process_group(). Drop it, then release the groups. Best effort: a failure
+    here must not replace the exit code."""
+    from nanotron_ext.parallel.context import release_process_groups
 
     try:
         job.clear()
-        from nanotron import distributed as nanotron_dist
-
-        nanotron_dist.get_rank.cache_clear()  # functools caches keyed by (and holding) process groups
-        nanotron_dist.get_global_rank.cache_clear()
-        gc.collect()
-        if torch_dist.is_initialized():
-            torch_dist.destroy_process_group()
-        gc.collect()
+        release_process_groups()
     except Exception:  # noqa: BLE001 - best effort on the way out
         pass
 
