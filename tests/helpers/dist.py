@@ -50,8 +50,10 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, qu
 
 # Ranks are forked from one server process that imported torch, nanotron and the package once (not spawned: each
 # spawned rank spent ~3-5 s of CPU importing them again, over ~300 ranks per suite). The server has run no torch op
-# and started no thread pool, so a fork of it is a clean process.
-_PRELOAD = ["torch", "torch.distributed", "nanotron", "nanotron_ext.train.trainer", "tests.helpers.dist"]
+# and started no thread pool, so a fork of it is a clean process. Also preloaded: torch._dynamo, which every rank
+# imports when it builds its groups (~1 CPU-s each), and pyplot, which a trainer's rank 0 imports to plot the loss.
+_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "matplotlib.pyplot", "nanotron",
+            "nanotron_ext.train.trainer", "tests.helpers.dist"]
 
 
 def _context() -> "mp.context.BaseContext":
