@@ -65,3 +65,25 @@ def test_asking_again_reuses_the_groups_while_their_default_group_lives(monkeypa
     monkeypatch.setitem(context._BUILT, (1, "gloo"), (object(), stale))
     rebuilt = context.standalone_context()
     assert rebuilt is not stale and rebuilt is not first and context.standalone_context() is rebuilt
+
+
+def _threads_around_a_world_of_one() -> tuple:
+    from nanotron_ext.inference.model import one_process_group
+    from nanotron_ext.parallel.context import standalone_context
+
+    def names() -> list:
+        return sorted(open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task"))
+
+    before = names()
+    with one_process_group():
+        standalone_context()  # kept by standalone_context for the next caller while the group lives
+    return before, names()
+
+
+def test_a_world_of_one_closed_again_leaves_no_gloo_thread() -> None:
+    """generate/eval's one_process_group: on the way out its groups, and the context standalone_context kept on
+    them, are released, so their gloo threads end then, not at interpreter exit."""
+    from tests.helpers.dist import run_distributed
+
+    before, after = run_distributed(_threads_around_a_world_of_one, 1)[0]
+    assert after == before

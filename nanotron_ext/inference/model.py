@@ -18,7 +18,7 @@ from nanotron_ext.config.compose import core_class
 from nanotron_ext.config.schema import Config, ParallelismConfig
 from nanotron_ext.inference.run import RunCheckpoint, RunError
 from nanotron_ext.models.llama import LlamaForTraining
-from nanotron_ext.parallel.context import init_portless, lone_rank_env
+from nanotron_ext.parallel.context import init_portless, lone_rank_env, release_process_groups
 from nanotron_ext.parallel.layout import codec_boundaries, split_layers
 
 
@@ -54,8 +54,7 @@ def one_process_group() -> Iterator[None]:
             init_portless("gloo")
             yield
         finally:
-            if torch_dist.is_initialized():
-                torch_dist.destroy_process_group()
+            release_process_groups()  # its gloo threads end here, not at interpreter exit
 
 
 @torch.no_grad()

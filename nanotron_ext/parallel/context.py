@@ -159,11 +159,14 @@ def release_process_groups() -> None:
     """Destroy every process group so that its gloo threads (two per group, plus its TCP loop) end now, not at
     interpreter exit: nanotron's cached group lookups (functools caches keyed by, and holding, the groups) are
     cleared and the groups nothing else holds are collected first, since a group still referenced keeps its
-    threads past destroy_process_group(). The caller drops its own references (model, context) before."""
+    threads past destroy_process_group(). The caller drops its own references (model, context) before; the
+    contexts standalone_context keeps are dropped here."""
     import gc
 
     from nanotron import distributed as nanotron_dist
 
+    with _LONE:
+        _BUILT.clear()
     nanotron_dist.get_rank.cache_clear()
     nanotron_dist.get_global_rank.cache_clear()
     gc.collect()
