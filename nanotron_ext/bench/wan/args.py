@@ -3,7 +3,7 @@
 The meter trains for hours; a bad argument used to surface only when a run used it: `--steps 0` or a `--set` typo
 as a traceback (or a failed run's "last error: None"), `--dry-run` outside the checkout as "config file not
 found", `--from-json` of another script's result as a KeyError while rendering. Each is one line naming the
-argument here (a UserFacingError; bench.wan prints it and exits 2) before anything is trained or written.
+argument here (a UserFacingError; bench.wan.cli prints it and exits 2) before anything is trained or written.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Dict, Mapping, Sequence, Tuple
 
 from nanotron_ext.bench.report import read_saved
-from nanotron_ext.bench.wan_anchors import ANCHORS
+from nanotron_ext.bench.wan.presets import ANCHORS
 from nanotron_ext.cli_checks import ArgumentError, at_least, finite, output_folder, seed
 from nanotron_ext.config.checks import ConfigError
 

@@ -28,7 +28,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 TIER_KEYS = {"pp": "", "dp": "dp.", "tp": "tp."}  # each tier's prefix under parallelism.link
 CALIBRATION_SYSTEM = {"pp": "pipeline", "dp": "ddp", "tp": "megatron_tp"}  # wan.SYSTEMS measured per tier
 

@@ -1,0 +1,94 @@
+"""The WAN meter's systems: one row each, how it is launched in its real layout (processes, config keys).
+Every system trains the same model, data and token budget (reproduce/wan/cpu_base.yaml) unless it has its own YAML."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+from typing import Dict, Optional, Tuple
+
+from nanotron_ext.bench.wan.args import config_file
+
+REPO = Path(__file__).resolve().parents[3]
+BASE = "reproduce/wan/cpu_base.yaml"
+THREE_TIERS = "examples/config_three_tiers.yaml"
+SM = ["model.codec.kind=subspace", "model.embedding.kind=subspace", "model.output_constraint.kind=subspace",
+      "model.subspace.k=16"]
+
+
+@dataclasses.dataclass(frozen=True)
+class System:
+    """One row of the meter: how it is launched (processes, config keys) and which tiers its traffic crosses."""
+
+    label: str
+    nproc: int
+    overrides: Tuple[str, ...]
+    config: Optional[str] = None  # its own YAML instead of --config (the three-tier composition)
+
+
+PIPE = ("parallelism.pp=2", "parallelism.dp=1", "tokens.batch_accumulation_per_replica=4")
+DATA = ("parallelism.pp=1", "parallelism.dp=2", "tokens.batch_accumulation_per_replica=2")
+DATA4 = ("parallelism.pp=1", "parallelism.dp=4", "tokens.batch_accumulation_per_replica=1")
+TP2 = ("parallelism.pp=1", "parallelism.dp=1", "parallelism.tp=2", "tokens.batch_accumulation_per_replica=4")
+LOW_RANK = ("model.low_rank.kind=svd", "model.low_rank.rank=32")  # d/4 at cpu_base.yaml's d = 128
+SYSTEMS: Dict[str, System] = {
+    "pipeline": System("uncompressed pipeline (pp=2)", 2, PIPE),
+    "subspace_pipeline": System("SM subspace codec k=d/8 (pp=2)", 2, PIPE + tuple(SM)),
+    "resbm_pipeline": System("ResBM 128x (pp=2)", 2, PIPE + ("model.codec.kind=resbm", "model.codec.resbm.h=1")),
+    "ddp": System("DP all-reduce every step (dp=2)", 2, DATA),
+    "sparseloco": System("SparseLoCo (dp=2; --inner-steps)", 2, DATA + ("parallelism.dp_sync=sparseloco",)),
+    # opt-in rows (not in DEFAULT_SYSTEMS; resolved by tests/test_wan_meter.py, not yet in a committed result)
+    "topk_pipeline": System("lossy top-k 8x (pp=2)", 2, PIPE + ("model.codec.kind=topk", "model.codec.ratio=8")),
+    "int4_pipeline": System("lossy int4 (pp=2)", 2, PIPE + ("model.codec.kind=int4",)),
+    "lowrank_pipeline": System("lossy low-rank 8x (pp=2)", 2,
+                               PIPE + ("model.codec.kind=lowrank", "model.codec.ratio=8")),
+    "mapl_pipeline": System("MAPL (pp=2)", 2, PIPE + ("model.codec.kind=mapl",)),
+    "mapl_vq_pipeline": System("MAPL + VQ (pp=2)", 2, PIPE + ("model.codec.kind=mapl", "model.codec.mapl.vq_groups=32",
+                                                             "model.codec.mapl.vq_rounds=2",
+                                                             "model.codec.mapl.vq_codebook=16")),
+    "het_sparseloco": System("heterogeneous SparseLoCo, replica 0 subspace-compressed (dp=2 x pp=2)", 4,
+                             ("parallelism.pp=2", "parallelism.dp=2", "tokens.batch_accumulation_per_replica=2",
+                              "parallelism.dp_sync=sparseloco", "sparseloco.compressed_replicas=[0]",
+                              "model.subspace.k=16")),
+    # BOOST: BTP inside each stage (tp=2 on --tp-preset) of a low-rank (SVD, rank d/4) model, its sharded wire
+    # across the stage link as is; beside it, the same low-rank model without TP
+    "svd_pipeline": System("SVD low-rank r=d/4 (pp=2)", 2, PIPE + LOW_RANK),
+    "btp_pipeline": System("BOOST BTP, SVD low-rank r=d/4 (tp=2 x pp=2)", 4,
+                           PIPE + LOW_RANK + ("parallelism.tp=2", "model.tp_strategy=btp")),
+    # Megatron TP of the dense model (tp=2): the TP tier's uncompressed traffic (the calibrated presets measure it);
+    # BOOST's comparison on the same TP layout: the low-rank model under vanilla TP and under BTP
+    "megatron_tp": System("Megatron TP (tp=2)", 2, TP2 + ("model.tp_strategy=megatron",)),
+    "vanilla_tp": System("vanilla TP, SVD low-rank r=d/4 (tp=2)", 2, TP2 + LOW_RANK + ("model.tp_strategy=vanilla",)),
+    "btp_tp": System("BOOST BTP, SVD low-rank r=d/4 (tp=2)", 2, TP2 + LOW_RANK + ("model.tp_strategy=btp",)),
+    "three_tiers": System("three tiers dp=2 x tp=2 x pp=2 (issue 17)", 8, (), config=THREE_TIERS),
+    # the same job as a plain 3D layout: full rank, Megatron TP, uncompressed stage link, DP all-reduce every step
+    "dense_3d": System("uncompressed 3D dp=2 x tp=2 x pp=2 (Megatron, identity, all-reduce)", 8,
+                       ("model.low_rank.kind=none", "model.tp_strategy=megatron", "parallelism.dp_sync=allreduce",
+                        "sparseloco=null"), config=THREE_TIERS),
+    # the churn scenario: 4 replicas, one of them absent from 1 outer sync in 5 (sparseloco.churn), beside no churn
+    "sparseloco_dp4": System("SparseLoCo (dp=4)", 4, DATA4 + ("parallelism.dp_sync=sparseloco",)),
+    "sparseloco_dp4_churn": System("SparseLoCo (dp=4), one replica down 20% of syncs", 4,
+                                   DATA4 + ("parallelism.dp_sync=sparseloco", "sparseloco.churn.down_syncs=1",
+                                            "sparseloco.churn.period=5")),
+}
+DEFAULT_SYSTEMS = ["pipeline", "subspace_pipeline", "ddp", "sparseloco"]
+
+
+def uses_outer_loop(s: System) -> bool:
+    """Whether a system's replicas sync by SparseLoCo's outer loop (its keys, or its own YAML unless overridden)."""
+    if "parallelism.dp_sync=sparseloco" in s.overrides:
+        return True
+    return s.config == THREE_TIERS and "parallelism.dp_sync=allreduce" not in s.overrides
+
+
+def shared_warmup(args: argparse.Namespace) -> int:
+    """The warm-up steps of --config (what the systems built on it train with)."""
+    from nanotron_ext.config import load_config
+
+    return load_config(config_file("--config", args.config, REPO), []).optimizer.warmup_steps
+
+
+def system_config(system: str, args: argparse.Namespace) -> Path:
+    """The YAML a system's runs start from: its own file of the checkout, else --config (found from any folder)."""
+    s = SYSTEMS[system]
+    return REPO / s.config if s.config else config_file("--config", args.config, REPO)
