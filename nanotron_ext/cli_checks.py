@@ -2,12 +2,18 @@
 naming the flag and the value (or file), which the entry points print as one line with exit code 2."""
 from __future__ import annotations
 
+import io
 import json
 import math
+import os
+import struct
+import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, NoReturn, Optional, Sequence, Tuple
 
 from nanotron_ext.errors import UserFacingError
+from nanotron_ext.fileio import write_bytes_atomic, write_text_atomic
 
 MAX_RESULT_BYTES = 64 * 2**20  # a result JSON is KBs to a few MB; a larger file is not one
 
@@ -38,6 +44,12 @@ def seed(flag: str, value: int) -> None:
         raise ArgumentError(f"{flag} {value}: must be in [0, 2^63)")
 
 
+def refuse(error: Exception) -> NoReturn:
+    """The end of a command whose argument `error` refused: its one line on stderr, exit code 2 (no traceback)."""
+    print(f"error: {error}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
+
+
 def input_file(flag: str, path: str | Path) -> Path:
     """A file the command reads: it must exist and be a file."""
     p = Path(path).expanduser()
@@ -48,45 +60,250 @@ def input_file(flag: str, path: str | Path) -> Path:
     return p
 
 
-def output_file(flag: str, path: str | Path) -> Path:
-    """A file the command writes: not an existing folder, and no part of its parent path a file."""
+# -- files a command writes -----------------------------------------------------------------------------------------
+MARKER_KEY = "written_by"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+@dataclass(frozen=True)
+class Writer:
+    """The one rule for every file a command writes (plan --json, eval --json, a reproduction script's or the WAN
+    meter's --out, the analyse modules, slow_link, param_counts):
+
+    - the exact paths are checked when the arguments are parsed, before any work (`output_file`, `output_files`,
+      `output_stem`, `output_folder`): refused, as one line naming the flag, when a path is a folder where a file
+      goes, a device, a pipe or another non-regular file, a dangling symlink, when a part of its parent path is a
+      file, or when the nearest existing folder above it is not writable (missing folders below it are created);
+    - an existing file is replaced only when this writer wrote it, recognised by its marker: a JSON result is an
+      object with "written_by": `marker`; a markdown file's first line is `<!-- written by MARKER -->`; a PNG has
+      the text chunk written_by=MARKER (matplotlib's savefig metadata). Files written before markers existed
+      (committed results under reproduce/ and benchmarks/results/) are recognised by their shape: a JSON object
+      with every one of `legacy_keys`, or one `legacy_shape` accepts; the files written with a recognised result
+      (the .md and .png of its stem, a figure beside it) may be replaced too. Anything else (a run's metrics.jsonl,
+      summary.json, config.yaml, a user's file) is never replaced;
+    - files are written atomically (fileio.write_text_atomic / write_bytes_atomic) through `write_json`,
+      `write_markdown` and `save_png`, which add the marker.
+
+    `marker` names the code that writes: a command (e.g. "python -m nanotron_ext.plan"), or nanotron_ext.bench.report
+    for every result published through it (reproduction scripts, benchmarks, the meter); `what` names it in
+    messages."""
+
+    marker: str
+    what: str = ""
+    legacy_keys: Tuple[str, ...] = ()
+    legacy_shape: Optional[Callable[[Any], bool]] = None
+
+    @property
+    def name(self) -> str:
+        return self.what or self.marker
+
+    @property
+    def markdown_marker(self) -> str:
+        return f"<!-- written by {self.marker} -->"
+
+    def wrote(self, path: Path) -> bool:
+        """Whether the existing file `path` carries this writer's marker (or is one of its legacy JSON results),
+        whatever its name: a PNG by its text chunk, markdown by its first line, anything else as JSON."""
+        try:
+            if not path.is_file():  # never opened: a FIFO blocks
+                return False
+            with open(path, "rb") as f:
+                head = f.read(512)
+        except OSError:
+            return False
+        if head.startswith(PNG_SIGNATURE):
+            return _png_text(path, MARKER_KEY) == self.marker
+        if head.split(b"\n", 1)[0].decode("utf-8", "replace").strip() == self.markdown_marker:
+            return True
+        obj = _read_json(path)
+        return isinstance(obj, dict) and (obj.get(MARKER_KEY) == self.marker or self._legacy(obj))
+
+    def _legacy(self, obj: Dict[str, Any]) -> bool:
+        if MARKER_KEY in obj:  # another writer's result
+            return False
+        if self.legacy_keys and all(k in obj for k in self.legacy_keys):
+            return True
+        return self.legacy_shape is not None and bool(self.legacy_shape(obj))
+
+    def json_text(self, obj: Mapping[str, Any], indent: int = 2, default: Optional[Callable[[Any], Any]] = None) -> str:
+        """`obj` as JSON with the marker as its first key."""
+        marked = {MARKER_KEY: self.marker, **{k: v for k, v in obj.items() if k != MARKER_KEY}}
+        return json.dumps(marked, indent=indent, default=default) + "\n"
+
+    def write_json(self, path: str | Path, obj: Mapping[str, Any], indent: int = 2,
+                   default: Optional[Callable[[Any], Any]] = None) -> Path:
+        """`obj` with the marker as its first key, written atomically."""
+        write_text_atomic(Path(path), self.json_text(obj, indent, default))
+        return Path(path)
+
+    def write_markdown(self, path: str | Path, text: str) -> Path:
+        """`text` below the marker line (an HTML comment: not rendered), written atomically."""
+        write_text_atomic(Path(path), f"{self.markdown_marker}\n{text}")
+        return Path(path)
+
+    def save_png(self, fig: Any, path: str | Path, dpi: int = 100) -> Path:
+        """A matplotlib figure as PNG with the marker's text chunk, written atomically."""
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=dpi, metadata={MARKER_KEY: self.marker})
+        write_bytes_atomic(Path(path), buf.getvalue())
+        return Path(path)
+
+    def _foreign(self, flag: str, p: Path) -> ArgumentError:
+        suffix = p.suffix.lower()
+        if suffix == ".md":
+            how = f"a markdown file starting {self.markdown_marker}, or beside its result"
+        elif suffix == ".png":
+            how = f"a PNG marked {MARKER_KEY}={self.marker}, or beside its result"
+        elif suffix == ".csv":
+            how = f"a CSV beside a markdown file starting {self.markdown_marker}"
+        elif self.legacy_keys:
+            how = f"a JSON object with {', '.join(self.legacy_keys)}"
+        else:
+            how = f'a JSON object with "{MARKER_KEY}": "{self.marker}"'
+        return ArgumentError(f"{flag} {p} exists and is not an earlier result of {self.name} ({how}); nothing was "
+                             "written: choose another file")
+
+
+def output_file(flag: str, path: str | Path, writer: Writer) -> Path:
+    """A file the command writes (the rule: Writer): a regular file or nothing in a writable place, and if it exists
+    one `writer` wrote. Returns the path."""
     p = Path(path).expanduser()
-    if p.is_dir():
-        raise ArgumentError(f"{flag} {p} is a folder; give the path of a file to write")
-    if p.exists() and not p.is_file():  # an atomic write would put a file in the place of /dev/null
-        raise ArgumentError(f"{flag} {p} is not a regular file (a device or a pipe?); give the path of a file to write")
-    _parents_are_folders(flag, p)
+    _writable_place(flag, p)
+    if p.exists() and not writer.wrote(p):
+        raise writer._foreign(flag, p)
     return p
 
 
-def result_file(flag: str, path: str | Path, keys: Sequence[str], writer: str) -> Path:
-    """A JSON result the command writes (output_file), which may replace only an earlier result of `writer`: a JSON
-    object with every one of `keys`. A run's metrics.jsonl or summary.json named by mistake was overwritten."""
-    p = output_file(flag, path)
-    if not p.exists():
-        return p
+def output_files(flag: str, result: str | Path, writer: Writer, companions: Sequence[str | Path] = ()) -> List[Path]:
+    """A result file and the files written with it (its markdown, its figure), by the rule (Writer): a companion is
+    replaced when it carries the marker or the result is recognised. A CSV result carries no marker: it is recognised
+    by the markdown of the same stem among the companions. Returns the paths, the result first."""
+    main = Path(result).expanduser()
+    paths = [main] + [Path(c).expanduser() for c in companions]
+    for p in paths:
+        _writable_place(flag, p)
+    main_ours = False
+    if main.exists():
+        if main.suffix.lower() == ".csv":
+            md = main.with_suffix(".md")
+            if not (md in paths and md.exists() and _first_line(md) == writer.markdown_marker):
+                raise writer._foreign(flag, main)
+        elif not writer.wrote(main):
+            raise writer._foreign(flag, main)
+        main_ours = True
+    for p in paths[1:]:
+        if p.exists() and not (main_ours or writer.wrote(p)):
+            raise writer._foreign(flag, p)
+    return paths
+
+
+def output_stem(flag: str, out: str | Path, writer: Writer, siblings: Sequence[str] = (".md", ".png")) -> List[Path]:
+    """A stem-like --out (a reproduction script's, the WAN meter's): `<out>.json` (or `out` itself when it ends in
+    .csv) and each sibling suffix beside it, by output_files. `out` itself must not be a device or a pipe (--out
+    /dev/null once wrote /dev/null.json, .md and .png into /dev)."""
+    given = Path(out).expanduser()
     try:
-        earlier = json.loads(p.read_text(encoding="utf-8")) if p.stat().st_size <= MAX_RESULT_BYTES else None
-    except (OSError, ValueError):
-        earlier = None
-    if not (isinstance(earlier, dict) and all(k in earlier for k in keys)):
-        raise ArgumentError(f"{flag} {p} exists and is not an earlier result of {writer} (a JSON object with "
-                            f"{', '.join(keys)}); nothing was written: choose another file")
-    return p
+        special = _is_special(given)
+    except OSError as e:
+        raise ArgumentError(f"{flag} {given}: cannot be checked ({e.strerror or e})") from None
+    if special:
+        raise _not_regular(flag, given)
+    main = given if given.suffix.lower() in (".json", ".csv") else given.with_suffix(".json")
+    return output_files(flag, main, writer, [main.with_suffix(s) for s in siblings])
 
 
 def output_folder(flag: str, path: str | Path) -> Path:
-    """A folder the command writes: not an existing file, and no part of its parent path a file."""
+    """A folder the command writes: not an existing file, no part of its parent path a file, and writable (itself
+    when it exists, else the nearest existing folder above it)."""
     p = Path(path).expanduser()
-    if p.exists() and not p.is_dir():
-        raise ArgumentError(f"{flag} {p} is a file; give the path of a folder to write")
-    _parents_are_folders(flag, p)
+    try:
+        if p.exists() and not p.is_dir():
+            raise ArgumentError(f"{flag} {p} is a file; give the path of a folder to write")
+        if p.is_symlink() and not p.exists():
+            raise ArgumentError(f"{flag} {p} is a symbolic link to nothing (or a loop); give the path of a folder")
+        if p.is_dir():
+            _check_writable(flag, p, p)
+        else:
+            _nearest_folder(flag, p)
+    except OSError as e:
+        raise ArgumentError(f"{flag} {p}: cannot be checked ({e.strerror or e})") from None
     return p
 
 
-def _parents_are_folders(flag: str, p: Path) -> None:
+def _writable_place(flag: str, p: Path) -> None:
+    """`p` is nothing or a regular file, and the nearest existing folder above it is a writable folder."""
+    try:
+        if p.is_dir():
+            raise ArgumentError(f"{flag} {p} is a folder; give the path of a file to write")
+        if _is_special(p):  # an atomic write would put a file in the place of /dev/null
+            raise _not_regular(flag, p)
+        if p.is_symlink() and not p.exists():
+            raise ArgumentError(f"{flag} {p} is a symbolic link to nothing (or a loop); give the path of a file to "
+                                "write")
+        _nearest_folder(flag, p)
+    except OSError as e:
+        raise ArgumentError(f"{flag} {p}: cannot be checked ({e.strerror or e})") from None
+
+
+def _nearest_folder(flag: str, p: Path) -> None:
     for parent in p.parents:
         if parent.exists():
             if not parent.is_dir():
                 raise ArgumentError(f"{flag} {p}: {parent} is a file, not a folder")
+            _check_writable(flag, p, parent)
             return
+
+
+def _check_writable(flag: str, p: Path, folder: Path) -> None:
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ArgumentError(f"{flag} {p}: the folder {folder} is not writable; choose another place")
+
+
+def _is_special(p: Path) -> bool:
+    return p.exists() and not p.is_file() and not p.is_dir()
+
+
+def _not_regular(flag: str, p: Path) -> ArgumentError:
+    return ArgumentError(f"{flag} {p} is not a regular file (a device or a pipe?); give the path of a file to write")
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        if path.stat().st_size > MAX_RESULT_BYTES:
+            return None
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _first_line(path: Path) -> str:
+    try:
+        with open(path, "rb") as f:
+            return f.read(512).split(b"\n", 1)[0].decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
+
+
+def _png_text(path: Path, key: str) -> Optional[str]:
+    """The value of a tEXt chunk `key` before the image data of a PNG, None when there is none (or no PNG)."""
+    try:
+        with open(path, "rb") as f:
+            if f.read(8) != PNG_SIGNATURE:
+                return None
+            for _ in range(64):
+                head = f.read(8)
+                if len(head) < 8:
+                    return None
+                size, kind = struct.unpack(">I4s", head)
+                if kind in (b"IDAT", b"IEND"):
+                    return None
+                if kind == b"tEXt" and size <= 4096:
+                    name, _, value = f.read(size).partition(b"\0")
+                    if name == key.encode("latin-1"):
+                        return value.decode("latin-1")
+                    f.seek(4, os.SEEK_CUR)
+                else:
+                    f.seek(size + 4, os.SEEK_CUR)
+    except OSError:
+        return None
+    return None

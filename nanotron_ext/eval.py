@@ -9,19 +9,22 @@ different tokenizers. For lm-eval's tasks, export the run (python -m nanotron_ex
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import List, Optional
 
+from nanotron_ext.cli_checks import Writer
 from nanotron_ext.export import add_run_args
+
+# --json replaces only scores it wrote (a run's metrics.jsonl given by mistake was once replaced)
+EVAL = Writer("python -m nanotron_ext.eval", legacy_keys=("run", "step", "data", "loss", "perplexity",
+                                                         "bits_per_byte"))
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from nanotron_ext.cli_checks import at_least, result_file
+    from nanotron_ext.cli_checks import at_least, output_file
     from nanotron_ext.data.sources import input_files
     from nanotron_ext.errors import UserFacingError
-    from nanotron_ext.fileio import write_text_atomic
     from nanotron_ext.inference.model import load_single_process_model, one_process_group
     from nanotron_ext.inference.perplexity import data_config, score_text
     from nanotron_ext.inference.run import gather, open_run
@@ -40,9 +43,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         at_least("--batch-size", args.batch_size, 1)  # 0 or -1 scored no window: loss 0, perplexity 1
         at_least("--replica", args.replica, 0)
-        if args.json:  # never in the place of another file: a run's metrics.jsonl given by mistake was replaced
-            result_file("--json", args.json, ("run", "step", "data", "loss", "perplexity", "bits_per_byte"),
-                        "python -m nanotron_ext.eval")
+        if args.json:
+            output_file("--json", args.json, EVAL)
         if not Path(args.data).expanduser().exists():
             raise UserFacingError(f"--data {args.data} does not exist")
         data = data_config(args.data, args.text_key, args.source)
@@ -66,7 +68,7 @@ def main(argv: Optional[List[str]] = None) -> int:
           f"{score.bits_per_byte:.4f}")
     if args.json:
         try:
-            write_text_atomic(args.json, json.dumps(result, indent=2) + "\n")
+            EVAL.write_json(args.json, result)
         except OSError as e:  # a full disk, a read-only folder: the scores are printed above
             print(f"error: --json: {e}", file=sys.stderr)
             return 2

@@ -1,5 +1,5 @@
-"""Small file helpers every part of the package shares: atomic text writes, folder swaps, file checksums and
-folder locks."""
+"""Small file helpers every part of the package shares: atomic text and binary writes, folder swaps, file
+checksums and folder locks."""
 from __future__ import annotations
 
 import ctypes
@@ -24,7 +24,13 @@ class FolderInUseError(UserFacingError):
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write `text` to `path` so that a crash leaves either the old file or the new one, never a torn one
+    """Write `text` (UTF-8) to `path` so that a crash leaves either the old file or the new one, never a torn one
+    (write_bytes_atomic)."""
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write `data` to `path` so that a crash leaves either the old file or the new one, never a torn one
     (a unique temp file in the same folder, fsync, then os.replace; concurrent writers do not collide)."""
     path = Path(path)
     try:
@@ -34,8 +40,8 @@ def write_text_atomic(path: Path, text: str) -> None:
         raise named(e, path) from e
     try:
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; the result should look like any written file
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

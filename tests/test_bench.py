@@ -242,7 +242,8 @@ def test_write_report_writes_json_markdown_and_a_titled_png(tmp_path: Path) -> N
     assert data["meta"] == meta and data["rows"] == ROWS[:2]
     assert [p["held"] for p in data["paper"]] == [True, False] and data["paper"][0]["paper"] == 1.16
     md = written["md"].read_text()
-    assert md.startswith("# Table 3 grouping") and "| bz | speedup |" in md and "| 4 | 0.97x |" in md
+    assert md.startswith("<!-- written by nanotron_ext.bench.report -->\n# Table 3 grouping")  # the marker line
+    assert "| bz | speedup |" in md and "| 4 | 0.97x |" in md
     assert "## Paper vs measured" in md and "undetermined (1 run)" in md and "a note" in md
     title = fig._suptitle.get_text()
     assert "Table 3 grouping" in title and "CPU (test box, 2 cores)" in title and "2026-11-23" in title
@@ -254,7 +255,8 @@ def test_write_report_writes_json_markdown_and_a_titled_png(tmp_path: Path) -> N
 def test_write_rows_json_and_csv(tmp_path: Path) -> None:
     rows = [{"a": 1, "b": {"x": 2}}, {"a": 3, "c": None}]
     js = report.write_rows(tmp_path / "t.json", rows, {"machine": "m"})
-    assert json.loads(js.read_text()) == {"meta": {"machine": "m"}, "rows": rows}
+    assert json.loads(js.read_text()) == {"written_by": "nanotron_ext.bench.report", "meta": {"machine": "m"},
+                                          "rows": rows}
     cs = report.write_rows(tmp_path / "t.csv", rows)
     got = list(csv.DictReader(cs.open()))
     assert got[0]["a"] == "1" and json.loads(got[0]["b"]) == {"x": 2} and got[1]["c"] == ""

@@ -10,6 +10,8 @@ weights per token) for the matmul FLOPs.
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -133,8 +135,56 @@ def test_command_line_refusals_are_one_line_exit_2(tmp_path: Path) -> None:
 
     out = run("--rank", "2")
     assert out.returncode == 2 and out.stderr == "error: --rank 2: the layout dp=2 x tp=1 x pp=1 has ranks 0..1\n"
-    out = run("--gpu-memory", "0.05", "--json", str(tmp_path / "plan.json"))
+    earlier = tmp_path / "plan.json"  # a plan written before plans carried a marker: replaced
+    earlier.write_text(json.dumps({"layout": {}, "tokens_per_replica_step": 1, "ranks": [], "tiers": []}))
+    out = run("--gpu-memory", "0.05", "--json", str(earlier))
     assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
     assert out.stderr.startswith("error: rank 0 (only stage (1/1), replica 0, TP rank 0) needs 0.1 GiB at peak, "
                                  "more than --gpu-memory 0.05 GiB; its largest part: activations"), out.stderr
-    assert "bytes per step by tier" in out.stdout and (tmp_path / "plan.json").exists()
+    assert "bytes per step by tier" in out.stdout
+    written = json.loads(earlier.read_text())  # written atomically, marked as the planner's
+    assert written["written_by"] == "python -m nanotron_ext.plan" and written["ranks"]
+    assert os.listdir(tmp_path) == ["plan.json"]
+
+
+def _plan_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "nanotron_ext.plan", "--config-file", TINY, *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_json_never_replaces_a_runs_records(tmp_path: Path) -> None:
+    """Issue 41: --json FILE replaced any file with exit 0 (a run's metrics.jsonl and summary.json became the plan).
+    Now a file it did not write is refused before anything is planned, one line, exit 2, the file unchanged."""
+    run = tmp_path / "run"
+    run.mkdir()
+    records = {"metrics.jsonl": '{"step": 1, "loss": 5.2}\n', "summary.json": '{"final_val_loss": 4.2}',
+               "config.yaml": "general:\n  run: x\n", "notes.json": '{"mine": true}'}
+    for name, text in records.items():
+        (run / name).write_text(text)
+        got = _plan_cli("--json", str(run / name))
+        assert got.returncode == 2 and got.stdout == "", (got.stdout[-500:], got.stderr[-2000:])
+        assert got.stderr == (f"error: --json {run / name} exists and is not an earlier result of python -m "
+                              "nanotron_ext.plan (a JSON object with layout, ranks, tiers, tokens_per_replica_step); "
+                              "nothing was written: choose another file\n")
+        assert (run / name).read_text() == text
+    assert sorted(os.listdir(run)) == sorted(records)
+
+
+def test_json_in_a_place_that_cannot_be_written_is_refused_before_planning(tmp_path: Path) -> None:
+    """Issue 41: --json into a missing and uncreatable or a read-only folder failed only after the whole plan ran."""
+    (tmp_path / "file").write_text("x")
+    cases = [(tmp_path / "file" / "sub" / "plan.json", f"{tmp_path / 'file'} is a file, not a folder")]
+    read_only = tmp_path / "ro"
+    read_only.mkdir()
+    read_only.chmod(0o555)
+    if not os.access(read_only, os.W_OK):  # root writes there anyway
+        cases.append((read_only / "plan.json", f"the folder {read_only} is not writable; choose another place"))
+    if os.path.isdir("/proc/sys") and not os.access("/proc/sys", os.W_OK):  # a read-only file system, even for root
+        cases.append((Path("/proc/sys/plan.json"), "the folder /proc/sys is not writable; choose another place"))
+    if len(cases) == 1:
+        pytest.skip("no folder here that this user cannot write")
+    for path, why in cases:
+        got = _plan_cli("--json", str(path))
+        assert got.returncode == 2 and got.stdout == "", (got.stdout[-500:], got.stderr[-2000:])
+        assert got.stderr == f"error: --json {path}: {why}\n"
+        assert not path.exists()

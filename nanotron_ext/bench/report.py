@@ -5,9 +5,10 @@ The convention every reproduction script follows (tests/test_repro_convention.py
   committed result is only overwritten when --out names it), `--from-json` re-renders a saved result
   without measuring, and every option's help states its default (`help_with_defaults`);
 - `publish(out, ...)` prints a header (title, device from the run's meta, date), the table and the
-  paper verdicts (bench.paper, one format), then writes `<out>.json` ({"meta", "rows", "paper"}),
-  `<out stem>.md` and `<out stem>.png` (the script's figure, or ours-vs-paper bars when it has none)
-  and prints the paths it wrote. Figures are titled with the machine and the date of the
+  paper verdicts (bench.paper, one format), then writes `<out>.json` ({"written_by", "meta", "rows",
+  "paper"}), `<out stem>.md` and `<out stem>.png` (the script's figure, or ours-vs-paper bars when it has
+  none), atomically and marked as REPORT's (cli_checks.Writer: --out replaces only such files), and prints
+  the paths it wrote. Figures are titled with the machine and the date of the
   measurement (from `meta`, so a re-render of an old result keeps the date it was measured).
 """
 from __future__ import annotations
@@ -16,16 +17,22 @@ import argparse
 import csv
 import dataclasses
 import datetime
+import io
 import json
 import os
 import platform
 import subprocess
-import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, NoReturn, Optional, Sequence
 
 from nanotron_ext.bench.paper import Verdict, verdict_table
+from nanotron_ext.cli_checks import Writer
+from nanotron_ext.fileio import write_text_atomic
+
+# every result published here (reproduction scripts, benchmarks, the meter) carries this marker; results written
+# before markers: {"meta", "rows", ...}, or a het_sparseloco sweep's partial {"meta", "summary", "runs"}
+REPORT = Writer("nanotron_ext.bench.report", "a reproduction script", ("rows", "meta"),
+                legacy_shape=lambda obj: {"meta", "summary", "runs"} <= set(obj))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -106,16 +113,13 @@ def help_with_defaults(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
 
 def checked_out(value: str) -> str:
     """--out, checked when the arguments are parsed, before anything is measured (a bad --out used to surface only
-    when the result was written, after hours): <out>.json may replace only an earlier result of a reproduction
-    script (never a run's summary.json), a .csv any regular file; neither may be a folder or a device."""
-    from nanotron_ext.cli_checks import ArgumentError, output_file, result_file
+    when the result was written, after hours): <out>.json (or the .csv), <out>.md and <out>.png by the rule of
+    every written file (cli_checks.Writer): each may replace only a file REPORT wrote, never a run's summary.json;
+    none may be a folder or a device, and --out itself not a device (/dev/null)."""
+    from nanotron_ext.cli_checks import ArgumentError, output_stem
 
-    out = Path(value)
     try:
-        if out.suffix.lower() == ".csv":
-            output_file("--out", out)
-        else:
-            result_file("--out", out.with_suffix(".json"), ("rows", "meta"), "a reproduction script")
+        output_stem("--out", value, REPORT)
     except ArgumentError as e:
         _refuse(str(e))
     return value
@@ -158,8 +162,9 @@ def read_saved(path: str | Path) -> Dict[str, Any]:
 
 
 def _refuse(line: str) -> NoReturn:
-    print(f"error: {line}", file=sys.stderr, flush=True)
-    raise SystemExit(2)
+    from nanotron_ext.cli_checks import refuse
+
+    refuse(line)
 
 
 def print_header(title: str, meta: Mapping[str, Any], *details: str) -> None:
@@ -255,38 +260,24 @@ def _json_default(o: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
-def _atomic_write(path: Path, write: Callable[[Any], None]) -> Path:
-    """Write through a temporary file in the same folder, then rename (no half-written result)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w", newline="") as f:
-        write(f)
-    os.chmod(tmp, 0o644)  # mkstemp makes it owner-only; results are for everyone to read
-    os.replace(tmp, path)
-    return path
-
-
 def write_rows(path: str | Path, rows: Sequence[Mapping[str, Any]], meta: Optional[Mapping[str, Any]] = None,
                extra: Optional[Mapping[str, Any]] = None) -> Path:
-    """Rows as JSON ({"meta", "rows", **extra}) or, for a .csv path, CSV (flat columns only; nested
-    values JSON-encoded)."""
+    """Rows as JSON ({"written_by", "meta", "rows", **extra}) or, for a .csv path, CSV (flat columns only; nested
+    values JSON-encoded); written atomically."""
     path = Path(path)
-
-    def write(f: Any) -> None:
-        if path.suffix.lower() == ".csv":
-            keys: List[str] = []
-            for row in rows:
-                keys += [k for k in row if k not in keys]
-            w = csv.DictWriter(f, fieldnames=keys)
-            w.writeheader()
-            for row in rows:
-                w.writerow({k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in row.items()})
-        else:
-            json.dump({"meta": dict(meta or {}), "rows": list(rows), **dict(extra or {})}, f, indent=2,
-                      default=_json_default)
-            f.write("\n")
-
-    return _atomic_write(path, write)
+    if path.suffix.lower() != ".csv":
+        return REPORT.write_json(path, {"meta": dict(meta or {}), "rows": list(rows), **dict(extra or {})},
+                                 default=_json_default)
+    keys: List[str] = []
+    for row in rows:
+        keys += [k for k in row if k not in keys]
+    f = io.StringIO(newline="")
+    w = csv.DictWriter(f, fieldnames=keys)
+    w.writeheader()
+    for row in rows:
+        w.writerow({k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in row.items()})
+    write_text_atomic(path, f.getvalue())
+    return path
 
 
 def figure_title(what: str, meta: Mapping[str, Any]) -> str:
@@ -320,7 +311,7 @@ def write_report(out: str | Path, rows: Sequence[Mapping[str, Any]], meta: Mappi
     written[key] = write_rows(out, rows, meta, {**dict(extra or {}), "paper": [v.as_dict() for v in verdicts]}
                               if key == "json" else None)
     md = markdown_report(title, meta, headers, body, verdicts, notes)
-    written["md"] = _atomic_write(out.with_suffix(".md"), lambda f: f.write(md))
+    written["md"] = REPORT.write_markdown(out.with_suffix(".md"), md)
     if figure is None:
         figure = verdict_figure(verdicts) or table_figure(headers, body)
     written["png"] = save_figure(figure, out.with_suffix(".png"), title, meta)
@@ -356,17 +347,15 @@ def table_figure(headers: Sequence[Any], body: Sequence[Sequence[Any]]) -> Any:
 
 
 def save_figure(fig: Any, png: str | Path, title: str, meta: Mapping[str, Any]) -> Path:
-    """Title the figure with what it shows, the machine and the date, and save it as PNG."""
-    png = Path(png)
-    png.parent.mkdir(parents=True, exist_ok=True)
+    """Title the figure with what it shows, the machine and the date, and save it as PNG (REPORT's marker,
+    atomically)."""
     fig.suptitle(figure_title(title, meta), fontsize=10)
     fig.tight_layout()
-    fig.savefig(png, dpi=90)
-    os.chmod(png, 0o644)
+    REPORT.save_png(fig, png, dpi=90)
     import matplotlib.pyplot as plt
 
     plt.close(fig)
-    return png
+    return Path(png)
 
 
 def new_figure(ncols: int, width: float = 5.0, height: float = 4.5) -> Any:

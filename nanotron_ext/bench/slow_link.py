@@ -37,7 +37,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import yaml
 
-from nanotron_ext.bench.report import run_meta, write_rows
+from nanotron_ext.bench.report import REPORT, run_meta, write_rows
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -185,7 +185,7 @@ def plot(rows: Sequence[dict], path: Path, title: str) -> None:
     fig = figure(rows)
     fig.axes[0].set_title(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    REPORT.save_png(fig, path, dpi=110)
     plt.close(fig)
 
 
@@ -211,9 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--budget-s", type=float, default=30.0, help="wall-clock budget for the loss column")
     ap.add_argument("--set", action="append", default=[], help="key=value for every run")
-    ap.add_argument("--output-dir", default="runs/slow_link")
-    ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--png", type=Path, default=None)
+    ap.add_argument("--output-dir", default="runs/slow_link", help="where the runs' folders go")
+    ap.add_argument("--out", type=Path, default=None, help="the rows as JSON (or CSV for a .csv name)")
+    ap.add_argument("--png", type=Path, default=None, help="the throughput figure")
     ap.add_argument("--title", default=None)
     return ap
 
@@ -238,8 +238,23 @@ def device_title(what: str) -> str:
     return f"{what} - {machine_label()}, {default_backend()}, {datetime.date.today().isoformat()}"
 
 
+def check_outputs(args: argparse.Namespace) -> None:
+    """Every path the benchmark writes, before any run (the rule of cli_checks.Writer; one line and exit 2)."""
+    from nanotron_ext.cli_checks import ArgumentError, output_file, output_folder, refuse
+
+    try:
+        output_folder("--output-dir", args.output_dir)
+        if args.out:
+            output_file("--out", args.out, REPORT)
+        if args.png:
+            output_file("--png", args.png, REPORT)
+    except ArgumentError as e:
+        refuse(e)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> List[dict]:
     args = build_parser().parse_args(argv)
+    check_outputs(args)
     rows = run_grid(args)
     print(format_rows(rows))
     if args.out:

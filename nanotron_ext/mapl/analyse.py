@@ -144,7 +144,7 @@ def write(result: Dict[str, object], out: Path, title: str) -> None:
     # matplotlib only when plotting (seconds to import)
     import matplotlib.pyplot as plt
 
-    from nanotron_ext.bench.report import markdown_table, run_meta, save_figure, write_rows
+    from nanotron_ext.bench.report import REPORT, markdown_table, run_meta, save_figure, write_rows
 
     meta = run_meta({"what": title})
     rows = result["boundaries"]
@@ -157,8 +157,8 @@ def write(result: Dict[str, object], out: Path, title: str) -> None:
              f"{r['stiefel_error']:.1e}", f"{r.get('mean_angle_to_init_deg', float('nan')):.1f}"] for r in rows]
     angles = [[k, f"{v:.1f}"] for k, v in result["mean_principal_angle_deg"].items()]
     angles.append(["two random bases", f"{result['random_pair_mean_angle_deg']:.1f}"])
-    out.with_suffix(".md").write_text(f"# {title}\n\n" + markdown_table(headers, body) + "\n\n"
-                                      + markdown_table(["boundaries", "mean principal angle (deg)"], angles) + "\n")
+    REPORT.write_markdown(out.with_suffix(".md"), f"# {title}\n\n" + markdown_table(headers, body) + "\n\n"
+                          + markdown_table(["boundaries", "mean principal angle (deg)"], angles) + "\n")
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     xs = [str(r["boundary"]) for r in rows]
     ax1.bar([i - 0.2 for i in range(len(xs))], [r["energy_learned"] for r in rows], 0.4, label="learned A_p")
@@ -184,10 +184,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--config-file", required=True, help="the run's resolved config (runs/<run>/config.yaml)")
     parser.add_argument("--checkpoint", required=True, help="a checkpoint folder (checkpoints/<run>/step_<N>)")
     parser.add_argument("--batches", type=int, default=8, help="validation batches to collect activations from")
-    parser.add_argument("--out", default=None, help="JSON path (default: beside the config, mapl_analysis.json)")
+    parser.add_argument("--out", default=None, help="JSON path, the .md and .png beside it (default: beside the "
+                        "config, mapl_analysis.json)")
     args = parser.parse_args(argv)
-    result = _collect(args.config_file, args.checkpoint, args.batches)
     out = Path(args.out or Path(args.config_file).with_name("mapl_analysis.json"))
+    from nanotron_ext.bench.report import REPORT
+    from nanotron_ext.cli_checks import ArgumentError, output_files, refuse
+
+    try:  # before any work; replaced only when this tool (bench.report) wrote them
+        output_files("--out", out, REPORT, [out.with_suffix(".md"), out.with_suffix(".png")])
+    except ArgumentError as e:
+        refuse(e)
+    result = _collect(args.config_file, args.checkpoint, args.batches)
     write(result, out, f"MAPL projections: {args.checkpoint}")
     for r in result["boundaries"]:
         print(f"boundary {r['boundary']}: energy kept learned {r['energy_learned']:.3f} vs random "

@@ -13,13 +13,15 @@ checkpointing) is planned with them flipped too. Exit 2 with one line when a ran
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import List, Optional
 
-from nanotron_ext.cli_checks import at_least, finite, output_file
+from nanotron_ext.cli_checks import Writer, at_least, finite, output_file
 from nanotron_ext.config.loader import add_config_args, config_from_args
 from nanotron_ext.errors import UserFacingError
+
+# --json replaces only a plan it wrote (a run's metrics.jsonl and summary.json were once replaced by the plan)
+PLAN = Writer("python -m nanotron_ext.plan", legacy_keys=("layout", "ranks", "tiers", "tokens_per_replica_step"))
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -28,12 +30,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--rank", default=None,
                         help="a global rank, or 'all' (default: every stage of each distinct replica, TP rank 0)")
     parser.add_argument("--gpu-memory", type=float, default=80.0, help="GiB per GPU (default: %(default)s)")
-    parser.add_argument("--json", default=None, help="also write the plan to this JSON file")
+    parser.add_argument("--json", default=None,
+                        help="also write the plan to this JSON file (replaces only a plan written before)")
     args = parser.parse_args(argv)
     try:
         finite("--gpu-memory", args.gpu_memory, 0.0, low_open=True)
         if args.json:
-            output_file("--json", args.json)
+            output_file("--json", args.json, PLAN)
         cfg = config_from_args(args)
         p = cfg.parallelism
         world = p.dp * p.tp * p.pp
@@ -59,9 +62,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     summary = plan(args.config_file, list(args.overrides), cfg, ranks)
     sys.stdout.write(_render(summary, args.config_file, args.overrides))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(summary, f, indent=1)
-            f.write("\n")
+        try:
+            PLAN.write_json(args.json, summary, indent=1)
+        except OSError as e:  # a full disk: the plan is printed above
+            print(f"error: --json: {e}", file=sys.stderr)
+            return 2
     from nanotron_ext.plan.report import too_big
 
     problem = too_big(summary, args.gpu_memory)

@@ -20,10 +20,21 @@ import argparse
 import json
 import re
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
+from nanotron_ext.cli_checks import ArgumentError, Writer, output_files, output_folder, refuse
+
+
+def _earlier_result(obj: Any) -> bool:
+    """effective_rank.json written before files carried a marker: {label: {parameter: {"r_eff", "spectrum", ...}}}."""
+    return bool(obj) and all(isinstance(rows, dict) and rows and all(
+        isinstance(r, dict) and {"r_eff", "spectrum"} <= set(r) for r in rows.values()) for rows in obj.values())
+
+
+# --out's effective_rank.json and spectra.png replace only files this tool wrote (cli_checks.Writer)
+ANALYSE = Writer("python -m nanotron_ext.resbm.analyse", legacy_shape=_earlier_result)
 DEFAULT_PATTERN = r"boundary_encoder\.net\.fc2\.weight"
 BTP_SHARDED = r"boundary_encoder\.net\.fc1\.|boundary_decoder\.net\.fc2\."  # split on d under btp (codec.py)
 
@@ -137,7 +148,7 @@ def plot_spectra(result: Dict[str, Dict[str, dict]], path: Path, title: str) -> 
         ax.axis("off")
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    ANALYSE.save_png(fig, path, dpi=110)
     plt.close(fig)
 
 
@@ -147,15 +158,20 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Dict[str, dict]]:
                     help="step_<N>/ folder or checkpoint root")
     ap.add_argument("--label", action="append", default=None, help="one per --checkpoint (default: folder names)")
     ap.add_argument("--pattern", default=DEFAULT_PATTERN, help="regex on parameter names")
-    ap.add_argument("--out", type=Path, default=Path("runs/resbm_analysis"))
+    ap.add_argument("--out", type=Path, default=Path("runs/resbm_analysis"),
+                    help="folder for effective_rank.json and spectra.png")
     ap.add_argument("--title", default="Normalised singular values (ResBM appendix B.1)")
     args = ap.parse_args(argv)
     labels = args.label or [c.name for c in args.checkpoint]
     if len(labels) != len(args.checkpoint):
         ap.error("give one --label per --checkpoint")
+    try:
+        output_folder("--out", args.out)
+        output_files("--out", args.out / "effective_rank.json", ANALYSE, [args.out / "spectra.png"])
+    except ArgumentError as e:
+        refuse(e)
     result = analyse(args.checkpoint, labels, args.pattern)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "effective_rank.json").write_text(json.dumps(result, indent=1))
+    ANALYSE.write_json(args.out / "effective_rank.json", result, indent=1)
     plot_spectra(result, args.out / "spectra.png", args.title)
     print(format_table(result))
     print(f"wrote {args.out / 'effective_rank.json'} and {args.out / 'spectra.png'}")

@@ -13,15 +13,18 @@ model). Writes analysis.json and analysis.png to --out and prints the table.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
 import torch
 
+from nanotron_ext.cli_checks import ArgumentError, Writer, output_files, output_folder, refuse
 from nanotron_ext.codecs.energy import energy_kept
 from nanotron_ext.config.loader import add_config_args, config_from_args
+
+# --out's analysis.json and analysis.png replace only files this tool wrote (cli_checks.Writer)
+ANALYSE = Writer("python -m nanotron_ext.subspace.analyse", legacy_keys=("k", "rows"))
 
 
 def stable_rank(m: torch.Tensor) -> float:
@@ -96,7 +99,7 @@ def _plot(rows: List[Dict[str, object]], path: Path) -> None:
     axes[1].set(xlabel="layer", ylabel="fraction of energy", ylim=(0, 1.05), title="residual stream (minus T_fixed)")
     axes[1].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    ANALYSE.save_png(fig, path, dpi=120)
     plt.close(fig)
 
 
@@ -109,6 +112,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--random-tokens", action="store_true", help="uniform random tokens instead of the data")
     parser.add_argument("--out", default="runs/analyse", help="folder for analysis.json and analysis.png")
     args = parser.parse_args(argv)
+    out = Path(args.out)
+    try:
+        output_folder("--out", out)
+        output_files("--out", out / "analysis.json", ANALYSE, [out / "analysis.png"])
+    except ArgumentError as e:
+        refuse(e)
     cfg = config_from_args(args)
     cfg.parallelism.dp = cfg.parallelism.tp = cfg.parallelism.pp = 1
     cfg.parallelism.layers_per_stage = None
@@ -138,10 +147,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         loader = iter(build_validation_loader(cfg, dp_rank=0, dp_size=1, config_file=args.config_file))
         micro = [next(loader) for _ in range(args.batches)]
     rows = analyse_model(model, micro, ctx, cfg.model.subspace.width(cfg.model.hidden_size))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "analysis.json").write_text(json.dumps({"k": cfg.model.subspace.width(cfg.model.hidden_size),
-                                                   "rows": rows}, indent=1))
+    ANALYSE.write_json(out / "analysis.json", {"k": cfg.model.subspace.width(cfg.model.hidden_size), "rows": rows},
+                       indent=1)
     _plot(rows, out / "analysis.png")
     keys = list(rows[0])
     print(" | ".join(keys))

@@ -21,7 +21,11 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from nanotron_ext.cli_checks import ArgumentError, Writer, output_file, refuse
+
 HERE = Path(__file__).resolve().parent
+# --json replaces only a result this script wrote (cli_checks.Writer)
+COUNTS = Writer("reproduce/boost/param_counts.py", legacy_keys=("configs", "checks"))
 
 # tiny shapes for the built-model check: MHA and GQA, qk-norm, tied and untied embeddings, a rank
 # that is not d/4, and a partial set of factorised linears
@@ -149,7 +153,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("configs", nargs="*", help="YAML configs (default: reproduce/boost/*.yaml)")
     p.add_argument("--check-tp", type=int, default=1, help="also build the check models at this TP on gloo ranks")
-    p.add_argument("--json", help="write the counts and check results here")
+    p.add_argument("--json", help="write the counts and check results here (replaces only a file it wrote)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:  # under torchrun: print this rank's check records as JSON on rank 0
@@ -157,6 +161,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if int(os.environ.get("RANK", "0")) == 0:
             print("RECORDS " + json.dumps(records))
         return 0
+    try:
+        if args.json:
+            output_file("--json", args.json, COUNTS)
+    except ArgumentError as e:
+        refuse(e)
     paths = [Path(c) for c in args.configs] or sorted(HERE.glob("llama_*.yaml"), key=_size_key)
     rows = config_table(paths)
     print(f"{'config':<26} {'layers':>6} {'d':>6} {'d_ff':>6} {'r':>5} {'params':>15} {'non-emb':>15} {'x full':>7}")
@@ -186,7 +195,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"MISMATCH {r['strategy']}/{r['kind']} tp={r['tp']} {r['shape']}: analytic {r['analytic']} "
               f"built {r['built']}", file=sys.stderr)
     if args.json:
-        Path(args.json).write_text(json.dumps({"configs": rows, "checks": records}, indent=2) + "\n")
+        COUNTS.write_json(args.json, {"configs": rows, "checks": records})
     return 1 if bad else 0
 
 

@@ -22,7 +22,6 @@ from nanotron_ext.bench import report as br
 from nanotron_ext.bench.paper import PaperClaim, evaluate
 from nanotron_ext.bench.report import help_with_defaults, new_figure, publish, read_saved, run_meta, save_figure
 from nanotron_ext.config.loader import load_config
-from nanotron_ext.fileio import write_text_atomic
 from nanotron_ext.sparseloco.simulate import run_simulated
 
 CONFIG_FILE = "examples/config_tiny_het_sparseloco.yaml"
@@ -231,8 +230,8 @@ def _write(path: Path, args: argparse.Namespace, base: List[str], runs: Dict[str
             **run_meta(),
             "rows": {n: {"mode": m, "overrides": o} for n, (m, o) in rows.items()}, "paper": dict(paper),
             **(extra_meta or {})}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, json.dumps({"meta": meta, "summary": summary, "runs": runs}, indent=1))
+    # marked as bench.report's: --out of a stopped sweep resumes from it (cli_checks.Writer)
+    br.REPORT.write_json(path, {"meta": meta, "summary": summary, "runs": runs}, indent=1)
     return summary
 
 

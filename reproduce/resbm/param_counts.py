@@ -1,7 +1,7 @@
 """Parameter counts of the ResBM 2B configs, built on the meta device (no memory, exact shapes):
 
     python reproduce/resbm/param_counts.py            # table: ours beside the paper's (appendix A.3)
-    python reproduce/resbm/param_counts.py --json out.json
+    python reproduce/resbm/param_counts.py --json out.json   # also as JSON ({"written_by", config: counts})
 
 The paper ("ResBM: Residual Bottleneck Models for Low-Bandwidth Pipeline Parallelism", arXiv:2604.11947,
 appendix A.3) gives 1,896,751,104 for the baseline and 1,960,157,184 for the 128x model. Ours: the
@@ -14,21 +14,28 @@ block 1 no decoder) does not say which, so we build what the text describes and 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Dict, Optional, Sequence
 
+from nanotron_ext.cli_checks import ArgumentError, Writer, output_file, refuse
 from nanotron_ext.models.param_count import count_params  # noqa: F401 - tests load it from here
 
 HERE = Path(__file__).resolve().parent
+# --json replaces only counts this script wrote (cli_checks.Writer); param_counts.json has one key per config
+COUNTS = Writer("reproduce/resbm/param_counts.py", legacy_keys=("baseline",))
 PAPER = {"baseline": 1_896_751_104, "128x_muon": 1_960_157_184, "128x_adamw": 1_960_157_184}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Dict[str, int]]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--json", default=None)
+    ap.add_argument("--json", default=None, help="also write the counts to this JSON file")
     args = ap.parse_args(argv)
+    try:
+        if args.json:
+            output_file("--json", args.json, COUNTS)
+    except ArgumentError as e:
+        refuse(e)
     from nanotron_ext.config.loader import load_config
 
     rows: Dict[str, Dict[str, int]] = {}
@@ -43,7 +50,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Dict[str, int]]:
         print(f"{name:<12} {r['ours']:>15,} {paper:>15} {r['ours'] - base:>16,}")
     print("paper 128x - baseline = 63,406,080 = 15 x 1024 x (4096 + 32); ours has 14 such halves (7 pairs)")
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
+        COUNTS.write_json(args.json, rows)
     return rows
 
 
