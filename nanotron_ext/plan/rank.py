@@ -113,12 +113,13 @@ def _micro_batches(cfg: Any) -> List[Dict[str, torch.Tensor]]:
     return [{"input_ids": ids(), "label_ids": ids()} for _ in range(t.batch_accumulation_per_replica)]
 
 
-def steps(cfg: Any) -> List[int]:
-    """Step numbers of the two iterations: the second is the DP sync's first outer step (Technique.outer_every)."""
+def steps(cfg: Any, outer: bool = True) -> List[int]:
+    """Step numbers of the two iterations: the second is the DP sync's first outer step (Technique.outer_every), or
+    with `outer` False the step after it (an inner step, when the DP sync has them: what every other step sends)."""
     from nanotron_ext.registry import DP_SYNCS
 
     every = DP_SYNCS.owner(cfg.parallelism.dp_sync).outer_every(cfg)
-    return [max(1, every - 1), max(2, every)]
+    return [max(1, every - 1), max(2, every) + (0 if outer else 1)]
 
 
 def iteration_batches(micro: List[Any], iteration: int, pp: int) -> List[Any]:
@@ -127,8 +128,9 @@ def iteration_batches(micro: List[Any], iteration: int, pp: int) -> List[Any]:
     return micro if iteration else micro[:max(1, pp - 1)]
 
 
-def plan_rank(cfg: Any, rank: int, store_host: str, store_port: int) -> Dict[str, Any]:
-    """Build rank `rank` of `cfg`'s layout over the fake backend, step it twice, report the second iteration."""
+def plan_rank(cfg: Any, rank: int, store_host: str, store_port: int, outer: bool = True) -> Dict[str, Any]:
+    """Build rank `rank` of `cfg`'s layout over the fake backend, step it twice, report the second iteration (an
+    outer step of the DP sync, or with `outer` False an inner one: `steps`)."""
     from nanotron import distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -166,7 +168,7 @@ def plan_rank(cfg: Any, rank: int, store_host: str, store_port: int) -> Dict[str
     micro = _micro_batches(cfg)
     # torch.nonzero inside a meta kernel (boolean-mask indexing) does not reach MetaScalars: it takes every entry
     with MetaScalars(), tracker, torch.fx.experimental._config.patch(meta_nonzero_assume_all_nonzero=True):
-        for i, step in enumerate(steps(cfg)):
+        for i, step in enumerate(steps(cfg, outer)):
             ledger.reset()
             with flops if i == 1 else contextlib.nullcontext():  # FLOPs of the reported iteration
                 loss = replica.backward(iteration_batches(micro, i, p.pp))

@@ -47,7 +47,8 @@ def default_ranks(cfg: Any) -> List[int]:
     return [r for dp_rank in firsts for r in column(cfg, rank_of(cfg, 0, dp_rank, 0))]
 
 
-def _worker(config_file: str, overrides: Sequence[str], rank: int, port: int, out: "mp.Queue") -> None:
+def _worker(config_file: str, overrides: Sequence[str], rank: int, port: int, out: "mp.Queue",
+            outer: bool = True) -> None:
     # a rank's build and step print notes (a codec's choices, SparseLoCo's densities): the plan prints its own
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
@@ -59,14 +60,15 @@ def _worker(config_file: str, overrides: Sequence[str], rank: int, port: int, ou
         from nanotron_ext.config import load_config
         from nanotron_ext.plan.rank import plan_rank
 
-        out.put((rank, "ok", plan_rank(load_config(config_file, list(overrides)), rank, "127.0.0.1", port)))
+        out.put((rank, "ok", plan_rank(load_config(config_file, list(overrides)), rank, "127.0.0.1", port, outer)))
     except BaseException:  # noqa: BLE001 - reported by the parent, which stops the other stages
         out.put((rank, "error", traceback.format_exc()))
 
 
 def plan_ranks(config_file: str, overrides: Sequence[str], cfg: Any, ranks: Sequence[int],
-               timeout_s: float = TIMEOUT_S) -> List[Dict[str, Any]]:
-    """Step the pipeline columns of `ranks` (one process per rank) and return the plans of `ranks`, in order."""
+               timeout_s: float = TIMEOUT_S, outer: bool = True) -> List[Dict[str, Any]]:
+    """Step the pipeline columns of `ranks` (one process per rank) and return the plans of `ranks`, in order (the
+    reported iteration an outer step of the DP sync, or with `outer` False an inner one)."""
     import torch.distributed as torch_dist
 
     run = sorted({r for rank in ranks for r in column(cfg, rank)})
@@ -77,7 +79,8 @@ def plan_ranks(config_file: str, overrides: Sequence[str], cfg: Any, ranks: Sequ
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
     out = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(config_file, list(overrides), r, port, out), daemon=True) for r in run]
+    procs = [ctx.Process(target=_worker, args=(config_file, list(overrides), r, port, out, outer), daemon=True)
+             for r in run]
     for p in procs:
         p.start()
     results: Dict[int, Dict[str, Any]] = {}

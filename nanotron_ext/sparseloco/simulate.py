@@ -68,7 +68,8 @@ class SimulatedReplicas:
 
 def run_simulated(cfg: Config, replicas: int, mode: Literal["sparseloco", "dense"] = "sparseloco",
                   config_file: Optional[str] = None,
-                  observe: Optional[Callable[[List[Replica]], ReplicaHook]] = None) -> Dict[str, Any]:
+                  observe: Optional[Callable[[List[Replica]], ReplicaHook]] = None,
+                  val_every: int = 0, on_step: Optional[Callable[[int, float], None]] = None) -> Dict[str, Any]:
     """Train `replicas` data-parallel replicas of `cfg`'s model in this process (a 1-rank process group),
     each on the data shard the trainer gives DP rank r of `replicas`, each taking the trainer's own step
     (nanotron_ext.train.replica.Replica: autocast, clipping, the non-finite guard, optimiser, schedule,
@@ -77,7 +78,9 @@ def run_simulated(cfg: Config, replicas: int, mode: Literal["sparseloco", "dense
     the trainer's DP all-reduce does (bit-identical to the trainer at dp = 2). Returns per-step mean train
     loss, the final validation loss (each replica on its own validation shard, averaged, as the trainer
     does), bytes per replica per sync and the replicas' final weights. `observe(replicas)` returns a hook that
-    sees every outer sync as SimulatedReplicas' own hooks do (it must not change the weights)."""
+    sees every outer sync as SimulatedReplicas' own hooks do (it must not change the weights). `val_every` > 0 also
+    validates after every `val_every` steps ("val_curve": [[step, val_loss]], the last step's included);
+    `on_step(step, loss)` is called after each step (a progress bar)."""
     if mode == "dense" and cfg.sparseloco.grassmann_every:  # its updates run at outer syncs: there are none
         raise ConfigError(f"sparseloco.grassmann_every={cfg.sparseloco.grassmann_every}: Grassmann updates run at "
                           "SparseLoCo outer syncs; the dense mode (gradients averaged every step) has none, "
@@ -101,6 +104,7 @@ def run_simulated(cfg: Config, replicas: int, mode: Literal["sparseloco", "dense
     if sim is not None and observe is not None:
         sim.hooks.append(observe(reps))
     losses: List[float] = []
+    curve: List[List[float]] = []
     for step in range(1, cfg.tokens.train_steps + 1):
         step_losses = [rep.backward([next(loaders[r]) for _ in range(cfg.tokens.batch_accumulation_per_replica)])
                        for r, rep in enumerate(reps)]
@@ -115,13 +119,24 @@ def run_simulated(cfg: Config, replicas: int, mode: Literal["sparseloco", "dense
         if sim is not None:
             sim.after_step(step)
         losses.append(loss)
+        if on_step is not None:
+            on_step(step, loss)
+        if val_every and step % val_every == 0 and step < cfg.tokens.train_steps:
+            curve.append([step, validate(cfg, reps, config_file)])
+    val = validate(cfg, reps, config_file)
+    curve.append([cfg.tokens.train_steps, val])
+    return {"train_loss": losses, "val_loss": val, "val_curve": curve, "sync_bytes": sim.sent_bytes if sim else [],
+            "weights": [{n_: p.detach().clone() for n_, p in m.named_parameters()} for m in models], "models": models}
+
+
+def validate(cfg: Config, reps: Sequence[Replica], config_file: Optional[str] = None) -> float:
+    """The validation loss the trainer reports: each replica on its own validation shard (its first val_steps
+    batches, as every validation), the groups averaged over the replicas in replica order."""
     groups = []
     for r, rep in enumerate(reps):
-        val_loader = build_validation_loader(cfg, dp_rank=r, dp_size=replicas, config_file=config_file)
+        val_loader = build_validation_loader(cfg, dp_rank=r, dp_size=len(reps), config_file=config_file)
         groups.append(rep.validation_losses(list(itertools.islice(val_loader, cfg.tokens.val_steps))))
-    val = validation_summary([replica_mean(list(g)).item() for g in zip(*groups)])
-    return {"train_loss": losses, "val_loss": val["val_loss"], "sync_bytes": sim.sent_bytes if sim else [],
-            "weights": [{n_: p.detach().clone() for n_, p in m.named_parameters()} for m in models], "models": models}
+    return validation_summary([replica_mean(list(g)).item() for g in zip(*groups)])["val_loss"]
 
 
 def replica_mean(values: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -45,10 +45,13 @@ def closed_forms(system: str, preset: str, seed: int, args: argparse.Namespace) 
     return {t: forms.get(t, 0.0) for t in TIERS}
 
 
-def run_overrides(system: str, preset: str, seed: int, args: argparse.Namespace) -> List[str]:
-    """The keys one run sets: the system's, the link preset on every tier, the budget and the seed."""
+def run_overrides(system: str, preset: Optional[str], seed: int, args: argparse.Namespace) -> List[str]:
+    """The keys one run sets: the system's, the link preset on every tier (none without `preset`: the model
+    clock's loss runs), the budget and the seed."""
     s = SYSTEMS[system]
-    if preset in ANCHORS:  # a calibrated preset: each tier scaled to this machine (bench/wan/presets.py)
+    if preset is None:
+        link = []
+    elif preset in ANCHORS:  # a calibrated preset: each tier scaled to this machine (bench/wan/presets.py)
         link = tier_links(preset, getattr(args, "anchor_links", {}).get(preset), args.tp_preset)
     else:
         link = ["parallelism.link.enabled=true", f"parallelism.link.preset={preset}",

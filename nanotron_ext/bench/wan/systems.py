@@ -31,6 +31,9 @@ DATA = ("parallelism.pp=1", "parallelism.dp=2", "tokens.batch_accumulation_per_r
 DATA4 = ("parallelism.pp=1", "parallelism.dp=4", "tokens.batch_accumulation_per_replica=1")
 TP2 = ("parallelism.pp=1", "parallelism.dp=1", "parallelism.tp=2", "tokens.batch_accumulation_per_replica=4")
 LOW_RANK = ("model.low_rank.kind=svd", "model.low_rank.rank=32")  # d/4 at cpu_base.yaml's d = 128
+DENSE_TP = ("model.low_rank.kind=none", "model.tp_strategy=megatron")  # the three-tier file's TP made dense
+ALLREDUCE = ("parallelism.dp_sync=allreduce", "sparseloco=null")  # its DP tier made a per-step all-reduce
+DENSE_3D = DENSE_TP + ALLREDUCE
 SYSTEMS: Dict[str, System] = {
     "pipeline": System("uncompressed pipeline (pp=2)", 2, PIPE),
     "subspace_pipeline": System("SM subspace codec k=d/8 (pp=2)", 2, PIPE + tuple(SM)),
@@ -62,9 +65,24 @@ SYSTEMS: Dict[str, System] = {
     "btp_tp": System("BOOST BTP, SVD low-rank r=d/4 (tp=2)", 2, TP2 + LOW_RANK + ("model.tp_strategy=btp",)),
     "three_tiers": System("three tiers dp=2 x tp=2 x pp=2 (issue 17)", 8, (), config=THREE_TIERS),
     # the same job as a plain 3D layout: full rank, Megatron TP, uncompressed stage link, DP all-reduce every step
-    "dense_3d": System("uncompressed 3D dp=2 x tp=2 x pp=2 (Megatron, identity, all-reduce)", 8,
-                       ("model.low_rank.kind=none", "model.tp_strategy=megatron", "parallelism.dp_sync=allreduce",
-                        "sparseloco=null"), config=THREE_TIERS),
+    "dense_3d": System("uncompressed 3D dp=2 x tp=2 x pp=2 (Megatron, identity, all-reduce)", 8, DENSE_3D,
+                       config=THREE_TIERS),
+    # issue 45's like-for-like compositions: every row the same dp=2 x tp=2 x pp=2 job (the three-tier file), with
+    # nothing compressed (dense_3d), one tier compressed, two, or all three (three_tiers), and dense DiLoCo
+    **{name: System(label, 8, keys, config=THREE_TIERS) for name, label, keys in [
+        ("3d_sm", "3D, pipeline: SM k=d/8", DENSE_3D + tuple(SM)),
+        ("3d_resbm", "3D, pipeline: ResBM 128x", DENSE_3D + ("model.codec.kind=resbm", "model.codec.resbm.h=1")),
+        ("3d_mapl", "3D, pipeline: MAPL", DENSE_3D + ("model.codec.kind=mapl",)),
+        ("3d_int4", "3D, pipeline: lossy int4", DENSE_3D + ("model.codec.kind=int4",)),
+        ("3d_btp", "3D, TP: BOOST BTP (SVD r=d/4)", ALLREDUCE),
+        ("3d_sparseloco", "3D, DP: SparseLoCo", DENSE_TP + ("sparseloco.compressed_replicas=[]",)),
+        ("3d_sm_sparseloco", "3D, pipeline + DP: heterogeneous SparseLoCo (SM on replica 0), dense Megatron TP",
+         DENSE_TP),
+        ("3d_btp_sm", "3D, TP + pipeline: BTP + SM", ALLREDUCE + tuple(SM)),
+        ("3d_btp_sparseloco", "3D, TP + DP: BTP + SparseLoCo", ("sparseloco.compressed_replicas=[]",)),
+        ("3d_diloco", "3D, DP: dense DiLoCo (SparseLoCo's outer loop, every entry sent in bf16)",
+         DENSE_TP + ("sparseloco.compressed_replicas=[]", "sparseloco.topk=4096")),
+    ]},
     # the churn scenario: 4 replicas, one of them absent from 1 outer sync in 5 (sparseloco.churn), beside no churn
     "sparseloco_dp4": System("SparseLoCo (dp=4)", 4, DATA4 + ("parallelism.dp_sync=sparseloco",)),
     "sparseloco_dp4_churn": System("SparseLoCo (dp=4), one replica down 20% of syncs", 4,

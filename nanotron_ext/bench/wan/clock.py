@@ -1,0 +1,220 @@
+"""The model clock: a system's step time on a preset's hardware, replayed from its schedule (`--clock model`).
+
+The DiLoCo line of work and heterogeneous SparseLoCo take learning from real runs and time from a stated model;
+this is that model. A step is replayed, not measured:
+
+- compute: each stage's forward and backward of one micro-batch, in seconds (FLOPs / the device's effective
+  throughput, `profile.py`), with the stage's TP collectives on the critical path (a Megatron or BTP layer waits for
+  its all-reduce: no bound overlaps them);
+- the pipeline schedule: AFAB (GPipe: every forward, then every backward, micro-batches in order) or 1F1B
+  (PipeDream-flush: pp - s - 1 warm-up forwards on stage s, then one forward one backward, then the remaining
+  backwards), the bubbles falling out of the dependencies: F(s, i) needs F(s-1, i)'s activation to have arrived,
+  B(s, i) needs B(s+1, i)'s gradient;
+- each stage pair's link in each direction a FIFO of messages: a message starts when it is ready and the link is
+  free, leaves `bytes * 8 / bandwidth` later and arrives one latency after that; "half" duplex makes both directions
+  one link (ResBM's 80 Mbit/s). One link per node: a stage's TP ranks share their node's uplink, so a message is
+  every TP rank's share of the wire together;
+- the DP tier once per step (a per-step all-reduce) or the outer sync once per H steps, each stage's node over its
+  own uplink (the ring forms of parallel/link.py, with a node's TP ranks' rings sharing that uplink).
+
+Two bounds, since real systems overlap communication with compute to different degrees:
+
+- `upper` (no overlap): a sender waits until its message has left the link; the DP all-reduce starts after the
+  pipeline flush; the outer sync stops every replica until it is done.
+- `lower` (full overlap): a sender goes on computing while its message is on the wire (what the real-sleep
+  emulator does); each stage's DP all-reduce starts when its last backward starts (DDP's buckets: earlier
+  micro-batches' gradients are not final before that) and the step ends when both the pipeline and every
+  all-reduce have; the outer sync runs behind the next H inner steps (Streaming DiLoCo's overlap).
+
+Replicas run in lock step (the DP all-reduce) or H steps apart (the outer loop): either way the slowest replica
+paces the job. Everything here is plain arithmetic on numbers; tests/test_wan_clock.py holds it to closed forms.
+"""
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from typing import Dict, List, Optional, Sequence, Tuple
+
+
+@dataclasses.dataclass(frozen=True)
+class Link:
+    """One link: bandwidth in Mbit/s (0: unlimited), one-way latency in ms, duplex "full" or "half"."""
+
+    mbps: float
+    latency_ms: float = 0.0
+    duplex: str = "full"
+
+    def transmit_s(self, nbytes: float) -> float:
+        return 0.0 if self.mbps == 0 or nbytes <= 0 else nbytes * 8 / (self.mbps * 1e6)
+
+    @property
+    def latency_s(self) -> float:
+        return self.latency_ms / 1e3
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """One pipeline stage of one replica, per micro-batch: compute (+ TP collectives) seconds and the bytes its node
+    sends to each neighbour (every TP rank's share of the wire together)."""
+
+    fwd_s: float
+    bwd_s: float
+    fwd_bytes: float = 0.0  # activations to stage s + 1
+    bwd_bytes: float = 0.0  # gradients to stage s - 1
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicaWork:
+    """One DP replica's step: its stages, the link between stage s and s + 1 (`links[s]`), its micro-batches and
+    schedule, and per stage the seconds of the DP tier's per-step collective (0: none) and of the outer sync."""
+
+    stages: Sequence[Stage]
+    links: Sequence[Link]
+    micro_batches: int
+    schedule: str = "afab"
+    dp_s: Sequence[float] = ()
+    outer_s: Sequence[float] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Timeline:
+    """A replayed pipeline: when it ended, and when each stage's last backward started."""
+
+    end_s: float
+    last_backward_start_s: Tuple[float, ...]
+
+
+class _Wire:
+    """A link's busy intervals; a message takes the first gap at or after its ready time (first fit keeps FIFO
+    order for one sender, and interleaves the two directions of a half-duplex link by time)."""
+
+    def __init__(self) -> None:
+        self.starts: List[float] = []
+        self.ends: List[float] = []
+
+    def place(self, ready: float, seconds: float) -> float:
+        """Occupy the wire for `seconds` from the first free moment >= `ready`; returns when the message left."""
+        t = ready
+        i = bisect.bisect_right(self.ends, t)
+        while i < len(self.starts) and self.starts[i] < t + seconds:
+            t = max(t, self.ends[i])
+            i += 1
+        self.starts.insert(i, t)
+        self.ends.insert(i, t + seconds)
+        return t + seconds
+
+
+def schedule_order(schedule: str, stage: int, stages: int, micro: int) -> List[Tuple[str, int]]:
+    """The ops of `stage`, in the order its engine runs them: ("F" | "B", micro-batch)."""
+    if schedule == "afab":
+        return [("F", i) for i in range(micro)] + [("B", i) for i in range(micro)]
+    if schedule == "1f1b":
+        warm = min(stages - stage - 1, micro)
+        ops = [("F", i) for i in range(warm)]
+        for i in range(micro - warm):
+            ops += [("F", warm + i), ("B", i)]
+        return ops + [("B", i) for i in range(micro - warm, micro)]
+    raise ValueError(f"unknown pipeline schedule {schedule!r} (afab, 1f1b)")
+
+
+def replay(work: ReplicaWork, blocking: bool) -> Timeline:
+    """Replay one step of one replica's pipeline (the module docstring); `blocking`: senders wait for their
+    messages to leave (the no-overlap bound)."""
+    n, m = len(work.stages), work.micro_batches
+    if len(work.links) < n - 1:
+        raise ValueError(f"{n} stages need {n - 1} links, got {len(work.links)}")
+    wires: Dict[Tuple[int, int], _Wire] = {}
+
+    def wire(src: int, dst: int) -> _Wire:
+        half = work.links[min(src, dst)].duplex == "half"
+        return wires.setdefault((min(src, dst), max(src, dst)) if half else (src, dst), _Wire())
+
+    orders = [schedule_order(work.schedule, s, n, m) for s in range(n)]
+    at = [0] * n  # next op index per stage
+    free = [0.0] * n  # when each stage's timeline is free
+    arrived: Dict[Tuple[str, int, int], float] = {}  # ("F"|"B", stage that receives, micro) -> arrival time
+    done: Dict[Tuple[str, int, int], float] = {}
+    last_b = [0.0] * n
+    remaining = n * 2 * m
+    while remaining:
+        progressed = False
+        for s in range(n):
+            while at[s] < len(orders[s]):
+                kind, i = orders[s][at[s]]
+                if kind == "F":
+                    need = arrived.get(("F", s, i)) if s > 0 else 0.0
+                else:
+                    need = arrived.get(("B", s, i)) if s < n - 1 else done.get(("F", s, i))
+                if need is None:
+                    break
+                start = max(free[s], need)
+                st = work.stages[s]
+                end = start + (st.fwd_s if kind == "F" else st.bwd_s)
+                done[(kind, s, i)] = end
+                if kind == "B":
+                    last_b[s] = max(last_b[s], start)
+                free[s] = end
+                dst = s + 1 if kind == "F" else s - 1
+                if 0 <= dst < n:
+                    link = work.links[min(s, dst)]
+                    nbytes = st.fwd_bytes if kind == "F" else st.bwd_bytes
+                    left = wire(s, dst).place(end, link.transmit_s(nbytes))
+                    arrived[(kind, dst, i)] = left + link.latency_s
+                    if blocking:
+                        free[s] = left
+                at[s] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            raise RuntimeError(f"the {work.schedule} schedule deadlocked (a bug in schedule_order)")
+    return Timeline(max(free), tuple(last_b))
+
+
+@dataclasses.dataclass(frozen=True)
+class StepBounds:
+    """Seconds per optimiser step, averaged over an outer cycle: the full-overlap and the no-overlap bound."""
+
+    lower_s: float
+    upper_s: float
+
+
+def step_bounds(replicas: Sequence[ReplicaWork], outer_every: int = 0) -> StepBounds:
+    """The job's step time (the slowest replica paces it), with the per-step DP tier and, every `outer_every`
+    steps, the outer sync amortised over its cycle."""
+    lows, highs = [], []
+    for work in replicas:
+        for blocking, out in ((False, lows), (True, highs)):
+            t = replay(work, blocking)
+            dp = list(work.dp_s) or [0.0]
+            if blocking:
+                out.append(t.end_s + max(dp))
+            else:
+                out.append(max([t.end_s] + [b + d for b, d in zip(t.last_backward_start_s, dp)]))
+    lower, upper = max(lows), max(highs)
+    if outer_every:
+        outer = max((max(w.outer_s or [0.0]) for w in replicas), default=0.0)
+        lower = max(outer_every * lower, outer) / outer_every
+        upper = upper + outer / outer_every
+    return StepBounds(lower, upper)
+
+
+def ring_seconds(ops: Dict[str, Tuple[float, float]], group: int, link: Link, sharing: int = 1) -> float:
+    """Seconds of one rank's collectives {op: (bytes, calls)} on a ring of `group` ranks over `link`, with
+    `sharing` rings on the same uplink (a node's TP ranks each in their own DP ring): the bandwidth term is
+    `sharing` times longer, the latency term is not."""
+    from nanotron_ext.parallel.link import LinkSpec, ring_collective_s
+
+    total = 0.0
+    for op, (nbytes, calls) in ops.items():
+        if calls <= 0:
+            continue
+        per_call = nbytes / calls
+        bw = ring_collective_s(op, per_call, group, LinkSpec(link.mbps, 0.0), link.duplex) * sharing
+        lat = ring_collective_s(op, 0, group, LinkSpec(0.0, link.latency_ms), link.duplex)
+        total += calls * (bw + lat)
+    return total
+
+
+def time_to_target(curve: Sequence[Sequence[float]], target: float, step_s: float) -> Optional[float]:
+    """Seconds to the first validation at or below `target` on a curve [[step, loss]] at `step_s` per step."""
+    return next((step * step_s for step, loss in curve if loss <= target), None)

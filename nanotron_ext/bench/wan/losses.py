@@ -1,0 +1,147 @@
+"""Learning curves for the model clock (`--clock model`): each system trained in its cheapest equivalent layout.
+
+Losses do not depend on links, so one set of loss runs serves every preset, and nothing here is timed. A system's
+real layout (dp x tp x pp over emulated links) is replaced by one process that computes the same function:
+
+- tp = 1: Megatron TP, vanilla TP and BOOST's BTP are exact re-shardings of the same model (tests/test_parallel_parity
+  and the BOOST tests hold them to a float64 reference);
+- pp = 1 with the codec at the real layout's stage boundaries (`model.codec.boundaries` = the sending layers): the
+  encoder and decoder of a boundary are the same modules whether the wire crosses a process or not;
+- dp replicas simulated in this process (`sparseloco.simulate.run_simulated`): per-step gradient averaging
+  ("dense") for an all-reduce DP tier, SparseLoCo's outer loop for `parallelism.dp_sync: sparseloco`, each replica
+  on the data shard the trainer gives its DP rank and with its own codec (heterogeneous SparseLoCo).
+
+Each equivalence is a test (tests/test_wan_losses.py: the real layout's first steps against the cheap one's).
+Runs train `--jobs` at a time (at most the cores: one intra-op thread each), each writes its curve to
+`<runs>/<system>_seed<seed>_<key>.json`; a finished file of the same resolved config is read back, so systems whose
+cheap layouts coincide (three tiers and its dense-TP twin differ only in TP) train once, and an interrupted batch
+resumes where it stopped.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any, Dict, List, Sequence, Tuple
+
+CHEAP_KEYS = ("parallelism.dp=1", "parallelism.tp=1", "parallelism.pp=1", "parallelism.link.enabled=false")
+
+
+@dataclasses.dataclass(frozen=True)
+class LossRun:
+    """One learning curve: a system's cheap layout (config + overrides), its replicas and DP mode, and a seed."""
+
+    system: str
+    seed: int
+    config_file: str
+    overrides: Tuple[str, ...]
+    replicas: int
+    mode: str  # "dense" (a per-step gradient average) or "sparseloco" (the outer loop)
+    val_every: int
+
+    def key(self) -> str:
+        """A digest of everything the curve depends on: the resolved config, the replicas and the mode."""
+        from nanotron_ext.config.loader import config_to_dict, load_config
+
+        resolved = config_to_dict(load_config(self.config_file, list(self.overrides)))
+        for volatile in ("general.run", "general.output_dir", "logging.progress_bar"):  # do not change the math
+            section, name = volatile.split(".")
+            resolved.get(section, {}).pop(name, None)
+        blob = json.dumps([resolved, self.replicas, self.mode, self.val_every], sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def cheap_layout(config_file: str | Path, overrides: Sequence[str]) -> Tuple[List[str], int, str]:
+    """(overrides, replicas, mode) of the one-process layout that trains the same function as `config_file` +
+    `overrides` (the module docstring)."""
+    from nanotron_ext.config.loader import load_config
+    from nanotron_ext.parallel.layout import codec_boundaries, split_layers
+
+    real = load_config(config_file, list(overrides))
+    p, m = real.parallelism, real.model
+    boundaries = codec_boundaries(m.codec.boundaries, split_layers(m.num_layers, p.pp))
+    sets = [*overrides, *CHEAP_KEYS, f"model.codec.boundaries=[{','.join(map(str, boundaries))}]"]
+    return sets, p.dp, "sparseloco" if p.dp_sync == "sparseloco" else "dense"
+
+
+def train(run: LossRun, out: Path) -> Dict[str, Any]:
+    """Train `run` (in this process, one intra-op thread) and write its curve to `out` atomically."""
+    import torch
+
+    from nanotron_ext.config.loader import load_config
+    from nanotron_ext.fileio import write_text_atomic
+    from nanotron_ext.sparseloco.simulate import run_simulated
+
+    torch.set_num_threads(1)
+    cfg = load_config(run.config_file, list(run.overrides))
+    t0 = time.perf_counter()
+    result = run_simulated(cfg, run.replicas, run.mode, run.config_file, val_every=run.val_every)  # type: ignore
+    record = {"system": run.system, "seed": run.seed, "key": run.key(), "config_file": run.config_file,
+              "overrides": list(run.overrides), "replicas": run.replicas, "mode": run.mode,
+              "steps": cfg.tokens.train_steps, "val_every": run.val_every, "train_loss": result["train_loss"],
+              "val_curve": result["val_curve"], "final_val_loss": result["val_loss"],
+              "sync_payload_bytes": result["sync_bytes"][:1], "train_s": time.perf_counter() - t0}
+    write_text_atomic(out, json.dumps(record) + "\n")
+    return record
+
+
+def _file(folder: Path, run: LossRun, key: str) -> Path:
+    return folder / f"{run.system}_seed{run.seed}_{key}.json"
+
+
+def _finished(folder: Path, key: str, seed: int) -> Path | None:
+    """A finished curve of the same resolved config and seed, whichever system trained it."""
+    for path in sorted(folder.glob(f"*_seed{seed}_{key}.json")):
+        try:
+            if json.loads(path.read_text()).get("key") == key:
+                return path
+        except (OSError, ValueError):
+            continue  # a torn or foreign file: trained again
+    return None
+
+
+def train_all(runs: Sequence[LossRun], folder: Path, jobs: int) -> List[Dict[str, Any]]:
+    """Every run's curve, in order: read back when finished before (any system's file with the same key and seed),
+    else trained `jobs` at a time (never more than the cores)."""
+    from tqdm import tqdm
+
+    folder.mkdir(parents=True, exist_ok=True)
+    keys = [r.key() for r in runs]
+    results: Dict[int, Dict[str, Any]] = {}
+    todo: Dict[Tuple[str, int], List[int]] = {}
+    for i, (run, key) in enumerate(zip(runs, keys)):
+        done = _finished(folder, key, run.seed)
+        if done is not None:
+            results[i] = {**json.loads(done.read_text()), "system": run.system}
+        else:
+            todo.setdefault((key, run.seed), []).append(i)
+    workers = max(1, min(jobs, os.cpu_count() or 1, len(todo) or 1))
+    if todo:
+        import multiprocessing as mp
+
+        with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("forkserver")) as pool:
+            futures = {pool.submit(train, runs[ids[0]], _file(folder, runs[ids[0]], key)): ids
+                       for (key, _), ids in todo.items()}
+            for future in tqdm(as_completed(futures), total=len(futures), desc="loss runs", unit="run"):
+                record = future.result()
+                for i in futures[future]:
+                    results[i] = {**record, "system": runs[i].system}
+    return [results[i] for i in range(len(runs))]
+
+
+def loss_runs(systems: Sequence[str], seeds: Sequence[int], args: Any) -> List[LossRun]:
+    """The loss runs of `systems` x `seeds` under the meter's budget (`args`: steps, val_every, inner_steps, set)."""
+    from nanotron_ext.bench.wan.runs import run_overrides
+    from nanotron_ext.bench.wan.systems import system_config
+
+    out = []
+    for system in systems:
+        config = str(system_config(system, args))
+        for seed in seeds:
+            sets, replicas, mode = cheap_layout(config, run_overrides(system, None, seed, args))
+            out.append(LossRun(system, seed, config, tuple(sets), replicas, mode, args.val_every))
+    return out

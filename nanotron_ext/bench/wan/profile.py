@@ -1,0 +1,160 @@
+"""What the model clock replays for one system on one preset: its ranks planned, then priced on the preset's hardware.
+
+1. The twin (`twin_overrides`): the system's layout and techniques (dp x tp x pp, TP strategy, codec, DP sync) at
+   the preset's model and batch (`ClockPreset.scale_config`: hidden size, layers, heads, vocabulary, sequence,
+   micro-batches), every width a technique sets scaled with the hidden size (SM's k = d/8 stays d/8, ResBM's 128x
+   stays 128x, BOOST's r = d/4 stays d/4). Without a scale config the system is timed as it trains.
+2. The plan (`planned`): the planner (nanotron_ext.plan) steps each distinct replica's pipeline column, TP rank 0,
+   on the meta device over torch's fake process group: per rank the FLOPs of the step (torch's FlopCounterMode) and
+   the comm ledger's bytes and calls per (group, op). A DP sync with an outer loop is planned twice, an inner and an
+   outer step: what the outer step sends beyond the inner one is the outer sync.
+3. The price (`replica_works`): per stage, forward = 1/3 and backward = 2/3 of the stage's FLOPs per micro-batch at
+   the device's effective throughput (Narayanan et al.'s 1:2 split of a matmul's forward and backward), plus the
+   stage's TP collectives on the TP link, half in each pass; the stage's `send:fwd` / `send:bwd` bytes per
+   micro-batch times tp (one uplink per node carries every TP rank's share); per stage the DP tier's ring on the DP
+   link with the node's tp rings sharing its uplink. Left out, and said: control messages (the world group's
+   few-byte agreements, pipeline headers: they travel just ahead of their tensor) and compute that FlopCounterMode
+   does not count (elementwise work: norms, optimiser, SparseLoCo's top-k).
+
+Values the planner cannot know (data-dependent sizes: MAPL's distinct token ids, heterogeneous SparseLoCo's folded
+embedding rows) are planned at their smallest (nanotron_ext.plan.rank); the meter's table prints the planned bytes
+beside each tier's closed form.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from nanotron_ext.bench.wan.clock import Link, ReplicaWork, Stage, ring_seconds
+
+SCALE_KEYS = ("model.hidden_size", "model.ffn_size", "model.num_layers", "model.num_heads", "model.num_kv_heads",
+              "model.vocab_size", "model.max_seq_len", "model.dtype", "tokenizer.vocab_size",
+              "tokens.sequence_length", "tokens.micro_batch_size", "tokens.batch_accumulation_per_replica")
+WIDTH_KEYS = ("model.subspace.k", "model.codec.resbm.h", "model.codec.resbm.m", "model.low_rank.rank",
+              "model.codec.mapl.rank", "model.codec.mapl.anchor_width")
+TIERS = ("tp", "pp", "dp")
+CONTROL_BYTES = 64  # per call: an agreement flag, a loss or a gradient norm, not a tensor the step moves
+
+
+def _get(cfg: Any, key: str) -> Any:
+    for part in key.split("."):
+        cfg = getattr(cfg, part, None)
+    return cfg
+
+
+def twin_overrides(config_file: str, overrides: Sequence[str], scale_config: Optional[str]) -> List[str]:
+    """The overrides that time `config_file` + `overrides` at `scale_config`'s model and batch (module docstring)."""
+    from nanotron_ext.config.loader import load_config
+
+    sets = [*overrides, "parallelism.link.enabled=false"]
+    if not scale_config:
+        return sets
+    small, big = load_config(config_file, list(overrides)), load_config(scale_config, [])
+    factor = big.model.hidden_size / small.model.hidden_size
+    sets += [f"{k}={_get(big, k)}" for k in SCALE_KEYS]
+    for key in WIDTH_KEYS:
+        value = _get(small, key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            sets.append(f"{key}={max(1, round(value * factor))}")
+    return sets
+
+
+def planned(config_file: str, overrides: Sequence[str], cache: Path) -> Dict[str, Any]:
+    """The plan of one config (module docstring, 2.), read back from `cache` when a plan of the same resolved config
+    is there: {"layout", "micro_batches", "schedule", "outer_every", "replica_of" (dp rank -> planned replica),
+    "inner": [per planned replica, per stage: rank plan], "outer": the same for the outer step or None}."""
+    from nanotron_ext.config.loader import config_to_dict, load_config
+    from nanotron_ext.config.tiers import replica_codecs
+    from nanotron_ext.fileio import write_text_atomic
+    from nanotron_ext.plan.run import column, default_ranks, plan_ranks, rank_of
+    from nanotron_ext.registry import DP_SYNCS
+
+    cfg = load_config(config_file, list(overrides))
+    key = hashlib.sha256(json.dumps(config_to_dict(cfg), sort_keys=True, default=str).encode()).hexdigest()[:16]
+    path = cache / f"plan_{key}.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    p = cfg.parallelism
+    groups = [replicas for replicas, _ in replica_codecs(cfg).values()]
+    firsts = sorted(replicas[0] for replicas in groups)
+    replica_of = {r: replicas[0] for replicas in groups for r in replicas}
+    ranks = default_ranks(cfg)
+    every = DP_SYNCS.owner(p.dp_sync).outer_every(cfg)
+
+    def by_replica(plans: List[Dict[str, Any]]) -> List[List[Dict[str, Any]]]:
+        at = {q["rank"]: q for q in plans}
+        return [[at[r] for r in column(cfg, rank_of(cfg, 0, first, 0))] for first in firsts]
+
+    result = {"layout": {"dp": p.dp, "tp": p.tp, "pp": p.pp},
+              "micro_batches": cfg.tokens.batch_accumulation_per_replica, "schedule": p.pp_engine, "outer_every": every if every > 1 else 0,
+              "replica_of": {str(r): firsts.index(f) for r, f in replica_of.items()},
+              "inner": by_replica(plan_ranks(config_file, list(overrides), cfg, ranks, outer=every <= 1)),
+              "outer": by_replica(plan_ranks(config_file, list(overrides), cfg, ranks)) if every > 1 else None}
+    cache.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps(result) + "\n")
+    return result
+
+
+def _ops(ledger: Dict[str, Any], group: str, minus: Optional[Dict[str, Any]] = None,
+         prefix: str = "") -> Dict[str, Tuple[float, float]]:
+    """{op: (bytes, calls)} of one group's ops starting with `prefix`, less what `minus` has of the same op;
+    control messages (CONTROL_BYTES or fewer per call: flags, a loss, a norm) left out."""
+    out = {}
+    for op, c in ledger.get(group, {}).items():
+        if not op.startswith(prefix):
+            continue
+        base = (minus or {}).get(group, {}).get(op, {"bytes": 0, "calls": 0})
+        nbytes, calls = c["bytes"] - base["bytes"], c["calls"] - base["calls"]
+        if nbytes > CONTROL_BYTES * calls and calls > 0:
+            out[op] = (float(nbytes), float(calls))
+    return out
+
+
+def _sent(ledger: Dict[str, Any], direction: str) -> float:
+    return float(ledger.get("pp", {}).get(f"send:{direction}", {}).get("bytes", 0))
+
+
+def replica_works(plan: Dict[str, Any], links: Dict[str, Link], stage_link: Sequence[Link],
+                  flops_per_s: float) -> List[ReplicaWork]:
+    """One ReplicaWork per DP replica (module docstring, 3.): `links` the "tp" and "dp" tiers' links, `stage_link[r]`
+    replica r's link between its stages, `flops_per_s` the device's effective throughput."""
+    lay, m = plan["layout"], plan["micro_batches"]
+    tp, dp = lay["tp"], lay["dp"]
+    works = []
+    for r in range(dp):
+        index = plan["replica_of"][str(r)]
+        inner = plan["inner"][index]
+        outer = plan["outer"][index] if plan["outer"] else None
+        stages, dp_s, outer_s = [], [], []
+        for s, rank in enumerate(inner):
+            tp_s = ring_seconds({op: (b / m, c / m) for op, (b, c) in _ops(rank["ledger"], "tp").items()}, tp,
+                                links["tp"])
+            compute = rank["flops"] / m / flops_per_s
+            stages.append(Stage(compute / 3 + tp_s / 2, 2 * compute / 3 + tp_s / 2,
+                                tp * _sent(rank["ledger"], "fwd") / m, tp * _sent(rank["ledger"], "bwd") / m))
+            dp_s.append(ring_seconds(_ops(rank["ledger"], "dp"), dp, links["dp"], sharing=tp))
+            if outer is not None:
+                extra = _ops(outer[s]["ledger"], "dp", minus=rank["ledger"])
+                outer_s.append(ring_seconds(extra, dp, links["dp"], sharing=tp))
+        works.append(ReplicaWork(stages, [stage_link[r]] * (len(stages) - 1), m, plan["schedule"], dp_s, outer_s))
+    return works
+
+
+def bytes_per_step(plan: Dict[str, Any]) -> Dict[str, float]:
+    """Bytes each tier carries per optimiser step, all ranks (the outer sync amortised over its cycle): every
+    planned rank stands for the tp ranks of its stage and the replicas that share its config."""
+    lay = plan["layout"]
+    counts = [list(plan["replica_of"].values()).count(i) for i in range(len(plan["inner"]))]
+    out = {t: 0.0 for t in TIERS}
+    for index, column in enumerate(plan["inner"]):
+        for s, rank in enumerate(column):
+            weight = counts[index] * lay["tp"]
+            for tier in TIERS:
+                prefix = "send" if tier == "pp" else ""
+                out[tier] += weight * sum(b for b, _ in _ops(rank["ledger"], tier, prefix=prefix).values())
+            if plan["outer"]:
+                extra = _ops(plan["outer"][index][s]["ledger"], "dp", minus=rank["ledger"])
+                out["dp"] += weight * sum(b for b, _ in extra.values()) / plan["outer_every"]
+    return out

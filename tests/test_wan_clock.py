@@ -1,0 +1,91 @@
+"""The model clock's replay (nanotron_ext/bench/wan/clock.py) against closed forms written here by hand: GPipe's
+and 1F1B's bubble (m + p - 1)(f + b), a link-bound pipeline, half duplex, the DP tier's overlap bounds, the outer
+sync's amortisation and the ring forms with a shared uplink."""
+from __future__ import annotations
+
+import pytest
+
+from nanotron_ext.bench.wan.clock import Link, ReplicaWork, Stage, replay, ring_seconds, schedule_order, step_bounds
+
+FREE = Link(0.0)
+
+
+def _pipe(p: int, m: int, f: float, b: float, schedule: str, link: Link = FREE, nbytes: float = 0.0,
+          **extra: object) -> ReplicaWork:
+    return ReplicaWork([Stage(f, b, nbytes, nbytes)] * p, [link] * (p - 1), m, schedule, **extra)  # type: ignore
+
+
+@pytest.mark.parametrize("schedule", ["afab", "1f1b"])
+@pytest.mark.parametrize("p,m", [(1, 4), (2, 4), (4, 8), (4, 2), (3, 1)])
+def test_equal_stages_over_free_links_take_the_bubble_closed_form(schedule: str, p: int, m: int) -> None:
+    f, b = 1.0, 2.0
+    for blocking in (False, True):
+        assert replay(_pipe(p, m, f, b, schedule), blocking).end_s == pytest.approx((m + p - 1) * (f + b))
+
+
+def test_1f1b_orders_warm_up_forwards_then_alternates() -> None:
+    assert schedule_order("1f1b", 0, 3, 4) == [("F", 0), ("F", 1), ("F", 2), ("B", 0), ("F", 3), ("B", 1),
+                                               ("B", 2), ("B", 3)]
+    assert schedule_order("1f1b", 2, 3, 4) == [("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2), ("B", 2),
+                                               ("F", 3), ("B", 3)]
+    with pytest.raises(ValueError, match="interleaved"):
+        schedule_order("interleaved", 0, 2, 2)
+
+
+def test_a_link_bound_pipeline_serialises_its_messages() -> None:
+    """No compute, 2 stages, m messages of tx seconds each way. AFAB: stage 1's backwards wait for its last forward,
+    so the gradients follow the activations: 2 m tx + 2 lat. 1F1B (no latency: stage 0's later forwards wait for a
+    round trip): each gradient leaves when its activation arrived, overlapping the wire of the other direction:
+    (m + 1) tx, unless the link is half duplex and both directions share one wire (2 m tx)."""
+    m, nbytes, tx, lat = 4, 1e6, 1.0, 0.005  # 1 MB at 8 Mbit/s: 1 s each, 5 ms latency
+    assert replay(_pipe(2, m, 0.0, 0.0, "afab", Link(8.0, 5.0), nbytes), False).end_s == pytest.approx(
+        2 * m * tx + 2 * lat)
+    assert replay(_pipe(2, m, 0.0, 0.0, "1f1b", Link(8.0), nbytes), False).end_s == pytest.approx((m + 1) * tx)
+    assert replay(_pipe(2, m, 0.0, 0.0, "1f1b", Link(8.0, 0.0, "half"), nbytes), False).end_s == pytest.approx(
+        2 * m * tx)
+
+
+def test_blocking_sends_cost_the_sender_what_overlap_hides() -> None:
+    """Stage 0 computes 1 s per forward and sends 1 s of activation: overlapped, its forwards end at m s; blocking,
+    every send is on its timeline (2m s)."""
+    m, link = 4, Link(8.0)
+    work = ReplicaWork([Stage(1.0, 0.0, 1e6, 0.0), Stage(0.0, 0.0)], [link], m, "afab")
+    overlapped, blocking = replay(work, False), replay(work, True)
+    assert overlapped.end_s == pytest.approx(m * 1.0 + 1.0)  # the last activation's second on the wire
+    assert blocking.end_s == pytest.approx(2 * m * 1.0)
+
+
+def test_dp_tier_bounds_overlap_from_the_last_backward_or_follow_the_flush() -> None:
+    """One stage, m micro-batches of f + b: the all-reduce of d seconds starts at the last backward's start
+    (lower) or after the step (upper)."""
+    m, f, b, d = 3, 1.0, 2.0, 5.0
+    bounds = step_bounds([_pipe(1, m, f, b, "afab", dp_s=[d])])
+    last_b_start = m * f + (m - 1) * b
+    assert bounds.lower_s == pytest.approx(last_b_start + d)
+    assert bounds.upper_s == pytest.approx(m * (f + b) + d)
+
+
+def test_the_outer_sync_is_amortised_over_its_cycle_or_hidden_behind_it() -> None:
+    step, outer, h = 3.0, 12.0, 5
+    bounds = step_bounds([_pipe(1, 1, 1.0, 2.0, "afab", outer_s=[outer])], outer_every=h)
+    assert bounds.upper_s == pytest.approx(step + outer / h)
+    assert bounds.lower_s == pytest.approx(step)  # 12 s hides behind 5 x 3 s
+    slow = step_bounds([_pipe(1, 1, 1.0, 2.0, "afab", outer_s=[30.0])], outer_every=h)
+    assert slow.lower_s == pytest.approx(30.0 / h)
+
+
+def test_the_slowest_replica_paces_the_job() -> None:
+    fast, slow = _pipe(2, 4, 1.0, 2.0, "afab"), _pipe(2, 4, 1.0, 2.0, "afab", Link(8.0, 50.0), 1e6)
+    assert step_bounds([fast, slow]).lower_s == pytest.approx(step_bounds([slow]).lower_s)
+    assert step_bounds([fast, slow]).lower_s > step_bounds([fast]).lower_s
+
+
+def test_ring_seconds_share_the_uplink_between_a_nodes_rings() -> None:
+    """All-reduce of N bytes on a ring of p: 2 (p-1)/p N 8 / B + 2 (p-1) lat; two rings on one uplink double the
+    bandwidth term only; calls multiply the latency term."""
+    n, p, link = 1e6, 4, Link(80.0, 10.0)
+    one = 2 * (p - 1) / p * n * 8 / 80e6
+    assert ring_seconds({"all_reduce": (n, 1)}, p, link) == pytest.approx(one + 2 * (p - 1) * 0.01)
+    assert ring_seconds({"all_reduce": (n, 1)}, p, link, sharing=2) == pytest.approx(2 * one + 2 * (p - 1) * 0.01)
+    assert ring_seconds({"all_reduce": (n, 4)}, p, link) == pytest.approx(one + 4 * 2 * (p - 1) * 0.01)
+    assert ring_seconds({"all_reduce": (n, 1)}, 1, link) == 0.0
