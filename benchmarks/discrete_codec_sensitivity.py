@@ -329,6 +329,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = br.help_with_defaults(p).parse_args(argv)
     if args.worker:
         return worker(args.plan, args.results)
+    if args.device == "cuda" and not args.from_json and not args.merge:  # before the arm runs, not after
+        from nanotron_ext.cli_checks import refuse
+
+        refuse("--device cuda needs --merge <the CPU arm's result> (its base runs)")
+    merged = br.read_saved(args.merge, "--merge") if args.merge and not args.from_json else None
     if args.from_json:
         saved = br.read_saved(args.from_json)
     else:
@@ -342,9 +347,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             rows = measure(args.device, args.steps, techniques, args.timeout)
             meta = br.run_meta({"steps": args.steps, "torch": __import__("torch").__version__})
         if args.device == "cuda":
-            if not args.merge:
-                raise SystemExit("--device cuda needs --merge <the CPU arm's result> (its base runs)")
-            saved = br.read_saved(args.merge)
+            saved = merged
             saved["rows"] = [r for r in saved["rows"] if r["device"] == "cpu"] + rows
         else:
             saved = {"meta": meta, "rows": rows}

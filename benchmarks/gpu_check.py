@@ -435,6 +435,35 @@ def load_existing(path: Path, dry: bool) -> Dict[str, Any]:
     return {"meta": {}, "stages": {}}
 
 
+def rerender(path: str) -> int:
+    """--from-json: the markdown and PNG (and the JSON) re-rendered beside it, in its folder."""
+    from nanotron_ext.bench.report import read_saved
+    from nanotron_ext.cli_checks import ArgumentError, refuse
+
+    saved = read_saved(path)
+    try:
+        report.check_out("--from-json", Path(path).parent)
+    except ArgumentError as e:
+        refuse(e)
+    written = report.write(saved, Path(path).parent)
+    print("wrote " + ", ".join(map(str, written)))
+    return 0
+
+
+def check_outputs(args: argparse.Namespace, out: Path) -> None:
+    """Every result file and folder the check writes, before any stage runs (the rule of cli_checks.Writer)."""
+    from nanotron_ext.cli_checks import ArgumentError, output_folder, refuse
+
+    try:
+        for flag, folder in (("--out", out), ("--copy-to", args.copy_to)):
+            if folder:
+                output_folder(flag, folder)
+                report.check_out(flag, Path(folder))
+        output_folder("--work", args.work)
+    except ArgumentError as e:
+        refuse(e)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dry-run", action="store_true", help="the same plan on CPU/gloo with tiny shapes (no GPU needed)")
@@ -450,11 +479,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--verbose", action="store_true", help="stream the jobs' output")
     args = p.parse_args(argv)
     if args.from_json:
-        written = report.write(json.loads(Path(args.from_json).read_text()), Path(args.from_json).parent)
-        print("wrote " + ", ".join(map(str, written)))
-        return 0
+        return rerender(args.from_json)
     args.work = args.work or str(REPO / ("runs/gpu_check_dry" if args.dry_run else "runs/gpu_check"))
     out = Path(args.out or (Path(args.work) / "results" if args.dry_run else REPO / "benchmarks/results/gpu"))
+    check_outputs(args, out)
     stages = [s for s in args.stages.split(",") if s]
     unknown = [s for s in stages if s not in STAGES]
     if unknown:

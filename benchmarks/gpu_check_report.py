@@ -7,9 +7,11 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from nanotron_ext.bench import report as br
-from nanotron_ext.fileio import write_text_atomic
+from nanotron_ext.cli_checks import Writer, output_files
 
 MIB = 2**20
+# --out's (and --copy-to's) gpu_check.json, .md and .png replace only files the GPU check wrote (cli_checks.Writer)
+GPU_CHECK = Writer("benchmarks/gpu_check.py", "the GPU check", legacy_keys=("meta", "stages"))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -408,13 +410,16 @@ def _slim(result: Mapping[str, Any]) -> Dict[str, Any]:
 def write(result: Mapping[str, Any], out: Path) -> List[Path]:
     """gpu_check.json, gpu_check.md and gpu_check.png in `out` (each written atomically)."""
     result = _slim(result)
-    out.mkdir(parents=True, exist_ok=True)
-    written = [out / "gpu_check.json", out / "gpu_check.md"]
-    write_text_atomic(written[0], json.dumps(result, indent=1) + "\n")
-    write_text_atomic(written[1], markdown(result))
+    written = [GPU_CHECK.write_json(out / "gpu_check.json", result, indent=1),
+               GPU_CHECK.write_markdown(out / "gpu_check.md", markdown(result))]
     title = "GPU check" + (" (CPU dry run)" if result["meta"].get("dry_run") else "")
-    written.append(br.save_figure(figure(result), out / "gpu_check.png", title, result["meta"]))
+    written.append(br.save_figure(figure(result), out / "gpu_check.png", title, result["meta"], GPU_CHECK))
     return written
+
+
+def check_out(flag: str, folder: Path) -> List[Path]:
+    """The files `write` puts in `folder`, checked before any stage runs (the rule of cli_checks.Writer)."""
+    return output_files(flag, folder / "gpu_check.json", GPU_CHECK, [folder / "gpu_check.md", folder / "gpu_check.png"])
 
 
 def summary_text(result: Mapping[str, Any]) -> str:

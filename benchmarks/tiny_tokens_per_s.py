@@ -47,8 +47,16 @@ def main(argv: List[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--layouts", default="dp2,tp2,pp2")
     parser.add_argument("--config-file", type=Path, default=REPO / "examples" / "config_tiny_llama.yaml")
-    parser.add_argument("--out", type=Path)
+    parser.add_argument("--out", type=Path, help="also write the rows as JSON (replaces only a result it wrote)")
     args = parser.parse_args(argv)
+    from nanotron_ext.bench.report import REPORT
+    from nanotron_ext.cli_checks import ArgumentError, output_file, refuse
+
+    try:  # before any layout runs (the rule of cli_checks.Writer)
+        if args.out:
+            output_file("--out", args.out, REPORT)
+    except ArgumentError as e:
+        refuse(e)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.layouts.split(","):
@@ -59,8 +67,10 @@ def main(argv: List[str] | None = None) -> int:
     for r in rows:
         comm = ", ".join(f"{g} {b / 2**20:.2f} MiB" for g, b in sorted(r["comm_bytes_per_step"].items()))
         print(f"{r['layout']:<8}{r['tokens_per_s']:>10.0f}{r['final_train_loss']:>12.4f}  {comm}")
-    if args.out:
-        args.out.write_text(json.dumps(rows, indent=2))
+    if args.out:  # {"written_by", "meta", "rows"}, atomically
+        from nanotron_ext.bench.report import run_meta, write_rows
+
+        write_rows(args.out, rows, run_meta({"steps": args.steps, "config": str(args.config_file)}))
     return 0
 
 

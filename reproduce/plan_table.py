@@ -246,6 +246,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--from-json", action="store_true", help="re-render PLAN.md from PLAN.json, plan nothing")
     args = parser.parse_args(argv)
     path = OUT.with_suffix(".json")
+    from nanotron_ext.cli_checks import ArgumentError, Writer, output_files, refuse
+
+    table = Writer("reproduce/plan_table.py", legacy_keys=("date", "machine", "runs"))
+    try:  # replaced only when this script wrote them (cli_checks.Writer)
+        output_files("output", path, table, [OUT.with_suffix(".md")])
+    except ArgumentError as e:
+        refuse(e)
     saved = json.loads(path.read_text()) if path.exists() else {"runs": {}}
     if not args.from_json:
         todo = args.only or [n for n in RUNS if n not in saved["runs"]]
@@ -259,8 +266,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             saved["runs"] = {n: saved["runs"][n] for n in RUNS if n in saved["runs"]}  # the table's order
             saved.update(date=datetime.date.today().isoformat(),
                          machine=f"CPU ({platform.machine()}, 2 cores shared), torch fake process group + meta device")
-            path.write_text(json.dumps(saved, indent=1) + "\n")  # after every run: an interrupted table keeps its rows
-    OUT.with_suffix(".md").write_text(render(saved))
+            table.write_json(path, saved, indent=1)  # after every run: an interrupted table keeps its rows
+    table.write_markdown(OUT.with_suffix(".md"), render(saved))
     print(f"wrote {OUT.with_suffix('.md')} and {path}")
     return 0
 

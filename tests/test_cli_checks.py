@@ -290,6 +290,8 @@ COMMANDS = [
     ("resbm param_counts", "reproduce/resbm/param_counts.py", [], "--json", "c.json", "c.json"),
     ("boost param_counts", "reproduce/boost/param_counts.py", [], "--json", "c.json", "c.json"),
     ("a reproduction script", "reproduce/sm/table3_memory.py", [], "--out", "r", "r.png"),
+    ("tiny_tokens_per_s", "benchmarks/tiny_tokens_per_s.py", [], "--out", "t.json", "t.json"),
+    ("gpu_check", "benchmarks/gpu_check.py", ["--dry-run"], "--out", "g", "g/gpu_check.md"),
 ]
 
 
@@ -314,3 +316,20 @@ def test_every_command_refuses_to_replace_a_file_it_did_not_write(tmp_path: Path
     assert err.startswith(f"error: {flag} {target} exists and is not an earlier result of "), err
     assert target.read_text() == '{"final_val_loss": 4.2}'
     assert sorted(p.name for p in tmp_path.rglob("*")) == sorted({*Path(written).parts})  # nothing else written
+
+
+@pytest.mark.parametrize("script,argv", [
+    ("reproduce/boost/fig6_scaling.py", ["--from-json", "{fifo}", "--out", "{tmp}/r"]),
+    ("reproduce/boost/table3_grouping.py", ["--from-json", "{fifo}", "--out", "{tmp}/r"]),
+    ("benchmarks/discrete_codec_sensitivity.py", ["--device", "cuda", "--merge", "{fifo}", "--out", "{tmp}/r"]),
+], ids=["fig6 --from-json", "table3 --from-json", "discrete_codec_sensitivity --merge"])
+def test_a_saved_result_that_is_a_pipe_is_one_line(tmp_path: Path, script: str, argv: List[str]) -> None:
+    """--from-json of the BOOST scripts read a FIFO until a writer came (forever), /dev/zero until memory ran out;
+    --merge of the codec sensitivity was read only after the CUDA arm had run."""
+    fifo = tmp_path / "saved.json"
+    os.mkfifo(fifo)
+    flag = argv[argv.index("{fifo}") - 1]
+    got = subprocess.run([sys.executable, script, *[a.format(fifo=fifo, tmp=tmp_path) for a in argv]], cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert _one_line(got) == f"error: {flag} {fifo} is not a file; give the JSON a script wrote"
+    assert os.listdir(tmp_path) == ["saved.json"]

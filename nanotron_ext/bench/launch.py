@@ -130,8 +130,10 @@ def early_phase(args: argparse.Namespace, worker: Callable[[argparse.Namespace],
         if result is not None:
             write_worker_result(args.result_file, result)
         return 0
-    if args.from_json:
-        return publish_saved(read_result(args.from_json))
+    if args.from_json:  # one line for a file that is not a saved result (a FIFO blocked, /dev/zero read forever)
+        from nanotron_ext.bench.report import read_saved
+
+        return publish_saved(read_saved(args.from_json))
     if check_iters and args.iters <= args.warmup:
         raise SystemExit(f"--iters ({args.iters}) must exceed --warmup ({args.warmup})")
     return None

@@ -146,18 +146,22 @@ def script_parser(description: Optional[str], default_out: str) -> argparse.Argu
     return p
 
 
-def read_saved(path: str | Path) -> Dict[str, Any]:
-    """A result a script wrote (--from-json); when it is not one, one line naming the file and exit code 2 (a
-    user's argument error, as every command's)."""
+def read_saved(path: str | Path, flag: str = "--from-json") -> Dict[str, Any]:
+    """A result a script wrote (--from-json, or `flag`, e.g. --merge); when it is not one, one line naming the flag
+    and the file and exit code 2 (a user's argument error, as every command's)."""
+    from nanotron_ext.cli_checks import MAX_RESULT_BYTES
+
     if Path(path).exists() and not Path(path).is_file():  # a folder, or /dev/zero: read until memory ran out
-        _refuse(f"--from-json {path} is not a file; give the JSON a script wrote")
+        _refuse(f"{flag} {path} is not a file; give the JSON a script wrote")
     try:
+        if Path(path).stat().st_size > MAX_RESULT_BYTES:
+            _refuse(f"{flag} {path}: {Path(path).stat().st_size:,} bytes, not a result a reproduction script wrote")
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:  # (UnicodeDecodeError is a ValueError)
-        _refuse(f"--from-json {path}: cannot read a saved result ({e})")
+        _refuse(f"{flag} {path}: cannot read a saved result ({e})")
     if not isinstance(data, dict) or not ({"rows", "meta", "utilisation_model"} & set(data)):
         what = f"a JSON {type(data).__name__}" if not isinstance(data, dict) else "an object without 'rows' or 'meta'"
-        _refuse(f"--from-json {path}: not a result a reproduction script wrote ({what})")
+        _refuse(f"{flag} {path}: not a result a reproduction script wrote ({what})")
     return data
 
 
@@ -346,12 +350,12 @@ def table_figure(headers: Sequence[Any], body: Sequence[Sequence[Any]]) -> Any:
     return fig
 
 
-def save_figure(fig: Any, png: str | Path, title: str, meta: Mapping[str, Any]) -> Path:
-    """Title the figure with what it shows, the machine and the date, and save it as PNG (REPORT's marker,
+def save_figure(fig: Any, png: str | Path, title: str, meta: Mapping[str, Any], writer: Writer = REPORT) -> Path:
+    """Title the figure with what it shows, the machine and the date, and save it as PNG (`writer`'s marker,
     atomically)."""
     fig.suptitle(figure_title(title, meta), fontsize=10)
     fig.tight_layout()
-    REPORT.save_png(fig, png, dpi=90)
+    writer.save_png(fig, png, dpi=90)
     import matplotlib.pyplot as plt
 
     plt.close(fig)

@@ -77,7 +77,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = p.parse_args(own)
     args.torchrun_extra = torchrun_extra
     if args.from_json:
-        saved = bl.read_result(args.from_json)
+        saved = br.read_saved(args.from_json)
         return publish(saved["rows"], saved["meta"], args.out)
     strategies = bw.require_strategies(["megatron", "vanilla", "btp"])
     tps = [int(t) for t in args.tp_sizes.split(",")]

@@ -51,7 +51,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     br.help_with_defaults(p)
     args = p.parse_args(own)
     if args.from_json:
-        saved = bl.read_result(args.from_json)
+        saved = br.read_saved(args.from_json)
         return publish(saved["rows"], saved["meta"], args.out)
     registered = bw.require_strategies(["megatron", "vanilla", "btp"])
     shared = bw.shape_overrides(args) + list(args.overrides)
