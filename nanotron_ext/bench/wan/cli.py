@@ -59,7 +59,9 @@ from nanotron_ext.bench.paper import evaluate
 from nanotron_ext.bench.report import help_with_defaults, publish, read_saved, run_meta, script_parser
 from nanotron_ext.bench.wan import runs as emulated
 from nanotron_ext.bench.wan.args import check_numbers, check_runs, saved_calibration, saved_rows
-from nanotron_ext.bench.wan.presets import ANCHORS
+from nanotron_ext.bench.wan.losses import loss_runs
+from nanotron_ext.bench.wan.modelled import measure_model, publish_model
+from nanotron_ext.bench.wan.presets import ANCHORS, CLOCK_PRESETS
 from nanotron_ext.bench.wan.results import CLAIMS, figure, headline, merged_runs, pooled_rows, table
 from nanotron_ext.bench.wan.systems import BASE, DEFAULT_SYSTEMS, REPO, SYSTEMS, system_config
 
@@ -97,6 +99,15 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--jobs", type=int, default=1,
                    help="runs trained side by side (emulated link waits are sleeps; keep jobs x processes per run "
                         "within the cores, or the step times include the runs' contention)")
+    p.add_argument("--clock", choices=["emulated", "model"], default="emulated",
+                   help="emulated: every system trained in its real layout over emulated links, its step times "
+                        "measured (real sleeps; --preset); model: losses from each system's cheapest equivalent "
+                        "layout, step times replayed on the model clock at each --clock-preset's scale and hardware")
+    p.add_argument("--clock-preset", nargs="+", default=list(CLOCK_PRESETS), choices=list(CLOCK_PRESETS),
+                   help="--clock model: the hardware, links and placement to time on (bench/wan/presets.py)")
+    p.add_argument("--validate-clock", action="store_true",
+                   help="time each of --systems twice (no links, then emulated over --preset, one run at a time) "
+                        "and hold the model clock's bounds to the emulated step (bench/wan/validate.py)")
     p.add_argument("--merge", nargs="+", metavar="JSON",
                    help="measure nothing: pool the per-seed runs of several results of this meter (e.g. systems "
                         "measured on different machines, same --steps, --reference and --target-rel) into --out")
@@ -118,6 +129,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:  # every argument checked before anything is trained or written (--out when parsed: bench.report)
         if args.from_json:
             saved = read_saved(args.from_json)
+            kind = saved.get("meta", {}).get("clock") if isinstance(saved.get("meta"), dict) else None
+            if kind == "model":
+                return publish_model(args.out, saved["rows"], saved["meta"], saved.get("runs", []))
+            if kind == "validation":
+                return publish_validation(args.out, saved["rows"], saved["meta"])
             rows, meta = saved_rows(args.from_json, saved)
             return publish_result(args, rows, meta, saved.get("runs", []))
         if args.merge:
@@ -132,7 +148,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.calibration_from:  # the dry run then shows the links the runs will get
             args.calibration = saved_calibration(args.calibration_from, args.preset)
             args.anchor_links = emulated.links_of(args.calibration)
-        runs = planned_runs(args)
+        runs = loss_plan(args) if args.clock == "model" and not args.validate_clock else planned_runs(args)
         check_runs(runs, args.set)
     except UserFacingError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -141,8 +157,32 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from nanotron_ext.bench.presets import dry_run
 
         return dry_run(runs)
+    if args.validate_clock:
+        from nanotron_ext.bench.report import run_meta
+        from nanotron_ext.bench.wan.validate import validate_system
+
+        rows = [validate_system(system, preset, args) for preset in args.preset for system in args.systems]
+        return publish_validation(args.out, rows, run_meta({"clock": "validation", "steps": args.steps,
+                                                            "inner_steps": args.inner_steps, "seeds": args.seeds}))
+    if args.clock == "model":
+        rows, meta, curves = measure_model(args)
+        return publish_model(args.out, rows, meta, curves)
     rows, meta, runs = measure(args)
     return publish_result(args, rows, meta, runs)
+
+
+def loss_plan(args: argparse.Namespace) -> Dict[str, Tuple[Path, List[str]]]:
+    """{name: (config, overrides)} of every loss run of `--clock model` (its cheapest equivalent layout)."""
+    return {f"{r.system} seed {r.seed} ({r.replicas} replica(s), {r.mode})": (Path(r.config_file), list(r.overrides))
+            for r in loss_runs(args.systems, args.seeds, args)}
+
+
+def publish_validation(out: str, rows: List[Dict[str, Any]], meta: Dict[str, Any]) -> int:
+    from nanotron_ext.bench.wan.validate import TITLE, notes, table
+
+    headers, body = table(rows)
+    publish(out, rows, meta, TITLE, headers, body, (), None, notes(rows))
+    return 0
 
 
 def measure(args: argparse.Namespace) -> Tuple[List[Dict[str, Any]], Dict[str, Any], List[Dict[str, Any]]]:

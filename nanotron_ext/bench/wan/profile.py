@@ -88,7 +88,8 @@ def planned(config_file: str, overrides: Sequence[str], cache: Path) -> Dict[str
         return [[at[r] for r in column(cfg, rank_of(cfg, 0, first, 0))] for first in firsts]
 
     result = {"layout": {"dp": p.dp, "tp": p.tp, "pp": p.pp},
-              "micro_batches": cfg.tokens.batch_accumulation_per_replica, "schedule": p.pp_engine, "outer_every": every if every > 1 else 0,
+              "micro_batches": cfg.tokens.batch_accumulation_per_replica, "schedule": p.pp_engine,
+              "outer_every": every if every > 1 else 0,
               "replica_of": {str(r): firsts.index(f) for r, f in replica_of.items()},
               "inner": by_replica(plan_ranks(config_file, list(overrides), cfg, ranks, outer=every <= 1)),
               "outer": by_replica(plan_ranks(config_file, list(overrides), cfg, ranks)) if every > 1 else None}
@@ -158,3 +159,17 @@ def bytes_per_step(plan: Dict[str, Any]) -> Dict[str, float]:
                 extra = _ops(plan["outer"][index][s]["ledger"], "dp", minus=rank["ledger"])
                 out["dp"] += weight * sum(b for b, _ in extra.values()) / plan["outer_every"]
     return out
+
+
+def links_of(preset: Any, dp: int) -> Tuple[Dict[str, Link], List[Link]]:
+    """A ClockPreset's tier links and each of `dp` replicas' stage link (its placement)."""
+    link = lambda mbps_ms: Link(*mbps_ms, preset.duplex)  # noqa: E731
+    stage = [link(preset.datacenter_stage if r in preset.datacenter_replicas else preset.stage) for r in range(dp)]
+    return {"tp": link(preset.tp), "dp": link(preset.dp)}, stage
+
+
+def step_bounds_of(plan: Dict[str, Any], tiers: Dict[str, Link], stage: Sequence[Link], flops_per_s: float) -> Any:
+    """The clock's StepBounds of a planned config over these links at this throughput."""
+    from nanotron_ext.bench.wan.clock import step_bounds
+
+    return step_bounds(replica_works(plan, tiers, stage, flops_per_s), plan["outer_every"])

@@ -1,0 +1,68 @@
+"""The meter with the model clock (`--clock model`): learning curves from the cheapest equivalent layouts
+(losses.py), each system's step replayed on every `--clock-preset` (profile.py, clock.py), pooled into time to
+target on the clock (model_results.py)."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+from nanotron_ext.bench.wan import model_results
+from nanotron_ext.bench.wan.losses import loss_runs, train_all
+from nanotron_ext.bench.wan.presets import CLOCK_PRESETS
+from nanotron_ext.bench.wan.profile import bytes_per_step, links_of, planned, step_bounds_of, twin_overrides
+from nanotron_ext.bench.wan.runs import run_overrides
+from nanotron_ext.bench.wan.systems import REPO, system_config
+
+TITLE = "Time to a target validation loss on the model clock (losses: cheapest equivalent layouts; time: replayed)"
+
+
+def clock_of(system: str, preset: str, args: argparse.Namespace) -> Dict[str, Any]:
+    """One system's step on one preset: both bounds, its bytes per tier per step (planned and closed form) and its
+    tokens per step, all at the preset's scale."""
+    from nanotron_ext.config.loader import load_config
+    from nanotron_ext.metrics.tier_bytes import job_bytes_per_step
+
+    p = CLOCK_PRESETS[preset]
+    config = str(system_config(system, args))
+    twin = twin_overrides(config, run_overrides(system, None, args.seeds[0], args), str(REPO / p.scale_config))
+    plan = planned(config, twin, Path(args.runs) / "plans")
+    tiers, stage = links_of(p, plan["layout"]["dp"])
+    bounds = step_bounds_of(plan, tiers, stage, p.tflops * 1e12)
+    cfg = load_config(config, twin)
+    t = cfg.tokens
+    return {"lower_s": bounds.lower_s, "upper_s": bounds.upper_s, "bytes_per_step": bytes_per_step(plan),
+            "closed_form_bytes_per_step": job_bytes_per_step(cfg),
+            "tokens_per_step": cfg.parallelism.dp * t.micro_batch_size * t.batch_accumulation_per_replica
+            * t.sequence_length, "outer_every": plan["outer_every"]}
+
+
+def measure_model(args: argparse.Namespace) -> Tuple[List[Dict[str, Any]], Dict[str, Any], List[Dict[str, Any]]]:
+    """Loss runs, the clock on every preset, the pooled rows; (rows, meta, curves)."""
+    from nanotron_ext.bench.report import run_meta
+
+    curves = train_all(loss_runs(args.systems, args.seeds, args), Path(args.runs) / "losses", args.jobs)
+    clocks = {(preset, system): clock_of(system, preset, args)
+              for preset in args.clock_preset for system in args.systems}
+    rows = model_results.pooled_rows(curves, clocks, args.reference, args.target_rel)
+    meta = run_meta({
+        "clock": "model", "steps": args.steps, "val_every": args.val_every, "inner_steps": args.inner_steps,
+        "seeds": args.seeds, "reference": args.reference, "target_rel": args.target_rel, "config": args.config,
+        "set": args.set, "clock_presets": {name: dataclasses.asdict(CLOCK_PRESETS[name]) for name in args.clock_preset},
+        "clocks": {f"{preset} {system}": c for (preset, system), c in clocks.items()},
+        "note": "losses from one process per run (cheapest equivalent layout, no link emulation; loss runs' "
+                "timing is not used); step times from the model clock at each preset's scale and hardware"})
+    return rows, meta, [{k: v for k, v in c.items() if k != "train_loss"} for c in curves]
+
+
+def publish_model(out: str, rows: List[Dict[str, Any]], meta: Dict[str, Any], curves: List[Dict[str, Any]]) -> int:
+    from nanotron_ext.bench.report import publish
+
+    headers, body = model_results.table(rows)
+    notes = [*model_results.headline(rows),
+             f"Target = {meta['reference']}'s final validation loss x {1 + meta['target_rel']:g}; time to target = "
+             "steps to the first validation at or below it x the clock's step (full overlap | no overlap). "
+             f"{meta['note']}."]
+    publish(out, rows, meta, TITLE, headers, body, (), model_results.figure(rows), notes, extra={"runs": curves})
+    return 0

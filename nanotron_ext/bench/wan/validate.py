@@ -1,0 +1,103 @@
+"""The model clock against the real-sleep emulator on this machine (`python -m nanotron_ext.bench.wan
+--validate-clock`): does the replay predict a step the emulator measures?
+
+For each system (at most as many processes as cores, one run at a time, on an otherwise idle machine):
+
+1. a run without link emulation measures this machine's compute step T0 (mean step time, first step excluded);
+2. a run over the emulated preset measures the step T1;
+3. the system is planned at its own scale (profile.planned) and its compute priced at the one effective
+   throughput that makes the clock's step over free links equal T0 (fitted per system: this machine's FLOP/s at
+   this model's shapes, optimiser and elementwise work included), then replayed over the preset's links
+   (pipeline and DP tiers as the emulator applies them) for the two bounds [L, U].
+
+It holds when 0.85 L <= T1 <= 1.15 U (issue 45: between the bounds or within 15% of them). Each run's effective
+link / compute ratio (T1 - T0) / T0 is printed beside the clock's, and flagged when it is more than 25% outside
+the clock's range: a loaded machine stretches compute, not the sleeps, and reads as a smaller ratio.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+from nanotron_ext.bench.wan.clock import Link
+from nanotron_ext.bench.wan.profile import planned, step_bounds_of, twin_overrides
+from nanotron_ext.bench.wan.runs import run_overrides
+from nanotron_ext.bench.wan.systems import SYSTEMS, system_config
+
+VALIDATION_SYSTEMS = ("pipeline", "int4_pipeline", "ddp", "sparseloco")
+TITLE = "The model clock against the real-sleep emulator (one run at a time, processes <= cores)"
+TOLERANCE, RATIO_TOLERANCE = 0.15, 0.25
+
+
+def mean_step_s(run_dir: Path) -> float:
+    """Mean step time of a run, its first step excluded (an outer sync's step counts, amortised as the clock does)."""
+    from nanotron_ext.metrics.logger import read_metrics
+
+    times = [r["step_time_s"] for r in read_metrics(run_dir / "metrics.jsonl") if "step_time_s" in r]
+    return statistics.fmean(times[1:] or times)
+
+
+def emulated_links(preset: str, tp_preset: str) -> Tuple[Dict[str, Link], Link]:
+    """The links the emulator gives a run over `preset` (bench.wan.runs.run_overrides): the preset on the stage
+    pairs and the DP tier, `tp_preset` on TP."""
+    from nanotron_ext.parallel.link import link_preset
+
+    def link(name: str) -> Link:
+        p = link_preset(name)
+        return Link(p.bandwidth_mbps, p.latency_ms, p.duplex)
+
+    return {"tp": link(tp_preset), "dp": link(preset)}, link(preset)
+
+
+def validate_system(system: str, preset: str, args: argparse.Namespace) -> Dict[str, Any]:
+    """One system's row (the module docstring)."""
+    from nanotron_ext.bench.training import run_training
+
+    s, config = SYSTEMS[system], str(system_config(system, args))
+    measured = {}
+    for mode, link_preset in (("free", None), ("emulated", preset)):
+        sets = run_overrides(system, link_preset, args.seeds[0], args)
+        if link_preset is None:
+            sets.append("parallelism.link.enabled=false")
+        summary = run_training(config, sets, f"clock_validation_{system}_{mode}", nproc=s.nproc,
+                               root=Path(args.runs), timeout_s=args.timeout_s, reuse=args.reuse)
+        measured[mode] = (mean_step_s(Path(summary["run_dir"])), os.getloadavg()[0])
+    t0, t1 = measured["free"][0], measured["emulated"][0]
+    plan = planned(config, twin_overrides(config, run_overrides(system, None, args.seeds[0], args), None),
+                   Path(args.runs) / "plans")
+    free = {"tp": Link(0.0), "dp": Link(0.0)}
+    at_one = step_bounds_of(plan, free, [Link(0.0)] * plan["layout"]["dp"], 1.0).upper_s  # seconds at 1 FLOP/s
+    flops_per_s = at_one / t0
+    tiers, stage = emulated_links(preset, args.tp_preset)
+    b = step_bounds_of(plan, tiers, [stage] * plan["layout"]["dp"], flops_per_s)
+    ratio, low_ratio, high_ratio = (t1 - t0) / t0, (b.lower_s - t0) / t0, (b.upper_s - t0) / t0
+    return {"system": system, "preset": preset, "processes": s.nproc, "compute_step_s": t0, "measured_step_s": t1,
+            "clock_lower_s": b.lower_s, "clock_upper_s": b.upper_s, "fitted_gflops": flops_per_s / 1e9,
+            "held": (1 - TOLERANCE) * b.lower_s <= t1 <= (1 + TOLERANCE) * b.upper_s,
+            "link_over_compute": ratio, "clock_link_over_compute": [low_ratio, high_ratio],
+            "ratio_flag": not ((1 - RATIO_TOLERANCE) * low_ratio <= ratio <= (1 + RATIO_TOLERANCE) * high_ratio),
+            "loadavg_1m": {mode: load for mode, (_, load) in measured.items()}}
+
+
+def table(rows: List[Dict[str, Any]]) -> Tuple[List[str], List[List[Any]]]:
+    headers = ["system", "preset", "processes", "compute step s (no links)", "measured step s (emulated)",
+               "clock s [full overlap, none]", "within 15%", "link/compute measured", "link/compute clock",
+               "ratio off > 25%", "load 1 min (free, emulated)"]
+    body = [[r["system"], r["preset"], r["processes"], f"{r['compute_step_s']:.3f}", f"{r['measured_step_s']:.3f}",
+             f"[{r['clock_lower_s']:.3f}, {r['clock_upper_s']:.3f}]", "yes" if r["held"] else "NO",
+             f"{r['link_over_compute']:.2f}",
+             f"[{r['clock_link_over_compute'][0]:.2f}, {r['clock_link_over_compute'][1]:.2f}]",
+             "FLAG" if r["ratio_flag"] else "-",
+             ", ".join(f"{v:.1f}" for v in r["loadavg_1m"].values())] for r in rows]
+    return headers, body
+
+
+def notes(rows: List[Dict[str, Any]]) -> List[str]:
+    held = sum(r["held"] for r in rows)
+    flagged = [r["system"] for r in rows if r["ratio_flag"]]
+    return [f"{held} of {len(rows)} measured steps within 15% of the clock's bounds "
+            "[0.85 x full overlap, 1.15 x no overlap]; compute fitted per system on its run without links.",
+            "link/compute ratio more than 25% outside the clock's: " + (", ".join(flagged) if flagged else "none")]
