@@ -165,10 +165,29 @@ def test_payload_round_trip_and_closed_form_size(quant_bits: int, value_dtype: s
     specs = [chunk_spec(s, 4096, 32) for s in shapes]
     parts = [compress_with_feedback_(torch.zeros(s), torch.randn(s, generator=g), sp, 0.95, quant_bits, value_dtype)
              for s, sp in zip(shapes, specs)]
-    payload = encode_payload(parts, 12, quant_bits)
+    payload = encode_payload(parts, specs, 12, quant_bits)
     n = 2 * 32 + 32 + 2 * 32 + 3 * 32  # two tiles, one run of 64 (k = 32), two runs, three runs of 3200
     values = (n * quant_bits + 7) // 8 + 4 * 4 * 2**quant_bits if quant_bits else n * {"fp32": 4,
                                                                                        "bf16": 2}[value_dtype]
     assert payload.numel() == payload_nbytes(specs, 12, quant_bits, value_dtype) == (n * 12 + 7) // 8 + values
     for (idx, val), part in zip(decode_payload(payload, specs, 12, quant_bits, value_dtype), parts):
         assert torch.equal(idx, part.indices) and torch.equal(val, part.transmitted)
+
+
+def test_whole_chunks_send_their_values_in_position_order_and_no_index() -> None:
+    """top-k = the chunk (dense DiLoCo's outer loop) and tensors of at most top-k elements: every position is sent,
+    so the payload is the values alone (and the indices of the other tensors); decoding rebuilds the positions."""
+    g = torch.Generator().manual_seed(2)
+    shapes = [(128, 64), (20,), (300,)]
+    specs = [chunk_spec(s, 4096, 4096) for s in shapes] + [chunk_spec((8,), 4096, 32), chunk_spec((64,), 4096, 32)]
+    shapes += [(8,), (64,)]
+    assert [s.whole for s in specs] == [True, True, True, True, False]
+    parts = [compress_with_feedback_(torch.zeros(s), torch.randn(s, generator=g), sp, 0.95, 0, "bf16")
+             for s, sp in zip(shapes, specs)]
+    payload = encode_payload(parts, specs, 12)
+    whole_values = 128 * 64 + 20 + 300 + 8
+    assert payload.numel() == payload_nbytes(specs, 12, 0, "bf16") == (32 * 12 + 7) // 8 + 2 * (whole_values + 32)
+    for (idx, val), part, spec in zip(decode_payload(payload, specs, 12, 0, "bf16"), parts, specs):
+        assert torch.equal(idx, part.indices) and torch.equal(val, part.transmitted)
+        if spec.whole:
+            assert torch.equal(idx, torch.arange(spec.k).expand(spec.n_chunks, spec.k))

@@ -78,6 +78,17 @@ class ChunkSpec:
         return self.n_chunks * self.k
 
     @property
+    def whole(self) -> bool:
+        """Every entry of every chunk is kept: the indices are 0..chunk_size-1 in order, so none are sent (top-k =
+        the chunk makes the outer loop DiLoCo's dense one, with error feedback only for the value rounding)."""
+        return self.k == self.chunk_size
+
+    @property
+    def n_indexed(self) -> int:
+        """Indices this tensor puts on the wire."""
+        return 0 if self.whole else self.n_kept
+
+    @property
     def density(self) -> float:
         """Share of this tensor's elements sent per sync."""
         return self.n_kept / self.numel
@@ -193,18 +204,23 @@ def densify(indices: torch.Tensor, values: torch.Tensor, spec: ChunkSpec) -> tor
 
 # -- the payload: everything one replica sends in one outer sync, as one uint8 tensor -----------------
 def payload_nbytes(specs: Sequence[ChunkSpec], index_bits: int, quant_bits: int = 0, value_dtype: str = "fp32") -> int:
-    """Closed form of `encode_payload`'s size: packed indices + values (or codes + tables)."""
+    """Closed form of `encode_payload`'s size: packed indices (of the tensors not kept whole) + values (or codes +
+    tables)."""
     n = sum(s.n_kept for s in specs)
     if quant_bits:
         values = stream_nbytes(n, quant_bits) + len(specs) * 4 * 2**quant_bits
     else:
         values = n * VALUE_DTYPES[value_dtype].itemsize
-    return stream_nbytes(n, index_bits) + values
+    return stream_nbytes(sum(s.n_indexed for s in specs), index_bits) + values
 
 
-def encode_payload(parts: Sequence[Compressed], index_bits: int, quant_bits: int = 0) -> torch.Tensor:
-    """[packed indices of all tensors | values or packed codes | lookup tables] as one uint8 tensor."""
-    pieces = [pack_stream(torch.cat([p.indices.reshape(-1) for p in parts]), index_bits)]
+def encode_payload(parts: Sequence[Compressed], specs: Sequence[ChunkSpec], index_bits: int,
+                   quant_bits: int = 0) -> torch.Tensor:
+    """[packed indices of the tensors not kept whole | values or packed codes | lookup tables] as one uint8
+    tensor (a whole tensor's values are in position order: topk_indices sorts them)."""
+    indexed = [p.indices.reshape(-1) for p, s in zip(parts, specs) if not s.whole]
+    empty = torch.empty(0, dtype=torch.long, device=parts[0].indices.device) if parts else torch.empty(0)
+    pieces = [pack_stream(torch.cat(indexed) if indexed else empty, index_bits)]
     if quant_bits:
         pieces.append(pack_stream(torch.cat([p.wire_values for p in parts]), quant_bits))
         pieces += [p.table.float().view(torch.uint8) for p in parts]
@@ -218,9 +234,10 @@ def decode_payload(
 ) -> List[Tuple[torch.Tensor, torch.Tensor]]:
     """Inverse of `encode_payload`: per tensor (indices [n_chunks, k], fp32 values [n_chunks, k])."""
     counts = [s.n_kept for s in specs]
-    n = sum(counts)
-    at = stream_nbytes(n, index_bits)
-    all_idx = unpack_stream(payload[:at], index_bits, n).split(counts)
+    n, n_indexed = sum(counts), sum(s.n_indexed for s in specs)
+    at = stream_nbytes(n_indexed, index_bits)
+    sent = iter(unpack_stream(payload[:at], index_bits, n_indexed).split([s.n_kept for s in specs if not s.whole]))
+    all_idx = [torch.arange(s.k, device=payload.device).repeat(s.n_chunks) if s.whole else next(sent) for s in specs]
     if quant_bits:
         nb = stream_nbytes(n, quant_bits)
         all_vals = list(unpack_stream(payload[at:at + nb], quant_bits, n).split(counts))

@@ -82,7 +82,7 @@ class SparseLoCoOuter:
         c = self.cfg
         parts = [compress_with_feedback_(e, g - p.detach().float(), s, c.beta, c.quant_bits, c.value_dtype)
                  for g, p, e, s in zip(self.global_params, local, error, self.specs)]
-        payload = encode_payload(parts, c.index_bits, c.quant_bits)
+        payload = encode_payload(parts, self.specs, c.index_bits, c.quant_bits)
         assert payload.numel() == self.payload_nbytes()  # equal sizes: all_gather needs them
         return payload
 

@@ -69,7 +69,7 @@ class SimulatedReplicas:
 def run_simulated(cfg: Config, replicas: int, mode: Literal["sparseloco", "dense"] = "sparseloco",
                   config_file: Optional[str] = None,
                   observe: Optional[Callable[[List[Replica]], ReplicaHook]] = None,
-                  val_every: int = 0, on_step: Optional[Callable[[int, float], None]] = None) -> Dict[str, Any]:
+                  val_every: int = 0) -> Dict[str, Any]:
     """Train `replicas` data-parallel replicas of `cfg`'s model in this process (a 1-rank process group),
     each on the data shard the trainer gives DP rank r of `replicas`, each taking the trainer's own step
     (nanotron_ext.train.replica.Replica: autocast, clipping, the non-finite guard, optimiser, schedule,
@@ -79,8 +79,7 @@ def run_simulated(cfg: Config, replicas: int, mode: Literal["sparseloco", "dense
     loss, the final validation loss (each replica on its own validation shard, averaged, as the trainer
     does), bytes per replica per sync and the replicas' final weights. `observe(replicas)` returns a hook that
     sees every outer sync as SimulatedReplicas' own hooks do (it must not change the weights). `val_every` > 0 also
-    validates after every `val_every` steps ("val_curve": [[step, val_loss]], the last step's included);
-    `on_step(step, loss)` is called after each step (a progress bar)."""
+    validates after every `val_every` steps ("val_curve": [[step, val_loss]], the last step's included)."""
     if mode == "dense" and cfg.sparseloco.grassmann_every:  # its updates run at outer syncs: there are none
         raise ConfigError(f"sparseloco.grassmann_every={cfg.sparseloco.grassmann_every}: Grassmann updates run at "
                           "SparseLoCo outer syncs; the dense mode (gradients averaged every step) has none, "
@@ -90,6 +89,33 @@ def run_simulated(cfg: Config, replicas: int, mode: Literal["sparseloco", "dense
     reps = [Replica(cfg, ctx, r, local=True) for r in range(replicas)]  # heterogeneous: a per-replica codec
     models = [rep.model for rep in reps]
     loaders = [build_train_loader(cfg, dp_rank=r, dp_size=replicas, config_file=config_file) for r in range(replicas)]
+    sim = _outer_loop(cfg, models, mode)
+    if sim is not None and observe is not None:
+        sim.hooks.append(observe(reps))
+    losses: List[float] = []
+    curve: List[List[float]] = []
+    for step in range(1, cfg.tokens.train_steps + 1):
+        step_losses = [rep.backward([next(loaders[r]) for _ in range(cfg.tokens.batch_accumulation_per_replica)])
+                       for r, rep in enumerate(reps)]
+        loss = replica_mean(step_losses).item()
+        if mode == "dense":
+            average_gradients(models)
+        for rep in reps:
+            rep.update(step, loss)
+        if sim is not None:
+            sim.after_step(step)
+        losses.append(loss)
+        if val_every and step % val_every == 0 and step < cfg.tokens.train_steps:
+            curve.append([step, validate(cfg, reps, config_file)])
+    val = validate(cfg, reps, config_file)
+    curve.append([cfg.tokens.train_steps, val])
+    return {"train_loss": losses, "val_loss": val, "val_curve": curve, "sync_bytes": sim.sent_bytes if sim else [],
+            "weights": [{n_: p.detach().clone() for n_, p in m.named_parameters()} for m in models], "models": models}
+
+
+def _outer_loop(cfg: Config, models: List[nn.Module], mode: str) -> Optional[SimulatedReplicas]:
+    """SparseLoCo's outer loop over the models (None in the dense mode), with heterogeneous SparseLoCo's
+    embedding adaptation hooked in where replicas are compressed."""
     sim = SimulatedReplicas(models, cfg.sparseloco) if mode == "sparseloco" else None
     if cfg.sparseloco.compressed_replicas:  # after SimulatedReplicas copied replica 0's weights, as the broadcast
         if sim is None:  # dense mode: a compressed replica 0 projected its output weights; all start from them
@@ -101,32 +127,15 @@ def run_simulated(cfg: Config, replicas: int, mode: Literal["sparseloco", "dense
         if sim is not None:
             sim.outer = SparseLoCoOuter(sim.params[0], cfg.sparseloco, sim.names)  # global weights after the split
             sim.hooks.append(hook)
-    if sim is not None and observe is not None:
-        sim.hooks.append(observe(reps))
-    losses: List[float] = []
-    curve: List[List[float]] = []
-    for step in range(1, cfg.tokens.train_steps + 1):
-        step_losses = [rep.backward([next(loaders[r]) for _ in range(cfg.tokens.batch_accumulation_per_replica)])
-                       for r, rep in enumerate(reps)]
-        loss = replica_mean(step_losses).item()
-        if mode == "dense":
-            for ps in zip(*(trainable(m) for m in models)):
-                mean = replica_mean([p.grad for p in ps])
-                for p in ps:
-                    p.grad.copy_(mean)
-        for rep in reps:
-            rep.update(step, loss)
-        if sim is not None:
-            sim.after_step(step)
-        losses.append(loss)
-        if on_step is not None:
-            on_step(step, loss)
-        if val_every and step % val_every == 0 and step < cfg.tokens.train_steps:
-            curve.append([step, validate(cfg, reps, config_file)])
-    val = validate(cfg, reps, config_file)
-    curve.append([cfg.tokens.train_steps, val])
-    return {"train_loss": losses, "val_loss": val, "val_curve": curve, "sync_bytes": sim.sent_bytes if sim else [],
-            "weights": [{n_: p.detach().clone() for n_, p in m.named_parameters()} for m in models], "models": models}
+    return sim
+
+
+def average_gradients(models: Sequence[nn.Module]) -> None:
+    """Every replica's gradients replaced by their mean in replica order (classic DP, as the trainer's all-reduce)."""
+    for ps in zip(*(trainable(m) for m in models)):
+        mean = replica_mean([p.grad for p in ps])
+        for p in ps:
+            p.grad.copy_(mean)
 
 
 def validate(cfg: Config, reps: Sequence[Replica], config_file: Optional[str] = None) -> float:
