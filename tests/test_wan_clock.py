@@ -65,6 +65,12 @@ def test_dp_tier_bounds_overlap_from_the_last_backward_or_follow_the_flush() -> 
     assert bounds.upper_s == pytest.approx(m * (f + b) + d)
 
 
+def test_per_step_agreements_cost_only_the_no_overlap_bound() -> None:
+    plain = step_bounds([_pipe(1, 2, 1.0, 2.0, "afab")])
+    agreed = step_bounds([_pipe(1, 2, 1.0, 2.0, "afab", control_s=[0.1])])
+    assert agreed.upper_s == pytest.approx(plain.upper_s + 0.1) and agreed.lower_s == plain.lower_s
+
+
 def test_the_outer_sync_is_amortised_over_its_cycle_or_hidden_behind_it() -> None:
     step, outer, h = 3.0, 12.0, 5
     bounds = step_bounds([_pipe(1, 1, 1.0, 2.0, "afab", outer_s=[outer])], outer_every=h)

@@ -20,11 +20,14 @@ this is that model. A step is replayed, not measured:
 Two bounds, since real systems overlap communication with compute to different degrees:
 
 - `upper` (no overlap): a sender waits until its message has left the link; the DP all-reduce starts after the
-  pipeline flush; the outer sync stops every replica until it is done.
+  pipeline flush; the outer sync stops every replica until it is done; the step's few-byte agreements over the DP
+  tier (the trainer averages the logged loss over the replicas every step, also between outer syncs) each pay
+  their ring's latency.
 - `lower` (full overlap): a sender goes on computing while its message is on the wire (what the real-sleep
   emulator does); each stage's DP all-reduce starts when its last backward starts (DDP's buckets: earlier
   micro-batches' gradients are not final before that) and the step ends when both the pipeline and every
-  all-reduce have; the outer sync runs behind the next H inner steps (Streaming DiLoCo's overlap).
+  all-reduce have; the outer sync runs behind the next H inner steps (Streaming DiLoCo's overlap); agreements
+  that carry no tensor the next step needs are off the critical path.
 
 Replicas run in lock step (the DP all-reduce) or H steps apart (the outer loop): either way the slowest replica
 paces the job. Everything here is plain arithmetic on numbers; tests/test_wan_clock.py holds it to closed forms.
@@ -74,6 +77,7 @@ class ReplicaWork:
     schedule: str = "afab"
     dp_s: Sequence[float] = ()
     outer_s: Sequence[float] = ()
+    control_s: Sequence[float] = ()  # per stage: per-step agreements on the DP tier (a logged loss), no-overlap only
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,7 +191,7 @@ def step_bounds(replicas: Sequence[ReplicaWork], outer_every: int = 0) -> StepBo
             t = replay(work, blocking)
             dp = list(work.dp_s) or [0.0]
             if blocking:
-                out.append(t.end_s + max(dp))
+                out.append(t.end_s + max(dp) + max(list(work.control_s) or [0.0]))
             else:
                 out.append(max([t.end_s] + [b + d for b, d in zip(t.last_backward_start_s, dp)]))
     lower, upper = max(lows), max(highs)

@@ -12,9 +12,10 @@
    the device's effective throughput (Narayanan et al.'s 1:2 split of a matmul's forward and backward), plus the
    stage's TP collectives on the TP link, half in each pass; the stage's `send:fwd` / `send:bwd` bytes per
    micro-batch times tp (one uplink per node carries every TP rank's share); per stage the DP tier's ring on the DP
-   link with the node's tp rings sharing its uplink. Left out, and said: control messages (the world group's
-   few-byte agreements, pipeline headers: they travel just ahead of their tensor) and compute that FlopCounterMode
-   does not count (elementwise work: norms, optimiser, SparseLoCo's top-k).
+   link with the node's tp rings sharing its uplink; the DP tier's few-byte agreements (CONTROL_BYTES or fewer per
+   call: the logged loss) as latency in the no-overlap bound. Left out, and said: the world and pipeline groups'
+   agreements (not delayed by the emulator either), pipeline headers (they travel just ahead of their tensor) and
+   compute that FlopCounterMode does not count (elementwise work: norms, optimiser, SparseLoCo's top-k).
 
 Values the planner cannot know (data-dependent sizes: MAPL's distinct token ids, heterogeneous SparseLoCo's folded
 embedding rows) are planned at their smallest (nanotron_ext.plan.rank); the meter's table prints the planned bytes
@@ -99,16 +100,17 @@ def planned(config_file: str, overrides: Sequence[str], cache: Path) -> Dict[str
 
 
 def _ops(ledger: Dict[str, Any], group: str, minus: Optional[Dict[str, Any]] = None,
-         prefix: str = "") -> Dict[str, Tuple[float, float]]:
+         prefix: str = "", control: bool = False) -> Dict[str, Tuple[float, float]]:
     """{op: (bytes, calls)} of one group's ops starting with `prefix`, less what `minus` has of the same op;
-    control messages (CONTROL_BYTES or fewer per call: flags, a loss, a norm) left out."""
+    control messages (CONTROL_BYTES or fewer per call: flags, a loss, a norm) left out, or with `control` only
+    those."""
     out = {}
     for op, c in ledger.get(group, {}).items():
         if not op.startswith(prefix):
             continue
         base = (minus or {}).get(group, {}).get(op, {"bytes": 0, "calls": 0})
         nbytes, calls = c["bytes"] - base["bytes"], c["calls"] - base["calls"]
-        if nbytes > CONTROL_BYTES * calls and calls > 0:
+        if calls > 0 and nbytes > 0 and (nbytes <= CONTROL_BYTES * calls) == control:
             out[op] = (float(nbytes), float(calls))
     return out
 
@@ -128,7 +130,7 @@ def replica_works(plan: Dict[str, Any], links: Dict[str, Link], stage_link: Sequ
         index = plan["replica_of"][str(r)]
         inner = plan["inner"][index]
         outer = plan["outer"][index] if plan["outer"] else None
-        stages, dp_s, outer_s = [], [], []
+        stages, dp_s, outer_s, control_s = [], [], [], []
         for s, rank in enumerate(inner):
             tp_s = ring_seconds({op: (b / m, c / m) for op, (b, c) in _ops(rank["ledger"], "tp").items()}, tp,
                                 links["tp"])
@@ -136,10 +138,12 @@ def replica_works(plan: Dict[str, Any], links: Dict[str, Link], stage_link: Sequ
             stages.append(Stage(compute / 3 + tp_s / 2, 2 * compute / 3 + tp_s / 2,
                                 tp * _sent(rank["ledger"], "fwd") / m, tp * _sent(rank["ledger"], "bwd") / m))
             dp_s.append(ring_seconds(_ops(rank["ledger"], "dp"), dp, links["dp"], sharing=tp))
+            control_s.append(ring_seconds(_ops(rank["ledger"], "dp", control=True), dp, links["dp"]))
             if outer is not None:
                 extra = _ops(outer[s]["ledger"], "dp", minus=rank["ledger"])
                 outer_s.append(ring_seconds(extra, dp, links["dp"], sharing=tp))
-        works.append(ReplicaWork(stages, [stage_link[r]] * (len(stages) - 1), m, plan["schedule"], dp_s, outer_s))
+        works.append(ReplicaWork(stages, [stage_link[r]] * (len(stages) - 1), m, plan["schedule"], dp_s, outer_s,
+                                 control_s))
     return works
 
 

@@ -172,7 +172,7 @@ def merged_runs(paths: Sequence[str]) -> Tuple[List[Dict[str, Any]], Dict[str, A
     seen: Dict[Tuple[str, str, int], str] = {}
     calibrated: Dict[str, Tuple[Any, str]] = {}
     for path in paths:
-        saved = read_saved(path)
+        saved = read_saved(path, "--merge")
         if not saved.get("runs"):
             raise ArgumentError(f"--merge {path}: it holds no per-seed runs (a result written before the meter saved "
                                 "them); measure it again")
