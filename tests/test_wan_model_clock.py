@@ -65,7 +65,7 @@ def test_a_plan_is_priced_per_stage_by_hand() -> None:
     assert s1.bwd_s == pytest.approx(2 * 24e12 / m / thr / 3 + tp_s / 2)
     assert (s0.fwd_bytes, s0.bwd_bytes, s1.fwd_bytes, s1.bwd_bytes) == (2 * 500, 0, 0, 2 * 500)
     assert works[0].dp_s == [0.0, 0.0]  # a 4-byte agreement is control traffic: its ring's latency, no overlap
-    assert works[0].control_s == pytest.approx([0.0, 2 * 1 * 0.01])
+    assert works[0].control_s == pytest.approx([0.0, 2 * 1 * 0.01 + 4 * 8 / 80e6])
     # outer: an all-gather of N bytes on a ring of 2 = (p-1) N 8 / B + (p-1) lat, two TP rings on one uplink
     assert works[0].outer_s == pytest.approx([2 * 10_000 * 8 / 80e6 + 0.01, 2 * 20_000 * 8 / 80e6 + 0.01])
     per_step = profile.bytes_per_step(plan)
