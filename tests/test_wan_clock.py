@@ -46,13 +46,15 @@ def test_a_link_bound_pipeline_serialises_its_messages() -> None:
 
 
 def test_blocking_sends_cost_the_sender_what_overlap_hides() -> None:
-    """Stage 0 computes 1 s per forward and sends 1 s of activation: overlapped, its forwards end at m s; blocking,
-    every send is on its timeline (2m s)."""
-    m, link = 4, Link(8.0)
-    work = ReplicaWork([Stage(1.0, 0.0, 1e6, 0.0), Stage(0.0, 0.0)], [link], m, "afab")
+    """Stage 0 computes 1 s per forward and sends 1 s of activation over a link of latency a; stage 1 computes
+    nothing and returns empty gradients (one more latency). Overlapped, stage 0's forwards end at m s and the last
+    activation lands 1 + a later: m + 1 + 2a. A synchronous send keeps the sender until the receiver has the
+    message, so every transfer and latency is on the senders' timelines, the gradients' too: m (2 + 2a)."""
+    m, a = 4, 0.25
+    work = ReplicaWork([Stage(1.0, 0.0, 1e6, 0.0), Stage(0.0, 0.0)], [Link(8.0, a * 1e3)], m, "afab")
     overlapped, blocking = replay(work, False), replay(work, True)
-    assert overlapped.end_s == pytest.approx(m * 1.0 + 1.0)  # the last activation's second on the wire
-    assert blocking.end_s == pytest.approx(2 * m * 1.0)
+    assert overlapped.end_s == pytest.approx(m * 1.0 + 1.0 + 2 * a)
+    assert blocking.end_s == pytest.approx(m * (2.0 + 2 * a))
 
 
 def test_dp_tier_bounds_overlap_from_the_last_backward_or_follow_the_flush() -> None:

@@ -19,7 +19,8 @@ this is that model. A step is replayed, not measured:
 
 Two bounds, since real systems overlap communication with compute to different degrees:
 
-- `upper` (no overlap): a sender waits until its message has left the link; the DP all-reduce starts after the
+- `upper` (no overlap): a sender waits until its message has arrived (a synchronous send: nanotron's blocking
+  point-to-point over gloo, which returns once the peer took the data); the DP all-reduce starts after the
   pipeline flush; the outer sync stops every replica until it is done; the step's few-byte agreements over the DP
   tier (the trainer averages the logged loss over the replicas every step, also between outer syncs) each pay
   their ring's latency.
@@ -123,7 +124,7 @@ def schedule_order(schedule: str, stage: int, stages: int, micro: int) -> List[T
 
 def replay(work: ReplicaWork, blocking: bool) -> Timeline:
     """Replay one step of one replica's pipeline (the module docstring); `blocking`: senders wait for their
-    messages to leave (the no-overlap bound)."""
+    messages to arrive (the no-overlap bound)."""
     n, m = len(work.stages), work.micro_batches
     if len(work.links) < n - 1:
         raise ValueError(f"{n} stages need {n - 1} links, got {len(work.links)}")
@@ -164,8 +165,8 @@ def replay(work: ReplicaWork, blocking: bool) -> Timeline:
                     nbytes = st.fwd_bytes if kind == "F" else st.bwd_bytes
                     left = wire(s, dst).place(end, link.transmit_s(nbytes))
                     arrived[(kind, dst, i)] = left + link.latency_s
-                    if blocking:
-                        free[s] = left
+                    if blocking:  # a synchronous send: returns once the receiver has the message
+                        free[s] = left + link.latency_s
                 at[s] += 1
                 remaining -= 1
                 progressed = True
