@@ -125,3 +125,38 @@ def test_time_to_target_is_steps_to_target_times_the_clocks_step() -> None:
     assert "best single-tier (3d_sm) 0.03 h: 5.00x" in lines[0] and "dense DiLoCo: not reached" in lines[0]
     headers, body = model_results.table(list(rows.values()))
     assert len(body) == 3 and len(headers) == len(body[0])
+
+
+@pytest.mark.slow
+def test_the_meter_on_the_model_clock_end_to_end(tmp_path: Path, small_corpus: Path, monkeypatch) -> None:
+    """Two systems, 4 steps, one seed, a preset that times them at the size they train (no scale config): the
+    result's rows, curves and clocks; an equal-time run of SparseLoCo sized from the pipeline's time to target;
+    the saved result re-rendered."""
+    from nanotron_ext.bench.wan import cli, presets
+    from tests.conftest import SMALL_VOCAB
+
+    preset = presets.ClockPreset("test", "", "CPU", 0.001, (1e4, 0.1), (100.0, 5.0), (1e4, 0.01), (100.0, 5.0))
+    monkeypatch.setattr(presets, "CLOCK_PRESETS", {"test": preset})
+    monkeypatch.setattr("nanotron_ext.bench.wan.modelled.CLOCK_PRESETS", {"test": preset})
+    corpus = [f"data.prepared_dir={small_corpus}", f"tokenizer.path={small_corpus / 'tokenizer.json'}",
+              f"tokenizer.vocab_size={SMALL_VOCAB}", f"model.vocab_size={SMALL_VOCAB}"]
+    out = tmp_path / "model.json"
+    argv = ["--clock", "model", "--clock-preset", "test", "--systems", "pipeline", "sparseloco", "--reference",
+            "pipeline", "--steps", "4", "--val-every", "2", "--inner-steps", "2", "--seeds", "1", "--jobs", "2",
+            "--equal-time", "sparseloco", "--max-steps", "6", "--runs", str(tmp_path / "runs"), "--out", str(out),
+            *[x for c in corpus for x in ("--set", c)]]
+    monkeypatch.setattr("nanotron_ext.bench.wan.cli.CLOCK_PRESETS", {"test": preset}, raising=False)
+    assert cli.main(argv) == 0
+    saved = json.loads(out.read_text())
+    rows = {(r.get("budget", "tokens"), r["system"]): r for r in saved["rows"]}
+    pipe, loco = rows[("tokens", "pipeline")], rows[("tokens", "sparseloco")]
+    assert pipe["reached"] == "1/1"  # its own final loss is within its own target
+    assert pipe["step_s"]["lower"] <= pipe["step_s"]["upper"]
+    assert pipe["bytes_per_step"]["pp"] > 0 and loco["bytes_per_step"]["dp"] > 0
+    timed = rows[("time", "sparseloco")]
+    steps = min(6, int(timed["budget_s"] / loco["step_s"]["lower"]))
+    assert timed["budget_steps"] == steps - steps % 2 and timed["target_val_loss"] == pipe["target_val_loss"]
+    assert saved["meta"]["clock"] == "model" and len(saved["runs"]) == 3
+    again = tmp_path / "again.json"
+    assert cli.main(["--from-json", str(out), "--out", str(again)]) == 0
+    assert json.loads(again.read_text())["rows"] == saved["rows"]

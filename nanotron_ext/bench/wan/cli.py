@@ -105,6 +105,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                         "layout, step times replayed on the model clock at each --clock-preset's scale and hardware")
     p.add_argument("--clock-preset", nargs="+", default=list(CLOCK_PRESETS), choices=list(CLOCK_PRESETS),
                    help="--clock model: the hardware, links and placement to time on (bench/wan/presets.py)")
+    p.add_argument("--equal-time", nargs="+", default=[], metavar="SYSTEM", choices=list(SYSTEMS),
+                   help="--clock model: also train these systems for the reference's time to target on each "
+                        "preset's clock (full overlap) at their own step time, their schedule over that length")
+    p.add_argument("--max-steps", type=int, default=4000, help="--equal-time: at most this many steps per run")
     p.add_argument("--validate-clock", action="store_true",
                    help="time each of --systems twice (no links, then emulated over --preset, one run at a time) "
                         "and hold the model clock's bounds to the emulated step (bench/wan/validate.py)")
@@ -145,6 +149,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   "composition), which this checkout does not have", file=sys.stderr)
             return 2
         check_numbers(args)
+        check_clock_args(args)
         if args.calibration_from:  # the dry run then shows the links the runs will get
             args.calibration = saved_calibration(args.calibration_from, args.preset)
             args.anchor_links = emulated.links_of(args.calibration)
@@ -169,6 +174,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return publish_model(args.out, rows, meta, curves)
     rows, meta, runs = measure(args)
     return publish_result(args, rows, meta, runs)
+
+
+def check_clock_args(args: argparse.Namespace) -> None:
+    """--equal-time and --max-steps: systems among --systems (their clocks are computed), a positive cap."""
+    from nanotron_ext.cli_checks import ArgumentError, at_least
+
+    at_least("--max-steps", args.max_steps, 1)
+    stray = [s for s in args.equal_time if s not in args.systems]
+    if stray:
+        raise ArgumentError(f"--equal-time {stray[0]} is not among --systems: its step time is not modelled")
+    if args.equal_time and args.clock != "model":
+        raise ArgumentError("--equal-time needs --clock model (the budget is a time on the model clock)")
 
 
 def loss_plan(args: argparse.Namespace) -> Dict[str, Tuple[Path, List[str]]]:

@@ -39,14 +39,16 @@ def loss_at_step(curve: Sequence[Sequence[float]], step: float) -> Optional[floa
 
 
 def pooled_rows(curves: Sequence[Mapping[str, Any]], clocks: Mapping[Tuple[str, str], Mapping[str, Any]],
-                reference: str, target_rel: float) -> List[Dict[str, Any]]:
+                reference: str, target_rel: float, target: Optional[float] = None) -> List[Dict[str, Any]]:
     """One row per (preset, system): `curves` the loss runs (system, seed, val_curve, final_val_loss), `clocks`
-    {(preset, system): {"lower_s", "upper_s", "bytes_per_step", "closed_form_bytes_per_step", "tokens_per_step"}}."""
+    {(preset, system): {"lower_s", "upper_s", "bytes_per_step", "closed_form_bytes_per_step", "tokens_per_step"}};
+    the target is the reference's final loss x (1 + target_rel) unless given."""
     by_system: Dict[str, List[Mapping[str, Any]]] = {}
     for c in curves:
         by_system.setdefault(c["system"], []).append(c)
     ref = [c["final_val_loss"] for c in by_system.get(reference, [])]
-    target = sum(ref) / len(ref) * (1 + target_rel) if ref else None
+    if target is None:
+        target = sum(ref) / len(ref) * (1 + target_rel) if ref else None
     rows = []
     for preset in dict.fromkeys(p for p, _ in clocks):
         ref_clock = clocks.get((preset, reference))
@@ -90,7 +92,8 @@ def _hours(pair: Sequence[Optional[float]]) -> str:
 
 
 def table(rows: Sequence[Mapping[str, Any]]) -> Tuple[List[str], List[List[Any]]]:
-    headers = ["preset", "system", "compressed tiers", "step s (full overlap | none)", "MiB/step tp | pp | dp",
+    headers = ["preset", "budget", "system", "compressed tiers", "step s (full overlap | none)",
+               "MiB/step tp | pp | dp",
                "closed form MiB/step tp | pp | dp", "final val loss", "steps to target", "reached",
                "time to target h (full overlap)", "time to target h (no overlap)", "val loss at dense 3D's time"]
     body = []
@@ -98,7 +101,7 @@ def table(rows: Sequence[Mapping[str, Any]]) -> Tuple[List[str], List[List[Any]]
         cf = r["closed_form_bytes_per_step"]
         at = r.get("val_loss_at_reference_time", {}).get("lower")
         body.append([
-            r["preset"], r["system"], ", ".join(r["compressed_tiers"]) or "none",
+            r["preset"], _budget(r), r["system"], ", ".join(r["compressed_tiers"]) or "none",
             f"{r['step_s']['lower']:.3f} | {r['step_s']['upper']:.3f}",
             " | ".join(fmt_bytes(r["bytes_per_step"].get(t), "MiB") for t in TIERS),
             " | ".join(fmt_bytes(cf.get(t), "MiB") for t in TIERS) if cf else "-",
@@ -107,6 +110,12 @@ def table(rows: Sequence[Mapping[str, Any]]) -> Tuple[List[str], List[List[Any]]
             _pm(at, "{:.3f}") if at else "-",
         ])
     return headers, body
+
+
+def _budget(r: Mapping[str, Any]) -> str:
+    if r.get("budget") == "time":
+        return f"equal time: {r['budget_steps']} steps ({r['budget_s'] / 3600:.2f} h)"
+    return "equal tokens"
 
 
 def _best(rows: Sequence[Mapping[str, Any]], names: Sequence[str], bound: str) -> Optional[Mapping[str, Any]]:
@@ -123,7 +132,7 @@ def headline(rows: Sequence[Mapping[str, Any]]) -> List[str]:
     composed = [s for s, t in COMPRESSED_TIERS.items() if len(t) >= 2]
     single = [s for s, t in COMPRESSED_TIERS.items() if len(t) == 1]
     for preset in dict.fromkeys(r["preset"] for r in rows):
-        mine = [r for r in rows if r["preset"] == preset]
+        mine = [r for r in rows if r["preset"] == preset and r.get("budget", "tokens") == "tokens"]
         for bound in BOUNDS:
             best = _best(mine, composed, bound)
             others = {"dense 3D": _best(mine, [DENSE], bound), "best single-tier": _best(mine, single, bound),

@@ -26,7 +26,8 @@ def clock_of(system: str, preset: str, args: argparse.Namespace) -> Dict[str, An
 
     p = CLOCK_PRESETS[preset]
     config = str(system_config(system, args))
-    twin = twin_overrides(config, run_overrides(system, None, args.seeds[0], args), str(REPO / p.scale_config))
+    scale = str(REPO / p.scale_config) if p.scale_config else None  # none: timed at the size it trains
+    twin = twin_overrides(config, run_overrides(system, None, args.seeds[0], args), scale)
     plan = planned(config, twin, Path(args.runs) / "plans")
     tiers, stage = links_of(p, plan["layout"]["dp"])
     bounds = step_bounds_of(plan, tiers, stage, p.tflops * 1e12)
@@ -46,14 +47,41 @@ def measure_model(args: argparse.Namespace) -> Tuple[List[Dict[str, Any]], Dict[
     clocks = {(preset, system): clock_of(system, preset, args)
               for preset in args.clock_preset for system in args.systems}
     rows = model_results.pooled_rows(curves, clocks, args.reference, args.target_rel)
+    if args.equal_time:
+        timed, rows_time = equal_time(rows, clocks, args)
+        curves, rows = curves + timed, rows + rows_time
     meta = run_meta({
         "clock": "model", "steps": args.steps, "val_every": args.val_every, "inner_steps": args.inner_steps,
         "seeds": args.seeds, "reference": args.reference, "target_rel": args.target_rel, "config": args.config,
-        "set": args.set, "clock_presets": {name: dataclasses.asdict(CLOCK_PRESETS[name]) for name in args.clock_preset},
+        "set": args.set, "equal_time": args.equal_time, "max_steps": args.max_steps,
+        "clock_presets": {name: dataclasses.asdict(CLOCK_PRESETS[name]) for name in args.clock_preset},
         "clocks": {f"{preset} {system}": c for (preset, system), c in clocks.items()},
         "note": "losses from one process per run (cheapest equivalent layout, no link emulation; loss runs' "
                 "timing is not used); step times from the model clock at each preset's scale and hardware"})
     return rows, meta, [{k: v for k, v in c.items() if k != "train_loss"} for c in curves]
+
+
+def equal_time(rows: List[Dict[str, Any]], clocks: Dict[Tuple[str, str], Dict[str, Any]],
+               args: argparse.Namespace) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
+    """The equal-time budget (`--equal-time SYSTEM ...`): on each preset, each named system trains for the
+    reference's time to target on the clock (full-overlap bound) at its own step time, its schedule over that many
+    steps (at most `--max-steps`); the rows pool those runs against the equal-token target. (curves, rows)"""
+    curves, out = [], []
+    for preset in args.clock_preset:
+        ref = next(r for r in rows if r["preset"] == preset and r["system"] == args.reference)
+        budget_s = ref["time_to_target_s"]["lower"][0]
+        if budget_s is None:
+            continue  # the reference never reached its own target: no time to match
+        for system in args.equal_time:
+            steps = min(args.max_steps, max(1, int(budget_s / clocks[(preset, system)]["lower_s"])))
+            steps -= steps % args.val_every if steps >= args.val_every else 0  # end on a validation
+            mine = argparse.Namespace(**{**vars(args), "steps": steps})
+            got = train_all(loss_runs([system], args.seeds, mine), Path(args.runs) / "losses", args.jobs)
+            curves += [{**c, "budget": f"equal time on {preset}"} for c in got]
+            for row in model_results.pooled_rows(got, {(preset, system): clocks[(preset, system)]}, args.reference,
+                                                 args.target_rel, target=ref["target_val_loss"]):
+                out.append({**row, "budget": "time", "budget_steps": steps, "budget_s": budget_s})
+    return curves, out
 
 
 def publish_model(out: str, rows: List[Dict[str, Any]], meta: Dict[str, Any], curves: List[Dict[str, Any]]) -> int:
