@@ -120,7 +120,7 @@ def test_time_to_target_is_steps_to_target_times_the_clocks_step() -> None:
     # at dense 3D's 300 s (full overlap) three tiers has done 300 steps: its final loss; 3d_sm 60 steps: 2.9
     assert rows["three_tiers"]["val_loss_at_reference_time"]["lower"][0] == pytest.approx((2.9 + 3.2) / 2)
     lines = model_results.headline(list(rows.values()))
-    assert lines[0].startswith("p (full overlap): best composed three_tiers 0.01 h (1/2)")
+    assert lines[0].startswith("p, equal tokens (full overlap): best composed three_tiers 0.01 h (1/2)")
     assert "dense 3D 0.08 h: 15.00x (goal >= 3x: met)" in lines[0]
     assert "best single-tier (3d_sm) 0.03 h: 5.00x" in lines[0] and "dense DiLoCo: not reached" in lines[0]
     headers, body = model_results.table(list(rows.values()))

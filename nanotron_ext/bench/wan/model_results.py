@@ -126,34 +126,41 @@ def _best(rows: Sequence[Mapping[str, Any]], names: Sequence[str], bound: str) -
 
 
 def headline(rows: Sequence[Mapping[str, Any]]) -> List[str]:
-    """Per preset and bound: the best composed system (two or three tiers compressed) against dense 3D, the best
-    single-tier system and dense DiLoCo, time to target on the clock, with the ratios against the goals."""
+    """Per preset, budget and bound: the best composed system (two or three tiers compressed) against dense 3D, the
+    best single-tier system and dense DiLoCo, time to target on the clock, with the ratios against the goals. The
+    equal-time line takes each system's equal-time row where it has one, else its equal-token row (more time can
+    only help it: a lower bound on what that system gets)."""
     lines = []
+    for preset in dict.fromkeys(r["preset"] for r in rows):
+        tokens = {r["system"]: r for r in rows if r["preset"] == preset and r.get("budget", "tokens") == "tokens"}
+        timed = {r["system"]: r for r in rows if r["preset"] == preset and r.get("budget") == "time"}
+        budgets = [("equal tokens", tokens)] + ([("equal time", {**tokens, **timed})] if timed else [])
+        for budget, mine in budgets:
+            for bound in BOUNDS:
+                lines.append(_headline_line(f"{preset}, {budget}", list(mine.values()), bound))
+    return lines
+
+
+def _headline_line(where: str, mine: Sequence[Mapping[str, Any]], bound: str) -> str:
     composed = [s for s, t in COMPRESSED_TIERS.items() if len(t) >= 2]
     single = [s for s, t in COMPRESSED_TIERS.items() if len(t) == 1]
-    for preset in dict.fromkeys(r["preset"] for r in rows):
-        mine = [r for r in rows if r["preset"] == preset and r.get("budget", "tokens") == "tokens"]
-        for bound in BOUNDS:
-            best = _best(mine, composed, bound)
-            others = {"dense 3D": _best(mine, [DENSE], bound), "best single-tier": _best(mine, single, bound),
-                      "dense DiLoCo": _best(mine, [DILOCO], bound)}
-            overlap = "full overlap" if bound == "lower" else "no overlap"
-            if best is None:
-                lines.append(f"{preset} ({overlap}): no composed system reached the target")
-                continue
-            t = best["time_to_target_s"][bound][0]
-            parts = [f"{preset} ({overlap}): best composed {best['system']} {t / 3600:.2f} h ({best['reached']})"]
-            for name, other in others.items():
-                if other is None:
-                    parts.append(f"{name}: not reached")
-                    continue
-                ratio = other["time_to_target_s"][bound][0] / t
-                goal = GOALS[name]
-                label = name if name != "best single-tier" else f"{name} ({other['system']})"
-                parts.append(f"{label} {other['time_to_target_s'][bound][0] / 3600:.2f} h: {ratio:.2f}x "
-                             f"(goal >= {goal:g}x: {'met' if ratio >= goal else 'NOT met'})")
-            lines.append("; ".join(parts))
-    return lines
+    best = _best(mine, composed, bound)
+    others = {"dense 3D": _best(mine, [DENSE], bound), "best single-tier": _best(mine, single, bound),
+              "dense DiLoCo": _best(mine, [DILOCO], bound)}
+    overlap = "full overlap" if bound == "lower" else "no overlap"
+    if best is None:
+        return f"{where} ({overlap}): no composed system reached the target"
+    t = best["time_to_target_s"][bound][0]
+    parts = [f"{where} ({overlap}): best composed {best['system']} {t / 3600:.2f} h ({best['reached']})"]
+    for name, other in others.items():
+        if other is None:
+            parts.append(f"{name}: not reached")
+            continue
+        ratio = other["time_to_target_s"][bound][0] / t
+        label = name if name != "best single-tier" else f"{name} ({other['system']})"
+        parts.append(f"{label} {other['time_to_target_s'][bound][0] / 3600:.2f} h: {ratio:.2f}x "
+                     f"(goal >= {GOALS[name]:g}x: {'met' if ratio >= GOALS[name] else 'NOT met'})")
+    return "; ".join(parts)
 
 
 def figure(rows: Sequence[Mapping[str, Any]]) -> Any:
@@ -167,24 +174,25 @@ def figure(rows: Sequence[Mapping[str, Any]]) -> Any:
     colours = {s: palette(i % 20) for i, s in enumerate(names)}
     first = rows[0]["preset"] if rows else ""
     for r in (r for r in rows if r["preset"] == first):
+        timed = r.get("budget") == "time"
         for i, curve in enumerate(r["curves"]):
             xs = [step * r["step_s"]["lower"] / 3600 for step, _ in curve]
             left.plot(xs, [loss for _, loss in curve], color=colours[r["system"]], lw=1.4 if i == 0 else 0.5,
-                      label=r["system"] if i == 0 else None)
+                      ls="--" if timed else "-", label=r["system"] if i == 0 and not timed else None)
         if r["target_val_loss"] is not None:
             left.axhline(r["target_val_loss"], color="k", lw=0.6, ls="--")
     left.set_xscale("log")
     left.set(xlabel="modelled time (h, full-overlap bound, log)", ylabel="validation loss",
-             title=f"{first}; dashed: target")
+             title=f"{first}; black dashed: target; dashed: equal-time runs")
     left.legend(fontsize=5, ncol=2)
     presets = list(dict.fromkeys(r["preset"] for r in rows))
-    by = {(r["preset"], r["system"]): r for r in rows}
+    by = {(r["preset"], r["system"]): r for r in rows if r.get("budget", "tokens") == "tokens"}
     series = {s: [_h(by.get((p, s)), "lower") for p in presets] for s in names}
     errors = {s: [_h(by.get((p, s)), "lower", se=True) for p in presets] for s in names}
     grouped_bars(right, presets, series, errors, ylabel="time to target (h, full overlap; log)",
                  color=lambda s: colours[s])
     right.set_yscale("log")
-    right.set_title("missing bar: target not reached")
+    right.set_title("equal tokens; missing bar: target not reached")
     return fig
 
 
