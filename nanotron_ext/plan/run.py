@@ -3,12 +3,15 @@
 The rank grid is nanotron's (nanotron_ext.parallel.context): rank = (pp_rank * dp + dp_rank) * tp + tp_rank.
 A rank's pipeline neighbours must run beside it (their headers size its receives: nanotron_ext.plan.wire), so a
 plan steps whole pipeline columns (the pp ranks of one DP replica and TP rank), one process each, at once, and
-reports the ranks asked for. By default: TP rank 0 of the first replica of each distinct replica config
+reports the ranks asked for; columns run side by side within the cores, and ranks of one role (pp rank, replica
+config, TP rank) share one plan. By default: TP rank 0 of the first replica of each distinct replica config
 (heterogeneous SparseLoCo's compressed and uncompressed replicas), every stage. TP ranks of a stage are alike
 (the same shapes and calls; nanotron's row-parallel bias, absent here, would live on TP rank 0 alone).
 """
 from __future__ import annotations
 
+import copy
+import json
 import multiprocessing as mp
 import os
 import queue
@@ -65,13 +68,56 @@ def _worker(config_file: str, overrides: Sequence[str], rank: int, port: int, ou
         out.put((rank, "error", traceback.format_exc()))
 
 
+def replica_roles(cfg: Any) -> List[int]:
+    """For each DP replica, the first replica whose config it shares (its own index when it is the first): the
+    DP sync may give replicas configs of their own (heterogeneous SparseLoCo), the rest of a layout is alike."""
+    from nanotron_ext.config.loader import config_to_dict
+    from nanotron_ext.registry import DP_SYNCS
+
+    sync = DP_SYNCS.owner(cfg.parallelism.dp_sync)
+    first: Dict[str, int] = {}
+    out = []
+    for dp_rank in range(cfg.parallelism.dp):
+        rcfg = sync.replica_config(cfg, dp_rank)
+        key = "" if rcfg is cfg else json.dumps(config_to_dict(rcfg), sort_keys=True, default=str)
+        out.append(first.setdefault(key, dp_rank))
+    return out
+
+
+def stand_in(cfg: Any, rank: int, roles: Sequence[int]) -> int:
+    """The rank planned for `rank`: the one of the same role (pp rank, replica config, TP rank) in the first
+    replica of that config. Ranks of one role build the same model and make the same calls: one plan serves all."""
+    pp_rank, dp_rank, tp_rank = coordinates(cfg, rank)
+    return rank_of(cfg, pp_rank, roles[dp_rank], tp_rank)
+
+
 def plan_ranks(config_file: str, overrides: Sequence[str], cfg: Any, ranks: Sequence[int],
                timeout_s: float = TIMEOUT_S, outer: bool = True) -> List[Dict[str, Any]]:
-    """Step the pipeline columns of `ranks` (one process per rank) and return the plans of `ranks`, in order (the
-    reported iteration an outer step of the DP sync, or with `outer` False an inner one)."""
-    import torch.distributed as torch_dist
+    """The plans of `ranks`, in order (the reported iteration an outer step of the DP sync, or with `outer` False an
+    inner one). Each distinct role is planned once (`stand_in`) and its plan given to the other ranks of the role
+    under their own rank numbers; the pipeline columns of the planned ranks run one process per rank, at most
+    os.cpu_count() processes at a time (a column larger than that alone), with a progress bar over the columns
+    (`plan --rank all` on a 4,096-rank layout started hundreds of processes at once and printed nothing for
+    minutes). `timeout_s`: per column."""
+    roles = replica_roles(cfg)
+    planned_for = {r: stand_in(cfg, r, roles) for r in ranks}
+    columns = sorted({tuple(column(cfg, s)) for s in planned_for.values()})
+    plans = _run_columns(config_file, overrides, columns, timeout_s, outer)
+    out = []
+    for r in ranks:
+        plan = copy.deepcopy(plans[planned_for[r]])
+        plan.update(rank=r, dp_rank=coordinates(cfg, r)[1])
+        out.append(plan)
+    return out
 
-    run = sorted({r for rank in ranks for r in column(cfg, rank)})
+
+def _run_columns(config_file: str, overrides: Sequence[str], columns: Sequence[Tuple[int, ...]], timeout_s: float,
+                 outer: bool) -> Dict[int, Dict[str, Any]]:
+    """Step the pipeline `columns` (a column's stages run together: each receive is sized by its neighbour's
+    header), starting a column while the processes running stay within the cores; {rank: plan}."""
+    import torch.distributed as torch_dist
+    from tqdm import tqdm
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -79,33 +125,52 @@ def plan_ranks(config_file: str, overrides: Sequence[str], cfg: Any, ranks: Sequ
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
     out = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(config_file, list(overrides), r, port, out, outer), daemon=True)
-             for r in run]
-    for p in procs:
-        p.start()
+    cores = max(1, os.cpu_count() or 1)
+    pending = list(columns)
+    running: Dict[Tuple[int, ...], Tuple[List[Any], float]] = {}
     results: Dict[int, Dict[str, Any]] = {}
-    deadline = time.monotonic() + timeout_s
+    bar = tqdm(total=len(columns), desc="planning pipeline columns", unit="column", leave=False, file=sys.stderr)
     try:
-        while len(results) < len(run):
+        while pending or running:
+            while pending and (not running or sum(map(len, running)) + len(pending[0]) <= cores):
+                col = pending.pop(0)
+                procs = [ctx.Process(target=_worker, args=(config_file, list(overrides), r, port, out, outer),
+                                     daemon=True) for r in col]
+                for p in procs:
+                    p.start()
+                running[col] = (procs, time.monotonic())
             try:
                 rank, status, payload = out.get(timeout=1.0)
             except queue.Empty:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"the plan did not finish in {timeout_s:.0f} s") from None
-                dead = [p for p in procs if p.exitcode not in (None, 0)]
-                if dead and out.empty():
-                    raise RuntimeError(f"a planned rank's process exited with code {dead[0].exitcode}") from None
+                _check_running(running, out, timeout_s)
                 continue
             if status == "error":
                 raise RuntimeError(f"planning rank {rank} failed:\n{payload}")
             results[rank] = payload
+            for col in [c for c in running if all(r in results for r in c)]:
+                for p in running.pop(col)[0]:
+                    p.join(timeout=10)
+                bar.update(1)
     finally:
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-            p.join(timeout=10)
+        bar.close()
+        for procs, _ in running.values():
+            for p in procs:
+                if p.is_alive():
+                    p.terminate()
+                p.join(timeout=10)
         del store
-    return [results[r] for r in ranks]
+    return results
+
+
+def _check_running(running: Dict[Tuple[int, ...], Tuple[List[Any], float]], out: Any, timeout_s: float) -> None:
+    """A running column past `timeout_s`, or a process of one that died without reporting, ends the plan."""
+    now = time.monotonic()
+    for col, (procs, started) in running.items():
+        if now - started > timeout_s:
+            raise TimeoutError(f"planning the pipeline of ranks {list(col)} did not finish in {timeout_s:.0f} s")
+        dead = [p for p in procs if p.exitcode not in (None, 0)]
+        if dead and out.empty():
+            raise RuntimeError(f"a planned rank's process exited with code {dead[0].exitcode}")
 
 
 def used_techniques(cfg: Any) -> List[Any]:
