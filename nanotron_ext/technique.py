@@ -40,8 +40,9 @@ if TYPE_CHECKING:  # annotations only: this module must stay importable without 
 
 @dataclasses.dataclass(frozen=True)
 class Section:
-    """A config section a technique mounts at a dotted path, e.g. Section(ResBMConfig, lambda:
-    ResBMConfig(ratio=4)) at "model.codec.resbm". `default` builds the value when the YAML omits it."""
+    """A config section a technique mounts at a dotted path, e.g. Section(ResBMConfig) at "model.codec.resbm".
+    `default` builds the value when the YAML omits the section (a default that resolves the same way when the YAML
+    gives part of it belongs in the class: `config doc` shows the class's defaults)."""
 
     cls: type
     default: Optional[Callable[[], Any]] = None

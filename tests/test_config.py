@@ -40,16 +40,20 @@ def write(tmp_path: Path, text: str, name: str = "run.yaml") -> Path:
 
 
 def error_of(tmp_path: Path, text: str, overrides=()) -> str:
+    """The error of `text` (empty: every default, `{}`) with `overrides`."""
     with pytest.raises(ConfigError) as exc:
-        load_config(write(tmp_path, text), overrides)
+        load_config(write(tmp_path, text or "{}\n"), overrides)
     return str(exc.value)
 
 
 # ---- files -------------------------------------------------------------------------------------
 
-def test_empty_file_comment_only_file_and_empty_section_give_defaults(tmp_path):
-    assert load_config(write(tmp_path, "")) == Config()
-    assert load_config(write(tmp_path, "# nothing set yet\n")) == Config()
+def test_empty_file_is_refused_and_empty_mapping_or_section_give_defaults(tmp_path):
+    # an empty or comment-only file (cut to nothing, or the wrong file) trained every default (issue 41)
+    for text in ("", "# nothing set yet\n"):
+        with pytest.raises(ConfigError, match=r"run\.yaml is empty \(no YAML document"):
+            load_config(write(tmp_path, text))
+    assert load_config(write(tmp_path, "{}\n")) == Config()
     cfg = load_config(write(tmp_path, "model:\n  # hidden_size: 64\noptimizer:\n  lr: 0.01\n"))
     assert cfg.model == ModelConfig() and cfg.optimizer.lr == 0.01
 
@@ -351,6 +355,45 @@ def test_doc_lists_every_section_and_field():
         for name, type_text, _ in describe(cls):
             assert f"\n  {name} " in block and type_text in block, (path, name)
     assert "[0.9, 0.95]" in text and "optional float" in text and "Peak learning rate of the Muon" in text
+
+
+def test_config_doc_says_what_every_unset_default_resolves_to() -> None:
+    # `kind: resbm` alone resolved model.codec.resbm.ratio to 4 while `config doc` said null (and `m: 8` alone lost
+    # the 4: "give exactly one of h and ratio"); every key whose resolved default differs from the doc's default
+    # column must say what it resolves to ("Unset: ...")
+    import dataclasses
+
+    from nanotron_ext.config.__main__ import _default_text
+    from nanotron_ext.config.compose import composed
+    from nanotron_ext.config.loader import apply_overrides, describe, from_dict
+    from nanotron_ext.config.yaml_io import dump_yaml
+
+    cfg = from_dict(Config, apply_overrides({}, []))
+    for path, cls in _sections(Config):
+        section = cfg
+        for part in path.split("."):
+            section = getattr(section, part)
+        docs = {name: doc for name, _, doc in describe(cls)}
+        for f in dataclasses.fields(composed(cls)):
+            value = getattr(section, f.name)
+            if not f.init or dataclasses.is_dataclass(value):
+                continue
+            resolved = dump_yaml(value, flow=True).removesuffix("...\n").strip()
+            if resolved != _default_text(f):
+                assert "unset" in docs[f.name].lower(), (path, f.name, resolved, _default_text(f), docs[f.name])
+    assert "Unset with h unset too: 4" in " ".join(docs_of("model.codec.resbm", "ratio").split())
+    tiny = REPO / "examples" / "config_tiny_llama.yaml"
+    sets = ["model.codec.kind=resbm", "model.codec.boundaries=every_layer"]
+    assert load_config(tiny, sets).model.codec.resbm.ratio == 4
+    assert load_config(tiny, sets + ["model.codec.resbm.m=8"]).model.codec.resbm.ratio == 4
+    resbm = load_config(tiny, sets + ["model.codec.resbm.h=8"]).model.codec.resbm
+    assert (resbm.h, resbm.ratio) == (8, None)
+
+
+def docs_of(path: str, key: str) -> str:
+    from nanotron_ext.config.loader import describe
+
+    return {name: doc for name, _, doc in describe(dict(_sections(Config))[path])}[key]
 
 
 def test_show_prints_resolved_yaml(tmp_path, capsys):

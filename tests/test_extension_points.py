@@ -356,7 +356,7 @@ except ConfigError as e:
     print(e)
 '''
     empty = tmp_path / "empty.yaml"
-    empty.write_text("")
+    empty.write_text("{}\n")  # every default (an empty file is refused)
     out = subprocess.run([sys.executable, "-c", code, str(empty)], cwd=REPO, capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr

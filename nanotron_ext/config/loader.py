@@ -335,10 +335,15 @@ def apply_overrides(
 
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> Config:
     """Read a YAML run configuration, apply `a.b=value` overrides and build the typed `Config`.
-    An empty file gives every default. Any problem raises `ConfigError` naming the key."""
+    Any problem raises `ConfigError` naming the key. An empty file is refused (a file cut to nothing, or the wrong
+    file, silently trained every default); `{}` gives every default."""
     path = Path(path)
     data = read_yaml(path)
-    if data is not None and not isinstance(data, Mapping):
+    if data is None:
+        raise ConfigError(f"config file {path} is empty (no YAML document, only blank lines or comments); give a "
+                          "config with its sections (python -m nanotron_ext.config doc lists them), or {} for every "
+                          "default")
+    if not isinstance(data, Mapping):
         raise ConfigError(f"{path}: the top level must be a mapping of sections, got {_given(data)}")
     return from_dict(Config, apply_overrides(data, overrides))
 

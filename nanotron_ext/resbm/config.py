@@ -6,6 +6,8 @@ from typing import Literal, Optional
 
 from nanotron_ext.config.checks import require, require_finite
 
+DEFAULT_RATIO = 4.0  # the compression when neither h nor ratio is given
+
 
 @dataclasses.dataclass(kw_only=True)
 class ResBMConfig:
@@ -16,7 +18,8 @@ class ResBMConfig:
     h: Optional[int] = None
     """Wire width h (< hidden_size); or give `ratio` instead."""
     ratio: Optional[float] = None
-    """Compression hidden_size / h (h = round(hidden_size / ratio)); e.g. 128 -> h = 32 at d = 4096."""
+    """Compression hidden_size / h (h = round(hidden_size / ratio)); e.g. 128 -> h = 32 at d = 4096. Unset with
+    h unset too: 4 (config show prints the 4)."""
     m: Optional[int] = None
     """Hidden width of the encoder (d -> m -> h) and decoder (h -> m -> d); default hidden_size // 4."""
     nonlinearity: Literal["silu", "gelu", "relu", "tanh", "identity"] = "silu"
@@ -31,8 +34,10 @@ class ResBMConfig:
 
     def __post_init__(self) -> None:
         require_finite(self, "model.codec.resbm")
-        require((self.h is None) != (self.ratio is None), "model.codec.resbm",
-                 "give exactly one of model.codec.resbm.h and model.codec.resbm.ratio")
+        if self.h is None and self.ratio is None:  # here, not in the field: a given h must not meet a default ratio
+            self.ratio = DEFAULT_RATIO
+        require(self.h is None or self.ratio is None, "model.codec.resbm",
+                "give exactly one of model.codec.resbm.h and model.codec.resbm.ratio")
         require(self.h is None or self.h >= 1, "model.codec.resbm.h", f"must be >= 1, got {self.h}")
         require(self.ratio is None or self.ratio > 1, "model.codec.resbm.ratio", f"must be > 1, got {self.ratio}")
         require(self.m is None or self.m >= 1, "model.codec.resbm.m", f"must be >= 1, got {self.m}")

@@ -5,7 +5,7 @@ from typing import TYPE_CHECKING, Optional
 
 from nanotron_ext.config.checks import machine_memory_bytes, require
 from nanotron_ext.resbm.config import ResBMConfig
-from nanotron_ext.technique import Section, Technique
+from nanotron_ext.technique import Technique
 
 if TYPE_CHECKING:
     from nanotron_ext.config.schema import Config, ModelConfig
@@ -17,7 +17,7 @@ BYTES_PER_TRAINED_PARAM = 16
 
 class ResBMTechnique(Technique):
     name = "resbm"
-    sections = {"model.codec.resbm": Section(ResBMConfig, default=lambda: ResBMConfig(ratio=4))}
+    sections = {"model.codec.resbm": ResBMConfig}  # (its ratio resolves to 4 without h: ResBMConfig)
     provides = {"model.codec.kind": ["resbm"]}
     pieces = "nanotron_ext.resbm.pieces:ResBMPieces"
 
