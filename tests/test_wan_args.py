@@ -93,3 +93,98 @@ def test_from_json_of_the_wrong_shape_is_one_line(tmp_path: Path) -> None:
     assert _one_line(_wan(["--from-json", "/dev/zero", "--out", str(out)])) == (
         "error: --from-json /dev/zero is not a file; give the JSON a script wrote")
     assert not out.exists()
+
+
+# -- issue 41: saved results given to --calibration-from and --merge ------------------------------------------------
+SAVED = REPO / "reproduce" / "wan" / "cpu_internet_1g.json"  # calibrated internet-1g-cpu (pp, dp), 45 runs
+
+
+def _saved(tmp_path: Path, change) -> Path:  # type: ignore[no-untyped-def]
+    data = json.loads(SAVED.read_text())
+    change(data)
+    path = tmp_path / "result.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _links(data: dict) -> dict:
+    return data["meta"]["anchor_calibration"]["links_mbps_ms"]
+
+
+@pytest.mark.parametrize("tier, link, problem", [
+    # 0 Mbit/s is an unlimited link: the runs "on the preset" emulated no link at all, silently
+    ("dp", [0, 4.37], "preset internet-1g-cpu tier dp: bandwidth 0 Mbit/s is not a finite number > 0 (0 means "
+                      "unlimited: no link would be emulated)"),
+    ("pp", [float("nan"), 5.6], "preset internet-1g-cpu tier pp: bandwidth nan Mbit/s is not a finite number > 0 (0 "
+                                "means unlimited: no link would be emulated)"),
+    ("pp", [9.3, -1], "preset internet-1g-cpu tier pp: latency -1 ms is not a finite number >= 0"),
+    ("pp", [9.3, float("inf")], "preset internet-1g-cpu tier pp: latency inf ms is not a finite number >= 0"),
+    ("pp", 9.3, "preset internet-1g-cpu tier pp: a JSON number where a link [Mbit/s, ms] is expected"),
+])
+def test_calibration_from_links_no_run_can_use_are_refused(tmp_path: Path, tier: str, link, problem: str) -> None:
+    from nanotron_ext.bench.wan.args import saved_calibration
+    from nanotron_ext.cli_checks import ArgumentError
+
+    path = _saved(tmp_path, lambda d: _links(d)["internet-1g-cpu"].__setitem__(tier, link))
+    with pytest.raises(ArgumentError) as e:
+        saved_calibration(str(path), ["internet-1g-cpu"])
+    assert str(e.value) == (f"--calibration-from {path}: {problem}; calibrate again (the same command without "
+                            "--calibration-from)")
+    assert saved_calibration(str(SAVED), ["internet-1g-cpu"])["links_mbps_ms"] == _links(json.loads(SAVED.read_text()))
+
+
+def test_calibration_from_a_result_of_the_wrong_shape_is_one_line(tmp_path: Path) -> None:
+    # an older result's links {preset: [Mbit/s, ms]} passed, then links_of failed ('list' object has no attribute
+    # 'items'); a calibration without a tier the preset calibrates too (a KeyError in the runs' overrides)
+    from nanotron_ext.bench.wan.args import saved_calibration
+    from nanotron_ext.cli_checks import ArgumentError
+
+    old = _saved(tmp_path, lambda d: _links(d).__setitem__("internet-1g-cpu", [9.3, 5.6]))
+    with pytest.raises(ArgumentError, match=r"^--calibration-from .*: meta\.anchor_calibration\.links_mbps_ms\."
+                                            r"internet-1g-cpu is a JSON list, not an object; calibrate again"):
+        saved_calibration(str(old), ["internet-1g-cpu"])
+    no_dp = _saved(tmp_path, lambda d: _links(d)["internet-1g-cpu"].pop("dp"))
+    with pytest.raises(ArgumentError, match=r"^--calibration-from .*: preset internet-1g-cpu has no calibrated dp"):
+        saved_calibration(str(no_dp), ["internet-1g-cpu"])
+    got = _wan(DRY + ["--preset", "internet-1g-cpu", "--calibration-from", str(no_dp)])
+    assert _one_line(got).startswith(f"error: --calibration-from {no_dp}: preset internet-1g-cpu has no calibrated dp")
+
+
+def _set_run(key: str, value):  # type: ignore[no-untyped-def]
+    return lambda d: d["runs"][2].__setitem__(key, value)
+
+
+@pytest.mark.parametrize("change, problem", [
+    (_set_run("final_val_loss", float("nan")), "runs[2] (dense_3d seed 3 on internet-1g-cpu).final_val_loss is nan, "
+                                               "not a finite number"),
+    (lambda d: d["runs"][2]["val_vs_wall"][0].__setitem__(1, float("nan")),
+     "runs[2] (dense_3d seed 3 on internet-1g-cpu).val_vs_wall[0].validation loss is nan, not a finite number"),
+    (_set_run("steady_step_s", 0), "runs[2] (dense_3d seed 3 on internet-1g-cpu).steady_step_s is 0; it must be > 0"),
+    (lambda d: d["runs"].__setitem__(2, [1, 2]), "runs[2] is a JSON list, not an object"),
+    (lambda d: d.__setitem__("runs", {"a": 1}), "runs is a JSON object, not a list"),
+    (lambda d: d.__setitem__("meta", "x"), "meta is a JSON string, not an object"),
+    (lambda d: d["runs"][2].pop("val_vs_wall"), "runs[2] (dense_3d seed 3 on internet-1g-cpu).val_vs_wall is missing"),
+    (lambda d: _links(d)["internet-1g-cpu"].__setitem__("dp", [0, 1]),
+     "preset internet-1g-cpu tier dp: bandwidth 0 Mbit/s is not a finite number > 0 (0 means unlimited: no link would "
+     "be emulated)"),
+])
+def test_merge_of_results_of_the_wrong_shape_or_a_nan_loss_is_one_line(tmp_path: Path, change, problem: str) -> None:
+    # AttributeError ('float' object has no attribute 'numerator': a NaN inside the statistics), TypeError,
+    # KeyError tracebacks
+    from nanotron_ext.bench.wan.results import merged_runs
+    from nanotron_ext.cli_checks import ArgumentError
+
+    path = _saved(tmp_path, change)
+    with pytest.raises(ArgumentError) as e:
+        merged_runs([str(path)])
+    assert str(e.value) == f"--merge {path}: {problem}"
+    assert len(merged_runs([str(SAVED)])[0]) == 45
+
+
+def test_merge_of_a_nan_loss_exits_2_in_one_line(tmp_path: Path) -> None:
+    path = _saved(tmp_path, _set_run("final_val_loss", float("nan")))
+    out = tmp_path / "merged.json"
+    assert _one_line(_wan(["--merge", str(path), "--out", str(out)])) == (
+        f"error: --merge {path}: runs[2] (dense_3d seed 3 on internet-1g-cpu).final_val_loss is nan, not a finite "
+        "number")
+    assert not out.exists()

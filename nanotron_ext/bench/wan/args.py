@@ -8,12 +8,13 @@ argument here (a UserFacingError; bench.wan.cli prints it and exits 2) before an
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 from typing import Any, Dict, Mapping, Sequence, Tuple
 
 from nanotron_ext.bench.report import read_saved
 from nanotron_ext.bench.wan.presets import ANCHORS
-from nanotron_ext.cli_checks import ArgumentError, at_least, finite, output_folder, seed
+from nanotron_ext.cli_checks import ArgumentError, JsonFile, at_least, finite, json_kind, output_folder, seed
 from nanotron_ext.config.checks import ConfigError
 
 # what table(), figure() and the claims read of each saved row
@@ -91,13 +92,85 @@ def saved_rows(path: str, data: Mapping[str, Any]) -> Tuple[list, Dict[str, Any]
 
 def saved_calibration(path: str, presets: Sequence[str]) -> Dict[str, Any]:
     """The anchor calibration of a saved meter result (`--calibration-from`), refused naming the file when it
-    holds none or lacks the links of a calibrated preset among `presets`."""
-    calibration = read_saved(path).get("meta", {}).get("anchor_calibration")
+    holds none, lacks the links of a calibrated preset among `presets` (or of one of its tiers), or holds links
+    no run can use (check_calibration)."""
+    meta = read_saved(path, "--calibration-from").get("meta", {})
+    calibration = meta.get("anchor_calibration") if isinstance(meta, dict) else None
     if not isinstance(calibration, dict) or not isinstance(calibration.get("links_mbps_ms"), dict):
         raise ArgumentError(f"--calibration-from {path}: its meta has no anchor_calibration (a result of "
                             "python -m nanotron_ext.bench.wan over a calibrated preset is expected)")
-    missing = [p for p in presets if p in ANCHORS and p not in calibration["links_mbps_ms"]]
+    again = "calibrate again (the same command without --calibration-from)"
+    links = check_calibration(JsonFile(Path(path), "--calibration-from", advice=again), calibration)
+    missing = [p for p in presets if p in ANCHORS and p not in links]
     if missing:
-        raise ArgumentError(f"--calibration-from {path}: it calibrated {', '.join(calibration['links_mbps_ms'])}, "
+        raise ArgumentError(f"--calibration-from {path}: it calibrated {', '.join(links)}, "
                             f"not --preset {missing[0]}")
+    for preset in (p for p in presets if p in ANCHORS):
+        tier = next((t for t in ANCHORS[preset].tiers() if t not in links[preset]), None)
+        if tier is not None:
+            raise ArgumentError(f"--calibration-from {path}: preset {preset} has no calibrated {tier} link; {again}")
     return {**calibration, "reused_from": path}
+
+
+def check_calibration(f: JsonFile, calibration: Mapping[str, Any]) -> Dict[str, Dict[str, Any]]:
+    """A saved anchor calibration's links {preset: {tier: [Mbit/s, ms]}}, each a link the emulator can run: a
+    bandwidth that is a finite number > 0 (0 means unlimited: no link would be emulated, and the runs would time
+    an unlimited link as the preset), a latency that is a finite number >= 0. Refused naming the file, the preset
+    and the tier."""
+    where = "meta.anchor_calibration.links_mbps_ms"
+    links = f.need(calibration, "links_mbps_ms", dict, "meta.anchor_calibration")
+    for preset in links:
+        tiers = f.need(links, preset, dict, where)
+        for tier, link in tiers.items():
+            name = f"preset {preset} tier {tier}"
+            if not isinstance(link, list) or len(link) != 2:
+                f.fail(f"{name}: {json_kind(link)} where a link [Mbit/s, ms] is expected")
+            bandwidth, latency = link
+            if isinstance(bandwidth, bool) or not isinstance(bandwidth, (int, float)) or \
+                    not math.isfinite(bandwidth) or bandwidth <= 0:
+                f.fail(f"{name}: bandwidth {bandwidth!r} Mbit/s is not a finite number > 0 (0 means unlimited: no "
+                       "link would be emulated)")
+            if isinstance(latency, bool) or not isinstance(latency, (int, float)) or \
+                    not math.isfinite(latency) or latency < 0:
+                f.fail(f"{name}: latency {latency!r} ms is not a finite number >= 0")
+    return links
+
+
+def check_saved_runs(flag: str, path: str, saved: Mapping[str, Any]) -> None:
+    """What pooling reads of a saved result (--merge), refused naming the flag, the file, the run and the key: the
+    meta's steps, target and reference, its calibration's links, and each run's names, step time, losses and
+    bytes, as finite numbers (a NaN loss was a traceback inside the statistics)."""
+    from nanotron_ext.bench.wan.results import TIERS  # (results -> systems -> args)
+
+    f = JsonFile(Path(path), flag)
+    meta = f.need(saved, "meta", dict)
+    f.need(meta, "steps", int, "meta")
+    f.number(meta, "target_rel", "meta", low=-1.0, low_open=True)
+    f.need(meta, "reference", str, "meta")
+    calibration = f.need(meta, "anchor_calibration", dict, "meta", optional=True)
+    if calibration is not None:
+        check_calibration(f, calibration)
+    runs = f.need(saved, "runs", list)
+    for i, run in enumerate(runs):
+        where = f"runs[{i}]"
+        if not isinstance(run, dict):
+            f.fail(f"{where} is {json_kind(run)}, not an object")
+        for key in ("system", "preset"):
+            f.need(run, key, str, where)
+        f.need(run, "seed", int, where)
+        where = f"runs[{i}] ({run['system']} seed {run['seed']} on {run['preset']})"
+        f.number(run, "steady_step_s", where, low=0.0, low_open=True)
+        f.number(run, "final_val_loss", where, optional=True)
+        for j, point in enumerate(f.need(run, "val_vs_wall", list, where)):
+            if not (isinstance(point, list) and len(point) == 2):
+                f.fail(f"{where}.val_vs_wall[{j}] is {json_kind(point)}, not [wall-clock s, validation loss]")
+            f.number({"wall-clock s": point[0], "validation loss": point[1]}, "wall-clock s",
+                     f"{where}.val_vs_wall[{j}]", low=0.0)
+            f.number({"validation loss": point[1]}, "validation loss", f"{where}.val_vs_wall[{j}]")
+        bytes_per_step = f.need(run, "bytes_per_step", dict, where)
+        for tier in TIERS:
+            f.number(bytes_per_step, tier, f"{where}.bytes_per_step", low=0.0)
+        for key in ("link_wait_fraction", "closed_form_bytes_per_step"):
+            table = f.need(run, key, dict, where, optional=True) or {}
+            for tier in table:
+                f.number(table, tier, f"{where}.{key}", optional=True)

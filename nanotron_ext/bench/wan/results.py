@@ -165,8 +165,11 @@ def merged_runs(paths: Sequence[str]) -> Tuple[List[Dict[str, Any]], Dict[str, A
     """The per-seed runs of several saved results and the first one's meta (with `merged_from`, and `batches`: each
     result's date, commit, load and --jobs, since step times depend on them); results that disagree on what pooling
     reads (the budget, the target's margin, a calibrated preset's links), or that hold no runs (written before runs
-    were saved), are refused naming the file and the key. The first result's reference sets the target (a later
-    result may have timed its own systems to another one: pooling recomputes every target)."""
+    were saved), are refused naming the file and the key, as are results of another shape or with a number that is
+    not finite (args.check_saved_runs). The first result's reference sets the target (a later result may have timed
+    its own systems to another one: pooling recomputes every target)."""
+    from nanotron_ext.bench.wan.args import check_saved_runs
+
     runs: List[Dict[str, Any]] = []
     meta: Dict[str, Any] = {}
     seen: Dict[Tuple[str, str, int], str] = {}
@@ -176,6 +179,7 @@ def merged_runs(paths: Sequence[str]) -> Tuple[List[Dict[str, Any]], Dict[str, A
         if not saved.get("runs"):
             raise ArgumentError(f"--merge {path}: it holds no per-seed runs (a result written before the meter saved "
                                 "them); measure it again")
+        check_saved_runs("--merge", path, saved)
         for key in ("steps", "target_rel"):
             if meta and saved["meta"].get(key) != meta.get(key):
                 raise ArgumentError(f"--merge {path}: {key} {saved['meta'].get(key)!r} differs from {paths[0]}'s "
