@@ -2,6 +2,7 @@
 naming the flag and the value (or file), which the entry points print as one line with exit code 2."""
 from __future__ import annotations
 
+import errno
 import io
 import json
 import math
@@ -318,7 +319,7 @@ def output_stem(flag: str, out: str | Path, writer: Writer, siblings: Sequence[s
     try:
         special = _is_special(given)
     except OSError as e:
-        raise ArgumentError(f"{flag} {given}: cannot be checked ({e.strerror or e})") from None
+        raise _unchecked(flag, given, e) from None
     if special:
         raise _not_regular(flag, given)
     main = given if given.suffix.lower() in (".json", ".csv") else given.with_suffix(".json")
@@ -339,7 +340,7 @@ def output_folder(flag: str, path: str | Path) -> Path:
         else:
             _nearest_folder(flag, p)
     except OSError as e:
-        raise ArgumentError(f"{flag} {p}: cannot be checked ({e.strerror or e})") from None
+        raise _unchecked(flag, p, e) from None
     return p
 
 
@@ -355,7 +356,14 @@ def _writable_place(flag: str, p: Path) -> None:
                                 "write")
         _nearest_folder(flag, p)
     except OSError as e:
-        raise ArgumentError(f"{flag} {p}: cannot be checked ({e.strerror or e})") from None
+        raise _unchecked(flag, p, e) from None
+
+
+def _unchecked(flag: str, p: Path, e: OSError) -> ArgumentError:
+    if e.errno == errno.ENAMETOOLONG:
+        return ArgumentError(f"{flag} {p}: a name in this path is longer than the file system allows (255 bytes on "
+                             "most); shorten it")
+    return ArgumentError(f"{flag} {p}: cannot be checked ({e.strerror or e})")
 
 
 def _nearest_folder(flag: str, p: Path) -> None:

@@ -102,14 +102,14 @@ def preflight_line(args: object) -> Optional[str]:
         return None
     from nanotron_ext.errors import UserFacingError
     from nanotron_ext.train.__main__ import preflight
-    from nanotron_ext.train.failures import DISK_HINT, one_line
+    from nanotron_ext.train.failures import one_line, os_error_line
 
     try:
         preflight(list(args.training_script_args), _fixed_world(args))
     except UserFacingError as e:
         return one_line(f"error: {e}")
     except OSError as e:  # a folder that cannot be created or read: as the worker reports it
-        return one_line(f"error: {e}; {DISK_HINT}")
+        return one_line(f"error: {os_error_line(e)}")
     return None
 
 

@@ -33,8 +33,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     except UserFacingError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except OSError as e:  # a full disk, a read-only folder: the message names the file
-        print(f"error: {e}; free space or make the folder writable", file=sys.stderr)
+    except OSError as e:  # a full disk, a read-only folder: the message names the file (prepare names it)
+        from nanotron_ext.train.failures import os_error_line
+
+        hint = "free space there or make the folder writable (or set data.prepared_dir / tokenizer.path)"
+        print(f"error: {os_error_line(e, hint, 'data.prepared_dir')}", file=sys.stderr)
         return 2
     print(report.summary())
     return 0

@@ -10,9 +10,11 @@ Documents are streamed (one pass to count, one per later step) instead of being 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -25,7 +27,7 @@ from tqdm import tqdm
 
 from nanotron_ext.config.schema import Config
 from nanotron_ext.data.sources import DataError, iter_documents, source_fingerprint
-from nanotron_ext.fileio import lock_folder, sha256_file, write_text_atomic
+from nanotron_ext.fileio import lock_folder, named, sha256_file, write_text_atomic
 
 EOS_TOKEN = "<|endoftext|>"
 SPLITS = ("train", "validation")
@@ -33,6 +35,22 @@ MANIFEST = "manifest.json"
 SPLIT_INFO = "split.json"
 FORMAT_VERSION = 1
 _SPLIT_STREAM = 1  # SeedSequence tag: the document split draws from its own stream of general.seed
+
+
+@contextlib.contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """An OSError inside names `path` (what was being written) when it names no file of its own: a full disk's
+    "[Errno 28] No space left on device" named none. The tokenizers library reports one as a bare Exception
+    ("... (os error 28)"), made an OSError here."""
+    try:
+        yield
+    except OSError as e:
+        raise named(e, path) from e
+    except Exception as e:  # noqa: BLE001 - only the OS errors tokenizers wraps are converted
+        code = re.search(r"\(os error (\d+)\)", str(e))
+        if code is None:
+            raise
+        raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), str(path)) from e
 
 
 def read_manifest_file(out: Path, advice: str) -> dict:
@@ -96,7 +114,8 @@ def train_tokenizer(texts: Iterator[str], vocab_size: int, path: Path, *, length
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)  # unique: prepares may
     os.close(fd)  # share one tokenizer.path from different prepared_dirs
     try:
-        tok.save(tmp)
+        with writing(Path(tmp)):
+            tok.save(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -158,7 +177,8 @@ def _tokenize_split(config: Config, split: str, val: Set[int], n_docs: int, out:
                              shuffle_documents=False, batch_size=64)
     docs = tqdm(_split_docs(config, split, val, max_documents), total=n_docs, unit="doc",
                 desc=f"tokenizing {split}", disable=not progress)
-    step.run(docs, rank=0, world_size=1)
+    with writing(tmp):  # datatrove's shard writes: a full disk named no file
+        step.run(docs, rank=0, world_size=1)
     files = sorted(p.name for p in tmp.glob("*.ds"))
     dtype = np.uint16 if step.token_size == 2 else np.uint32
     shard_tokens: Dict[str, int] = {}

@@ -73,7 +73,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     except UserFacingError as e:
         return failures.report(f"error: {e}", 2)
     except OSError as e:  # a full disk, a read-only folder: the message names the file
-        return failures.report(f"error: {e}; {failures.DISK_HINT}", 2)
+        return failures.report(f"error: {failures.os_error_line(e)}", 2)
     except KeyboardInterrupt:
         return _interrupted(job.get("cfg"), job.get("trainer"))
     except Exception as e:

@@ -18,7 +18,7 @@ import torch.distributed as torch_dist
 from nanotron import distributed as dist
 
 from nanotron_ext.errors import TrainingError
-from nanotron_ext.train.failures import DISK_HINT
+from nanotron_ext.train.failures import os_error_line
 
 T = TypeVar("T")
 
@@ -62,7 +62,7 @@ class RankAgreement:
 
     def raise_shared(self, error: Optional[OSError]) -> None:
         """Collective: rank 0's write error (or None) becomes the same TrainingError on every rank."""
-        box = [None if error is None else str(error)]
+        box = [None if error is None else os_error_line(error)]
         torch_dist.broadcast_object_list(box, src=0, group=self.world_pg)  # control, not training traffic
         if box[0] is not None:
-            raise TrainingError(f"{box[0]}; {DISK_HINT}") from error
+            raise TrainingError(box[0]) from error

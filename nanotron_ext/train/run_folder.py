@@ -29,7 +29,7 @@ from nanotron_ext.train.checkpoint import (
     remove_checkpoint,
     save_checkpoint,
 )
-from nanotron_ext.train.failures import DISK_HINT
+from nanotron_ext.train.failures import os_error_line
 from nanotron_ext.train.guard import claim_folders, remove_other_checkpoints, resume_advice, resume_conflict
 from nanotron_ext.train.handover import STAGING, begin, complete, recover
 
@@ -88,7 +88,7 @@ class RunFolder:
             except TrainingError as e:
                 error = str(e)
             except OSError as e:  # a folder that cannot be created or written: every rank stops with the line
-                error = f"{e}; {DISK_HINT}"
+                error = os_error_line(e)
         box = [error]
         torch_dist.broadcast_object_list(box, src=0, group=self.agree.world_pg)
         if box[0] is not None:
