@@ -95,6 +95,28 @@ def _fixed_world(args: object) -> Optional[int]:
     return int(nproc) * int(lo)
 
 
+def check_world_args(args: object) -> None:
+    """--nproc_per_node and --nnodes as torchrun reads them, checked before anything starts: -1 was an
+    AssertionError traceback from torch elastic, `two` a ValueError traceback."""
+    from torch.distributed.run import determine_local_world_size
+
+    from nanotron_ext.cli_checks import ArgumentError
+
+    nproc = str(getattr(args, "nproc_per_node", "1"))
+    try:
+        count = determine_local_world_size(nproc)
+    except ValueError as e:
+        known = "a count >= 1, or auto, cpu, gpu or xpu"
+        why = "" if str(e).startswith("Unsupported") else f" ({e})"
+        raise ArgumentError(f"--nproc_per_node {nproc}: must be {known}{why}") from None
+    if count < 1:
+        raise ArgumentError(f"--nproc_per_node {nproc}: must be >= 1 (processes on this node)")
+    nnodes = str(getattr(args, "nnodes", "1"))
+    parts = nnodes.split(":")
+    if len(parts) > 2 or not all(p.isdigit() and int(p) >= 1 for p in parts) or int(parts[0]) > int(parts[-1]):
+        raise ArgumentError(f"--nnodes {nnodes}: must be a count >= 1 or a range MIN:MAX with 1 <= MIN <= MAX")
+
+
 def preflight_line(args: object) -> Optional[str]:
     """The one-line error of the job's start-up checks (nanotron_ext.train.preflight) when the launched module is
     our trainer and they fail, else None (another script, or nothing to refuse)."""
@@ -124,6 +146,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = get_args_parser()
     parser.prog = "python -m nanotron_ext.launch"
     args = parser.parse_args(argv)
+    from nanotron_ext.cli_checks import ArgumentError
+
+    try:
+        check_world_args(args)
+    except ArgumentError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
     line = preflight_line(args)
     if line:
         print(line, file=sys.stderr, flush=True)

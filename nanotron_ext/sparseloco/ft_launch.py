@@ -28,6 +28,18 @@ def replica_command(args: argparse.Namespace, replica: int, run: str, ckpt_dir: 
             *[x for s in args.set + sets for x in ("--set", s)]]
 
 
+def check_numbers(args: argparse.Namespace) -> None:
+    """The numeric flags, before the lighthouse starts: --join-timeout-ms -5 was torchft's OverflowError traceback
+    (a u64 of milliseconds there, so 2^64 too)."""
+    from nanotron_ext.cli_checks import ArgumentError, at_least
+
+    at_least("--nproc_per_node", args.nproc_per_node, 1)
+    at_least("--max-restarts", args.max_restarts, 0)
+    at_least("--join-timeout-ms", args.join_timeout_ms, 0)
+    if args.join_timeout_ms >= 2**63:
+        raise ArgumentError(f"--join-timeout-ms {args.join_timeout_ms}: must be < 2^63")
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m nanotron_ext.sparseloco.ft_launch", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -39,15 +51,17 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="how long a quorum waits for live replicas still in their inner loop")
     args = parser.parse_args(argv)
 
+    from nanotron_ext.cli_checks import ArgumentError
     from nanotron_ext.config import ConfigError, load_config
 
     try:
+        check_numbers(args)
         cfg = load_config(args.config_file, overrides=args.set)
         ft = cfg.sparseloco.fault_tolerance
         if cfg.parallelism.dp_sync != "sparseloco" or not ft.enabled:
             raise ConfigError("sparseloco.fault_tolerance.enabled: this launcher runs fault-tolerant SparseLoCo; set "
                               "parallelism.dp_sync=sparseloco and sparseloco.fault_tolerance.enabled=true")
-    except ConfigError as e:
+    except (ArgumentError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     from torchft.coordination import LighthouseServer
