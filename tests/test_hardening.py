@@ -69,6 +69,9 @@ def test_a_stop_signal_a_library_turned_into_another_error_is_still_reported_as_
         def last_checkpoint(self) -> None:
             return None
 
+        def earlier_checkpoint(self) -> None:
+            return None
+
     class SavingWhenStopped:
         step = 7
         folder = NoCheckpoint()

@@ -24,20 +24,26 @@ def _interrupt(signum: int, frame: object) -> NoReturn:
     raise KeyboardInterrupt  # torchrun stops its workers with SIGTERM when the user presses Ctrl-C
 
 
+def _exiting() -> None:
+    """The job is on its way out (stopped, failed or done): a further SIGTERM or Ctrl-C (the launcher repeats its
+    stop, the user presses Ctrl-C twice) must not raise another KeyboardInterrupt in the middle of the exit, which
+    ended a stopped run with a traceback after its "interrupted" line."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+
+
 def _interrupted(cfg: object, trainer: object) -> int:
-    from nanotron_ext.train.run_folder import checkpoint_to_resume
+    from nanotron_ext.train.run_folder import stop_checkpoint
 
     if trainer is None and _STOP["signal"] == signal.SIGTERM:
         # the launcher stopped this rank while it was starting because a peer failed (CI saw this rank's line
         # printed before the peer's one-line error): the peer's line is the job's report, nothing to add here
         return 130
-    if trainer is not None:
-        last = trainer.folder.last_checkpoint()
-    else:  # stopped while starting: resume=overwrite would not resume from what is there
-        last = checkpoint_to_resume(cfg) if cfg is not None else None
+    # (stopped while starting, trainer None: resume=overwrite would not resume from what is there, but keeps it)
+    note = stop_checkpoint(cfg, getattr(trainer, "folder", None)) if cfg is not None else "none"
     if failures.rank() == 0:  # printed, not only reported: on Ctrl-C the launcher itself is stopped too
-        print(f"interrupted at step {trainer.step if trainer is not None else 0}; last complete checkpoint: "
-              f"{last or 'none'}" + (" (launch again to resume from it)" if last else ""), file=sys.stderr, flush=True)
+        print(f"interrupted at step {trainer.step if trainer is not None else 0}; last complete checkpoint: {note}",
+              file=sys.stderr, flush=True)
     return 130
 
 
@@ -75,6 +81,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     except OSError as e:  # a full disk, a read-only folder: the message names the file
         return failures.report(f"error: {failures.os_error_line(e)}", 2)
     except KeyboardInterrupt:
+        _exiting()
         return _interrupted(job.get("cfg"), job.get("trainer"))
     except Exception as e:
         # Ctrl-C stops every rank at once: a collective can fail on a peer that stopped first before this
@@ -90,6 +97,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise
         return failures.report(line, 1, every_rank=True)
     finally:
+        _exiting()
         _release_process_groups(job)
         _stop_threads(stop_watchdog)
     return 0

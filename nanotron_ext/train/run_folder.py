@@ -41,9 +41,37 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def resume_hint(checkpoint_dir: Union[str, Path], last: Optional[Path]) -> str:
-    """What a run that stopped can resume from: `last`, this run's newest complete checkpoint, or nothing."""
-    return f"the last complete checkpoint is {last}" if last else f"there is no complete checkpoint in {checkpoint_dir}"
+def resume_hint(checkpoint_dir: Union[str, Path], last: Optional[Path], earlier: Optional[Path] = None) -> str:
+    """What a run that stopped can resume from: `last`, this run's newest complete checkpoint, or nothing; with
+    `earlier` (checkpoints.resume=overwrite before this run's first checkpoint) the earlier run's, which is kept."""
+    if last:
+        return f"the last complete checkpoint is {last}"
+    if earlier:
+        return f"this run has no complete checkpoint yet; {kept_note(earlier)}"
+    return f"there is no complete checkpoint in {checkpoint_dir}"
+
+
+def kept_note(earlier: Path) -> str:
+    """checkpoints.resume=overwrite stopped before its first checkpoint: the earlier run is whole."""
+    return (f"the earlier run's {earlier} is kept with its records (checkpoints.resume=overwrite replaces them only "
+            "at this run's first checkpoint): launch with checkpoints.resume=auto to continue it, or with overwrite "
+            "to start afresh")
+
+
+def stop_checkpoint(cfg: Config, folder: Optional["RunFolder"]) -> str:
+    """The end of a stopped launch's line, after "last complete checkpoint: ": the checkpoint a relaunch resumes
+    from, or none of this run and the earlier run's kept (resume=overwrite), or none. `folder`: the launch's run
+    folder, None when it stopped before claiming it."""
+    if folder is not None:
+        last, earlier = folder.last_checkpoint(), folder.earlier_checkpoint()
+    else:
+        last = checkpoint_to_resume(cfg)
+        earlier = latest_checkpoint(cfg.checkpoints.dir) if cfg.checkpoints.resume == "overwrite" else None
+    if last:
+        return f"{last} (launch again to resume from it)"
+    if earlier:
+        return f"none of this run; {kept_note(earlier)}"
+    return "none"
 
 
 def checkpoint_to_resume(cfg: Config) -> Optional[Path]:
@@ -163,5 +191,9 @@ class RunFolder:
         found = [p for _, p in list_checkpoints(self.cfg.checkpoints.dir) if p != exclude]
         return found[-1] if found else None
 
+    def earlier_checkpoint(self) -> Optional[Path]:
+        """With resume=overwrite before this run's first checkpoint: the earlier run's newest, still kept."""
+        return latest_checkpoint(self.cfg.checkpoints.dir) if self._overwrite_pending else None
+
     def resume_hint(self, exclude: Optional[Path] = None) -> str:
-        return resume_hint(self.cfg.checkpoints.dir, self.last_checkpoint(exclude))
+        return resume_hint(self.cfg.checkpoints.dir, self.last_checkpoint(exclude), self.earlier_checkpoint())
