@@ -165,20 +165,28 @@ class Trainer:
         finally:
             log.close()
         summary = self.meter.summary(history, val, self.step)
-        if self.agree.is_main:
-            write_text_atomic(folder.records_dir / "summary.json", json.dumps(summary, indent=2))
-            if log.path.exists():
+        if self.agree.is_main:  # the plot first: summary.json marks the run complete (a kill between the two left
+            if log.path.exists():  # no plot, and the relaunch found the run complete)
                 plot_losses(log.path, folder.records_dir / "loss.png", title=cfg.general.run)
+            write_text_atomic(folder.records_dir / "summary.json", json.dumps(summary, indent=2))
             print(format_summary(summary, folder.run_dir))
         return summary
 
     def _report_complete(self) -> Dict[str, object]:
         """A launch that finds the run complete: print its stored results and rewrite nothing. A run whose end
-        failed (disk full writing summary.json, a kill after the final checkpoint) gets its summary (and loss plot)
-        rebuilt from metrics.jsonl, at the step of the final checkpoint."""
+        failed (disk full writing summary.json, a kill after the final checkpoint) gets its summary rebuilt from
+        metrics.jsonl, at the step of the final checkpoint (a damaged summary.json too), and a missing loss plot
+        drawn again."""
+        from nanotron_ext.cli_checks import JsonFile
+
         run_dir = self.folder.run_dir
         path, metrics = run_dir / "summary.json", run_dir / "metrics.jsonl"
-        stored = json.loads(path.read_text()) if path.exists() else {}
+        try:  # a damaged one (cut short by a full disk) is rebuilt like a missing one
+            stored = JsonFile(path, "summary", TrainingError).read_object() if path.exists() else {}
+        except TrainingError as e:
+            if self.agree.is_main:
+                print(f"{e}; it is rebuilt", flush=True)
+            stored = {}
         rebuilt = not stored
         if rebuilt:
             records = [r for r in read_metrics(metrics) if r["step"] <= self.step] if metrics.exists() else []
@@ -188,10 +196,14 @@ class Trainer:
                       "rebuilt": f"from {metrics.name} ({len(records)} logged steps) and the checkpoint "
                                  f"of step {self.step}"}
         if self.agree.is_main:
+            plot = run_dir / "loss.png"
+            missing_plot = metrics.exists() and not plot.exists()
+            if missing_plot:  # a kill after summary.json (written after the plot since, before it once)
+                plot_losses(metrics, plot, title=self.cfg.general.run)
             if rebuilt:
                 write_text_atomic(path, json.dumps(stored, indent=2))
-                if metrics.exists() and not (run_dir / "loss.png").exists():
-                    plot_losses(metrics, run_dir / "loss.png", title=self.cfg.general.run)
+            elif missing_plot:
+                print(f"{plot} was missing and is drawn again from {metrics.name}", flush=True)
             print(f"run {run_dir} is complete (step {self.step} of {self.cfg.tokens.train_steps}, checkpoints in "
                   f"{self.cfg.checkpoints.dir}); nothing to do. " +
                   (f"Its {path.name} was missing and is rebuilt {stored['rebuilt']}:" if rebuilt else
