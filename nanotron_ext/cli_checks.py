@@ -45,6 +45,18 @@ def seed(flag: str, value: int) -> None:
         raise ArgumentError(f"{flag} {value}: must be in [0, 2^63)")
 
 
+def utf8_text(flag: str, value: str) -> None:
+    """A text flag must be UTF-8: bytes that are not reach Python as surrogates (os.fsdecode), which a tokenizer
+    or print() fails on with a traceback."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raw = os.fsencode(value)
+        at = len(value[:e.start].encode("utf-8", "surrogateescape"))
+        raise ArgumentError(f"{flag} {ascii(raw)[1:]}: not valid UTF-8 text (byte 0x{raw[at]:02x} at position {at}); "
+                            "give UTF-8 text") from None
+
+
 def refuse(error: Exception) -> NoReturn:
     """The end of a command whose argument `error` refused: its one line on stderr, exit code 2 (no traceback)."""
     print(f"error: {error}", file=sys.stderr, flush=True)

@@ -27,7 +27,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     from nanotron_ext.errors import UserFacingError
     from nanotron_ext.inference.model import load_single_process_model, one_process_group
     from nanotron_ext.inference.perplexity import data_config, score_text
-    from nanotron_ext.inference.run import gather, open_run
+    from nanotron_ext.inference.run import gather, read_live
 
     parser = argparse.ArgumentParser(prog="python -m nanotron_ext.eval", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -49,9 +49,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise UserFacingError(f"--data {args.data} does not exist")
         data = data_config(args.data, args.text_key, args.source)
         input_files(data, flag="--data")  # the reader's checks (packages, folder contents, format) before any work
-        ckpt = open_run(args.run, args.step, args.checkpoints)
-        tok_path = ckpt.tokenizer_path(args.tokenizer)
-        raw = gather(ckpt, replica=args.replica).raw
+        ckpt, (tok_path, raw) = read_live(args.run, args.step, args.checkpoints, lambda c: (
+            c.tokenizer_path(args.tokenizer), gather(c, replica=args.replica).raw))
         tokens = ckpt.config.tokens
         with one_process_group():
             model = load_single_process_model(ckpt, raw, args.replica)

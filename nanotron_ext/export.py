@@ -54,19 +54,23 @@ def export(run: str, out: str, step: Optional[int] = None, replica: int = 0, che
     )
     from nanotron_ext.hf.names import architecture
     from nanotron_ext.hf.tokenizer import eos_id, hf_tokenizer
-    from nanotron_ext.inference.run import gather, open_run
+    from nanotron_ext.inference.run import gather, read_live
 
     target = Path(out).expanduser()
     check_out(target, overwrite)  # before any work
     require_transformers()
-    ckpt = open_run(run, step, checkpoints)
-    tok_path = ckpt.tokenizer_path(tokenizer)
-    cfg = ckpt.config.model
-    ids = check_ids(min(cfg.vocab_size, ckpt.config.tokenizer.vocab_size), min(CHECK_TOKENS, cfg.max_seq_len))
-    layout = ckpt.layout
-    print(f"reading {ckpt.path} (step {ckpt.step}, dp={layout['dp']} tp={layout['tp']} pp={layout['pp']}; replica "
-          f"{replica}) on {layout['tp'] * layout['pp']} process(es)", flush=True)
-    got = gather(ckpt, replica=replica, dense=True, check_ids=ids)
+
+    def read(ckpt):  # type: ignore[no-untyped-def]  # (again with the newest if a live run prunes this one)
+        tok_path = ckpt.tokenizer_path(tokenizer)
+        cfg = ckpt.config.model
+        ids = check_ids(min(cfg.vocab_size, ckpt.config.tokenizer.vocab_size), min(CHECK_TOKENS, cfg.max_seq_len))
+        layout = ckpt.layout
+        print(f"reading {ckpt.path} (step {ckpt.step}, dp={layout['dp']} tp={layout['tp']} pp={layout['pp']}; "
+              f"replica {replica}) on {layout['tp'] * layout['pp']} process(es)", flush=True)
+        return tok_path, ids, gather(ckpt, replica=replica, dense=True, check_ids=ids)
+
+    ckpt, (tok_path, ids, got) = read_live(run, step, checkpoints, read)
+    cfg, layout = ckpt.config.model, ckpt.layout
     if got.refusal is not None:
         raise UserFacingError(f"cannot export {ckpt.run_dir} as a standard transformers model: {got.refusal}; "
                               f"python -m nanotron_ext.generate / nanotron_ext.eval still read the run")

@@ -18,7 +18,7 @@ from nanotron_ext.export import add_run_args
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from nanotron_ext.cli_checks import at_least, finite, seed
+    from nanotron_ext.cli_checks import at_least, finite, seed, utf8_text
     from nanotron_ext.errors import UserFacingError
 
     parser = argparse.ArgumentParser(prog="python -m nanotron_ext.generate", description=__doc__,
@@ -39,6 +39,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         finite("--top-p", args.top_p, 0.0, 1.0, low_open=True)
         at_least("--replica", args.replica, 0)
         seed("--seed", args.seed)
+        utf8_text("--prompt", args.prompt)
         from nanotron_ext.inference.model import one_process_group
 
         with one_process_group():
@@ -54,14 +55,13 @@ def run_generation(args: argparse.Namespace) -> List[int]:
     from nanotron_ext.errors import UserFacingError
     from nanotron_ext.hf.tokenizer import eos_id
     from nanotron_ext.inference.generation import generate, hf_next_logits, native_next_logits
-    from nanotron_ext.inference.run import gather, open_run
+    from nanotron_ext.inference.run import gather, read_live
 
-    ckpt = open_run(args.run, args.step, args.checkpoints)
-    tok_path = ckpt.tokenizer_path(args.tokenizer)
+    want_hf = args.backend == "hf" or (args.backend == "auto" and importlib.util.find_spec("transformers") is not None)
+    ckpt, (tok_path, got) = read_live(args.run, args.step, args.checkpoints, lambda c: (
+        c.tokenizer_path(args.tokenizer), gather(c, replica=args.replica, dense=want_hf)))
     tokenizer, eos = load_tokenizer(tok_path), eos_id(tok_path)
     cfg = ckpt.config.model
-    want_hf = args.backend == "hf" or (args.backend == "auto" and importlib.util.find_spec("transformers") is not None)
-    got = gather(ckpt, replica=args.replica, dense=want_hf)
     if args.backend == "hf" and got.refusal is not None:
         raise UserFacingError(f"--backend hf: {got.refusal}; use --backend native")
     if want_hf and got.dense is not None:

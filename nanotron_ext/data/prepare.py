@@ -360,8 +360,10 @@ def _vocab_notes(actual: int, configured: int, tok_path: Path, out: Path) -> Lis
     return []
 
 
-def load_tokenizer(path: Path):
-    """The tokenizer at `path`; a damaged file is a DataError naming it (the library's message names no file)."""
+def load_tokenizer(path: Path, flag: Optional[str] = None):
+    """The tokenizer at `path`; a damaged file is a DataError naming it (the library's message names no file).
+    `flag`: the command's flag that gave the path (--tokenizer): the user's own file, which the message never
+    advises deleting (prepare's tokenizer.path it does: prepare trains a new one there)."""
     # datatrove / tokenizers only when preparing or reading data (seconds to import)
     from tokenizers import Tokenizer
 
@@ -371,6 +373,9 @@ def load_tokenizer(path: Path):
     try:
         return Tokenizer.from_file(str(path))
     except Exception as e:  # tokenizers raises a bare Exception
+        if flag is not None:
+            raise DataError(f"tokenizer {path} ({flag}) cannot be read ({e}); it must be the tokenizer JSON the run "
+                            "was trained with (pass it with --tokenizer)") from None
         raise DataError(f"tokenizer {path} cannot be read ({e}); delete it and re-run prepare into a fresh "
                         "data.prepared_dir (shards depend on the tokenizer)") from None
 

@@ -14,9 +14,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar
 
 import torch
 import torch.distributed as torch_dist
@@ -25,7 +26,9 @@ from nanotron_ext.config.loader import config_to_dict, from_dict, load_config
 from nanotron_ext.config.schema import Config
 from nanotron_ext.errors import UserFacingError
 from nanotron_ext.fileio import sha256_file
-from nanotron_ext.train.checkpoint_store import list_checkpoints, read_meta
+from nanotron_ext.train.checkpoint_store import CheckpointError, list_checkpoints, read_meta, saved_config
+
+T = TypeVar("T")
 
 
 class RunError(UserFacingError, ValueError):
@@ -47,14 +50,20 @@ class RunCheckpoint:
         return {k: int(self.meta["layout"][k]) for k in ("dp", "tp", "pp")}
 
     def tokenizer_path(self, override: Optional[str] = None) -> Path:
+        """The tokenizer file of the run (or `override`, --tokenizer), checked to load: before any work, and a
+        damaged one is one line naming it (eval's was a traceback after the model was gathered)."""
+        from nanotron_ext.data.prepare import load_tokenizer
+
         path = Path(override or self.config.tokenizer.path).expanduser()
+        flag = "--tokenizer" if override else f"tokenizer.path of {self.run_dir}"
         if path.exists() and not path.is_file():
-            flag = "--tokenizer" if override else f"tokenizer.path of {self.run_dir}"
             raise RunError(f"tokenizer {path} ({flag}) is not a file (a folder?); give the tokenizer JSON, e.g. "
                            f"{path / 'tokenizer.json'}")
         if not path.is_file():
-            raise RunError(f"tokenizer {path} (tokenizer.path of {self.run_dir}) does not exist here: "
+            raise RunError(f"tokenizer {path} (--tokenizer) does not exist" if override else
+                           f"tokenizer {path} (tokenizer.path of {self.run_dir}) does not exist here: "
                            "run from the folder you trained in, or pass --tokenizer PATH")
+        load_tokenizer(path, flag)
         return path
 
 
@@ -62,6 +71,41 @@ def _without_init_from(config: Dict[str, Any]) -> Dict[str, Any]:
     out = {**config, "model": dict(config.get("model", {}))}
     out["model"].pop("init_from", None)  # the checkpoint holds the weights; the source folder may be gone
     return out
+
+
+class CheckpointGone(RunError):
+    """The checkpoint being read was deleted meanwhile (a live run's checkpoints.keep_last pruned it)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(f"checkpoint {path} was deleted while it was read")
+        self.path = path
+
+
+def read_live(run: str | Path, step: Optional[int], checkpoints: Optional[str],
+              read: Callable[[RunCheckpoint], T]) -> Tuple[RunCheckpoint, T]:
+    """open_run, then `read` the checkpoint (gather it): a run still training deletes its older checkpoints
+    (checkpoints.keep_last), which made eval and generate fail with a bare "[Errno 2] No such file". A checkpoint
+    that disappears while it is read is said, and the newest one read instead, once; with an explicit `step`
+    (--step) the message says why and what to do instead."""
+    gone: List[Path] = []
+    while True:
+        ckpt: Optional[RunCheckpoint] = None
+        try:
+            ckpt = open_run(run, step, checkpoints)
+            return ckpt, read(ckpt)
+        except (UserFacingError, OSError) as e:
+            path = e.path if isinstance(e, CheckpointGone) else (ckpt.path if ckpt is not None else None)
+            if path is None or path.exists():
+                raise
+            keep = ckpt.config.checkpoints.keep_last if ckpt is not None else None
+            why = (f"checkpoint {path} was deleted while it was read: the run is still training and removes its "
+                   f"older checkpoints (checkpoints.keep_last{'=' + str(keep) if keep is not None else ''})")
+            if step is not None:
+                raise RunError(f"{why}; choose a newer --step, or leave --step out to read the newest") from None
+            if gone:
+                raise RunError(f"{why}, as was {gone[0]} before it; read the run again, or when it ends") from None
+            gone.append(path)
+            print(f"{why}; reading the newest checkpoint instead", file=sys.stderr, flush=True)
 
 
 def open_run(run: str | Path, step: Optional[int] = None, checkpoints: Optional[str] = None) -> RunCheckpoint:
@@ -86,9 +130,15 @@ def open_run(run: str | Path, step: Optional[int] = None, checkpoints: Optional[
         step = found[-1][0]
     elif step not in steps:
         raise RunError(f"{root} has no complete checkpoint of step {step}; it has steps {sorted(steps)}")
-    meta = read_meta(steps[step])
-    if meta.get("config"):
-        config = from_dict(Config, _without_init_from(meta["config"]))
+    try:
+        meta = read_meta(steps[step])
+        saved = saved_config(steps[step])
+    except CheckpointError:
+        if not steps[step].exists():  # deleted since it was listed
+            raise CheckpointGone(steps[step]) from None
+        raise
+    if saved:
+        config = from_dict(Config, _without_init_from(saved))
     return RunCheckpoint(run_dir, config, steps[step], step, meta)
 
 
@@ -122,6 +172,8 @@ def gather(ckpt: RunCheckpoint, *, replica: int = 0, dense: bool = False,
             else:
                 torch.multiprocessing.spawn(_worker, args=(world, job), nprocs=world, join=True)
         except Exception:  # the failing rank wrote a user-facing reason first, when it had one
+            if not ckpt.path.exists():  # pruned meanwhile by the live run (read_live says so)
+                raise CheckpointGone(ckpt.path) from None
             reasons = sorted(Path(tmp).glob("error_*.txt"))
             if reasons:
                 raise RunError(reasons[0].read_text()) from None
