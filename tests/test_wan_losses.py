@@ -53,6 +53,9 @@ def test_runs_whose_cheap_layouts_coincide_share_one_key_and_seeds_do_not() -> N
     renamed = losses.LossRun("other", 1, a[0].config_file, a[0].overrides + ("general.run=elsewhere",),
                              a[0].replicas, a[0].mode, a[0].val_every)
     assert renamed.key() == a[0].key()  # a run's name and folder do not change what it computes
+    spelled = losses.LossRun("other", 1, a[0].config_file, a[0].overrides + ("optimizer.clip_grad=1",),
+                             a[0].replicas, a[0].mode, a[0].val_every)
+    assert spelled.key() == a[0].key()  # clip_grad 1 is the file's 1.0: one value, one key
 
 
 @pytest.mark.slow

@@ -28,6 +28,23 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any, Dict, List, Sequence, Tuple
 
+
+def digest(obj: Any, length: int) -> str:
+    """A hash of a resolved config (and what goes with it) that a number's spelling does not change: 4 and 4.0 are
+    one value (a default that moved from 4 to 4.0 must not orphan the runs trained with it)."""
+    def plain(o: Any) -> Any:
+        if isinstance(o, float) and o.is_integer():
+            return int(o)
+        if isinstance(o, dict):
+            return {k: plain(v) for k, v in o.items()}
+        if isinstance(o, (list, tuple)):
+            return [plain(v) for v in o]
+        return o
+
+    blob = json.dumps(plain(obj), sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:length]
+
+
 CHEAP_KEYS = ("parallelism.dp=1", "parallelism.tp=1", "parallelism.pp=1", "parallelism.link.enabled=false")
 
 
@@ -51,8 +68,7 @@ class LossRun:
         for volatile in ("general.run", "general.output_dir", "logging.progress_bar"):  # do not change the math
             section, name = volatile.split(".")
             resolved.get(section, {}).pop(name, None)
-        blob = json.dumps([resolved, self.replicas, self.mode, self.val_every], sort_keys=True, default=str)
-        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+        return digest([resolved, self.replicas, self.mode, self.val_every], 12)
 
 
 def cheap_layout(config_file: str | Path, overrides: Sequence[str]) -> Tuple[List[str], int, str]:

@@ -23,7 +23,6 @@ beside each tier's closed form.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -66,6 +65,7 @@ def planned(config_file: str, overrides: Sequence[str], cache: Path) -> Dict[str
     """The plan of one config (module docstring, 2.), read back from `cache` when a plan of the same resolved config
     is there: {"layout", "micro_batches", "schedule", "outer_every", "replica_of" (dp rank -> planned replica),
     "inner": [per planned replica, per stage: rank plan], "outer": the same for the outer step or None}."""
+    from nanotron_ext.bench.wan.losses import digest
     from nanotron_ext.config.loader import config_to_dict, load_config
     from nanotron_ext.config.tiers import replica_codecs
     from nanotron_ext.fileio import write_text_atomic
@@ -73,7 +73,7 @@ def planned(config_file: str, overrides: Sequence[str], cache: Path) -> Dict[str
     from nanotron_ext.registry import DP_SYNCS
 
     cfg = load_config(config_file, list(overrides))
-    key = hashlib.sha256(json.dumps(config_to_dict(cfg), sort_keys=True, default=str).encode()).hexdigest()[:16]
+    key = digest(config_to_dict(cfg), 16)
     path = cache / f"plan_{key}.json"
     if path.exists():
         return json.loads(path.read_text())
