@@ -123,6 +123,8 @@ def test_time_to_target_is_steps_to_target_times_the_clocks_step() -> None:
     assert lines[0].startswith("p, equal tokens (full overlap): best composed three_tiers 0.01 h (1/2)")
     assert "dense 3D 0.08 h: 15.00x (goal >= 3x: met)" in lines[0]
     assert "best single-tier (3d_sm) 0.03 h: 5.00x" in lines[0] and "dense DiLoCo: not reached" in lines[0]
+    assert lines[-1] == ("p, equal tokens, looser target 3.050 (the best composed system's final loss, three_tiers), "
+                         "full overlap: three_tiers 0.01 h, 3d_sm 0.03 h, dense_3d 0.08 h")
     headers, body = model_results.table(list(rows.values()))
     assert len(body) == 3 and len(headers) == len(body[0])
 
