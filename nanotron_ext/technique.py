@@ -93,6 +93,10 @@ class Technique:
     pieces: ClassVar[Union[str, type]] = ""
     """"module:Class" of this technique's `Pieces` subclass, imported when a model is built (or the class itself,
     for a technique registered in-process with nanotron_ext.config.compose.register_technique)."""
+    simulated: ClassVar[str] = ""
+    """"module:function" building the outer loop of this technique's DP sync over in-process replicas,
+    `(cfg, replicas) -> OuterLoop or None` (nanotron_ext.train.simulated: one process trains a DP layout with the
+    same math, e.g. the WAN meter's loss runs); empty: its replicas average gradients every step."""
 
     def section_items(self) -> Dict[str, Section]:
         return {path: s if isinstance(s, Section) else Section(s) for path, s in self.sections.items()}

@@ -23,6 +23,7 @@ class SparseLoCoTechnique(Technique):
     provides = {"parallelism.dp_sync": ["sparseloco"]}
     requires = ("subspace",)  # heterogeneous SparseLoCo runs Subspace Models on its compressed replicas
     pieces = "nanotron_ext.sparseloco.pieces:SparseLoCoPieces"
+    simulated = "nanotron_ext.sparseloco.simulate:outer_loop"
 
     def check(self, cfg: "Config") -> None:
         s, m, p = cfg.sparseloco, cfg.model, cfg.parallelism

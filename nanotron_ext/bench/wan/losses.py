@@ -7,9 +7,10 @@ real layout (dp x tp x pp over emulated links) is replaced by one process that c
   and the BOOST tests hold them to a float64 reference);
 - pp = 1 with the codec at the real layout's stage boundaries (`model.codec.boundaries` = the sending layers): the
   encoder and decoder of a boundary are the same modules whether the wire crosses a process or not;
-- dp replicas simulated in this process (`sparseloco.simulate.run_simulated`): per-step gradient averaging
-  ("dense") for an all-reduce DP tier, SparseLoCo's outer loop for `parallelism.dp_sync: sparseloco`, each replica
-  on the data shard the trainer gives its DP rank and with its own codec (heterogeneous SparseLoCo).
+- dp replicas simulated in this process (`train.simulated.run_replicas`): per-step gradient averaging ("dense")
+  for an all-reduce DP tier, the outer loop the DP sync's technique builds for in-process replicas otherwise
+  (SparseLoCo's `SimulatedReplicas`), each replica on the data shard the trainer gives its DP rank and with its
+  own codec (heterogeneous SparseLoCo).
 
 Each equivalence is a test (tests/test_wan_losses.py: the real layout's first steps against the cheap one's).
 Runs train `--jobs` at a time (at most the cores: one intra-op thread each), each writes its curve to
@@ -90,12 +91,12 @@ def train(run: LossRun, out: Path) -> Dict[str, Any]:
 
     from nanotron_ext.config.loader import load_config
     from nanotron_ext.fileio import write_text_atomic
-    from nanotron_ext.sparseloco.simulate import run_simulated
+    from nanotron_ext.train.simulated import run_replicas
 
     torch.set_num_threads(1)
     cfg = load_config(run.config_file, list(run.overrides))
     t0 = time.perf_counter()
-    result = run_simulated(cfg, run.replicas, run.mode, run.config_file, val_every=run.val_every)  # type: ignore
+    result = run_replicas(cfg, run.replicas, run.config_file, val_every=run.val_every)  # the DP sync's outer loop
     record = {"system": run.system, "seed": run.seed, "key": run.key(), "config_file": run.config_file,
               "overrides": list(run.overrides), "replicas": run.replicas, "mode": run.mode,
               "steps": cfg.tokens.train_steps, "val_every": run.val_every, "train_loss": result["train_loss"],
