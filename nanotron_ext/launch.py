@@ -122,9 +122,9 @@ def preflight_line(args: object) -> Optional[str]:
     our trainer and they fail, else None (another script, or nothing to refuse)."""
     if not (getattr(args, "module", False) and getattr(args, "training_script", None) == "nanotron_ext.train"):
         return None
-    from nanotron_ext.errors import UserFacingError
+    from nanotron_ext.errors import UserFacingError, os_error_line
     from nanotron_ext.train.__main__ import preflight
-    from nanotron_ext.train.failures import one_line, os_error_line
+    from nanotron_ext.train.failures import one_line
 
     try:
         preflight(list(args.training_script_args), _fixed_world(args))

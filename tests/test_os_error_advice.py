@@ -37,7 +37,7 @@ def test_prepare_onto_a_full_disk_names_the_folder_it_was_writing(tmp_path: Path
 
 def test_a_name_too_long_for_the_file_system_gets_no_free_space_advice(tmp_path: Path, capsys) -> None:
     # prepare: "[Errno 36] File name too long: ...; free space or make the folder writable"
-    from nanotron_ext.train.failures import os_error_line
+    from nanotron_ext.errors import os_error_line
 
     long = tmp_path / ("r" * 300)
     assert _prepare([f"data.prepared_dir={long}"]) == 2

@@ -34,7 +34,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # a full disk, a read-only folder: the message names the file (prepare names it)
-        from nanotron_ext.train.failures import os_error_line
+        from nanotron_ext.errors import os_error_line
 
         hint = "free space there or make the folder writable (or set data.prepared_dir / tokenizer.path)"
         print(f"error: {os_error_line(e, hint, 'data.prepared_dir')}", file=sys.stderr)

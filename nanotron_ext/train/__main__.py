@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, List, NoReturn, Optional
 
+from nanotron_ext.errors import os_error_line
 from nanotron_ext.train import failures
 
 if TYPE_CHECKING:
@@ -79,7 +80,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     except UserFacingError as e:
         return failures.report(f"error: {e}", 2)
     except OSError as e:  # a full disk, a read-only folder: the message names the file
-        return failures.report(f"error: {failures.os_error_line(e)}", 2)
+        return failures.report(f"error: {os_error_line(e)}", 2)
     except KeyboardInterrupt:
         _exiting()
         return _interrupted(job.get("cfg"), job.get("trainer"))

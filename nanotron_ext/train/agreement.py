@@ -17,8 +17,7 @@ import torch
 import torch.distributed as torch_dist
 from nanotron import distributed as dist
 
-from nanotron_ext.errors import TrainingError
-from nanotron_ext.train.failures import os_error_line
+from nanotron_ext.errors import TrainingError, os_error_line
 
 T = TypeVar("T")
 

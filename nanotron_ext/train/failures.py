@@ -8,7 +8,6 @@ too, so torchrun's failure report shows the line instead of "To enable traceback
 """
 from __future__ import annotations
 
-import errno
 import json
 import os
 import re
@@ -20,27 +19,6 @@ from typing import Callable, Optional
 
 LAUNCHER_ENV = "NANOTRON_EXT_LAUNCHER"  # set by nanotron_ext.launch for its workers: it prints their errors
 _ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
-
-
-DISK_HINT = "free space there or make it writable (or set general.output_dir / checkpoints.dir)"
-# the errors DISK_HINT is advice for: a full disk (a file size limit stands in for one in tests), no permission
-_DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM, errno.EROFS}
-
-
-def os_error_line(error: OSError, hint: str = DISK_HINT, keys: str = "general.output_dir / checkpoints.dir") -> str:
-    """An OSError that stopped a command as one line with the advice its errno calls for: `hint` (free space or
-    make it writable) only for a full disk or a missing permission; a name too long for the file system says so
-    (a long general.run once got "free space" advice), and an error without an errno (a library's, e.g. a
-    damaged file's) gets none."""
-    code = getattr(error, "errno", None)
-    if code in _DISK_ERRNOS:
-        return f"{error}; {hint}"
-    if code == errno.ENAMETOOLONG:
-        return (f"{error}; a name in that path is longer than the file system allows (255 bytes on most): shorten "
-                f"it ({keys})")
-    if code is None:
-        return str(error)
-    return f"{error}; check that path ({keys})"
 
 
 def rank() -> int:

@@ -19,7 +19,7 @@ import torch.distributed as torch_dist
 
 from nanotron_ext.config.loader import config_to_dict, save_config
 from nanotron_ext.config.schema import Config
-from nanotron_ext.errors import TrainingError
+from nanotron_ext.errors import TrainingError, os_error_line
 from nanotron_ext.train.agreement import RankAgreement
 from nanotron_ext.train.checkpoint import (
     CheckpointError,
@@ -29,7 +29,6 @@ from nanotron_ext.train.checkpoint import (
     remove_checkpoint,
     save_checkpoint,
 )
-from nanotron_ext.train.failures import os_error_line
 from nanotron_ext.train.guard import claim_folders, remove_other_checkpoints, resume_advice, resume_conflict
 from nanotron_ext.train.handover import STAGING, begin, complete, recover
 
