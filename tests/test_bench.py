@@ -376,6 +376,7 @@ def test_run_training_reuses_only_a_finished_run_of_the_same_resolved_config(tmp
     assert not _finished_with(out, cfg_file, sets)  # nothing there
     save_config(load_config(cfg_file, sets), out / "config.yaml")
     (out / "summary.json").write_text(json.dumps({"steps": 7}))
+    (out / "metrics.jsonl").write_text(json.dumps({"step": 7, "loss": 1.0}) + "\n")  # a finished run has its records
     assert _finished_with(out, cfg_file, sets)
     assert not _finished_with(out, cfg_file, sets[:-1] + ["tokens.train_steps=8"])  # another config
     (out / "summary.json").write_text(json.dumps({"steps": 3}))
