@@ -109,6 +109,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                    help="--clock model: also train these systems for the reference's time to target on each "
                         "preset's clock (full overlap) at their own step time, their schedule over that length")
     p.add_argument("--max-steps", type=int, default=4000, help="--equal-time: at most this many steps per run")
+    p.add_argument("--equal-time-seeds", type=int, nargs="+", metavar="SEED",
+                   help="--equal-time: the seeds of those runs (default: every --seeds)")
     p.add_argument("--validate-clock", action="store_true",
                    help="time each of --systems twice (no links, then emulated over --preset, one run at a time) "
                         "and hold the model clock's bounds to the emulated step (bench/wan/validate.py)")
@@ -181,6 +183,10 @@ def check_clock_args(args: argparse.Namespace) -> None:
     from nanotron_ext.cli_checks import ArgumentError, at_least
 
     at_least("--max-steps", args.max_steps, 1)
+    args.equal_time_seeds = args.equal_time_seeds or args.seeds
+    if any(seed not in args.seeds for seed in args.equal_time_seeds):
+        raise ArgumentError(f"--equal-time-seeds {' '.join(map(str, args.equal_time_seeds))}: each must be among "
+                            f"--seeds {' '.join(map(str, args.seeds))}")
     stray = [s for s in args.equal_time if s not in args.systems]
     if stray:
         raise ArgumentError(f"--equal-time {stray[0]} is not among --systems: its step time is not modelled")

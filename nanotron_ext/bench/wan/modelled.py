@@ -54,6 +54,7 @@ def measure_model(args: argparse.Namespace) -> Tuple[List[Dict[str, Any]], Dict[
         "clock": "model", "steps": args.steps, "val_every": args.val_every, "inner_steps": args.inner_steps,
         "seeds": args.seeds, "reference": args.reference, "target_rel": args.target_rel, "config": args.config,
         "set": args.set, "equal_time": args.equal_time, "max_steps": args.max_steps,
+        "equal_time_seeds": args.equal_time_seeds,
         "clock_presets": {name: dataclasses.asdict(CLOCK_PRESETS[name]) for name in args.clock_preset},
         "clocks": {f"{preset} {system}": c for (preset, system), c in clocks.items()},
         "note": "losses from one process per run (cheapest equivalent layout, no link emulation; loss runs' "
@@ -76,7 +77,7 @@ def equal_time(rows: List[Dict[str, Any]], clocks: Dict[Tuple[str, str], Dict[st
             steps = min(args.max_steps, max(1, int(budget_s / clocks[(preset, system)]["lower_s"])))
             steps -= steps % args.val_every if steps >= args.val_every else 0  # end on a validation
             mine = argparse.Namespace(**{**vars(args), "steps": steps})
-            got = train_all(loss_runs([system], args.seeds, mine), Path(args.runs) / "losses", args.jobs)
+            got = train_all(loss_runs([system], args.equal_time_seeds, mine), Path(args.runs) / "losses", args.jobs)
             curves += [{**c, "budget": f"equal time on {preset}"} for c in got]
             for row in model_results.pooled_rows(got, {(preset, system): clocks[(preset, system)]}, args.reference,
                                                  args.target_rel, target=ref["target_val_loss"]):
