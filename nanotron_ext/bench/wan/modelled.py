@@ -66,8 +66,10 @@ def equal_time(rows: List[Dict[str, Any]], clocks: Dict[Tuple[str, str], Dict[st
                args: argparse.Namespace) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
     """The equal-time budget (`--equal-time SYSTEM ...`): on each preset, each named system trains for the
     reference's time to target on the clock (full-overlap bound) at its own step time, its schedule over that many
-    steps (at most `--max-steps`); the rows pool those runs against the equal-token target. (curves, rows)"""
-    curves, out = [], []
+    steps (at most `--max-steps`); the rows pool those runs against the equal-token target. Every run of every
+    preset trains in one batch (`--jobs` at a time; presets that give a system the same steps share its runs).
+    (curves, rows)"""
+    plan = []  # (preset, system, steps, budget_s, target, runs)
     for preset in args.clock_preset:
         ref = next(r for r in rows if r["preset"] == preset and r["system"] == args.reference)
         budget_s = ref["time_to_target_s"]["lower"][0]
@@ -77,11 +79,16 @@ def equal_time(rows: List[Dict[str, Any]], clocks: Dict[Tuple[str, str], Dict[st
             steps = min(args.max_steps, max(1, int(budget_s / clocks[(preset, system)]["lower_s"])))
             steps -= steps % args.val_every if steps >= args.val_every else 0  # end on a validation
             mine = argparse.Namespace(**{**vars(args), "steps": steps})
-            got = train_all(loss_runs([system], args.equal_time_seeds, mine), Path(args.runs) / "losses", args.jobs)
-            curves += [{**c, "budget": f"equal time on {preset}"} for c in got]
-            for row in model_results.pooled_rows(got, {(preset, system): clocks[(preset, system)]}, args.reference,
-                                                 args.target_rel, target=ref["target_val_loss"]):
-                out.append({**row, "budget": "time", "budget_steps": steps, "budget_s": budget_s})
+            plan.append((preset, system, steps, budget_s, ref["target_val_loss"],
+                         loss_runs([system], args.equal_time_seeds, mine)))
+    trained = train_all([r for *_, runs in plan for r in runs], Path(args.runs) / "losses", args.jobs)
+    curves, out, at = [], [], 0
+    for preset, system, steps, budget_s, target, runs in plan:
+        got, at = trained[at:at + len(runs)], at + len(runs)
+        curves += [{**c, "budget": f"equal time on {preset}"} for c in got]
+        for row in model_results.pooled_rows(got, {(preset, system): clocks[(preset, system)]}, args.reference,
+                                             args.target_rel, target=target):
+            out.append({**row, "budget": "time", "budget_steps": steps, "budget_s": budget_s})
     return curves, out
 
 
