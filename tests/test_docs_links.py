@@ -24,8 +24,9 @@ def _pages() -> list[Path]:
     return [p for p in pages if p.is_file()]
 
 
-def _prose_lines(text: str) -> list[tuple[int, str]]:
-    """(line number, line) outside fenced code blocks, inline code spans blanked."""
+def _prose_lines(text: str, keep_code_spans: bool = False) -> list[tuple[int, str]]:
+    """(line number, line) outside fenced code blocks, inline code spans blanked unless kept (a heading's anchor
+    keeps its code spans' text, as GitHub's does)."""
     out, fence = [], None
     for number, line in enumerate(text.splitlines(), 1):
         m = _FENCE.match(line)
@@ -33,7 +34,7 @@ def _prose_lines(text: str) -> list[tuple[int, str]]:
             fence = None if fence == m.group(1) else (fence or m.group(1))
             continue
         if fence is None:
-            out.append((number, _CODE_SPAN.sub("", line)))
+            out.append((number, line if keep_code_spans else _CODE_SPAN.sub("", line)))
     return out
 
 
@@ -49,7 +50,7 @@ def slug(heading: str) -> str:
 def anchors(page: Path) -> set[str]:
     seen: dict[str, int] = {}
     found = set()
-    for _, line in _prose_lines(page.read_text()):
+    for _, line in _prose_lines(page.read_text(), keep_code_spans=True):
         m = _HEADING.match(line)
         if not m:
             continue

@@ -129,7 +129,8 @@ def _run_columns(config_file: str, overrides: Sequence[str], columns: Sequence[T
     pending = list(columns)
     running: Dict[Tuple[int, ...], Tuple[List[Any], float]] = {}
     results: Dict[int, Dict[str, Any]] = {}
-    bar = tqdm(total=len(columns), desc="planning pipeline columns", unit="column", leave=False, file=sys.stderr)
+    bar = tqdm(total=len(columns), desc="planning pipeline columns", unit="column", leave=False, file=sys.stderr,
+               disable=None)  # None: no bar when stderr is not a terminal (logs, CI, refusals stay one line)
     try:
         while pending or running:
             while pending and (not running or sum(map(len, running)) + len(pending[0]) <= cores):
