@@ -7,6 +7,7 @@ the stand-ins running beside them (tests/helpers/fake_plan.py); test_plan.py hol
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -34,6 +35,7 @@ LAYOUT = ["parallelism.dp=4", "parallelism.tp=2", "parallelism.pp=2", "model.tie
 
 def test_each_role_is_planned_once_and_given_to_every_rank_of_it(monkeypatch, tmp_path: Path, capsys) -> None:
     # dp 4 x tp 2 x pp 2, replicas alike: 4 roles (pp rank x TP rank), 16 ranks; 2 columns of 2 stages planned
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # the bar shows on a terminal only
     plans = _plan(monkeypatch, tmp_path, 4, LAYOUT, list(range(16)), expect=4)
     assert [p["rank"] for p in plans] == list(range(16))
     assert [p["dp_rank"] for p in plans] == [r // 2 % 4 for r in range(16)]  # rank = (pp * dp + dp_rank) * tp + tp
