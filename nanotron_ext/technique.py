@@ -51,6 +51,20 @@ class Section:
         return self.default or self.cls
 
 
+@dataclasses.dataclass(frozen=True)
+class GatedWork:
+    """Work a technique runs only every `every` optimiser steps (a Grassmann update, an outer sync's embedding fold),
+    its calls recorded in the comm ledger as `op:tag`. `python -m nanotron_ext.plan` reports it apart from the
+    per-step figures, beside `bytes`: the closed form, per occurrence, of what one rank hands to the calls of that
+    tag on each process group role ({"world": ..., "pp": ...}); `formula` says how."""
+
+    tag: str
+    every: int
+    what: str
+    bytes: Mapping[str, float]
+    formula: str
+
+
 def load_object(target: str) -> Any:
     """The object named "package.module:attribute" (imported on first use)."""
     module, _, attr = target.partition(":")
@@ -133,6 +147,11 @@ class Technique:
             if isinstance(every, int) and every >= 1:
                 return every
         return 1
+
+    def gated_work(self, cfg: "Config") -> List[GatedWork]:
+        """The work this technique runs every N > 1 optimiser steps only, tagged in the ledger (GatedWork); the
+        planner takes the tagged calls out of its per-step figures and shows each at its cadence."""
+        return []
 
     def closed_form_bytes(self, key: str, name: str, cfg: "Config") -> Optional["TierBytes"]:
         """Bytes per optimiser step that the piece `name` (provided at extension point `key`) puts on its

@@ -90,3 +90,16 @@ def pipeline_utilisation(compute_s: float, link_bytes: float, bandwidth_bps: flo
     """Share of an outer round (H inner steps + a blocking sync of `sync_s`) that stages spend computing."""
     step = pipeline_step_time_s(compute_s, link_bytes, bandwidth_bps, overlap)
     return inner_steps * compute_s / (inner_steps * step + sync_s)
+
+
+def fold_entries_bound(vocab: int, d: int, tp: int, replicas: int, cfg: SparseLoCoConfig) -> int:
+    """The most nonzero entries one outer step of heterogeneous SparseLoCo's table T_S [vocab, d] can have: what its
+    embedding fold sends over a compressed pipeline (nanotron_ext.sparseloco.hetero: an 8 B count, then an int32
+    index and an fp32 value per entry). Each TP rank's shard [vocab / tp, d] is chunked as SparseLoCo chunks it,
+    and a chunk's step is the mean of the `replicas`' top-k: at most min(chunk, replicas x k) entries (fewer where
+    replicas keep the same positions). With outer momentum the step is the momentum buffer, which keeps every
+    earlier step's entries: the whole table."""
+    if cfg.outer_momentum:
+        return vocab * d
+    spec = chunk_spec((vocab // tp, d), cfg.chunk, cfg.topk)
+    return min(vocab * d, tp * spec.n_chunks * min(spec.chunk_size, replicas * spec.k))

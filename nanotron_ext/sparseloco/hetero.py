@@ -54,6 +54,7 @@ from torch import nn
 
 from nanotron_ext.config.schema import Config
 from nanotron_ext.parallel.comm import get_ledger
+from nanotron_ext.sparseloco.accounting import fold_entries_bound
 from nanotron_ext.subspace.basis import SubspaceHub
 from nanotron_ext.subspace.embedding import AdaptedSplitEmbedding
 from nanotron_ext.subspace.grassmann import grassmann_update
@@ -224,9 +225,12 @@ class HeteroHook:
             else:
                 count = torch.zeros(1, dtype=torch.int64, device=fixed.device)
             dist.broadcast(count, src=src, group=self.pp_pg)
-            n = int(count.item())
+            # planned (python -m nanotron_ext.plan: meta tensors, no values to count): the message at its bound
+            planned = fixed.device.type == "meta"
+            p = self.cfg.parallelism  # T_S is vocab-sharded over TP, each shard chunked apart
+            n = fold_entries_bound(vocab, d, p.tp, p.dp, self.cfg.sparseloco) if planned else int(count.item())
             packed = torch.empty(2 * n, dtype=torch.float32, device=fixed.device)
-            if first:
+            if first and not planned:
                 packed[:n] = flat.to(torch.int32).view(torch.float32)
                 packed[n:] = step.reshape(-1)[flat]
             dist.broadcast(packed, src=src, group=self.pp_pg)

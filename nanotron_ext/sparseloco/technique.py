@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 from nanotron_ext.config.checks import ConfigError, check_residual_layout, require
 from nanotron_ext.registry import techniques
 from nanotron_ext.sparseloco.config import SparseLoCoConfig
-from nanotron_ext.subspace.technique import heterogeneous_replica
-from nanotron_ext.technique import Technique
+from nanotron_ext.subspace.technique import grassmann_work, heterogeneous_replica
+from nanotron_ext.technique import GatedWork, Technique
 
 if TYPE_CHECKING:
     from nanotron_ext.config.schema import Config
@@ -101,6 +101,31 @@ class SparseLoCoTechnique(Technique):
         out = copy.deepcopy(cfg)
         heterogeneous_replica(out.model, replica in s.compressed_replicas, reproject=s.weight_projection,
                               modified_adamw=s.modified_adamw, grassmann_every=s.grassmann_every)
+        return out
+
+    def gated_work(self, cfg: "Config") -> List[GatedWork]:
+        """Heterogeneous SparseLoCo's work at outer syncs: the embedding fold (every H steps: over a compressed
+        pipeline the step's nonzero entries, at their bound, and at tp > 1 the step's rows over TP), and the
+        Grassmann update of the shared U (every sparseloco.grassmann_every steps)."""
+        from nanotron_ext.sparseloco.accounting import fold_entries_bound
+
+        s, p, m = cfg.sparseloco, cfg.parallelism, cfg.model
+        if not s.compressed_replicas:
+            return []
+        out = []
+        if s.embedding_adaptation:
+            n = fold_entries_bound(m.vocab_size, m.hidden_size, p.tp, p.dp, s)
+            shard = m.vocab_size // p.tp * m.hidden_size * 4
+            out.append(GatedWork(
+                "embedding_fold", s.inner_steps, "embedding fold (heterogeneous SparseLoCo)",
+                {"pp": 8 + 8 * n, **({"tp": shard} if p.tp > 1 else {})},
+                f"pp (compressed pipelines): an 8 B count + 8 B per entry of the outer step, at most {n:,} (every "
+                f"TP shard's {s.chunk}-chunks x min(chunk, dp x top-{s.topk})"
+                f"{'; outer momentum keeps every entry' if s.outer_momentum else ''}; the whole V x d x 4 B at a "
+                "Grassmann sync)" + ("; tp: the step's V / tp x d rows in fp32" if p.tp > 1 else "")))
+        if s.grassmann_every:
+            out.append(grassmann_work(s.grassmann_every, m.hidden_size,
+                                      "Grassmann update of the shared U (sparseloco.grassmann_every)"))
         return out
 
     def closed_form_bytes(self, key: str, name: str, cfg: "Config") -> Optional["TierBytes"]:

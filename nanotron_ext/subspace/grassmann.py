@@ -28,7 +28,10 @@ from typing import Sequence
 import torch
 from nanotron import distributed as dist
 
+from nanotron_ext.parallel.comm import get_ledger
 from nanotron_ext.subspace.basis import SubspaceHub
+
+GRASSMANN_TAG = "grassmann"  # ledger: world all_reduce:grassmann, every grassmann_every steps (Technique.gated_work)
 
 
 def grassmann_objective(a: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -65,15 +68,18 @@ def agreed_gram(hubs: Sequence[SubspaceHub]) -> torch.Tensor:
     device = hubs[0].basis.device  # NCCL reduces CUDA tensors only
     last = torch.tensor([max((dec.boundary for dec in decoders), default=-1)], dtype=torch.int64, device=device)
     distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    ledger = get_ledger()
     if distributed:
-        dist.all_reduce(last, op=dist.ReduceOp.MAX)
+        with ledger.tag(GRASSMANN_TAG):
+            dist.all_reduce(last, op=dist.ReduceOp.MAX)
     buf = torch.zeros(d * d + 1, dtype=torch.float64, device=device)
     for dec in decoders:
         if dec.boundary == int(last):
             buf[:-1] += dec.grad_gram.double().flatten()
             buf[-1] += 1
     if distributed:
-        dist.all_reduce(buf)
+        with ledger.tag(GRASSMANN_TAG):
+            dist.all_reduce(buf)
     count = float(buf[-1])
     return buf[:-1].view(d, d) / count if count else torch.zeros(d, d, dtype=torch.float64, device=device)
 

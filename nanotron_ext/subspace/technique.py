@@ -4,12 +4,12 @@ span(U) constraint the codec is exact with (each can be overridden, and a choice
 is a config error naming both keys)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 from nanotron_ext.config.checks import require
 from nanotron_ext.registry import residual_sharded
 from nanotron_ext.subspace.config import SubspaceConfig
-from nanotron_ext.technique import Technique
+from nanotron_ext.technique import GatedWork, Technique
 
 if TYPE_CHECKING:
     from nanotron_ext.config.schema import Config, ModelConfig
@@ -70,6 +70,13 @@ class SubspaceTechnique(Technique):
                     f"true cannot run {layout}: its second moment is a mean over all d output rows, which the "
                     "strategy shards on d; set it to false or parallelism.tp=1")
 
+    def gated_work(self, cfg: "Config") -> List[GatedWork]:
+        """The Grassmann update of U every model.subspace.grassmann_every optimiser steps (its all-reduces)."""
+        every = cfg.model.subspace.grassmann_every
+        if not every or cfg.model.output_constraint.kind != "subspace":  # its after_step runs the update
+            return []
+        return [grassmann_work(every, cfg.model.hidden_size, "Grassmann update of U (model.subspace.grassmann_every)")]
+
     def closed_form_bytes(self, key: str, name: str, cfg: "Config") -> Optional["TierBytes"]:
         """Z (k wide) and the token ids (int32) cross, and Z's gradient back in a tensor of the same width
         (sec. 4.3; nanotron_ext.subspace.codec)."""
@@ -79,6 +86,17 @@ class SubspaceTechnique(Technique):
 
         k, e = cfg.model.subspace.width(cfg.model.hidden_size), element_size(cfg.model)
         return wire_bytes(cfg, k * e + 4, k * e + 4, f"k x {e} B + a 4 B token id (k = {k})")
+
+
+def grassmann_bytes(d: int) -> int:
+    """What one rank hands to a Grassmann update's all-reduces (nanotron_ext.subspace.grassmann.agreed_gram): the
+    last codec boundary's index (int64), then A = sum G^T G (d x d) and its count in float64."""
+    return 8 + 8 * (d * d + 1)
+
+
+def grassmann_work(every: int, d: int, what: str) -> "GatedWork":
+    return GatedWork("grassmann", every, what, {"world": grassmann_bytes(d)},
+                     "an int64 boundary index + A (d x d) and its count in float64: 8 + 8 (d^2 + 1) B, one rank")
 
 
 def heterogeneous_replica(model: "ModelConfig", compressed: bool, *, reproject: bool, modified_adamw: bool,
