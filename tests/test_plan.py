@@ -74,10 +74,12 @@ def _real_rank(config_file: str, overrides: List[str], profile: bool = True) -> 
 
 
 def _plan(config_file: str, overrides: List[str], ranks: List[int]) -> List[Dict[str, Any]]:
+    """The plan for the CPU (these tests compare it with CPU runs; the planner's default is CUDA's memory:
+    tests/test_plan_device.py)."""
     from nanotron_ext.config import load_config
     from nanotron_ext.plan.run import plan_ranks
 
-    return plan_ranks(config_file, overrides, load_config(config_file, overrides), ranks)
+    return plan_ranks(config_file, overrides, load_config(config_file, overrides), ranks, device="cpu")
 
 
 def test_every_rank_of_a_2x2x2_plan_has_the_real_runs_ledger() -> None:

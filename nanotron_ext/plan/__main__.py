@@ -1,7 +1,7 @@
 """Will my layout fit? Step ranks of a config's real layout on this machine, with nothing real allocated.
 
     python -m nanotron_ext.plan --config-file X.yaml [--set key=value ...] [--rank R | --rank all]
-                                [--gpu-memory 80] [--json plan.json]
+                                [--gpu-memory 80] [--device cuda|cpu] [--json plan.json]
 
 Each planned rank is built as rank R of the dp x tp x pp world over torch's fake process group, on the meta
 device, and steps one full training iteration (nanotron_ext.plan.rank). Printed per rank: parameters, weights,
@@ -9,6 +9,8 @@ gradients, optimizer state, a DP sync's own state, activations at peak, the peak
 (torch's FlopCounterMode); and bytes per step on each tier from the comm ledger beside the closed forms of
 `python -m nanotron_ext.config show`. A config whose techniques have recompute switches (BOOST's low-rank
 checkpointing) is planned with them flipped too. Exit 2 with one line when a rank's peak exceeds --gpu-memory.
+Memory is planned as --device allocates it (default cuda, the GPU of the --gpu-memory verdict; cpu to compare with a
+CPU run); the plan records which.
 """
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ from nanotron_ext.cli_checks import Writer, at_least, finite, output_file
 from nanotron_ext.config.loader import add_config_args, config_from_args
 from nanotron_ext.errors import UserFacingError
 
+DEVICES = ("cuda", "cpu")  # nanotron_ext.plan.kernels.DEVICES (not imported here: it imports torch)
+
 # --json replaces only a plan it wrote (a run's metrics.jsonl and summary.json were once replaced by the plan)
 PLAN = Writer("python -m nanotron_ext.plan", legacy_keys=("layout", "ranks", "tiers", "tokens_per_replica_step"))
 
@@ -30,6 +34,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--rank", default=None,
                         help="a global rank, or 'all' (default: every stage of each distinct replica, TP rank 0)")
     parser.add_argument("--gpu-memory", type=float, default=80.0, help="GiB per GPU (default: %(default)s)")
+    parser.add_argument("--device", choices=DEVICES, default="cuda",
+                        help="memory as this device allocates it: where an op's saved tensors differ (RMSNorm's fused "
+                             "CUDA kernel), as it runs there; cpu to compare with a CPU run (default: %(default)s, "
+                             "the GPU the --gpu-memory verdict is for)")
     parser.add_argument("--json", default=None,
                         help="also write the plan to this JSON file (replaces only a plan written before)")
     args = parser.parse_args(argv)
@@ -59,7 +67,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     except UserFacingError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    summary = plan(args.config_file, list(args.overrides), cfg, ranks)
+    summary = plan(args.config_file, list(args.overrides), cfg, ranks, args.device)
     sys.stdout.write(_render(summary, args.config_file, args.overrides))
     if args.json:
         try:
@@ -76,8 +84,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     return 0
 
 
-def plan(config_file: str, overrides: List[str], cfg, ranks: List[int]) -> dict:  # type: ignore[no-untyped-def]
-    """The plan of `ranks` as JSON (nanotron_ext.plan.report.summarise), with the memory switches flipped too."""
+def plan(config_file: str, overrides: List[str], cfg, ranks: List[int],  # type: ignore[no-untyped-def]
+         device: str = "cuda") -> dict:
+    """The plan of `ranks` as JSON (nanotron_ext.plan.report.summarise), with the memory switches flipped too; memory
+    as `device` (cuda, cpu) allocates it."""
     from nanotron_ext.config.loader import load_config
     from nanotron_ext.plan.report import summarise
     from nanotron_ext.plan.run import flipped, memory_switches, plan_ranks
@@ -86,9 +96,10 @@ def plan(config_file: str, overrides: List[str], cfg, ranks: List[int]) -> dict:
     flips = flipped(memory_switches(cfg))
     if flips:
         other = load_config(config_file, overrides + flips)
-        alternative = {"set": flips, **summarise(other, plan_ranks(config_file, overrides + flips, other, ranks))}
+        alternative = {"set": flips, **summarise(other, plan_ranks(config_file, overrides + flips, other, ranks,
+                                                                   device=device), device=device)}
         del alternative["tiers"]
-    return summarise(cfg, plan_ranks(config_file, overrides, cfg, ranks), alternative)
+    return summarise(cfg, plan_ranks(config_file, overrides, cfg, ranks, device=device), alternative, device)
 
 
 def _render(summary: dict, config_file: str, overrides: List[str]) -> str:

@@ -10,6 +10,13 @@
   through the step); softmax, log-softmax, cross-entropy, norms, exp/log/pow/rsqrt and sums in fp32.
 - FLOPs: `FLOP_FORMULAS` gives torch's FlopCounterMode the fused CPU kernel's count (torch's formula for the
   other fused SDPA kernels: causal attention counted in full, as PaLM's 12 L d s does).
+- The target device (`device`, "cuda" or "cpu"): where their saved tensors differ, ops are planned as that device
+  runs them (docs/planning.md lists every op checked). RMSNorm: torch's rms_norm calls aten::_fused_rms_norm, which
+  has a CUDA kernel but none for CPU or meta, where it decomposes (CompositeImplicitAutograd) and autograd also keeps
+  the fp32 normalised x * rstd for the weight's gradient: 4 B per element more than CUDA, whose autograd formula
+  (derivatives.yaml) saves input, weight and rstd only (`FusedRMSNorm`). Attention: SDPA on CUDA has no fused kernel
+  for fp32 with grouped kv heads (flash and cuDNN take fp16 / bf16 only, memory-efficient no GQA): its math path
+  then materialises the scores, and the meta math path is planned.
 """
 from __future__ import annotations
 
@@ -31,12 +38,19 @@ FP32 = {F.softmax, torch.softmax, T.softmax, F.log_softmax, torch.log_softmax, T
         F.nll_loss, F.layer_norm, F.group_norm, F.rms_norm, F.normalize, torch.exp, T.exp, torch.log, T.log,
         torch.pow, T.pow, T.__pow__, torch.rsqrt, T.rsqrt, torch.sum, T.sum, torch.cumsum, T.cumsum,
         torch.norm, T.norm, torch.linalg.vector_norm}
-class MetaKernels(TorchFunctionMode):
-    """Fused attention for meta SDPA; with `dtype`, autocast's casts (module docstring)."""
+DEVICES = ("cuda", "cpu")
 
-    def __init__(self, dtype: Optional[torch.dtype] = None) -> None:
+
+class MetaKernels(TorchFunctionMode):
+    """Fused attention for meta SDPA; with `dtype`, autocast's casts; the fused RMSNorm on `device` cuda (module
+    docstring)."""
+
+    def __init__(self, dtype: Optional[torch.dtype] = None, device: str = "cuda") -> None:
         super().__init__()
+        if device not in DEVICES:
+            raise ValueError(f"device {device!r}: one of {', '.join(DEVICES)}")
         self.dtype = dtype
+        self.device = device
         self.cache: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
     def __enter__(self) -> "MetaKernels":
@@ -82,9 +96,19 @@ class MetaKernels(TorchFunctionMode):
                 args, kwargs = tree_map(self._lower, args), tree_map(self._lower, kwargs)
             elif func in FP32:
                 args, kwargs = tree_map(self._widen, args), tree_map(self._widen, kwargs)
-        if func is F.scaled_dot_product_attention and args[0].device.type == "meta":
+        if func is F.scaled_dot_product_attention and args[0].device.type == "meta" and not self._math_sdpa(
+                *args, **kwargs):
             return _fused_attention(*args, **kwargs)
+        if func is F.rms_norm and self.device == "cuda" and args[0].device.type == "meta":
+            return _rms_norm(*args, **kwargs)
         return func(*args, **kwargs)
+
+    def _math_sdpa(self, query: torch.Tensor, key: torch.Tensor, *args: Any, enable_gqa: bool = False,
+                   **kwargs: Any) -> bool:
+        """CUDA's SDPA takes its math path: fp32 (flash and cuDNN: fp16 / bf16 only) with grouped kv heads
+        (memory-efficient attention: equal head counts only; torch's sdp_utils.cpp)."""
+        return (self.device == "cuda" and query.dtype == torch.float32 and enable_gqa
+                and query.shape[-3] != key.shape[-3])
 
 
 def _fused_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Any = None,
@@ -94,6 +118,36 @@ def _fused_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         return F.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
                                               enable_gqa=enable_gqa)
     return aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p, is_causal, scale=scale)[0]
+
+
+class FusedRMSNorm(torch.autograd.Function):
+    """aten::_fused_rms_norm as CUDA runs it, on meta tensors (no values: only what is allocated and kept matters).
+    Forward: the kernel's outputs, y (input's dtype) and rstd (fp32 for fp32 / bf16 / fp16, one per normalised row);
+    autograd keeps input, weight and rstd (derivatives.yaml's formula reads only those); backward: the fused
+    backward kernel's outputs, d input and d weight."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: Optional[torch.Tensor], ndim: int) -> torch.Tensor:  # type: ignore[override]
+        stats = x.shape[:x.dim() - ndim] + (1,) * ndim
+        rstd = x.new_empty(stats, dtype=torch.promote_types(x.dtype, torch.float32))
+        ctx.save_for_backward(x, weight, rstd)
+        return torch.empty_like(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:  # type: ignore[override]
+        x, weight, _ = ctx.saved_tensors
+        return (torch.empty_like(x) if ctx.needs_input_grad[0] else None,
+                torch.empty_like(weight) if ctx.needs_input_grad[1] else None, None)
+
+
+def _rms_norm(x: torch.Tensor, normalized_shape: Any, weight: Optional[torch.Tensor] = None,
+              eps: Optional[float] = None) -> torch.Tensor:
+    """F.rms_norm on CUDA: the fused kernel, except where torch's rms_norm falls back to the composite (a weight
+    of another dtype, complex input; layer_norm.cpp)."""
+    if (weight is not None and weight.dtype != x.dtype) or x.is_complex():
+        return F.rms_norm(x, normalized_shape, weight, eps)
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    return FusedRMSNorm.apply(x, weight, len(shape))
 
 
 def _sdpa_flops(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, **kwargs: Any) -> int:

@@ -128,9 +128,11 @@ def iteration_batches(micro: List[Any], iteration: int, pp: int) -> List[Any]:
     return micro if iteration else micro[:max(1, pp - 1)]
 
 
-def plan_rank(cfg: Any, rank: int, store_host: str, store_port: int, outer: bool = True) -> Dict[str, Any]:
+def plan_rank(cfg: Any, rank: int, store_host: str, store_port: int, outer: bool = True,
+              device: str = "cuda") -> Dict[str, Any]:
     """Build rank `rank` of `cfg`'s layout over the fake backend, step it twice, report the second iteration (an
-    outer step of the DP sync, or with `outer` False an inner one: `steps`)."""
+    outer step of the DP sync, or with `outer` False an inner one: `steps`), its memory as `device` (cuda, cpu)
+    allocates it (nanotron_ext.plan.kernels)."""
     from nanotron import distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -157,7 +159,7 @@ def plan_rank(cfg: Any, rank: int, store_host: str, store_port: int, outer: bool
             module._compiled_call_impl = None
     # the step's precision context (torch.autocast has no meta backend): see nanotron_ext.plan.kernels
     low = torch.bfloat16 if cfg.model.dtype == "bf16" else None
-    replica.autocast = lambda: MetaKernels(low)  # type: ignore[method-assign]
+    replica.autocast = lambda: MetaKernels(low, device)  # type: ignore[method-assign]
     params = list({id(q): q for q in replica.model.parameters()}.values())
     skip = {id(q) for q in params}
     extra = _state_tensors(replica.dp_sync, skip) + _state_tensors(replica.model.techniques, skip)

@@ -51,7 +51,7 @@ def default_ranks(cfg: Any) -> List[int]:
 
 
 def _worker(config_file: str, overrides: Sequence[str], rank: int, port: int, out: "mp.Queue",
-            outer: bool = True) -> None:
+            outer: bool = True, device: str = "cuda") -> None:
     # a rank's build and step print notes (a codec's choices, SparseLoCo's densities): the plan prints its own
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
@@ -63,7 +63,8 @@ def _worker(config_file: str, overrides: Sequence[str], rank: int, port: int, ou
         from nanotron_ext.config import load_config
         from nanotron_ext.plan.rank import plan_rank
 
-        out.put((rank, "ok", plan_rank(load_config(config_file, list(overrides)), rank, "127.0.0.1", port, outer)))
+        out.put((rank, "ok", plan_rank(load_config(config_file, list(overrides)), rank, "127.0.0.1", port, outer,
+                                       device)))
     except BaseException:  # noqa: BLE001 - reported by the parent, which stops the other stages
         out.put((rank, "error", traceback.format_exc()))
 
@@ -92,17 +93,17 @@ def stand_in(cfg: Any, rank: int, roles: Sequence[int]) -> int:
 
 
 def plan_ranks(config_file: str, overrides: Sequence[str], cfg: Any, ranks: Sequence[int],
-               timeout_s: float = TIMEOUT_S, outer: bool = True) -> List[Dict[str, Any]]:
+               timeout_s: float = TIMEOUT_S, outer: bool = True, device: str = "cuda") -> List[Dict[str, Any]]:
     """The plans of `ranks`, in order (the reported iteration an outer step of the DP sync, or with `outer` False an
-    inner one). Each distinct role is planned once (`stand_in`) and its plan given to the other ranks of the role
-    under their own rank numbers; the pipeline columns of the planned ranks run one process per rank, at most
-    os.cpu_count() processes at a time (a column larger than that alone), with a progress bar over the columns
-    (`plan --rank all` on a 4,096-rank layout started hundreds of processes at once and printed nothing for
-    minutes). `timeout_s`: per column."""
+    inner one; memory as `device`, cuda or cpu, allocates it: nanotron_ext.plan.kernels). Each distinct role is
+    planned once (`stand_in`) and its plan given to the other ranks of the role under their own rank numbers; the
+    pipeline columns of the planned ranks run one process per rank, at most os.cpu_count() processes at a time (a
+    column larger than that alone), with a progress bar over the columns (`plan --rank all` on a 4,096-rank layout
+    started hundreds of processes at once and printed nothing for minutes). `timeout_s`: per column."""
     roles = replica_roles(cfg)
     planned_for = {r: stand_in(cfg, r, roles) for r in ranks}
     columns = sorted({tuple(column(cfg, s)) for s in planned_for.values()})
-    plans = _run_columns(config_file, overrides, columns, timeout_s, outer)
+    plans = _run_columns(config_file, overrides, columns, timeout_s, outer, device)
     out = []
     for r in ranks:
         plan = copy.deepcopy(plans[planned_for[r]])
@@ -112,7 +113,7 @@ def plan_ranks(config_file: str, overrides: Sequence[str], cfg: Any, ranks: Sequ
 
 
 def _run_columns(config_file: str, overrides: Sequence[str], columns: Sequence[Tuple[int, ...]], timeout_s: float,
-                 outer: bool) -> Dict[int, Dict[str, Any]]:
+                 outer: bool, device: str) -> Dict[int, Dict[str, Any]]:
     """Step the pipeline `columns` (a column's stages run together: each receive is sized by its neighbour's
     header), starting a column while the processes running stay within the cores; {rank: plan}."""
     import torch.distributed as torch_dist
@@ -135,7 +136,7 @@ def _run_columns(config_file: str, overrides: Sequence[str], columns: Sequence[T
         while pending or running:
             while pending and (not running or sum(map(len, running)) + len(pending[0]) <= cores):
                 col = pending.pop(0)
-                procs = [ctx.Process(target=_worker, args=(config_file, list(overrides), r, port, out, outer),
+                procs = [ctx.Process(target=_worker, args=(config_file, list(overrides), r, port, out, outer, device),
                                      daemon=True) for r in col]
                 for p in procs:
                     p.start()

@@ -13,7 +13,8 @@ from typing import Any, Sequence
 WAIT_S = 4.0
 
 
-def worker(config_file: str, overrides: Sequence[str], rank: int, port: int, out: Any, outer: bool = True) -> None:
+def worker(config_file: str, overrides: Sequence[str], rank: int, port: int, out: Any, outer: bool = True,
+           device: str = "cuda") -> None:
     opts = dict(o.split("=", 1) for o in overrides if "=" in o)
     folder, expect = Path(opts["dir"]), int(opts["expect"])
     mine = folder / str(rank)
