@@ -184,6 +184,7 @@ def test_trainer_logs_the_dp_tier_wait_fraction(small_corpus: Path, tmp_path: Pa
         waited_s = r["link_wait_fraction"]["dp"] * r["step_time_s"]
         assert waited_s == pytest.approx(expected_s, rel=0.15), (r["link_wait_fraction"], r["step_time_s"])
         assert r["link_wait_fraction"]["pp"] == r["link_wait_fraction"]["tp"] == 0.0
+        assert len(r["rank_cpu_s"]) == 2 and min(r["rank_cpu_s"]) > 0  # each rank's CPU seconds: the compute check
 
 
 # -- heterogeneous SparseLoCo's utilisation model prices the DP link as the emulated DP tier waits ------------------

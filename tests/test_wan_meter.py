@@ -251,6 +251,12 @@ def test_tiny_meter_run_writes_its_result(tmp_path, small_corpus) -> None:
     assert row["system"] == "ddp" and row["reached"] == "1/1"  # its own final loss is within its own target
     assert row["bytes_per_step"]["dp"] > 0 and row["bytes_per_step"]["pp"] == 0
     assert row["link_wait_fraction"]["dp"] > 0
+    [run] = data["runs"]  # each rank's CPU seconds, and the run's link / compute ratio beside the clock's
+    check = run["compute_check"]
+    assert len(check["rank_cpu_step_s"]) == 2 and min(check["rank_cpu_step_s"]) > 0 and check["compute_step_s"] > 0
+    assert check["clock_link_over_compute"][1] > 0 and min(check["compute_stretch"]) > 0
+    assert isinstance(check["ratio_flag"], bool)
+    assert "Compute check" in out.with_suffix(".md").read_text()
     assert out.with_suffix(".md").exists() and out.with_suffix(".png").exists()
 
 

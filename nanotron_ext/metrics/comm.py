@@ -1,7 +1,7 @@
 """Communication volume of a step across all ranks, from each rank's ledger."""
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from nanotron import distributed as dist
@@ -42,12 +42,18 @@ def total_sent_bytes(ledger: CommLedger, world_pg: dist.ProcessGroup,
 LINK_TIERS = ("pp", "tp", "dp")
 
 
-def link_wait_fractions(waited_s: Dict[str, float], step_s: float, world_pg: dist.ProcessGroup,
-                        device: Optional[torch.device] = None) -> Dict[str, float]:
+def link_wait_fractions(waited_s: Dict[str, float], step_s: float, cpu_s: float, world_pg: dist.ProcessGroup,
+                        device: Optional[torch.device] = None) -> Tuple[Dict[str, float], List[float]]:
     """The fraction of a step each rank spent waiting on each tier's emulated links (`waited_s`: this rank's
-    seconds this step, parallel/link.py), averaged over ranks (one tiny all-reduce, counted under "world")."""
-    vec = torch.tensor([waited_s.get(t, 0.0) / step_s for t in LINK_TIERS], dtype=torch.float64, device=device)
+    seconds this step, parallel/link.py), averaged over ranks, and every rank's CPU seconds of the step (`cpu_s`:
+    its compute as one core per process would take it, whatever the machine's load: the WAN meter's compute
+    check). One tiny all-gather, counted under "world"."""
+    mine = torch.tensor([waited_s.get(t, 0.0) / step_s for t in LINK_TIERS] + [cpu_s], dtype=torch.float64,
+                        device=device)
+    rows = [mine]
     if world_pg.size() > 1:
-        dist.all_reduce(vec, group=world_pg)
-        vec /= world_pg.size()
-    return {t: round(float(v), 6) for t, v in zip(LINK_TIERS, vec.tolist())}
+        rows = [torch.empty_like(mine) for _ in range(world_pg.size())]
+        dist.all_gather(rows, mine, group=world_pg)
+    table = torch.stack(rows).cpu()
+    fractions = {t: round(float(v), 6) for t, v in zip(LINK_TIERS, table[:, :-1].mean(0).tolist())}
+    return fractions, [round(float(v), 6) for v in table[:, -1].tolist()]

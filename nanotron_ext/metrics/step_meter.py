@@ -6,7 +6,7 @@
     summary = meter.summary(history, val, step)
 
 A record holds the step's time, tokens/s, peak memory, the bytes every rank sent per group, with emulated links
-the fraction of the step each tier waited on them, and MFU where the device's peak is known.
+the fraction of the step each tier waited on them and each rank's CPU seconds, and MFU where the device's peak is known.
 """
 from __future__ import annotations
 
@@ -46,16 +46,18 @@ class StepMeter:
         self.tokens_per_step = (cfg.parallelism.dp * t.batch_accumulation_per_replica * t.micro_batch_size
                                 * t.sequence_length)
         self._waited0: Dict[str, float] = {}
-        self._t0 = 0.0
+        self._t0 = self._cpu0 = 0.0
 
     def begin(self) -> None:
         self.ledger.reset()
         self._waited0 = waited_seconds()
+        self._cpu0 = time.process_time()
         self._t0 = time.perf_counter()
 
     def end(self, step: int, out: Dict[str, float]) -> Dict[str, Any]:
         """The record of `step`, which began at `begin` (collective: bytes and link waits are summed over ranks)."""
         elapsed = time.perf_counter() - self._t0
+        cpu = time.process_time() - self._cpu0
         comm = total_sent_bytes(self.ledger, self.ctx.world_pg, self.ctx.device)  # this step's, all ranks
         waited = {t: s - self._waited0.get(t, 0.0) for t, s in waited_seconds().items()}
         tps = self.tokens_per_step / elapsed
@@ -64,7 +66,8 @@ class StepMeter:
             "peak_memory_bytes": peak_memory_bytes(), "comm_bytes": comm,
         }
         if self.cfg.parallelism.link.enabled:  # where the step's time went: waiting on each tier's links
-            record["link_wait_fraction"] = link_wait_fractions(waited, elapsed, self.ctx.world_pg, self.ctx.device)
+            record["link_wait_fraction"], record["rank_cpu_s"] = link_wait_fractions(
+                waited, elapsed, cpu, self.ctx.world_pg, self.ctx.device)
         step_mfu = mfu(tps / self.ctx.world_pg.size(), self.flops_token, self.peak_tflops)
         if step_mfu is not None:
             record["mfu"] = step_mfu
@@ -79,6 +82,7 @@ class StepMeter:
             for g, b in r["comm_bytes"].items():
                 comm[g] = comm.get(g, 0) + b / len(timed)
         waits = [r["link_wait_fraction"] for r in timed if "link_wait_fraction" in r]
+        cpus = [r["rank_cpu_s"] for r in timed if "rank_cpu_s" in r]
         p = self.cfg.parallelism
         return {
             "steps": steps,
@@ -87,6 +91,7 @@ class StepMeter:
             "tokens_per_s": sum(r["tokens_per_s"] for r in timed) / len(timed) if timed else None,
             "comm_bytes_per_step": {g: round(b) for g, b in comm.items()},
             **({"link_wait_fraction": {t: sum(w[t] for w in waits) / len(waits) for t in waits[0]}} if waits else {}),
+            **({"rank_cpu_step_s": [round(sum(c) / len(cpus), 6) for c in zip(*cpus)]} if cpus else {}),
             "layout": {"dp": p.dp, "tp": p.tp, "pp": p.pp},
         }
 

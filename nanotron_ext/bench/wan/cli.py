@@ -14,6 +14,9 @@ parallel/link.py), and the meter reports per system, mean and standard error ove
   and the headline: wall-clock to reach the target validation loss (default: the reference run's final
   validation loss + 2%; `--reference`, default the uncompressed pipeline). A run that does not reach it
   says so ("not reached": its time is not averaged in).
+- each run's compute check (bench/wan/compute_check.py): its ranks' CPU seconds priced on the model clock over
+  its own links; a run whose compute the machine's load stretched (link / compute more than 25% off the
+  preset's) is flagged in the notes.
 
     python -m nanotron_ext.bench.wan --preset internet-200m-50ms                  # the committed CPU result
     python -m nanotron_ext.bench.wan --preset internet-200m-50ms internet-80m --systems pipeline subspace_pipeline
@@ -59,6 +62,7 @@ from nanotron_ext.bench.paper import evaluate
 from nanotron_ext.bench.report import help_with_defaults, publish, read_saved, run_meta, script_parser
 from nanotron_ext.bench.wan import runs as emulated
 from nanotron_ext.bench.wan.args import check_numbers, check_runs, saved_calibration, saved_rows
+from nanotron_ext.bench.wan.compute_check import note as compute_check_note
 from nanotron_ext.bench.wan.losses import loss_runs
 from nanotron_ext.bench.wan.modelled import measure_model, publish_model
 from nanotron_ext.bench.wan.presets import ANCHORS, CLOCK_PRESETS
@@ -245,7 +249,8 @@ def publish_result(args: argparse.Namespace, rows: Sequence[Mapping[str, Any]], 
     headers, body = table(rows)
     notes = [*headline(rows),
              "Wall-clock = summed training step time (start-up and validation excluded); target = the reference "
-             f"run's final validation loss x {1 + meta.get('target_rel', 0.02):g}. Step times: {meta.get('note', '')}."]
+             f"run's final validation loss x {1 + meta.get('target_rel', 0.02):g}. Step times: {meta.get('note', '')}.",
+             *([compute_check_note(runs)] if runs else [])]
     claims = [c for c in CLAIMS if any(c.matches(r) for r in rows)]  # the anchors of the presets measured
     publish(args.out, rows, meta, title, headers, body, evaluate(claims, rows), figure(rows), notes,
             extra={"runs": list(runs)} if runs else None)

@@ -32,7 +32,24 @@ def measure_run(system: str, preset: str, seed: int, args: argparse.Namespace) -
     return {"system": system, "preset": preset, "seed": seed, **curve,
             "bytes_per_step": {t: comm.get(t, 0) for t in TIERS},
             "closed_form_bytes_per_step": closed_forms(system, preset, seed, args),
-            "link_wait_fraction": summary.get("link_wait_fraction", {}), "final_val_loss": summary["final_val_loss"]}
+            "link_wait_fraction": summary.get("link_wait_fraction", {}), "final_val_loss": summary["final_val_loss"],
+            "compute_check": compute_check_of(system, preset, seed, args, summary)}
+
+
+def compute_check_of(system: str, preset: str, seed: int, args: argparse.Namespace,
+                     summary: Mapping[str, Any]) -> Dict[str, Any]:
+    """The run's compute check (bench/wan/compute_check.py): its link / compute ratio against the clock's."""
+    from nanotron_ext.bench.wan.compute_check import check, mean_step_s
+    from nanotron_ext.bench.wan.profile import planned, twin_overrides
+    from nanotron_ext.config import load_config
+
+    if "rank_cpu_step_s" not in summary:  # a run trained before runs recorded their CPU seconds (--reuse)
+        return {"compute_check": "not checked (the run recorded no CPU seconds)"}
+    config = str(system_config(system, args))
+    plan = planned(config, twin_overrides(config, run_overrides(system, None, seed, args), None),
+                   Path(args.runs) / "plans")
+    link = load_config(config, run_overrides(system, preset, seed, args)).parallelism.link
+    return check(plan, link, summary["rank_cpu_step_s"], mean_step_s(Path(summary["run_dir"])))
 
 
 def closed_forms(system: str, preset: str, seed: int, args: argparse.Namespace) -> Dict[str, Optional[float]]:

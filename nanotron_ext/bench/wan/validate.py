@@ -18,26 +18,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
 from nanotron_ext.bench.wan.clock import Link
+from nanotron_ext.bench.wan.compute_check import RATIO_TOLERANCE, mean_step_s
 from nanotron_ext.bench.wan.profile import planned, step_bounds_of, twin_overrides
 from nanotron_ext.bench.wan.runs import run_overrides
 from nanotron_ext.bench.wan.systems import SYSTEMS, system_config
 
 VALIDATION_SYSTEMS = ("pipeline", "int4_pipeline", "ddp", "sparseloco")
 TITLE = "The model clock against the real-sleep emulator (one run at a time, processes <= cores)"
-TOLERANCE, RATIO_TOLERANCE = 0.15, 0.25
-
-
-def mean_step_s(run_dir: Path) -> float:
-    """Mean step time of a run, its first step excluded (an outer sync's step counts, amortised as the clock does)."""
-    from nanotron_ext.metrics.logger import read_metrics
-
-    times = [r["step_time_s"] for r in read_metrics(run_dir / "metrics.jsonl") if "step_time_s" in r]
-    return statistics.fmean(times[1:] or times)
+TOLERANCE = 0.15
 
 
 def emulated_links(preset: str, tp_preset: str) -> Tuple[Dict[str, Link], Link]:
