@@ -97,3 +97,15 @@ def test_ring_seconds_share_the_uplink_between_a_nodes_rings() -> None:
     assert ring_seconds({"all_reduce": (n, 1)}, p, link, sharing=2) == pytest.approx(2 * one + 2 * (p - 1) * 0.01)
     assert ring_seconds({"all_reduce": (n, 4)}, p, link) == pytest.approx(one + 4 * 2 * (p - 1) * 0.01)
     assert ring_seconds({"all_reduce": (n, 1)}, 1, link) == 0.0
+
+
+def test_a_latency_that_holds_the_wire_serialises_it_with_the_transfer() -> None:
+    """ProtocolNanoGPT's meter starts a message only when the last one arrived: with no compute, AFAB and m
+    messages of tx seconds and latency a each way, the forwards land m (tx + a) after the start and the gradients
+    m (tx + a) after that; a pipelined latency costs each direction once: 2 m tx + 2 a."""
+    m, tx, a = 4, 1.0, 0.25
+    held = Link(8.0, a * 1e3, "full", latency_holds_wire=True)
+    assert replay(_pipe(2, m, 0.0, 0.0, "afab", held, 1e6), False).end_s == pytest.approx(2 * m * (tx + a))
+    assert replay(_pipe(2, m, 0.0, 0.0, "afab", Link(8.0, a * 1e3), 1e6), False).end_s == pytest.approx(
+        2 * m * tx + 2 * a)
+    assert replay(_pipe(2, m, 0.0, 0.0, "afab", held, 1e6), True).end_s == pytest.approx(2 * m * (tx + a))

@@ -12,8 +12,9 @@ this is that model. A step is replayed, not measured:
   B(s, i) needs B(s+1, i)'s gradient;
 - each stage pair's link in each direction a FIFO of messages: a message starts when it is ready and the link is
   free, leaves `bytes * 8 / bandwidth` later and arrives one latency after that; "half" duplex makes both directions
-  one link (ResBM's 80 Mbit/s). One link per node: a stage's TP ranks share their node's uplink, so a message is
-  every TP rank's share of the wire together;
+  one link (ResBM's 80 Mbit/s); `latency_holds_wire` keeps the wire busy for the latency too (a meter that starts
+  the next message only after the last one arrived: ProtocolNanoGPT's). One link per node: a stage's TP ranks share
+  their node's uplink, so a message is every TP rank's share of the wire together;
 - the DP tier once per step (a per-step all-reduce) or the outer sync once per H steps, each stage's node over its
   own uplink (the ring forms of parallel/link.py, with a node's TP ranks' rings sharing that uplink).
 
@@ -42,11 +43,13 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 @dataclasses.dataclass(frozen=True)
 class Link:
-    """One link: bandwidth in Mbit/s (0: unlimited), one-way latency in ms, duplex "full" or "half"."""
+    """One link: bandwidth in Mbit/s (0: unlimited), one-way latency in ms, duplex "full" or "half", and whether a
+    message's latency keeps the wire busy (the next message starts after it arrived) or is pipelined."""
 
     mbps: float
     latency_ms: float = 0.0
     duplex: str = "full"
+    latency_holds_wire: bool = False
 
     def transmit_s(self, nbytes: float) -> float:
         return 0.0 if self.mbps == 0 or nbytes <= 0 else nbytes * 8 / (self.mbps * 1e6)
@@ -163,10 +166,11 @@ def replay(work: ReplicaWork, blocking: bool) -> Timeline:
                 if 0 <= dst < n:
                     link = work.links[min(s, dst)]
                     nbytes = st.fwd_bytes if kind == "F" else st.bwd_bytes
-                    left = wire(s, dst).place(end, link.transmit_s(nbytes))
-                    arrived[(kind, dst, i)] = left + link.latency_s
+                    held = link.latency_s if link.latency_holds_wire else 0.0
+                    left = wire(s, dst).place(end, link.transmit_s(nbytes) + held)
+                    arrived[(kind, dst, i)] = left + link.latency_s - held
                     if blocking:  # a synchronous send: returns once the receiver has the message
-                        free[s] = left + link.latency_s
+                        free[s] = arrived[(kind, dst, i)]
                 at[s] += 1
                 remaining -= 1
                 progressed = True

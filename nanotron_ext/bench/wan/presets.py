@@ -208,6 +208,7 @@ class ClockPreset:
     dp: Tuple[float, float]
     datacenter_replicas: Tuple[int, ...] = (1,)
     duplex: str = "full"
+    latency_holds_wire: bool = False  # the stage links' latency keeps the wire busy (clock.Link)
 
 
 INFINIBAND = (4e5, 0.002)  # LINK_PRESETS["infiniband"]: one NDR port

@@ -168,7 +168,9 @@ def bytes_per_step(plan: Dict[str, Any]) -> Dict[str, float]:
 def links_of(preset: Any, dp: int) -> Tuple[Dict[str, Link], List[Link]]:
     """A ClockPreset's tier links and each of `dp` replicas' stage link (its placement)."""
     link = lambda mbps_ms: Link(*mbps_ms, preset.duplex)  # noqa: E731
-    stage = [link(preset.datacenter_stage if r in preset.datacenter_replicas else preset.stage) for r in range(dp)]
+    held = getattr(preset, "latency_holds_wire", False)
+    stage = [Link(*preset.datacenter_stage, preset.duplex) if r in preset.datacenter_replicas
+             else Link(*preset.stage, preset.duplex, held) for r in range(dp)]
     return {"tp": link(preset.tp), "dp": link(preset.dp)}, stage
 
 
