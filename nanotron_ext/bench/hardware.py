@@ -1,0 +1,67 @@
+"""Named hardware of the papers for the model clock (`python -m nanotron_ext.bench.step_time --preset NAME`).
+
+Each preset is a ClockPreset (bench/wan/presets.py: the device's effective throughput, a link per tier, where each
+replica sits) timed on the config given, as configured (no scale config). A paper's device throughput is the one
+number fitted to it: reproduce/paper_scale.py fits it on ONE named baseline row of the paper's table (the step time
+the clock replays equals the paper's there) and holds it for every other row; the value here is that fit, rounded,
+and the script says when it no longer matches. Links are the papers' stated ones; what a paper leaves out (latency,
+duplex) is said in each source.
+"""
+from __future__ import annotations
+
+from typing import Dict
+
+from nanotron_ext.bench.wan.presets import A100_EFFECTIVE_TFLOPS, CLOCK_PRESETS, INFINIBAND, NVLINK3, ClockPreset
+from nanotron_ext.errors import UserFacingError
+
+NONE = (0.0, 0.0)  # a tier the layout does not use (0 Mbit/s = unlimited: the clock charges it nothing)
+SLINGSHOT11 = (2e5, 0.002)  # Perlmutter's Slingshot 11 between nodes: 200 Gbit/s per NIC; latency assumed
+RESBM = ("ResBM (arXiv:2604.11947) Table 3: 8 x A10G, one block per GPU, GPipe over PyTorch/NCCL, batch 16 x 1024; "
+         "the stage link's budget shared by both directions (its 609 tok/s = 80e6 / (2 x 4096 x 16 bit)), "
+         "no latency stated; A10G throughput fitted on the centralised row (10 Gbit/s, 7530 tok/s) by "
+         "reproduce/paper_scale.py")
+SM = ("Protocol Models (arXiv:2506.01260) Table 1: 8 x A10G, one layer per GPU, 2B model; duplex and latency "
+      "not stated (full duplex, none), batch and schedule lost in the text (our sm_2b_*.yaml CHOICEs); A10G "
+      "throughput fitted on the centralised row (100 Gbit/s, 602.57 tok/s) by reproduce/paper_scale.py")
+PNG = ("ProtocolNanoGPT (github.com/PluralisResearch/ProtocolNanoGPT, records 20260917/20260918): one 8 x H100 "
+       "machine, one stage per GPU, every stage link simulated as 200 Mbit/s + 50 ms by a receiver-side meter that "
+       "puts every message a rank receives, both directions, on one wire and holds it for the transfer and the "
+       "latency (SimPipelineStage.add_delay): half duplex with the latency holding the wire. The dense row "
+       "(100.475 s/step) cannot fit a throughput: its compute is < 1% of the step and the links alone replay to "
+       "100.97 s; H100 at 307 effective TFLOP/s instead, our 125M model's measured 31.0% MFU of the 989 TFLOP/s "
+       "dense bf16 peak (flash + compile, 1 x H200, whose compute is the H100 SXM's; gpu-check 2026-11-27)")
+BOOST = ("BOOST (arXiv:2512.12131) sec. 5.2: NERSC Perlmutter, 4 x A100-80GB per node on NVLink 3 (300 GB/s per "
+         "direction), Slingshot 11 between nodes (stages), pure bf16, seq 4096, batch 4, TP 4; latencies assumed; "
+         "A100 throughput fitted on Table 3's per-block time (CoLA 7B, ungrouped, bz = 4: 7577 us, taken as the "
+         "forward) by reproduce/paper_scale.py")
+HET = ("Heterogeneous SparseLoCo (arXiv:2601.02360) Fig. 2 / 3(b): 1 Gbit/s stage links for the compressed "
+       "replicas (4-7 of sparseloco_512m.yaml with HET_HALF), the uncompressed ones (0-3) inside a datacenter "
+       "(InfiniBand between their stages), 1 Gbit/s + 10 ms between replicas; the paper names no device: A100 at "
+       f"{A100_EFFECTIVE_TFLOPS:g} effective TFLOP/s assumed (not fitted: the figure gives no time to fit on)")
+
+HARDWARE: Dict[str, ClockPreset] = {
+    "resbm-a10g-10g": ClockPreset(RESBM, "", "8 x A10G (fitted)", 23.0, NONE, (1e4, 0.0), NONE, NONE, (), "half"),
+    "resbm-a10g-80m": ClockPreset(RESBM, "", "8 x A10G (fitted)", 23.0, NONE, (80.0, 0.0), NONE, NONE, (), "half"),
+    "sm-a10g-100g": ClockPreset(SM, "", "8 x A10G (fitted)", 1.68, NONE, (1e5, 0.0), NONE, NONE, ()),
+    "sm-a10g-80m": ClockPreset(SM, "", "8 x A10G (fitted)", 1.68, NONE, (80.0, 0.0), NONE, NONE, ()),
+    "protocolnanogpt-h100": ClockPreset(PNG, "", "8 x H100 (its throughput measured on an H200)", 307.0, NONE,
+                                        (200.0, 50.0), NONE, NONE, (), "half", latency_holds_wire=True),
+    "boost-a100-nvlink": ClockPreset(BOOST, "", "4 x A100-80GB per node (fitted)", 154.0, NVLINK3, SLINGSHOT11,
+                                     NONE, NONE, ()),
+    "het-sparseloco-a100-1g": ClockPreset(HET, "", f"A100 at {A100_EFFECTIVE_TFLOPS:g} TFLOP/s (assumed)",
+                                          A100_EFFECTIVE_TFLOPS, NVLINK3, (1000.0, 10.0), INFINIBAND, (1000.0, 10.0),
+                                          (0, 1, 2, 3)),
+}
+
+
+def all_presets() -> Dict[str, ClockPreset]:
+    """Every preset `--preset` takes: the papers' hardware and the WAN meter's clock presets."""
+    return {**HARDWARE, **CLOCK_PRESETS}
+
+
+def preset(name: str) -> ClockPreset:
+    """The preset `name`; a one-line error naming it and listing the known ones otherwise."""
+    known = all_presets()
+    if name not in known:
+        raise UserFacingError(f"--preset {name!r} is not a known preset; known: {', '.join(known)}")
+    return known[name]
