@@ -387,3 +387,54 @@ def test_sync_retried_after_a_dead_peer_equals_one_clean_sync_fault() -> None:
     with pytest.raises(TrainingError, match="max_retries=2"):
         doomed.sync()
     assert all(torch.equal(a, b) for a, b in zip(before, doomed.params)) and not any(e.any() for e in doomed.error)
+
+
+class _HealFailingManager(_StubManager):
+    """A quorum whose heal fails `failures` times as torchft's does after a lighthouse restart (issue 41): the
+    peer's checkpoint server answers HTTP 500, torchft reports the error and leaves its process group
+    unconfigured, so the group's size() asserts."""
+
+    def __init__(self, group: "_StubGroup", failures: int) -> None:
+        super().__init__()
+        self.group, self.failures = group, failures
+
+    def start_quorum(self) -> None:
+        super().start_quorum()
+        self.group.configured = self.failures == 0
+        if self.failures:
+            self.failures -= 1
+            self.report_error(RuntimeError("HTTP Error 500: Internal Server Error"))
+
+
+def _heal_failing_sync(failures: int) -> "object":
+    sync = _stub_sync(0)
+    group = sync.pg
+
+    def size() -> int:
+        assert group.configured, "process group not initialized"  # torchft's ProcessGroupWrapper.parent
+        return 2
+    group.size = size
+    sync.manager = _HealFailingManager(group, failures)
+    sync.is_main = True
+    return sync
+
+
+def test_a_heal_refused_after_a_lighthouse_restart_is_retried_with_the_next_quorum_fault(capsys) -> None:
+    """Issue 41: the heal failed with HTTP 500 and the replica crashed on torchft's unconfigured process group
+    (`AssertionError: process group not initialized`). Now the failed quorum touches no group, the vote fails,
+    the replica says why and the next quorum heals: the result equals one clean sync; a heal that keeps failing
+    ends the run with one line naming the cause."""
+    from nanotron_ext.errors import TrainingError
+
+    clean, healed = _stub_sync(0), _heal_failing_sync(1)
+    clean.sync()
+    healed.sync()
+    assert healed.attempts == [2]
+    assert all(torch.equal(a, b) for a, b in zip(clean.params + clean.error, healed.params + healed.error))
+    said = [line for line in capsys.readouterr().err.splitlines() if line]
+    assert said == ["sparseloco.fault_tolerance: replica 0: outer sync 1 attempt 1 failed (HTTP Error 500: Internal "
+                    "Server Error); retrying with the next quorum"], said
+    doomed = _heal_failing_sync(3)
+    with pytest.raises(TrainingError, match=r"failed 3 times .*last error: HTTP Error 500") as e:
+        doomed.sync()
+    assert "\n" not in str(e.value)

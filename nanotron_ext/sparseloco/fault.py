@@ -113,10 +113,15 @@ class FaultTolerantSparseLoCoSync(SparseLoCoSync):
         for attempt in range(self.ft.max_retries + 1):
             self.healed = False
             self._quorum()  # synchronous: a replica behind the quorum is healed here (_load_peer_state)
-            self.ledger.record("quorum", 0, self.pg)
             error = [e.clone() for e in self.error]  # error feedback changes only with a committed sync
-            payloads = self._gather(send and not self.healed, error)
-            self.ledger.record("commit", 0, self.pg)
+            payloads = None
+            # torchft reports a failed reconfigure or heal (e.g. the peer's checkpoint server answering HTTP 500
+            # after a lighthouse restart) and returns with its process group unconfigured, whose size() then
+            # asserts: nothing may touch the group, the vote below fails and the next quorum retries the heal
+            if self.manager.errored() is None:
+                self.ledger.record("quorum", 0, self.pg)
+                payloads = self._gather(send and not self.healed, error)
+                self.ledger.record("commit", 0, self.pg)
             if self.manager.should_commit():
                 self.error = error
                 self.attempts.append(attempt + 1)
@@ -170,8 +175,8 @@ class FaultTolerantSparseLoCoSync(SparseLoCoSync):
             return None
         from torch.distributed.distributed_c10d import AllgatherOptions
 
-        gathered = [torch.empty_like(payload) for _ in range(self.pg.size())]
-        try:
+        try:  # size() too: an unconfigured torchft group asserts there
+            gathered = [torch.empty_like(payload) for _ in range(self.pg.size())]
             self.pg.allgather([gathered], [payload], AllgatherOptions()).wait()
         except Exception as e:  # noqa: BLE001 - a dead peer: torchft's vote turns it into a retry
             self.manager.report_error(e)
