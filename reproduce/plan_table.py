@@ -19,6 +19,9 @@ from typing import Any, Dict, List, Optional, Tuple
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from reproduce.plan_notes import BEFORE_BTP_OVER_VANILLA, verdicts, what_changed  # noqa: E402
+
+COMMAND = ".venv/bin/python reproduce/plan_table.py --only <every run>"  # how this table was made, 2026-11-28
 
 OUT = REPO / "reproduce" / "PLAN"
 RESBM_TABLE3 = ["parallelism.pp=8", "parallelism.pp_engine=afab", "model.codec.boundaries=stages",
@@ -39,9 +42,11 @@ RUNS: Dict[str, Tuple[str, List[str]]] = {
     "sparseloco_512m_het_half": ("reproduce/het_sparseloco/sparseloco_512m.yaml", HET_HALF),
     "gpu_125m_sdpa": ("examples/config_125m_gpu.yaml", ["model.compile=false"]),  # gpu-check's "sdpa" throughput row
 }
-# ../shared/gpu-2026-11-27-h200/call1/gpu_check.json, throughput row "sdpa": torch.cuda.max_memory_allocated over one
-# training step of ours, with the plain reference model (and its AdamW state) resident beside it
+# benchmarks/results/gpu/2026-11-27-h200/call1/gpu_check.json, throughput row "sdpa", models.nanotron_ext:
+# torch.cuda.max_memory_allocated over one training step of ours, with the plain reference model (and its AdamW state)
+# resident beside it
 H200_125M_SDPA_PEAK = 17_282_551_296
+DEVICE = "cuda"  # memory as a GPU allocates it (python -m nanotron_ext.plan --device)
 GIB, MIB = 2**30, 2**20
 
 
@@ -53,7 +58,7 @@ def plan_run(name: str) -> Dict[str, Any]:
     config_file, overrides = RUNS[name]
     cfg = load_config(REPO / config_file, overrides)
     t0 = time.perf_counter()
-    summary = plan(str(REPO / config_file), overrides, cfg, default_ranks(cfg))
+    summary = plan(str(REPO / config_file), overrides, cfg, default_ranks(cfg), DEVICE)
     return {"config": config_file, "set": overrides, "wall_s": round(time.perf_counter() - t0, 1), **summary}
 
 
@@ -93,7 +98,8 @@ def paper_rows(runs: Dict[str, Any]) -> List[Tuple[str, str, str, str, str]]:
         rows.append(("BOOST Table 4, 7B activations btp / vanilla", f"{22.14 / 30.73:.3f}",
                      f"{b['activation_bytes_at_peak'] / v['activation_bytes_at_peak']:.3f}",
                      f"{b['activation_bytes_at_peak'] / v['activation_bytes_at_peak'] / (22.14 / 30.73):.2f}",
-                     "the ratio is what transfers across precisions and kernels"))
+                     f"the ratio is what transfers across precisions and kernels ({BEFORE_BTP_OVER_VANILLA:.3f} "
+                     "before the plan kept CUDA's fused RMSNorm, 2026-11-27)"))
     # ResBM appendix A.3: one 1 x 1024 micro-batch, one boundary, both directions, bf16
     for name, paper_b, label in (("resbm_2b_baseline_pp8", 16 * MIB, "uncompressed"),
                                  ("resbm_2b_128x_adamw_pp8", 128 * 1024, "128x")):
@@ -108,7 +114,8 @@ def paper_rows(runs: Dict[str, Any]) -> List[Tuple[str, str, str, str, str]]:
         c = max(t["ledger_bytes"] for t in _links(runs["sm_2b_compressed"]))
         u = max(t["ledger_bytes"] for t in _links(runs["sm_2b_decentralised"]))
         rows.append(("SM 2B: wire bytes uncompressed / compressed per link", "not stated (lost in the text)",
-                     f"{u / c:.1f}x", "-", "k = 40 of d = 4096 (CHOICE) plus the token id in the wire: (k + 1) x 2 B"))
+                     f"{u / c:.1f}x", "-", "k = 40 of d = 4096 (CHOICE) plus the int32 token id in the wire: "
+                     "(k + 2) x 2 B per token against d x 2 B"))
     # SparseLoCo: k = 32 of every 4096-entry chunk, 12-bit index + bf16 value, no quantisation (paper sec. 2)
     for name in ("sparseloco_178m", "sparseloco_512m", "sparseloco_1b", "sparseloco_512m_het_half"):
         if name not in runs:
@@ -133,11 +140,14 @@ def paper_rows(runs: Dict[str, Any]) -> List[Tuple[str, str, str, str, str]]:
                          "their fewest, one)"))
     if "gpu_125m_sdpa" in runs:
         ours = _rank0(runs, "gpu_125m_sdpa")["peak_bytes"]
+        gap = ours - H200_125M_SDPA_PEAK
         rows.append(("125M on 1x H200 (gpu-check 2026-11-27, eager SDPA): peak allocated",
                      f"{H200_125M_SDPA_PEAK / 1e9:.2f}"
                      " GB measured (ours + the plain model resident)", f"{ours / 1e9:.2f} GB (ours alone)",
                      f"{ours / H200_125M_SDPA_PEAK:.2f}", "not a clean check: the measurement also holds the plain "
-                     "reference model's weights and AdamW state (~1.5 GB), so the plan is ~1 GB (~6%) above it"))
+                     "reference model's weights and AdamW state (~1.5 GB), so the plan is "
+                     f"{abs(gap) / 1e9:.2f} GB {'above' if gap > 0 else 'below'} the measurement with ~1.5 GB less "
+                     "resident"))
     return rows
 
 
@@ -147,32 +157,36 @@ form counts every all-reduce at the compute dtype's 2 B, but under bf16 autocast
 per layer in backward cross in fp32 (nanotron's column-parallel linear reduces the gradient of its fp32 input) and
 so does the embedding's output: the ledger reads 1.51x (a real CPU gloo run's ledger reads the same bytes:
 tests/test_plan.py, bf16 at TP 2). BOOST's Table 6 forms leave out the
-norm statistics, embedding and head (btp 1.02x); vanilla's ledger reads 0.875x of its form (not explained here)."""
+norm statistics, embedding and head (btp 1.02x). Vanilla's ledger reads 0.875x of its form because of its backward:
+the form counts the backward like the forward (3bsd + 2bs*kv + 2bs*d_ff elements per block at 2 B), but only the
+first factors' column-parallel inputs all-reduce their gradients there, one per chunk: q/k/v's and gate/up's shared
+inputs (d wide each), o's (d) and down's (d_ff), 3bsd + bs*d_ff elements, the two shared ones in fp32 (the gradient of
+the fp32 norm output under autocast): 10bsd + 2bs*d_ff bytes against the form's 10bsd + 4bs*d_ff. With the forward's
+10bsd + 4bs*d_ff that is 0.870-0.871 of the form at every size (MHA); the rest is the embedding output's and the head
+input gradient's fp32 all-reduces (2 x 4bsd per micro-batch) and the cross-entropy's per-token statistics, to the
+byte (1B-30B vanilla, checked against the ledger)."""
 
-NOTES = """## What the table says
+WHY = """- Why: with `pp_engine: afab` at pp = 1 (the ResBM 2B one-GPU configs) the engine keeps all 8 micro-batches'
+  activations until the backward (`--set parallelism.pp_engine=1f1b`: resbm_2b_128x_adamw_1f1b); 1F1B keeps pp
+  micro-batches in flight on a first stage (BOOST 13B, 30B); BOOST's low-rank checkpointing
+  (`model.boost.lowrank_checkpointing=true`, in brackets) about halves the low-rank runs' peaks.
+- Peaks are tensors alive at once as CUDA keeps them (MemTracker on meta tensors; with `--device cpu` checked against
+  the CPU allocator within 10%, whose own peak moves by up to ~9% between runs; tests/test_plan.py); on a GPU add
+  the CUDA context (~0.5-1 GiB), NCCL buffers and allocator fragmentation."""
 
-- **Fits one 80 GB GPU as configured** (peak of the largest rank): SM 2B (8 stages, 21.9-22.4 GiB), ResBM's
-  Table 3 layout (8 stages, 14.9 GiB), MAPL (4 stages, 8.2 / 21.5 / 33.4 GiB), SparseLoCo 178M-1B (4 stages,
-  12.0-21.6 GiB), BOOST 1B (58-66 GiB), 3B full rank and btp (73.0 / 69.7 GiB at TP 2), 7B btp (71.9 GiB at TP 4).
-- **Does not**: every ResBM 2B one-GPU config (94-100 GiB): with `pp_engine: afab` at pp = 1 the engine keeps all 8
-  micro-batches' activations until the backward; `--set parallelism.pp_engine=1f1b` needs 42.8 GiB
-  (resbm_2b_128x_adamw_1f1b). BOOST 3B vanilla (87.0), 7B full rank (80.6) and vanilla (122), 13B and 30B on their
-  first stages (1F1B keeps pp micro-batches in flight there). BOOST's low-rank checkpointing
-  (`model.boost.lowrank_checkpointing=true`) halves the low-rank runs' peaks: 7B btp 33.3, 13B btp 49.7, 30B btp
-  69.0 GiB fit; the vanilla ones at 13B / 30B (94.9 / 133.5) still do not.
-- Peaks are tensors alive at once (MemTracker on meta tensors; checked against the CPU allocator within 10%,
-  whose own peak moves by up to ~9% between runs; tests/test_plan.py); on a GPU add the CUDA context
-  (~0.5-1 GiB), NCCL buffers and allocator fragmentation.
-
-## Limits of the plan
+NOTES = """## Limits of the plan
 
 - The meta device, not FakeTensorMode: `nn.Parameter` of a FakeTensor stays a FakeTensor, not nanotron's
   `NanotronParameter`, which nanotron's TP layers need. torch.autocast has no meta backend: bf16 is planned by
   casting at the torch-function level with CUDA autocast's op lists (abridged; nanotron_ext/plan/kernels.py);
   checked against CPU autocast (bf16 at tp 2: 0.5-2.9%). Attention is the fused kernel's memory (output +
-  log-sum-exp), as flash / cuDNN / memory-efficient attention on a GPU.
-- No values: every value reads as 0. Sizes that depend on data take their fewest (heterogeneous SparseLoCo's fold
-  of changed embedding entries, MAPL's rows of distinct token ids); guards take their ordinary path.
+  log-sum-exp), as flash / cuDNN / memory-efficient attention on a GPU; RMSNorm CUDA's fused kernel's (input +
+  rstd kept); the optimiser step and clipping are planned as the CPU runs them (per-parameter temporaries CUDA's
+  fused kernels do not make; docs/planning.md).
+- No values: every value reads as 0. Sizes that depend on data take their fewest (MAPL's rows of distinct token
+  ids) or, where the fewest says nothing, their bound (heterogeneous SparseLoCo's fold: the outer step's entries);
+  guards take their ordinary path; work gated on a step counter runs in the planned step and is shown at its
+  cadence (`every N steps` rows).
 - A pipeline's stages run together (their message headers cross through a real TCPStore, nanotron_ext/plan/wire.py);
   TP ranks of a stage are taken to be alike (TP rank 0 planned).
 - `model.compile` is planned eager (an upper bound); FLOPs count causal attention in full (torch's formulas: the
@@ -201,9 +215,11 @@ def render(saved: Dict[str, Any]) -> str:
              "Each planned rank is rank R of the config's real layout, built in its own process over torch's fake "
              "process group on the meta device, and steps a full training iteration (all micro-batches through the "
              "pipeline engine with its neighbours' real message headers, DP sync, clipping, AdamW/Muon, and the DP "
-             "sync's outer step where it has one). Memory is torch's MemTracker (tensors alive at once: the CUDA "
+             "sync's outer step where it has one). Memory is torch's MemTracker, as CUDA keeps the tensors "
+             "(`--device cuda`: RMSNorm's fused kernel; tensors alive at once: the CUDA "
              "context, NCCL buffers and allocator fragmentation come on top); FLOPs torch's FlopCounterMode; bytes "
              "the comm ledger. GiB throughout; TP rank 0 of each distinct replica, every stage.", "",
+             what_changed(runs, COMMAND), "",
              "## Per rank role", "",
              "| run | layout | rank | role | params | weights | grads | optimizer | DP-sync state | activations | "
              "peak GiB | peak, switches flipped | TFLOP/step |", "|" + "---|" * 13]
@@ -229,12 +245,13 @@ def render(saved: Dict[str, Any]) -> str:
     for name, run in runs.items():
         for t in run["tiers"]:
             ratio = "-" if t["ratio"] is None else f"{t['ratio']:.4f}"
-            lines.append(f"| {name} | {t['replica']} ({t['codec']}) | {t['tier']} | {_bytes(t['ledger_bytes'])} | "
+            replica = "-" if t["replica"] is None else f"{t['replica']} ({t['codec']})"
+            lines.append(f"| {name} | {replica} | {t['tier']} | {_bytes(t['ledger_bytes'])} | "
                          f"{_bytes(t['closed_form_bytes'])} | {ratio} |")
     lines += ["", NOTES_TIERS, "", "## Beside the papers", "", "| quantity | paper | ours | ours / paper | why |",
               "|---|---|---|---|---|"]
     lines += [f"| {a} | {b} | {c} | {d} | {e} |" for a, b, c, d, e in paper_rows(runs)]
-    lines += ["", NOTES]
+    lines += ["", "## What the table says", "", verdicts(runs), WHY, "", NOTES]
     lines += ["", "## Runs", "", "| run | config | --set | planning wall s |", "|---|---|---|---|"]
     lines += [f"| {n} | `{r['config']}` | {' '.join(r['set']) or '-'} | {r['wall_s']} |" for n, r in runs.items()]
     return "\n".join(lines) + "\n"
@@ -265,7 +282,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                 continue
             saved["runs"] = {n: saved["runs"][n] for n in RUNS if n in saved["runs"]}  # the table's order
             saved.update(date=datetime.date.today().isoformat(),
-                         machine=f"CPU ({platform.machine()}, 2 cores shared), torch fake process group + meta device")
+                         machine=f"CPU ({platform.machine()}, 2 cores shared), torch fake process group + meta device, "
+                                 f"memory as {DEVICE.upper()} allocates it (--device {DEVICE})")
             table.write_json(path, saved, indent=1)  # after every run: an interrupted table keeps its rows
     table.write_markdown(OUT.with_suffix(".md"), render(saved))
     print(f"wrote {OUT.with_suffix('.md')} and {path}")
