@@ -36,6 +36,8 @@ WIDTH_KEYS = ("model.subspace.k", "model.codec.resbm.h", "model.codec.resbm.m", 
               "model.codec.mapl.rank", "model.codec.mapl.anchor_width")
 TIERS = ("tp", "pp", "dp")
 CONTROL_BYTES = 64  # per call: an agreement flag, a loss or a gradient norm, not a tensor the step moves
+# in plan caches: 2 = step-gated work tagged apart and the embedding fold at its bound (issue 39); plans of 1 are stale
+PLANNER_VERSION = 2
 
 
 def _get(cfg: Any, key: str) -> Any:
@@ -61,10 +63,13 @@ def twin_overrides(config_file: str, overrides: Sequence[str], scale_config: Opt
     return sets
 
 
-def planned(config_file: str, overrides: Sequence[str], cache: Path) -> Dict[str, Any]:
-    """The plan of one config (module docstring, 2.), read back from `cache` when a plan of the same resolved config
-    is there: {"layout", "micro_batches", "schedule", "outer_every", "replica_of" (dp rank -> planned replica),
-    "inner": [per planned replica, per stage: rank plan], "outer": the same for the outer step or None}."""
+def planned(config_file: str, overrides: Sequence[str], cache: Path, device: str = "cpu") -> Dict[str, Any]:
+    """The plan of one config (module docstring, 2.), read back from `cache` when a plan of the same resolved config,
+    device and planner version is there: {"layout", "micro_batches", "schedule", "outer_every", "replica_of" (dp rank
+    -> planned replica), "inner": [per planned replica, per stage: rank plan], "outer": the same for the outer step
+    or None}. `device` "cpu" (the default): FLOPs as the CPU kernels count them, the runs the meter trains and the
+    model clock's committed results; "cuda" differs only for fp32 attention with grouped KV heads (CUDA's math
+    fallback, nanotron_ext.plan.kernels), by about 1.5% of the FLOPs at the meter's model."""
     from nanotron_ext.bench.wan.losses import digest
     from nanotron_ext.config.loader import config_to_dict, load_config
     from nanotron_ext.config.tiers import replica_codecs
@@ -73,7 +78,7 @@ def planned(config_file: str, overrides: Sequence[str], cache: Path) -> Dict[str
     from nanotron_ext.registry import DP_SYNCS
 
     cfg = load_config(config_file, list(overrides))
-    key = digest(config_to_dict(cfg), 16)
+    key = digest({"config": config_to_dict(cfg), "device": device, "planner": PLANNER_VERSION}, 16)
     path = cache / f"plan_{key}.json"
     if path.exists():
         return json.loads(path.read_text())
@@ -92,8 +97,9 @@ def planned(config_file: str, overrides: Sequence[str], cache: Path) -> Dict[str
               "micro_batches": cfg.tokens.batch_accumulation_per_replica, "schedule": p.pp_engine,
               "outer_every": every if every > 1 else 0,
               "replica_of": {str(r): firsts.index(f) for r, f in replica_of.items()},
-              "inner": by_replica(plan_ranks(config_file, list(overrides), cfg, ranks, outer=every <= 1)),
-              "outer": by_replica(plan_ranks(config_file, list(overrides), cfg, ranks)) if every > 1 else None}
+              "inner": by_replica(plan_ranks(config_file, list(overrides), cfg, ranks, outer=every <= 1, device=device)),
+              "outer": by_replica(plan_ranks(config_file, list(overrides), cfg, ranks, device=device))
+              if every > 1 else None}
     cache.mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, json.dumps(result) + "\n")
     return result
