@@ -7,14 +7,14 @@ import io
 import json
 import math
 import os
-import struct
+import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, NoReturn, Optional, Sequence, Tuple
 
-from nanotron_ext.errors import UserFacingError
-from nanotron_ext.fileio import write_bytes_atomic, write_text_atomic
+from nanotron_ext.errors import UserFacingError, one_line
+from nanotron_ext.fileio import first_line, png_text, write_bytes_atomic, write_text_atomic
 
 MAX_RESULT_BYTES = 64 * 2**20  # a result JSON is KBs to a few MB; a larger file is not one
 
@@ -37,14 +37,6 @@ def finite(flag: str, value: float, low: float = -math.inf, high: float = math.i
         raise ArgumentError(f"{flag} {value}: must be a finite number in {bounds}")
 
 
-def seed(flag: str, value: int) -> None:
-    """A seed flag: what torch's and numpy's generators accept (2^70 was an OverflowError traceback)."""
-    from nanotron_ext.config.checks import SEED_LIMIT
-
-    if not 0 <= value < SEED_LIMIT:
-        raise ArgumentError(f"{flag} {value}: must be in [0, 2^63)")
-
-
 def utf8_text(flag: str, value: str) -> None:
     """A text flag must be UTF-8: bytes that are not reach Python as surrogates (os.fsdecode), which a tokenizer
     or print() fails on with a traceback."""
@@ -57,19 +49,50 @@ def utf8_text(flag: str, value: str) -> None:
                             "give UTF-8 text") from None
 
 
-def refuse(error: Exception) -> NoReturn:
+def refuse(error: Exception | str) -> NoReturn:
     """The end of a command whose argument `error` refused: its one line on stderr, exit code 2 (no traceback)."""
-    print(f"error: {error}", file=sys.stderr, flush=True)
+    print(f"error: {one_line(str(error))}", file=sys.stderr, flush=True)
     raise SystemExit(2)
 
 
-def input_file(flag: str, path: str | Path) -> Path:
-    """A file the command reads: it must exist and be a file."""
+
+_SPECIAL = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a named pipe"),
+            (stat.S_ISSOCK, "a socket"))
+CHECKOUT = Path(__file__).resolve().parents[1]  # the checkout this package runs from (an editable install's)
+
+
+def input_file(flag: str, path: str | Path, checkout: bool = False, folder: bool = False) -> Path:
+    """A file the command reads (with `folder`, a folder): a regular file it can open, or a folder it can list (a
+    folder where a file goes, a device, a pipe, a dangling or looping symbolic link, no read permission: refused).
+    With `checkout`, a relative path that is not in the current folder is looked for in the checkout (a default
+    naming one of its files, run from another folder). Returns the path found."""
     p = Path(path).expanduser()
-    if not p.exists():
-        raise ArgumentError(f"{flag} {p} does not exist")
-    if not p.is_file():
-        raise ArgumentError(f"{flag} {p} is a folder; a file is expected")
+    if checkout and not p.is_absolute() and not os.path.lexists(p):
+        if not os.path.lexists(CHECKOUT / p):
+            raise ArgumentError(f"{flag} {p} does not exist (looked in {Path.cwd()} and in the checkout {CHECKOUT})")
+        p = CHECKOUT / p
+    try:
+        if p.is_symlink() and not p.exists():
+            raise ArgumentError(f"{flag} {p} is a symbolic link to nothing (or a loop)")
+        if not p.exists():
+            raise ArgumentError(f"{flag} {p} does not exist")
+        if folder:
+            if not p.is_dir():
+                raise ArgumentError(f"{flag} {p} is not a folder; a folder is expected")
+            with os.scandir(p) as entries:  # (listed, and closed: an open iterator is a ResourceWarning)
+                next(entries, None)
+        elif p.is_dir():
+            raise ArgumentError(f"{flag} {p} is a folder; a file is expected")
+        elif not p.is_file():  # /dev/zero read until memory ran out, a FIFO blocked
+            mode = p.stat().st_mode
+            kind = next((name for test, name in _SPECIAL if test(mode)), "a special file")
+            raise ArgumentError(f"{flag} {p} is {kind}, not a file; a file is expected")
+        else:
+            open(p, "rb").close()
+    except OSError as e:
+        if e.errno in (errno.EACCES, errno.EPERM):
+            raise ArgumentError(f"{flag} {p} cannot be read ({e.strerror}); check its permissions") from None
+        raise unchecked(flag, p, e) from None
     return p
 
 
@@ -106,6 +129,27 @@ class JsonFile:
     def read(self) -> Any:
         """The parsed file: refused when it is missing, not a regular file (a FIFO blocked, /dev/zero filled the
         memory), larger than `max_bytes`, not UTF-8 (binary) or not JSON (garbage, cut short)."""
+        text = self._text()
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as e:
+            self.fail(f"is not JSON ({e.msg} at line {e.lineno} column {e.colno}: damaged or cut short)")
+        except RecursionError:
+            self.fail("is not JSON a program wrote (nested too deeply)")
+
+    def read_lines(self) -> List[Dict[str, Any]]:
+        """A JSON-lines file: one object per line (blank lines skipped), the file checked as `read` checks it."""
+        rows: List[Dict[str, Any]] = []
+        for number, line in ((n, ln) for n, ln in enumerate(self._text().splitlines(), 1) if ln.strip()):
+            try:
+                rows.append(json.loads(line))
+            except (json.JSONDecodeError, RecursionError):
+                self.fail(f"line {number} is not JSON (damaged or cut short)")
+            if not isinstance(rows[-1], dict):
+                self.fail(f"line {number} is {json_kind(rows[-1])}, not an object")
+        return rows
+
+    def _text(self) -> str:
         p = self.path
         try:
             if p.is_symlink() and not p.exists():
@@ -126,12 +170,7 @@ class JsonFile:
             self.fail(f"is not UTF-8 text (byte {e.start} of {len(raw):,}: binary or damaged)")
         if not text.strip():
             self.fail("is empty")
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as e:
-            self.fail(f"is not JSON ({e.msg} at line {e.lineno} column {e.colno}: damaged or cut short)")
-        except RecursionError:
-            self.fail("is not JSON a program wrote (nested too deeply)")
+        return text
 
     def read_object(self) -> Dict[str, Any]:
         """`read`, which must give a JSON object."""
@@ -238,7 +277,7 @@ class Writer:
         except OSError:
             return False
         if head.startswith(PNG_SIGNATURE):
-            return _png_text(path, MARKER_KEY) == self.marker
+            return png_text(path, MARKER_KEY) == self.marker
         if head.split(b"\n", 1)[0].decode("utf-8", "replace").strip() == self.markdown_marker:
             return True
         obj = _read_json(path)
@@ -312,7 +351,7 @@ def output_files(flag: str, result: str | Path, writer: Writer, companions: Sequ
     if main.exists():
         if main.suffix.lower() == ".csv":
             md = main.with_suffix(".md")
-            if not (md in paths and md.exists() and _first_line(md) == writer.markdown_marker):
+            if not (md in paths and md.exists() and first_line(md) == writer.markdown_marker):
                 raise writer._foreign(flag, main)
         elif not writer.wrote(main):
             raise writer._foreign(flag, main)
@@ -331,7 +370,7 @@ def output_stem(flag: str, out: str | Path, writer: Writer, siblings: Sequence[s
     try:
         special = _is_special(given)
     except OSError as e:
-        raise _unchecked(flag, given, e) from None
+        raise unchecked(flag, given, e) from None
     if special:
         raise _not_regular(flag, given)
     main = given if given.suffix.lower() in (".json", ".csv") else given.with_suffix(".json")
@@ -352,7 +391,7 @@ def output_folder(flag: str, path: str | Path) -> Path:
         else:
             _nearest_folder(flag, p)
     except OSError as e:
-        raise _unchecked(flag, p, e) from None
+        raise unchecked(flag, p, e) from None
     return p
 
 
@@ -368,10 +407,11 @@ def _writable_place(flag: str, p: Path) -> None:
                                 "write")
         _nearest_folder(flag, p)
     except OSError as e:
-        raise _unchecked(flag, p, e) from None
+        raise unchecked(flag, p, e) from None
 
 
-def _unchecked(flag: str, p: Path, e: OSError) -> ArgumentError:
+def unchecked(flag: str, p: Path, e: OSError) -> ArgumentError:
+    """The refusal of a path that could not even be looked at (a name too long, a loop in its parent path)."""
     if e.errno == errno.ENAMETOOLONG:
         return ArgumentError(f"{flag} {p}: a name in this path is longer than the file system allows (255 bytes on "
                              "most); shorten it")
@@ -407,36 +447,3 @@ def _read_json(path: Path) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-
-
-def _first_line(path: Path) -> str:
-    try:
-        with open(path, "rb") as f:
-            return f.read(512).split(b"\n", 1)[0].decode("utf-8", "replace").strip()
-    except OSError:
-        return ""
-
-
-def _png_text(path: Path, key: str) -> Optional[str]:
-    """The value of a tEXt chunk `key` before the image data of a PNG, None when there is none (or no PNG)."""
-    try:
-        with open(path, "rb") as f:
-            if f.read(8) != PNG_SIGNATURE:
-                return None
-            for _ in range(64):
-                head = f.read(8)
-                if len(head) < 8:
-                    return None
-                size, kind = struct.unpack(">I4s", head)
-                if kind in (b"IDAT", b"IEND"):
-                    return None
-                if kind == b"tEXt" and size <= 4096:
-                    name, _, value = f.read(size).partition(b"\0")
-                    if name == key.encode("latin-1"):
-                        return value.decode("latin-1")
-                    f.seek(4, os.SEEK_CUR)
-                else:
-                    f.seek(size + 4, os.SEEK_CUR)
-    except OSError:
-        return None
-    return None

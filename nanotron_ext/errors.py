@@ -18,6 +18,11 @@ class NoDenseEquivalent(UserFacingError, ValueError):
     part and why, in one line."""
 
 
+def one_line(text: str) -> str:
+    """`text` as one line: its non-blank lines joined by "; " (a message with a second line of advice)."""
+    return "; ".join(part.strip() for part in text.splitlines() if part.strip())
+
+
 DISK_HINT = "free space there or make it writable (or set general.output_dir / checkpoints.dir)"
 # the errors DISK_HINT is advice for: a full disk (a file size limit stands in for one in tests), no permission
 _DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM, errno.EROFS}

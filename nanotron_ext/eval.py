@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import List, Optional
 
 from nanotron_ext.cli_checks import Writer
+from nanotron_ext.cli_flags import InputPath, Int, OutputFile, Parser, Text
 from nanotron_ext.export import add_run_args
 
 # --json replaces only scores it wrote (a run's metrics.jsonl given by mistake was once replaced)
@@ -22,31 +22,25 @@ EVAL = Writer("python -m nanotron_ext.eval", legacy_keys=("run", "step", "data",
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from nanotron_ext.cli_checks import at_least, output_file
     from nanotron_ext.data.sources import input_files
-    from nanotron_ext.errors import UserFacingError
+    from nanotron_ext.errors import UserFacingError, one_line
     from nanotron_ext.inference.model import load_single_process_model, one_process_group
     from nanotron_ext.inference.perplexity import data_config, score_text
     from nanotron_ext.inference.run import gather, read_live
 
-    parser = argparse.ArgumentParser(prog="python -m nanotron_ext.eval", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="python -m nanotron_ext.eval", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_args(parser)
-    parser.add_argument("--data", required=True, help="a jsonl or parquet file, or a save_to_disk folder")
+    parser.add_argument("--data", required=True, type=InputPath(),
+                        help="a jsonl or parquet file, or a save_to_disk folder")
     parser.add_argument("--source", choices=("jsonl", "parquet", "hf_disk"), default=None,
                         help="reader (default: from the name)")
-    parser.add_argument("--text-key", default="text", help="field holding each document's text")
-    parser.add_argument("--batch-size", type=int, default=None,
+    parser.add_argument("--text-key", default="text", type=Text(), help="field holding each document's text")
+    parser.add_argument("--batch-size", type=Int(1), default=None,  # 0 scored no window: loss 0, perplexity 1
                         help="windows per forward (default: the run's micro-batch)")
-    parser.add_argument("--json", default=None, help="also write the numbers to this JSON file")
+    parser.add_argument("--json", default=None, type=OutputFile(EVAL), help="also write the numbers to this JSON file")
     args = parser.parse_args(argv)
     try:
-        at_least("--batch-size", args.batch_size, 1)  # 0 or -1 scored no window: loss 0, perplexity 1
-        at_least("--replica", args.replica, 0)
-        if args.json:
-            output_file("--json", args.json, EVAL)
-        if not Path(args.data).expanduser().exists() and not Path(args.data).expanduser().is_symlink():
-            raise UserFacingError(f"--data {args.data} does not exist")
         data = data_config(args.data, args.text_key, args.source)
         input_files(data, flag="--data")  # the reader's checks (packages, folder contents, format) before any work
         ckpt, (tok_path, raw) = read_live(args.run, args.step, args.checkpoints, lambda c: (
@@ -57,7 +51,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             score = score_text(model, data, tok_path, tokens.sequence_length, args.batch_size
                                or tokens.micro_batch_size)
     except UserFacingError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(str(e))}", file=sys.stderr)
         return 2
     result = {"run": str(ckpt.run_dir), "step": ckpt.step, "data": args.data, **score.as_dict()}
     print(f"{ckpt.run_dir} step {ckpt.step} on {args.data}: {score.documents} documents, {score.bytes:,} bytes, "

@@ -19,17 +19,21 @@ from typing import List, Optional
 
 import torch
 
+from nanotron_ext.cli_flags import InputFile, InputFolder, Int, OutputFolder, Parser
+
 CHECK_TOKENS = 32
 
 
 def add_run_args(parser: argparse.ArgumentParser) -> None:
     """Options every command that reads a run shares (export, generate, eval)."""
-    parser.add_argument("--run", required=True,
+    parser.add_argument("--run", required=True, type=InputFolder(),
                         help="the run folder, general.output_dir/general.run (e.g. runs/tiny_llama)")
-    parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest complete one)")
-    parser.add_argument("--replica", type=int, default=0, help="DP replica whose weights to read (default 0)")
-    parser.add_argument("--checkpoints", default=None, help="checkpoint folder (default: checkpoints.dir of the run)")
-    parser.add_argument("--tokenizer", default=None, help="tokenizer JSON (default: tokenizer.path of the run)")
+    parser.add_argument("--step", type=Int(0), default=None, help="checkpoint step (default: the newest complete one)")
+    parser.add_argument("--replica", type=Int(0), default=0, help="DP replica whose weights to read (default 0)")
+    parser.add_argument("--checkpoints", default=None, type=InputFolder(),
+                        help="checkpoint folder (default: checkpoints.dir of the run)")
+    parser.add_argument("--tokenizer", default=None, type=InputFile(format="tokenizer"),
+                        help="tokenizer JSON (default: tokenizer.path of the run)")
 
 
 def check_ids(vocab: int, length: int) -> torch.Tensor:
@@ -98,25 +102,23 @@ def export(run: str, out: str, step: Optional[int] = None, replica: int = 0, che
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from nanotron_ext.errors import UserFacingError
+    from nanotron_ext.errors import UserFacingError, one_line
 
-    parser = argparse.ArgumentParser(prog="python -m nanotron_ext.export", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="python -m nanotron_ext.export", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_args(parser)
-    parser.add_argument("--out", required=True, help="folder to write (refused when it exists, unless --overwrite)")
+    parser.add_argument("--out", required=True, type=OutputFolder(),
+                        help="folder to write (refused when it exists, unless --overwrite)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace an earlier export at --out (never a folder that export did not write)")
     parser.add_argument("--no-verify", dest="verify", action="store_false",
                         help="skip comparing the folder's logits with the run's before committing it")
     args = parser.parse_args(argv)
     try:
-        from nanotron_ext.cli_checks import at_least
-
-        at_least("--replica", args.replica, 0)  # -1 was refused only after the checkpoint was opened
         export(args.run, args.out, args.step, args.replica, args.checkpoints, args.tokenizer,
                args.overwrite, args.verify)
     except UserFacingError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(str(e))}", file=sys.stderr)
         return 2
     return 0
 

@@ -9,10 +9,11 @@ import hashlib
 import os
 import shutil
 import socket
+import struct
 import tempfile
 import time
 from pathlib import Path
-from typing import IO
+from typing import IO, Optional
 
 from nanotron_ext.errors import UserFacingError
 
@@ -126,3 +127,40 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def png_text(path: Path, key: str) -> Optional[str]:
+    """The value of a tEXt chunk `key` before the image data of a PNG, None when there is none (or no PNG)."""
+    try:
+        with open(path, "rb") as f:
+            if f.read(8) != _PNG_SIGNATURE:
+                return None
+            for _ in range(64):
+                head = f.read(8)
+                if len(head) < 8:
+                    return None
+                size, kind = struct.unpack(">I4s", head)
+                if kind in (b"IDAT", b"IEND"):
+                    return None
+                if kind == b"tEXt" and size <= 4096:
+                    name, _, value = f.read(size).partition(b"\0")
+                    if name == key.encode("latin-1"):
+                        return value.decode("latin-1")
+                    f.seek(4, os.SEEK_CUR)
+                else:
+                    f.seek(size + 4, os.SEEK_CUR)
+    except OSError:
+        return None
+    return None
+
+
+def first_line(path: Path) -> str:
+    """The first line of a file (its first 512 bytes), stripped; "" when it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(512).split(b"\n", 1)[0].decode("utf-8", "replace").strip()
+    except OSError:
+        return ""

@@ -18,34 +18,29 @@ from nanotron_ext.export import add_run_args
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from nanotron_ext.cli_checks import at_least, finite, seed, utf8_text
-    from nanotron_ext.errors import UserFacingError
+    from nanotron_ext.cli_flags import SEED, Float, Int, Parser, Text
+    from nanotron_ext.errors import UserFacingError, one_line
 
-    parser = argparse.ArgumentParser(prog="python -m nanotron_ext.generate", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="python -m nanotron_ext.generate", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_args(parser)
-    parser.add_argument("--prompt", required=True, help="text to continue")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
-    parser.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass in (0, 1]")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--prompt", required=True, type=Text(), help="text to continue")
+    parser.add_argument("--max-new-tokens", type=Int(1), default=64)
+    parser.add_argument("--temperature", type=Float(0.0), default=0.8, help="0 = greedy")  # (nan passed `< 0`)
+    parser.add_argument("--top-p", type=Float(0.0, 1.0, low_open=True), default=0.95,
+                        help="nucleus sampling mass in (0, 1]")
+    parser.add_argument("--seed", type=SEED, default=0)
     parser.add_argument("--backend", choices=("auto", "native", "hf"), default="auto",
                         help="hf: transformers with a KV cache (standard models); native: our model; "
                              "auto: hf when possible")
     args = parser.parse_args(argv)
     try:
-        at_least("--max-new-tokens", args.max_new_tokens, 1)
-        finite("--temperature", args.temperature, 0.0)  # nan passed a plain `< 0` test
-        finite("--top-p", args.top_p, 0.0, 1.0, low_open=True)
-        at_least("--replica", args.replica, 0)
-        seed("--seed", args.seed)
-        utf8_text("--prompt", args.prompt)
         from nanotron_ext.inference.model import one_process_group
 
         with one_process_group():
             run_generation(args)
     except UserFacingError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(str(e))}", file=sys.stderr)
         return 2
     return 0
 

@@ -18,6 +18,7 @@ No banner is printed (torchrun's OMP_NUM_THREADS notice and its per-worker shutd
 """
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import sys
@@ -95,26 +96,42 @@ def _fixed_world(args: object) -> Optional[int]:
     return int(nproc) * int(lo)
 
 
+NPROC_WORDS = ("auto", "cpu", "gpu", "xpu")  # what torchrun's --nproc_per_node takes besides a count
+
+
+def torchrun_parser() -> argparse.ArgumentParser:
+    """torchrun's own parser (the same options and defaults) as one of ours: every error one line, exit code 2, and
+    the numbers this launcher relies on checked when parsed (--nproc_per_node=-1 was an AssertionError traceback
+    from torch elastic, `two` a ValueError traceback; --max-restarts -1, --master-port 70000 or a NaN
+    --monitor-interval reached torch)."""
+    from torch.distributed.run import get_args_parser
+
+    from nanotron_ext.cli_flags import Float, Int, IntRange, OutputFolder, Parser
+
+    torchrun = get_args_parser()
+    parser = Parser(prog="python -m nanotron_ext.launch", description=torchrun.description, parents=[torchrun],
+                    add_help=False, formatter_class=torchrun.formatter_class)
+    types = {"nproc_per_node": Int(1, words=NPROC_WORDS), "nnodes": IntRange(1), "max_restarts": Int(0),
+             "monitor_interval": Float(0.0, low_open=True), "node_rank": Int(0), "master_port": Int(0, 65535),
+             "shutdown_timeout": Int(0), "log_dir": OutputFolder()}
+    for action in parser._actions:  # noqa: SLF001 - argparse has no public way to change an option's type
+        if action.dest in types:
+            action.type = types[action.dest]
+    return parser
+
+
 def check_world_args(args: object) -> None:
-    """--nproc_per_node and --nnodes as torchrun reads them, checked before anything starts: -1 was an
-    AssertionError traceback from torch elastic, `two` a ValueError traceback."""
+    """--nproc_per_node as torchrun reads it, checked before anything starts: a word it takes (gpu) on a machine
+    without that device (the count and --nnodes were checked when parsed)."""
     from torch.distributed.run import determine_local_world_size
 
     from nanotron_ext.cli_checks import ArgumentError
 
     nproc = str(getattr(args, "nproc_per_node", "1"))
     try:
-        count = determine_local_world_size(nproc)
+        determine_local_world_size(nproc)
     except ValueError as e:
-        known = "a count >= 1, or auto, cpu, gpu or xpu"
-        why = "" if str(e).startswith("Unsupported") else f" ({e})"
-        raise ArgumentError(f"--nproc_per_node {nproc}: must be {known}{why}") from None
-    if count < 1:
-        raise ArgumentError(f"--nproc_per_node {nproc}: must be >= 1 (processes on this node)")
-    nnodes = str(getattr(args, "nnodes", "1"))
-    parts = nnodes.split(":")
-    if len(parts) > 2 or not all(p.isdigit() and int(p) >= 1 for p in parts) or int(parts[0]) > int(parts[-1]):
-        raise ArgumentError(f"--nnodes {nnodes}: must be a count >= 1 or a range MIN:MAX with 1 <= MIN <= MAX")
+        raise ArgumentError(f"--nproc_per_node {nproc}: cannot be used here ({e})") from None
 
 
 def preflight_line(args: object) -> Optional[str]:
@@ -122,9 +139,8 @@ def preflight_line(args: object) -> Optional[str]:
     our trainer and they fail, else None (another script, or nothing to refuse)."""
     if not (getattr(args, "module", False) and getattr(args, "training_script", None) == "nanotron_ext.train"):
         return None
-    from nanotron_ext.errors import UserFacingError, os_error_line
+    from nanotron_ext.errors import UserFacingError, one_line, os_error_line
     from nanotron_ext.train.__main__ import preflight
-    from nanotron_ext.train.failures import one_line
 
     try:
         preflight(list(args.training_script_args), _fixed_world(args))
@@ -139,19 +155,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher import api as launcher_api
-    from torch.distributed.run import get_args_parser, run
+    from torch.distributed.run import run
 
     from nanotron_ext.train.failures import LAUNCHER_ENV
 
-    parser = get_args_parser()
-    parser.prog = "python -m nanotron_ext.launch"
-    args = parser.parse_args(argv)
+    args = torchrun_parser().parse_args(argv)
     from nanotron_ext.cli_checks import ArgumentError
+    from nanotron_ext.errors import one_line
 
     try:
         check_world_args(args)
     except ArgumentError as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
+        print(f"error: {one_line(str(e))}", file=sys.stderr, flush=True)
         return 2
     line = preflight_line(args)
     if line:

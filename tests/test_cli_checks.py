@@ -90,7 +90,7 @@ def test_config_values_that_passed_load_are_refused_there(sets: List[str], line:
     # row 16: a negative bandwidth and an unreachable quorum passed load, then failed with a traceback or
     # "last error: None"
     got = _cli("nanotron_ext.config", ["show", *[a for s in sets for a in ("--set", s)]])
-    assert _one_line(got) == f"config error: {line}"
+    assert _one_line(got) == f"error: {line}"
 
 
 def test_data_max_documents_below_one_is_refused(tmp_path: Path) -> None:
@@ -274,13 +274,14 @@ def _load_script(path: Path) -> object:
 
 # (command, its main, argv, the output flag, its value, the file it writes there: both under tmp)
 SLOW_LINK = ["--config", str(TINY), "--setting", "a:model.codec.kind=identity", "--bandwidth", "1"]
-MAPL = ["--config-file", str(TINY), "--checkpoint", "no/ckpt"]
+FOLDER = str(TINY.parent)  # an input that exists: inputs are checked first, in the order given
+MAPL = ["--config-file", str(TINY), "--checkpoint", FOLDER]
 COMMANDS = [
     ("plan", "nanotron_ext.plan.__main__", ["--config-file", str(TINY)], "--json", "plan.json", "plan.json"),
-    ("eval", "nanotron_ext.eval", ["--run", "no/run", "--data", "no/data.jsonl"], "--json", "s.json", "s.json"),
-    ("resbm.analyse", "nanotron_ext.resbm.analyse", ["--checkpoint", "no/ckpt"], "--out", "o",
+    ("eval", "nanotron_ext.eval", ["--run", FOLDER, "--data", str(TINY)], "--json", "s.json", "s.json"),
+    ("resbm.analyse", "nanotron_ext.resbm.analyse", ["--checkpoint", FOLDER], "--out", "o",
      "o/effective_rank.json"),
-    ("resbm.analyse png", "nanotron_ext.resbm.analyse", ["--checkpoint", "no/ckpt"], "--out", "o", "o/spectra.png"),
+    ("resbm.analyse png", "nanotron_ext.resbm.analyse", ["--checkpoint", FOLDER], "--out", "o", "o/spectra.png"),
     ("subspace.analyse", "nanotron_ext.subspace.analyse", ["--config-file", str(TINY)], "--out", "o",
      "o/analysis.json"),
     ("mapl.analyse", "nanotron_ext.mapl.analyse", MAPL, "--out", "m.json", "m.json"),
@@ -331,5 +332,5 @@ def test_a_saved_result_that_is_a_pipe_is_one_line(tmp_path: Path, script: str, 
     flag = argv[argv.index("{fifo}") - 1]
     got = subprocess.run([sys.executable, script, *[a.format(fifo=fifo, tmp=tmp_path) for a in argv]], cwd=REPO,
                          capture_output=True, text=True, timeout=120)
-    assert _one_line(got) == f"error: {flag} {fifo} is not a file; give the JSON a script wrote"
+    assert _one_line(got) == f"error: {flag} {fifo} is a named pipe, not a file; a file is expected"
     assert os.listdir(tmp_path) == ["saved.json"]

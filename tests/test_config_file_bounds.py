@@ -33,7 +33,7 @@ def test_a_10_mb_config_of_keys_or_of_one_value_is_refused_unread(tmp_path: Path
     value = tmp_path / "value.yaml"
     value.write_text("general:\n  run: " + "x" * 10_000_000 + "\n")
     for path in (keys, value):
-        assert _show(path) == f"config error: config file {path} is {path.stat().st_size:,} bytes, {LIMIT}"
+        assert _show(path) == f"error: config file {path} is {path.stat().st_size:,} bytes, {LIMIT}"
 
 
 @pytest.mark.parametrize("text", ["model: " + "[" * 10_000 + "]" * 10_000 + "\n",
@@ -43,30 +43,30 @@ def test_a_config_nested_10000_deep_is_one_line(tmp_path: Path, text: str) -> No
     path.write_text(text)
     # the 33rd level (the document's mapping is the 1st): the 32nd `[`, or the key inside the 31st `{`
     column = 7 + 32 if text[7] == "[" else 7 + 4 * 30 + 2
-    assert _show(path) == (f"config error: {path}: invalid YAML at line 1, column {column}: values nested more than "
+    assert _show(path) == (f"error: {path}: invalid YAML at line 1, column {column}: values nested more than "
                            "32 deep, far beyond any config")
 
 
 def test_dev_zero_a_fifo_and_a_folder_are_refused_before_reading(tmp_path: Path) -> None:
     fifo = tmp_path / "config.yaml"
     os.mkfifo(fifo)  # opening it would block until a writer came
-    assert _show("/dev/zero") == ("config error: config file /dev/zero is a character device, not a file; give a "
-                                  "YAML file")
-    assert _show(fifo) == f"config error: config file {fifo} is a named pipe, not a file; give a YAML file"
-    assert _show(tmp_path) == f"config error: config file {tmp_path} is a folder; give a YAML file"
+    # (--config-file is checked when the arguments are parsed; load_config checks a path from code the same way)
+    assert _show("/dev/zero") == "error: --config-file /dev/zero is a character device, not a file; a file is expected"
+    assert _show(fifo) == f"error: --config-file {fifo} is a named pipe, not a file; a file is expected"
+    assert _show(tmp_path) == f"error: --config-file {tmp_path} is a folder; a file is expected"
 
 
 def test_a_config_that_is_not_utf8_names_the_byte(tmp_path: Path) -> None:
     path = tmp_path / "latin1.yaml"
     path.write_bytes("general:\n  run: caf\u00e9\n".encode("latin-1"))
-    assert _show(path) == (f"config error: config file {path} is not UTF-8 text (byte 0xe9 at offset 19); a YAML "
+    assert _show(path) == (f"error: config file {path} is not UTF-8 text (byte 0xe9 at offset 19); a YAML "
                            "config is text")
 
 
 def test_the_training_launcher_refuses_dev_zero_before_any_process_group(tmp_path: Path) -> None:
     line = _one_line(["--nproc_per_node=1", "-m", "nanotron_ext.train", "--config-file", "/dev/zero"],
                      module="nanotron_ext.launch")
-    assert line == "error: config file /dev/zero is a character device, not a file; give a YAML file"
+    assert line == "error: --config-file /dev/zero is a character device, not a file; a file is expected"
 
 
 def test_thousands_of_unknown_keys_list_ten() -> None:

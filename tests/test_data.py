@@ -442,7 +442,7 @@ def test_hf_disk_source_reads_like_jsonl(tmp_path):
 # ---------------------------------------------------------------- CLI
 
 
-def test_cli_prepare_passes_overrides_to_load_config(prepared, monkeypatch, capsys):
+def test_cli_prepare_passes_overrides_to_load_config(prepared, monkeypatch, capsys, tmp_path):
     from nanotron_ext.data.__main__ import main
 
     _, cfg, _, _ = prepared
@@ -450,6 +450,8 @@ def test_cli_prepare_passes_overrides_to_load_config(prepared, monkeypatch, caps
     fake = types.ModuleType("nanotron_ext.config.loader")
     fake.load_config = lambda path, overrides: calls.append((path, overrides)) or cfg
     monkeypatch.setitem(sys.modules, "nanotron_ext.config.loader", fake)
+    monkeypatch.chdir(tmp_path)
+    Path("run.yaml").write_text("{}\n")  # --config-file must name a file (checked when parsed)
     rc = main(["prepare", "--config-file", "run.yaml", "--set", "general.seed=42", "--set", "data.text_key=text",
                "--no-progress"])
     assert rc == 0 and calls == [("run.yaml", ["general.seed=42", "data.text_key=text"])]
@@ -463,7 +465,8 @@ def test_cli_prepare_reports_data_errors_without_a_traceback(tmp_path, monkeypat
     fake = types.ModuleType("nanotron_ext.config.loader")
     fake.load_config = lambda path, overrides: make_config(tmp_path, paths=[tmp_path / "missing.jsonl"])
     monkeypatch.setitem(sys.modules, "nanotron_ext.config.loader", fake)
-    assert main(["prepare", "--config-file", "run.yaml", "--no-progress"]) == 2
+    (tmp_path / "run.yaml").write_text("{}\n")
+    assert main(["prepare", "--config-file", str(tmp_path / "run.yaml"), "--no-progress"]) == 2
     assert "error: data.paths[0]:" in capsys.readouterr().err
 
 

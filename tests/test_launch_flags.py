@@ -12,15 +12,16 @@ FT = TINY.parent / "config_tiny_sparseloco_ft.yaml"
 
 
 @pytest.mark.parametrize("value, line", [
-    ("-1", "--nproc_per_node -1: must be >= 1 (processes on this node)"),  # an AssertionError traceback
-    ("0", "--nproc_per_node 0: must be >= 1 (processes on this node)"),
-    ("two", "--nproc_per_node two: must be a count >= 1, or auto, cpu, gpu or xpu"),  # a ValueError traceback
+    ("-1", "--nproc-per-node -1: must be >= 1"),  # an AssertionError traceback
+    ("0", "--nproc-per-node 0: must be >= 1"),
+    ("two", "--nproc-per-node two: not an integer or one of auto, cpu, gpu, xpu"),  # a ValueError traceback
 ])
 def test_the_launchers_process_count_is_checked_first(capsys, value: str, line: str) -> None:
     from nanotron_ext.launch import main
 
-    assert main([f"--nproc_per_node={value}", "-m", "nanotron_ext.train", "--config-file", str(TINY)]) == 2
-    assert capsys.readouterr().err == f"error: {line}\n"
+    with pytest.raises(SystemExit) as e:  # refused while the arguments are parsed
+        main([f"--nproc_per_node={value}", "-m", "nanotron_ext.train", "--config-file", str(TINY)])
+    assert e.value.code == 2 and capsys.readouterr().err == f"error: {line}\n"
 
 
 @pytest.mark.parametrize("value, line", [
@@ -30,5 +31,6 @@ def test_the_launchers_process_count_is_checked_first(capsys, value: str, line: 
 def test_ft_launch_join_timeout_is_checked_before_the_lighthouse(capsys, value: str, line: str) -> None:
     from nanotron_ext.sparseloco.ft_launch import main
 
-    assert main(["--config-file", str(FT), "--join-timeout-ms", value]) == 2
-    assert capsys.readouterr().err == f"error: {line}\n"
+    with pytest.raises(SystemExit) as e:  # refused while the arguments are parsed
+        main(["--config-file", str(FT), "--join-timeout-ms", value])
+    assert e.value.code == 2 and capsys.readouterr().err == f"error: {line}\n"

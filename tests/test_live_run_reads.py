@@ -112,7 +112,9 @@ def test_a_prompt_that_is_not_utf8_is_one_line(trained, capsys) -> None:
 
     out = trained["root"] / "out"
     prompt = os.fsdecode(b"ab\xffc")
-    assert main(["--run", str(out / "run"), "--checkpoints", str(out / "ckpt"), "--prompt", prompt]) == 2
+    with pytest.raises(SystemExit) as e:  # refused while the arguments are parsed
+        main(["--run", str(out / "run"), "--checkpoints", str(out / "ckpt"), "--prompt", prompt])
+    assert e.value.code == 2
     assert capsys.readouterr().err == ("error: --prompt 'ab\\xffc': not valid UTF-8 text (byte 0xff at position 2); "
                                        "give UTF-8 text\n")
 

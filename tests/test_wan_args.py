@@ -45,7 +45,7 @@ def test_dry_run_from_another_folder_finds_the_checkouts_config(tmp_path: Path) 
     ("--inner-steps", "-1", "--inner-steps -1: must be >= 1"),
     ("--timeout-s", "0", "--timeout-s 0.0: must be a finite number in (0, inf]"),
     ("--target-rel", "nan", "--target-rel nan: must be a finite number in (-1, inf]"),
-    ("--seeds", "-1", "--seeds -1: must be in [0, 2^63)"),
+    ("--seeds", "-1", "--seeds -1: must be >= 0"),
     ("--reference", "ddp", "--reference ddp is not among --systems pipeline: its final validation loss sets the "
                            "target every system is timed to"),
 ])
@@ -57,8 +57,8 @@ def test_a_set_typo_is_refused_before_any_run(tmp_path: Path) -> None:
     runs, out = tmp_path / "runs", tmp_path / "result.json"
     got = _wan(["--systems", "pipeline", "--seeds", "1", "--steps", "2", "--runs", str(runs), "--out", str(out),
                 "--set", "optimizer.lrr=1e-3"])
-    assert _one_line(got) == ("error: --set (run internet-200m-50ms pipeline seed 1): optimizer.lrr: unknown key; "
-                              "did you mean 'lr'?")
+    assert _one_line(got).startswith("error: --set (run internet-200m-50ms pipeline seed 1): optimizer.lrr: unknown "
+                                     "key; did you mean 'lr'?; allowed keys in section optimizer: name, lr, ")
     assert not runs.exists() and not out.exists()
 
 
@@ -87,11 +87,11 @@ def test_from_json_of_the_wrong_shape_is_one_line(tmp_path: Path) -> None:
     other = REPO / "reproduce" / "boost" / "cpu_table3.json"  # BOOST Table 3's result: rows of another shape
     out = tmp_path / "out.json"
     assert _one_line(_wan(["--from-json", str(listed), "--out", str(out)])) == (
-        f"error: --from-json {listed}: not a result a reproduction script wrote (a JSON list)")
+        f"error: --from-json {listed} holds a JSON list, not an object")
     assert _one_line(_wan(["--from-json", str(other), "--out", str(out)])) == (
         f"error: --from-json {other}: row 0 has no 'preset'; not a result of python -m nanotron_ext.bench.wan")
     assert _one_line(_wan(["--from-json", "/dev/zero", "--out", str(out)])) == (
-        "error: --from-json /dev/zero is not a file; give the JSON a script wrote")
+        "error: --from-json /dev/zero is a character device, not a file; a file is expected")
     assert not out.exists()
 
 

@@ -8,7 +8,6 @@
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import shutil
 import sys
@@ -27,6 +26,7 @@ from nanotron_ext.config.loader import (
 from nanotron_ext.config.schema import Config, ConfigError
 from nanotron_ext.config.tiers import replica_codecs, tier_forms
 from nanotron_ext.config.yaml_io import dump_yaml
+from nanotron_ext.errors import one_line
 from nanotron_ext.registry import CODECS, DP_SYNCS, TP_STRATEGIES, techniques
 
 if TYPE_CHECKING:
@@ -139,7 +139,9 @@ def render_tiers(config: Config) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m nanotron_ext.config", description=__doc__.split("\n\n")[0])
+    from nanotron_ext.cli_flags import Parser
+
+    parser = Parser(prog="python -m nanotron_ext.config", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     show = sub.add_parser("show", help="print the resolved config as YAML")
     add_config_args(show, required=False)
@@ -151,7 +153,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         config = config_from_args(args)
     except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
+        print(f"error: {one_line(str(e))}", file=sys.stderr)
         return 2
     sys.stdout.write(config_to_yaml(config))
     sys.stdout.write(render_tiers(config))

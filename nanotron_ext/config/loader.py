@@ -364,9 +364,11 @@ def save_config(config: Config, path: str | Path) -> None:
 
 def add_config_args(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
     """Add `--config-file FILE` and repeatable `--set KEY=VALUE` (read by `config_from_args`)."""
-    parser.add_argument("--config-file", required=required, metavar="FILE",
+    from nanotron_ext.cli_flags import InputFile, KeyValue  # (cli_flags sits above config/)
+
+    parser.add_argument("--config-file", required=required, metavar="FILE", type=InputFile(format="yaml"),
                         help="YAML run configuration" + ("" if required else " (default: every default)"))
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", type=KeyValue(),
                         help="override one key, value parsed as YAML, e.g. --set optimizer.lr=3e-4 "
                              "--set parallelism.layers_per_stage=[2,2]; repeatable, later ones win")
 

@@ -14,13 +14,13 @@ CPU run); the plan records which.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from typing import List, Optional
 
-from nanotron_ext.cli_checks import Writer, at_least, finite, output_file
+from nanotron_ext.cli_checks import Writer
+from nanotron_ext.cli_flags import Float, Int, OutputFile, Parser
 from nanotron_ext.config.loader import add_config_args, config_from_args
-from nanotron_ext.errors import UserFacingError
+from nanotron_ext.errors import UserFacingError, one_line
 
 DEVICES = ("cuda", "cpu")  # nanotron_ext.plan.kernels.DEVICES (not imported here: it imports torch)
 
@@ -29,22 +29,20 @@ PLAN = Writer("python -m nanotron_ext.plan", legacy_keys=("layout", "ranks", "ti
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m nanotron_ext.plan", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="python -m nanotron_ext.plan", description=__doc__.split("\n\n")[0])
     add_config_args(parser)
-    parser.add_argument("--rank", default=None,
+    parser.add_argument("--rank", default=None, type=Int(0, words=("all",)),
                         help="a global rank, or 'all' (default: every stage of each distinct replica, TP rank 0)")
-    parser.add_argument("--gpu-memory", type=float, default=80.0, help="GiB per GPU (default: %(default)s)")
+    parser.add_argument("--gpu-memory", type=Float(0.0, low_open=True), default=80.0,
+                        help="GiB per GPU (default: %(default)s)")
     parser.add_argument("--device", choices=DEVICES, default="cuda",
                         help="memory as this device allocates it: where an op's saved tensors differ (RMSNorm's fused "
                              "CUDA kernel), as it runs there; cpu to compare with a CPU run (default: %(default)s, "
                              "the GPU the --gpu-memory verdict is for)")
-    parser.add_argument("--json", default=None,
+    parser.add_argument("--json", default=None, type=OutputFile(PLAN),  # checked when parsed: before the plan runs
                         help="also write the plan to this JSON file (replaces only a plan written before)")
     args = parser.parse_args(argv)
     try:
-        finite("--gpu-memory", args.gpu_memory, 0.0, low_open=True)
-        if args.json:
-            output_file("--json", args.json, PLAN)
         cfg = config_from_args(args)
         p = cfg.parallelism
         world = p.dp * p.tp * p.pp
@@ -55,17 +53,13 @@ def main(argv: Optional[List[str]] = None) -> int:
             ranks = default_ranks(cfg)
         elif args.rank == "all":
             ranks = list(range(world))
-        else:
-            try:
-                ranks = [int(args.rank)]
-            except ValueError:
-                raise UserFacingError(f"--rank {args.rank}: a global rank (an integer) or 'all'") from None
-            at_least("--rank", ranks[0], 0)
+        else:  # (an integer >= 0 or 'all': checked when parsed)
+            ranks = [args.rank]
             if ranks[0] >= world:
                 raise UserFacingError(f"--rank {ranks[0]}: the layout dp={p.dp} x tp={p.tp} x pp={p.pp} has ranks "
                                       f"0..{world - 1}")
     except UserFacingError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(str(e))}", file=sys.stderr)
         return 2
     summary = plan(args.config_file, list(args.overrides), cfg, ranks, args.device)
     sys.stdout.write(_render(summary, args.config_file, args.overrides))

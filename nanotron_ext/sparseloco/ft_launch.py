@@ -28,41 +28,34 @@ def replica_command(args: argparse.Namespace, replica: int, run: str, ckpt_dir: 
             *[x for s in args.set + sets for x in ("--set", s)]]
 
 
-def check_numbers(args: argparse.Namespace) -> None:
-    """The numeric flags, before the lighthouse starts: --join-timeout-ms -5 was torchft's OverflowError traceback
-    (a u64 of milliseconds there, so 2^64 too)."""
-    from nanotron_ext.cli_checks import ArgumentError, at_least
-
-    at_least("--nproc_per_node", args.nproc_per_node, 1)
-    at_least("--max-restarts", args.max_restarts, 0)
-    at_least("--join-timeout-ms", args.join_timeout_ms, 0)
-    if args.join_timeout_ms >= 2**63:
-        raise ArgumentError(f"--join-timeout-ms {args.join_timeout_ms}: must be < 2^63")
-
-
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m nanotron_ext.sparseloco.ft_launch", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config-file", required=True)
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config overrides, for all")
-    parser.add_argument("--nproc_per_node", type=int, default=1, help="processes per replica (its tp x pp)")
-    parser.add_argument("--max-restarts", type=int, default=3, help="restarts of each replica that dies")
-    parser.add_argument("--join-timeout-ms", type=int, default=60000,
+    from nanotron_ext.cli_flags import InputFile, Int, KeyValue, Parser
+
+    # the numbers are checked when parsed, before the lighthouse starts: --join-timeout-ms -5 was torchft's
+    # OverflowError traceback (a u64 of milliseconds there, so 2^64 too)
+    parser = Parser(prog="python -m nanotron_ext.sparseloco.ft_launch", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config-file", required=True, type=InputFile(format="yaml"))
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", type=KeyValue(),
+                        help="config overrides, for all")
+    parser.add_argument("--nproc_per_node", type=Int(1), default=1, help="processes per replica (its tp x pp)")
+    parser.add_argument("--max-restarts", type=Int(0), default=3, help="restarts of each replica that dies")
+    parser.add_argument("--join-timeout-ms", type=Int(0), default=60000,
                         help="how long a quorum waits for live replicas still in their inner loop")
     args = parser.parse_args(argv)
 
     from nanotron_ext.cli_checks import ArgumentError
     from nanotron_ext.config import ConfigError, load_config
+    from nanotron_ext.errors import one_line
 
     try:
-        check_numbers(args)
         cfg = load_config(args.config_file, overrides=args.set)
         ft = cfg.sparseloco.fault_tolerance
         if cfg.parallelism.dp_sync != "sparseloco" or not ft.enabled:
             raise ConfigError("sparseloco.fault_tolerance.enabled: this launcher runs fault-tolerant SparseLoCo; set "
                               "parallelism.dp_sync=sparseloco and sparseloco.fault_tolerance.enabled=true")
     except (ArgumentError, ConfigError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(str(e))}", file=sys.stderr)
         return 2
     from torchft.coordination import LighthouseServer
 

@@ -49,9 +49,10 @@ def _interrupted(cfg: object, trainer: object) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from nanotron_ext.cli_flags import Parser
     from nanotron_ext.config.loader import add_config_args
 
-    parser = argparse.ArgumentParser(prog="python -m nanotron_ext.train", description=__doc__)
+    parser = Parser(prog="python -m nanotron_ext.train", description=__doc__)
     add_config_args(parser)
     return parser
 

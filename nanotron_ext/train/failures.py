@@ -17,17 +17,14 @@ import time
 import traceback
 from typing import Callable, Optional
 
+from nanotron_ext.errors import one_line
+
 LAUNCHER_ENV = "NANOTRON_EXT_LAUNCHER"  # set by nanotron_ext.launch for its workers: it prints their errors
 _ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
 
 
 def rank() -> int:
     return int(os.environ.get("RANK", "0"))
-
-
-def one_line(text: str) -> str:
-    """`text` as one line: its non-blank lines joined by "; " (a message with a second line of advice)."""
-    return "; ".join(part.strip() for part in text.splitlines() if part.strip())
 
 
 def report(line: str, code: int, *, every_rank: bool = False) -> int:

@@ -14,7 +14,7 @@ from typing import Any, Dict, Mapping, Sequence, Tuple
 
 from nanotron_ext.bench.report import read_saved
 from nanotron_ext.bench.wan.presets import ANCHORS
-from nanotron_ext.cli_checks import ArgumentError, JsonFile, at_least, finite, json_kind, output_folder, seed
+from nanotron_ext.cli_checks import ArgumentError, JsonFile, input_file, json_kind
 from nanotron_ext.config.checks import ConfigError
 
 # what table(), figure() and the claims read of each saved row
@@ -24,35 +24,21 @@ ROW_KEYS = ("preset", "system", "seeds", "steady_step_s", "steady_step_s_se", "s
 
 
 def config_file(flag: str, value: str | Path, repo: Path) -> Path:
-    """A config path as given (relative to the current folder), else relative to the checkout `repo`: the
-    defaults name files of the checkout, which a run from another folder did not find."""
-    path = Path(value).expanduser()
-    for candidate in [path] if path.is_absolute() else [path, repo / path]:
-        if candidate.is_file():
-            return candidate.resolve()
-        if candidate.exists():
-            raise ArgumentError(f"{flag} {value} is not a file (a folder?); a YAML config file is expected")
-    where = "" if path.is_absolute() else f" (looked in {Path.cwd()} and in the checkout {repo})"
-    raise ArgumentError(f"{flag} {value} does not exist{where}")
+    """A config path as given (relative to the current folder), else relative to the checkout: the defaults name
+    files of the checkout, which a run from another folder did not find (cli_checks.input_file's rule; the flag's
+    type checked it when parsed)."""
+    del repo  # the checkout is input_file's
+    return input_file(flag, value, checkout=True).resolve()
 
 
 def check_numbers(args: argparse.Namespace) -> None:
-    """The numeric flags, the reference and --runs."""
-    at_least("--steps", args.steps, 1)
-    at_least("--val-every", args.val_every, 1)  # validations are the points of the loss-vs-time curve
-    at_least("--inner-steps", args.inner_steps, 1)
-    at_least("--calibration-steps", args.calibration_steps, 1)
-    at_least("--jobs", args.jobs, 1)
-    finite("--timeout-s", args.timeout_s, 0.0, low_open=True)
-    finite("--target-rel", args.target_rel, -1.0, low_open=True)  # target = loss x (1 + this) must stay > 0
-    for value in args.seeds:
-        seed("--seeds", value)
+    """What the flags' types cannot see alone (each value was checked when parsed): seeds given twice, the
+    reference among the systems."""
     if len(set(args.seeds)) < len(args.seeds):
         raise ArgumentError(f"--seeds {' '.join(map(str, args.seeds))}: a seed is given twice (one run per seed)")
     if getattr(args, "reference_given", True) and args.reference not in args.systems:  # (the default may be absent)
         raise ArgumentError(f"--reference {args.reference} is not among --systems {' '.join(args.systems)}: its "
                             "final validation loss sets the target every system is timed to")
-    output_folder("--runs", args.runs)
 
 
 def check_runs(runs: Mapping[str, Tuple[Path, Sequence[str]]], extra: Sequence[str]) -> None:

@@ -68,39 +68,45 @@ from nanotron_ext.bench.wan.modelled import measure_model, publish_model
 from nanotron_ext.bench.wan.presets import ANCHORS, CLOCK_PRESETS
 from nanotron_ext.bench.wan.results import CLAIMS, figure, headline, merged_runs, pooled_rows, table
 from nanotron_ext.bench.wan.systems import BASE, DEFAULT_SYSTEMS, REPO, SYSTEMS, system_config
+from nanotron_ext.cli_flags import one_line_refusals
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    from nanotron_ext.cli_flags import CONFIG, SEED, Float, InputFile, Int, KeyValue, OutputFolder
     from nanotron_ext.parallel.link import LINK_PRESETS
 
     p = script_parser(__doc__, "runs/wan/result.json")
     p.add_argument("--preset", nargs="+", default=["internet-200m-50ms"], choices=[*LINK_PRESETS, *ANCHORS],
                    help="link preset(s) of the pipeline and DP tiers; one row per system per preset ("
                         f"{', '.join(ANCHORS)}: a paper's link scaled to this machine's compute, calibrated first)")
-    p.add_argument("--calibration-steps", type=int, default=8, help="steps of the anchors' calibration run")
-    p.add_argument("--calibration-from", metavar="JSON",
+    p.add_argument("--calibration-steps", type=Int(1), default=8, help="steps of the anchors' calibration run")
+    p.add_argument("--calibration-from", metavar="JSON", type=InputFile(format="json"),
                    help="reuse the links an earlier result of this meter calibrated (its meta's anchor_calibration) "
                         "instead of calibrating again: runs added to that result get the same links, so --merge "
                         "pools like with like")
     p.add_argument("--tp-preset", default="nvlink", choices=list(LINK_PRESETS), help="the TP group's link preset")
     p.add_argument("--systems", "--system", nargs="+", default=DEFAULT_SYSTEMS, choices=list(SYSTEMS),
                    help=f"systems to meter (known: {', '.join(SYSTEMS)})")
-    p.add_argument("--reference", help="the system whose final validation loss sets the target, one of --systems "
+    p.add_argument("--reference", choices=list(SYSTEMS),
+                   help="the system whose final validation loss sets the target, one of --systems "
                    "(default: pipeline; without it among --systems there is no target)")
-    p.add_argument("--target-rel", type=float, default=0.02,
+    p.add_argument("--target-rel", type=Float(-1.0, low_open=True), default=0.02,  # the target must stay > 0
                    help="target = reference final validation loss x (1 + this)")
-    p.add_argument("--config", default=BASE, help="model, data and budget every system shares")
-    p.add_argument("--steps", type=int, default=60, help="training steps (the same token budget for every system)")
-    p.add_argument("--val-every", type=int, default=10, help="validation interval in steps (the loss-vs-time points)")
-    p.add_argument("--inner-steps", type=int, default=10, help="SparseLoCo's inner steps H between outer syncs")
-    p.add_argument("--seeds", type=int, nargs="+", default=[1, 2], help="one run per seed per system")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra override for every run")
-    p.add_argument("--runs", default="runs/wan", help="where the runs' folders go")
-    p.add_argument("--timeout-s", type=float, default=1800, help="per run")
+    p.add_argument("--config", default=BASE, type=CONFIG,
+                   help="model, data and budget every system shares")
+    p.add_argument("--steps", type=Int(1), default=60, help="training steps (the same token budget for every system)")
+    p.add_argument("--val-every", type=Int(1), default=10,
+                   help="validation interval in steps (the loss-vs-time points)")
+    p.add_argument("--inner-steps", type=Int(1), default=10, help="SparseLoCo's inner steps H between outer syncs")
+    p.add_argument("--seeds", type=SEED, nargs="+", default=[1, 2], help="one run per seed per system")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", type=KeyValue(),
+                   help="extra override for every run")
+    p.add_argument("--runs", default="runs/wan", type=OutputFolder(), help="where the runs' folders go")
+    p.add_argument("--timeout-s", type=Float(0.0, low_open=True), default=1800, help="per run")
     p.add_argument("--reuse", action="store_true",
                    help="read a finished run of the same resolved config instead of training")
     p.add_argument("--dry-run", action="store_true", help="resolve and print every run's config, train nothing")
-    p.add_argument("--jobs", type=int, default=1,
+    p.add_argument("--jobs", type=Int(1), default=1,
                    help="runs trained side by side (emulated link waits are sleeps; keep jobs x processes per run "
                         "within the cores, or the step times include the runs' contention)")
     p.add_argument("--clock", choices=["emulated", "model"], default="emulated",
@@ -112,13 +118,13 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--equal-time", nargs="+", default=[], metavar="SYSTEM", choices=list(SYSTEMS),
                    help="--clock model: also train these systems for the reference's time to target on each "
                         "preset's clock (full overlap) at their own step time, their schedule over that length")
-    p.add_argument("--max-steps", type=int, default=4000, help="--equal-time: at most this many steps per run")
-    p.add_argument("--equal-time-seeds", type=int, nargs="+", metavar="SEED",
+    p.add_argument("--max-steps", type=Int(1), default=4000, help="--equal-time: at most this many steps per run")
+    p.add_argument("--equal-time-seeds", type=SEED, nargs="+", metavar="SEED",
                    help="--equal-time: the seeds of those runs (default: every --seeds)")
     p.add_argument("--validate-clock", action="store_true",
                    help="time each of --systems twice (no links, then emulated over --preset, one run at a time) "
                         "and hold the model clock's bounds to the emulated step (bench/wan/validate.py)")
-    p.add_argument("--merge", nargs="+", metavar="JSON",
+    p.add_argument("--merge", nargs="+", metavar="JSON", type=InputFile(format="json"),
                    help="measure nothing: pool the per-seed runs of several results of this meter (e.g. systems "
                         "measured on different machines, same --steps, --reference and --target-rel) into --out")
     args = help_with_defaults(p).parse_args(argv)
@@ -132,8 +138,9 @@ def planned_runs(args: argparse.Namespace) -> Dict[str, Tuple[Path, List[str]]]:
             for p in args.preset for s in args.systems for seed in args.seeds}
 
 
+@one_line_refusals
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from nanotron_ext.errors import UserFacingError
+    from nanotron_ext.errors import UserFacingError, one_line
 
     args = parse_args(argv)
     try:  # every argument checked before anything is trained or written (--out when parsed: bench.report)
@@ -162,7 +169,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         runs = loss_plan(args) if args.clock == "model" and not args.validate_clock else planned_runs(args)
         check_runs(runs, args.set)
     except UserFacingError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(str(e))}", file=sys.stderr)
         return 2
     if args.dry_run:
         from nanotron_ext.bench.presets import dry_run
@@ -184,9 +191,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def check_clock_args(args: argparse.Namespace) -> None:
     """--equal-time and --max-steps: systems among --systems (their clocks are computed), a positive cap."""
-    from nanotron_ext.cli_checks import ArgumentError, at_least
+    from nanotron_ext.cli_checks import ArgumentError
 
-    at_least("--max-steps", args.max_steps, 1)
     args.equal_time_seeds = args.equal_time_seeds or args.seeds
     if any(seed not in args.seeds for seed in args.equal_time_seeds):
         raise ArgumentError(f"--equal-time-seeds {' '.join(map(str, args.equal_time_seeds))}: each must be among "
