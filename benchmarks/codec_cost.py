@@ -28,6 +28,7 @@ from gpu_check import CODECS  # noqa: E402
 
 from nanotron_ext.bench import launch as bl  # noqa: E402
 from nanotron_ext.bench import report as br  # noqa: E402
+from nanotron_ext.cli_flags import one_line_refusals  # noqa: E402
 
 JOBS = Path(__file__).resolve().parent / "gpu_check_jobs.py"
 TITLE = "Boundary codec cost (one boundary, d = 768, bf16 autocast; ns per token, median)"
@@ -93,14 +94,19 @@ def render(saved: Dict[str, Any]) -> Dict[str, Any]:
     return {"headers": headers, "body": body, "verdicts": [], "figure": fig, "notes": notes, "extra": {}}
 
 
+@one_line_refusals
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    from nanotron_ext.cli_flags import Int, Text
+
     p = br.script_parser(__doc__, "runs/codec_cost/codec_cost_cpu.json")
-    p.add_argument("--label", default="now", help="name of this measurement (rows of other labels in --out are kept)")
-    p.add_argument("--micro-batch", type=int, default=16, help="sequences per micro-batch")
-    p.add_argument("--seq", type=int, default=1024, help="tokens per sequence")
-    p.add_argument("--iters", type=int, default=7, help="timed calls per codec and measure")
-    p.add_argument("--warmup", type=int, default=2, help="leading calls dropped")
-    p.add_argument("--threads", type=int, default=1, help="OMP threads of the job (1: steadiest on a shared machine)")
+    p.add_argument("--label", default="now", type=Text(),
+                   help="name of this measurement (rows of other labels in --out are kept)")
+    p.add_argument("--micro-batch", type=Int(1), default=16, help="sequences per micro-batch")
+    p.add_argument("--seq", type=Int(1), default=1024, help="tokens per sequence")
+    p.add_argument("--iters", type=Int(1), default=7, help="timed calls per codec and measure")
+    p.add_argument("--warmup", type=Int(0), default=2, help="leading calls dropped")
+    p.add_argument("--threads", type=Int(1), default=1,
+                   help="OMP threads of the job (1: steadiest on a shared machine)")
     args = br.help_with_defaults(p).parse_args(argv)
     if args.from_json:
         saved = br.read_saved(args.from_json)

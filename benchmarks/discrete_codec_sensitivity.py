@@ -46,6 +46,7 @@ import gpu_check as gc_plan  # noqa: E402
 
 from nanotron_ext.bench import launch as bl  # noqa: E402
 from nanotron_ext.bench import report as br  # noqa: E402
+from nanotron_ext.cli_flags import one_line_refusals  # noqa: E402
 
 TECHNIQUES = ("mapl_rvq", "mapl", "int4", "topk", "full_rank")
 NOISE = 1e-7
@@ -314,15 +315,21 @@ def render(saved: Dict[str, Any]) -> Dict[str, Any]:
             "extra": {"summary": summ, **{k: saved[k] for k in ("arms",) if k in saved}}}
 
 
+@one_line_refusals
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    from nanotron_ext.cli_flags import Float, InputFile, Int, Names, Text
+
     p = br.script_parser(__doc__, str(WORK / "cpu.json"))
-    p.add_argument("--steps", type=int, default=10, help="training steps per run (the GPU check's)")
-    p.add_argument("--techniques", default=",".join(TECHNIQUES), help="comma-separated gpu_check technique names")
+    p.add_argument("--steps", type=Int(1), default=10, help="training steps per run (the GPU check's)")
+    p.add_argument("--techniques", default=",".join(TECHNIQUES), type=Names(TECHNIQUES),
+                   help="comma-separated gpu_check technique names")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="which arm to run")
-    p.add_argument("--merge", help="a result of the CPU arm to add the CUDA arm's rows to (needs its base rows)")
-    p.add_argument("--rows", help="measure nothing: the rows (JSONL) a --device run's worker wrote elsewhere")
-    p.add_argument("--rows-date", help="with --rows: the date they were measured")
-    p.add_argument("--timeout", type=float, default=3000, help="seconds for the worker job")
+    p.add_argument("--merge", type=br.SAVED_RESULT,
+                   help="a result of the CPU arm to add the CUDA arm's rows to (needs its base rows)")
+    p.add_argument("--rows", type=InputFile(format="jsonl"),
+                   help="measure nothing: the rows (JSONL) a --device run's worker wrote elsewhere")
+    p.add_argument("--rows-date", type=Text(), help="with --rows: the date they were measured")
+    p.add_argument("--timeout", type=Float(0.0, low_open=True), default=3000, help="seconds for the worker job")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--plan", help=argparse.SUPPRESS)
     p.add_argument("--results", help=argparse.SUPPRESS)
@@ -337,13 +344,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.from_json:
         saved = br.read_saved(args.from_json)
     else:
-        WORK.mkdir(parents=True, exist_ok=True)
         techniques = args.techniques.split(",")
-        if args.rows:  # a worker's rows from another machine (the CUDA arm)
-            rows = [json.loads(line) for line in Path(args.rows).read_text().splitlines() if line.strip()]
-            meta = {"machine": rows[0]["machine"], "torch": rows[0]["torch"], "steps": args.steps,
-                    "date": args.rows_date}
+        if args.rows:  # a worker's rows from another machine (the CUDA arm): one line naming what is wrong
+            from nanotron_ext.cli_checks import ArgumentError, JsonFile, refuse
+
+            given = JsonFile(Path(args.rows), "--rows", advice="give the rows a --device run's worker wrote")
+            try:
+                rows = given.read_lines()
+                machine, torch_version = (given.need(rows[0], key, str, "line 1") for key in ("machine", "torch"))
+            except ArgumentError as e:
+                refuse(e)
+            meta = {"machine": machine, "torch": torch_version, "steps": args.steps, "date": args.rows_date}
         else:
+            WORK.mkdir(parents=True, exist_ok=True)
             rows = measure(args.device, args.steps, techniques, args.timeout)
             meta = br.run_meta({"steps": args.steps, "torch": __import__("torch").__version__})
         if args.device == "cuda":

@@ -85,6 +85,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_check_report as report  # noqa: E402
 
 from nanotron_ext.bench import launch as bl  # noqa: E402
+from nanotron_ext.cli_flags import one_line_refusals  # noqa: E402
 
 JOBS_SCRIPT = Path(__file__).resolve().parent / "gpu_check_jobs.py"
 # in the order they run: the throughput figures first, on an idle machine, and before a lease can run out
@@ -451,7 +452,8 @@ def rerender(path: str) -> int:
 
 
 def check_outputs(args: argparse.Namespace, out: Path) -> None:
-    """Every result file and folder the check writes, before any stage runs (the rule of cli_checks.Writer)."""
+    """Every result file and folder the check writes, before any stage runs (the rule of cli_checks.Writer; the
+    folders given were checked when parsed, the defaults are checked here)."""
     from nanotron_ext.cli_checks import ArgumentError, output_folder, refuse
 
     try:
@@ -464,18 +466,29 @@ def check_outputs(args: argparse.Namespace, out: Path) -> None:
         refuse(e)
 
 
+@one_line_refusals
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from nanotron_ext.cli_flags import Float, InputFile, Int, KeyValue, Names, OutputFolder, Parser
+
+    known = tuple(dict.fromkeys([it["name"] for it in technique_items()] + list(CODECS)))
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dry-run", action="store_true", help="the same plan on CPU/gloo with tiny shapes (no GPU needed)")
-    p.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated, in this order: {','.join(STAGES)}")
-    p.add_argument("--out", help="result folder (default benchmarks/results/gpu; dry run: runs/gpu_check_dry/results)")
-    p.add_argument("--work", help="work folder (default runs/gpu_check, dry run runs/gpu_check_dry)")
-    p.add_argument("--budget", action="append", default=[], metavar="STAGE=SECONDS", help="a stage's time budget")
-    p.add_argument("--steps", type=int, help="training steps per technique (default 10; dry run 3)")
-    p.add_argument("--only", help="comma-separated techniques (stage techniques) or codecs (stage codecs) to run")
-    p.add_argument("--copy-to", help="also copy the result files here after every stage (e.g. $OUT)")
+    p.add_argument("--stages", default=",".join(STAGES), type=Names(STAGES),
+                   help=f"comma-separated, in this order: {','.join(STAGES)}")
+    p.add_argument("--out", type=OutputFolder(),
+                   help="result folder (default benchmarks/results/gpu; dry run: runs/gpu_check_dry/results)")
+    p.add_argument("--work", type=OutputFolder(),
+                   help="work folder (default runs/gpu_check, dry run runs/gpu_check_dry)")
+    p.add_argument("--budget", action="append", default=[], metavar="STAGE=SECONDS",
+                   type=KeyValue(Float(0.0, low_open=True), keys=STAGES), help="a stage's time budget")
+    p.add_argument("--steps", type=Int(1), help="training steps per technique (default 10; dry run 3)")
+    p.add_argument("--only", type=Names(known),
+                   help="comma-separated techniques (stage techniques) or codecs (stage codecs) to run")
+    p.add_argument("--copy-to", type=OutputFolder(),
+                   help="also copy the result files here after every stage (e.g. $OUT)")
     p.add_argument("--fresh", action="store_true", help="do not merge into an existing result file")
-    p.add_argument("--from-json", help="measure nothing: re-render the markdown and PNG of a result file")
+    p.add_argument("--from-json", type=InputFile(format="json"),
+                   help="measure nothing: re-render the markdown and PNG of a result file")
     p.add_argument("--verbose", action="store_true", help="stream the jobs' output")
     args = p.parse_args(argv)
     if args.from_json:
@@ -483,18 +496,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args.work = args.work or str(REPO / ("runs/gpu_check_dry" if args.dry_run else "runs/gpu_check"))
     out = Path(args.out or (Path(args.work) / "results" if args.dry_run else REPO / "benchmarks/results/gpu"))
     check_outputs(args, out)
-    stages = [s for s in args.stages.split(",") if s]
-    unknown = [s for s in stages if s not in STAGES]
-    if unknown:
-        p.error(f"--stages: unknown {unknown}; stages: {', '.join(STAGES)}")
-    known = [it["name"] for it in technique_items()] + list(CODECS)
-    unknown = [n for n in (args.only or "").split(",") if n and n not in known]
-    if unknown:
-        p.error(f"--only: unknown {unknown}; techniques and codecs: {', '.join(dict.fromkeys(known))}")
-    for spec in args.budget:
-        stage, _, seconds = spec.partition("=")
-        if stage not in STAGES or not seconds.replace(".", "", 1).isdigit():
-            p.error(f"--budget {spec}: expected STAGE=SECONDS with STAGE one of {', '.join(STAGES)}")
+    stages = [s for s in args.stages.split(",") if s]  # (--stages, --only and --budget were checked when parsed)
     if args.dry_run:  # one thread per job: OpenMP threads spinning on a shared 2-core machine cost 5x here
         os.environ.setdefault("OMP_NUM_THREADS", "1")
     run = Run(args)

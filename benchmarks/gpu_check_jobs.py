@@ -33,6 +33,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # plain_llama beside this file
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository (nanotron_ext, reproduce)
 
+from nanotron_ext.cli_flags import one_line_refusals  # noqa: E402
+
 _CONTEXTS: List[Any] = []  # the one ParallelContext of the throughput and codecs jobs
 
 
@@ -386,14 +388,24 @@ def _fatal(e: BaseException) -> bool:
     return any(k in text for k in ("CUDA error", "NCCL", "cuDNN error", "CUBLAS_STATUS", "illegal memory"))
 
 
+@one_line_refusals
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from nanotron_ext.cli_checks import ArgumentError, JsonFile, refuse
+    from nanotron_ext.cli_flags import InputFile, Parser, Text
+
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--job", choices=sorted(JOBS), required=True)
-    p.add_argument("--plan", required=True, help="the plan JSON gpu_check.py wrote")
+    p.add_argument("--plan", required=True, type=InputFile(format="json"), help="the plan JSON gpu_check.py wrote")
     p.add_argument("--results", required=True, help="JSONL file the rows are appended to")
-    p.add_argument("--skip", default="", help="comma-separated item names already done")
+    p.add_argument("--skip", default="", type=Text(empty=True), help="comma-separated item names already done")
     args = p.parse_args(argv)
-    plan = json.loads(Path(args.plan).read_text())
+    given = JsonFile(Path(args.plan), "--plan", advice="give the plan gpu_check.py wrote")
+    try:
+        plan = given.read_object()
+        given.need(plan, "items", list)
+        given.number(plan, "deadline")
+    except ArgumentError as e:
+        refuse(e)
     if plan.get("compile_backend"):
         # the dry run: inductor's code generation takes ~30 s per graph on 2 CPU cores; tracing and AOT
         # autograd (what breaks when the model cannot be compiled) still run with this backend

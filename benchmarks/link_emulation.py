@@ -29,30 +29,35 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from nanotron_ext.cli_flags import one_line_refusals
+
 REPO = Path(__file__).resolve().parents[1]
 NETNS_SCRIPT = REPO / "scripts" / "netns_pipeline.sh"
 TOLERANCE = 0.15  # the agreement target between emulated and really shaped goodput
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from nanotron_ext.cli_flags import Float, Int, NumberList, Parser, Text
+
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--local", action="store_true", help="spawn both ranks on loopback")
     mode.add_argument("--compare", action="store_true", help="run the shaped/emulated comparison table")
-    p.add_argument("--emulate-mbps", default="none",
+    p.add_argument("--emulate-mbps", default="none", type=NumberList(0, integer=False, words=("none",)),
                    help="send through a LinkEmulator of this bandwidth in Mbit/s (0 = unlimited; 'none' = no "
                         "emulator); a comma list (e.g. 0,none) alternates the variants run by run, so they "
                         "share whatever load the machine has")
-    p.add_argument("--latency-ms", type=float, default=0.0, help="emulated one-way latency")
-    p.add_argument("--micro-batch", type=int, default=1)
-    p.add_argument("--seq", type=int, default=256)
-    p.add_argument("--hidden", type=int, default=1024)
-    p.add_argument("--count", type=int, default=8, help="tensors per timed run (sent back to back)")
-    p.add_argument("--repeats", type=int, default=3, help="timed runs; the median is reported")
-    p.add_argument("--label", default="", help="free text copied into the RESULT line")
-    p.add_argument("--rate-mbps", type=float, default=80.0, help="--compare: shaped and emulated rate")
-    p.add_argument("--unshaped-count", type=int, default=32, help="--compare: tensors per run without a rate limit")
-    p.add_argument("--unshaped-repeats", type=int, default=7, help="--compare: runs without a rate limit")
+    p.add_argument("--latency-ms", type=Float(0.0), default=0.0, help="emulated one-way latency")
+    p.add_argument("--micro-batch", type=Int(1), default=1)
+    p.add_argument("--seq", type=Int(1), default=256)
+    p.add_argument("--hidden", type=Int(1), default=1024)
+    p.add_argument("--count", type=Int(1), default=8, help="tensors per timed run (sent back to back)")
+    p.add_argument("--repeats", type=Int(1), default=3, help="timed runs; the median is reported")
+    p.add_argument("--label", default="", type=Text(empty=True), help="free text copied into the RESULT line")
+    p.add_argument("--rate-mbps", type=Float(0.0, low_open=True), default=80.0,
+                   help="--compare: shaped and emulated rate")
+    p.add_argument("--unshaped-count", type=Int(1), default=32, help="--compare: tensors per run without a rate limit")
+    p.add_argument("--unshaped-repeats", type=Int(1), default=7, help="--compare: runs without a rate limit")
     return p.parse_args(argv)
 
 
@@ -284,6 +289,7 @@ def compare(args: argparse.Namespace) -> int:
     return 0 if value["a"] is not None and value["b"] is not None and _agree(value["b"], value["a"]) else 1
 
 
+@one_line_refusals
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     if args.compare:

@@ -21,20 +21,26 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
+from nanotron_ext.cli_flags import one_line_refusals
+
 REPO = Path(__file__).resolve().parents[1]
 TOLERANCE = 0.15
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from nanotron_ext.cli_flags import Float, Int, Parser
+
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--local", action="store_true", help="spawn both ranks on loopback (torchrun)")
     mode.add_argument("--compare", action="store_true", help="shaped vs emulated table (root for netns)")
-    p.add_argument("--emulate-mbps", type=float, default=0.0, help="DP tier bandwidth in Mbit/s (0 = not emulated)")
-    p.add_argument("--rate-mbps", type=float, default=80.0, help="--compare: shaped and emulated rate")
-    p.add_argument("--mib", type=float, default=2.0, help="all-reduce size in MiB")
-    p.add_argument("--count", type=int, default=3, help="all-reduces per timed run")
-    p.add_argument("--repeats", type=int, default=3, help="timed runs; the median is reported")
+    p.add_argument("--emulate-mbps", type=Float(0.0), default=0.0,
+                   help="DP tier bandwidth in Mbit/s (0 = not emulated)")
+    p.add_argument("--rate-mbps", type=Float(0.0, low_open=True), default=80.0,
+                   help="--compare: shaped and emulated rate")
+    p.add_argument("--mib", type=Float(0.0, low_open=True), default=2.0, help="all-reduce size in MiB")
+    p.add_argument("--count", type=Int(1), default=3, help="all-reduces per timed run")
+    p.add_argument("--repeats", type=Int(1), default=3, help="timed runs; the median is reported")
     return p.parse_args(argv)
 
 
@@ -105,6 +111,7 @@ def compare(args: argparse.Namespace) -> int:
     return 0 if abs(ratio - 1) <= TOLERANCE else 1
 
 
+@one_line_refusals
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     if args.compare:

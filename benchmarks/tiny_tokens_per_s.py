@@ -18,6 +18,8 @@ import tempfile
 from pathlib import Path
 from typing import Dict, List
 
+from nanotron_ext.cli_flags import one_line_refusals
+
 REPO = Path(__file__).resolve().parent.parent
 LAYOUTS = {"dp2": (2, 1, 1), "tp2": (1, 2, 1), "pp2": (1, 1, 2)}
 
@@ -42,21 +44,24 @@ def run_layout(name: str, steps: int, config: Path, work: Path) -> Dict[str, obj
     return {**summary, "layout": name}  # the row's name, not the summary's {dp, tp, pp} dict
 
 
+@one_line_refusals
 def main(argv: List[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--layouts", default="dp2,tp2,pp2")
-    parser.add_argument("--config-file", type=Path, default=REPO / "examples" / "config_tiny_llama.yaml")
-    parser.add_argument("--out", type=Path, help="also write the rows as JSON (replaces only a result it wrote)")
-    args = parser.parse_args(argv)
     from nanotron_ext.bench.report import REPORT
-    from nanotron_ext.cli_checks import ArgumentError, output_file, refuse
+    from nanotron_ext.cli_flags import InputFile, Int, Names, OutputFile, Parser
 
-    try:  # before any layout runs (the rule of cli_checks.Writer)
-        if args.out:
-            output_file("--out", args.out, REPORT)
-    except ArgumentError as e:
-        refuse(e)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=Int(1), default=30)
+    parser.add_argument("--layouts", default="dp2,tp2,pp2", type=Names(tuple(LAYOUTS)))  # (a typo: a KeyError
+    # traceback after the layouts before it had trained)
+    parser.add_argument("--config-file", type=InputFile(format="yaml", as_path=True),
+                        default=str(REPO / "examples" / "config_tiny_llama.yaml"))
+    # --out is checked before any layout runs (the rule of cli_checks.Writer)
+    parser.add_argument("--out", type=OutputFile(REPORT, as_path=True),
+                        help="also write the rows as JSON (replaces only a result it wrote)")
+    args = parser.parse_args(argv)
+    from nanotron_ext.config.loader import load_config
+
+    load_config(args.config_file)  # before the first layout starts (a damaged config: one line)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.layouts.split(","):

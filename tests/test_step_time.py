@@ -62,8 +62,16 @@ def test_two_stages_afab_over_a_link_take_gpipes_bubble_plus_the_link() -> None:
     assert half["stage_wire_s"] == pytest.approx(2 * m * t)  # one wire carries both directions
 
 
+def _exit_code(argv: list) -> object:
+    """main's exit code: what it returns, or the SystemExit of a flag refused while the arguments are parsed."""
+    try:
+        return step_time.main(argv)
+    except SystemExit as e:
+        return e.code
+
+
 def test_an_unknown_preset_is_one_line_naming_it_and_the_known_ones(capsys: pytest.CaptureFixture) -> None:
-    assert step_time.main(["--config-file", TINY, "--preset", "a10g-typo"]) == 2
+    assert _exit_code(["--config-file", TINY, "--preset", "a10g-typo"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "'a10g-typo'" in err[0]
     assert all(name in err[0] for name in all_presets())
@@ -71,7 +79,7 @@ def test_an_unknown_preset_is_one_line_naming_it_and_the_known_ones(capsys: pyte
 
 @pytest.mark.parametrize("tflops", ["0", "-3", "nan"])
 def test_a_throughput_that_is_not_positive_is_one_line(tflops: str, capsys: pytest.CaptureFixture) -> None:
-    assert step_time.main(["--config-file", TINY, "--preset", "resbm-a10g-80m", "--tflops", tflops]) == 2
+    assert _exit_code(["--config-file", TINY, "--preset", "resbm-a10g-80m", "--tflops", tflops]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: --tflops")
 
@@ -80,13 +88,13 @@ def test_the_report_reads_a_cached_plan_and_prints_bounds_tokens_and_breakdown(
         tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """The tiny config's plan seeded in the cache under its key (nothing planned): one stage of 6e12 FLOPs at the
     preset's 18.6 TFLOP/s is 6 / 18.6 s per step, whatever the tiny config's layout would plan."""
-    from nanotron_ext.bench.wan.losses import digest
-    from nanotron_ext.config.loader import config_to_dict, load_config
+    from nanotron_ext.bench.wan.profile import plan_path
+    from nanotron_ext.config.loader import load_config
 
     cfg = load_config(TINY, [])
     plan = _plan([_rank(6e12, {})], m=cfg.tokens.batch_accumulation_per_replica)
     del plan["tokens_per_step"]
-    (tmp_path / f"plan_{digest(config_to_dict(cfg), 16)}.json").write_text(json.dumps(plan))
+    plan_path(cfg, tmp_path).write_text(json.dumps(plan))
     out_json = tmp_path / "t.json"
     assert step_time.main(["--config-file", TINY, "--preset", "resbm-a10g-80m", "--plans", str(tmp_path),
                            "--json", str(out_json)]) == 0
@@ -121,6 +129,6 @@ def test_a_preset_stage_override_keeps_the_rest() -> None:
 def test_json_never_replaces_a_file_it_did_not_write(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     mine = tmp_path / "notes.json"
     mine.write_text('{"mine": 1}\n')
-    assert step_time.main(["--config-file", TINY, "--preset", "resbm-a10g-80m", "--json", str(mine)]) == 2
+    assert _exit_code(["--config-file", TINY, "--preset", "resbm-a10g-80m", "--json", str(mine)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: --json") and mine.read_text() == '{"mine": 1}\n'

@@ -10,7 +10,9 @@ from typing import Callable, Dict, List, Optional
 def write_or_check(expected: Callable[[], Dict[Path, str]], argv: Optional[List[str]], description: str,
                    script: str) -> int:
     """`script [--check]`: write every expected file, or (--check) exit 1 naming the files that differ."""
-    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from nanotron_ext.cli_flags import Parser
+
+    p = Parser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--check", action="store_true", help="compare the files with this source instead of writing")
     args = p.parse_args(argv)
     stale = []

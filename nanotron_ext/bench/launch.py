@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from nanotron_ext.bench.report import checked_out, run_meta, write_rows
+from nanotron_ext.bench.report import SAVED_RESULT, checked_out, run_meta, write_rows
+from nanotron_ext.cli_flags import Float, Int, OutputFolder
 from nanotron_ext.config.loader import load_config, save_config
 
 # torchrun arguments that mean "the user set up the rendezvous": then we do not add --standalone
@@ -104,13 +105,15 @@ def add_run_args(parser: argparse.ArgumentParser, iters: int, warmup: int, out: 
                  worker: bool = True) -> None:
     """Options every script that launches torchrun jobs shares, --from-json, and (with `worker`, for a
     script that is its own torchrun worker) the hidden worker-side ones."""
-    parser.add_argument("--iters", type=int, default=iters, help=f"timed iterations per variant (default {iters})")
-    parser.add_argument("--warmup", type=int, default=warmup, help=f"leading iterations dropped (default {warmup})")
+    parser.add_argument("--iters", type=Int(1), default=iters,
+                        help=f"timed iterations per variant (default {iters})")
+    parser.add_argument("--warmup", type=Int(0), default=warmup, help=f"leading iterations dropped (default {warmup})")
     parser.add_argument("--out", default=out, type=checked_out, help=out_help)  # refused when parsed, not after
-    parser.add_argument("--from-json", metavar="JSON",
+    parser.add_argument("--from-json", metavar="JSON", type=SAVED_RESULT,
                         help="measure nothing: re-render the table and paper column of a result this script wrote")
-    parser.add_argument("--log-dir", help="keep resolved configs, the worker log and raw JSON here (default: temp dir)")
-    parser.add_argument("--timeout", type=float, default=900, help="seconds for the torchrun job")
+    parser.add_argument("--log-dir", type=OutputFolder(),
+                        help="keep resolved configs, the worker log and raw JSON here (default: temp dir)")
+    parser.add_argument("--timeout", type=Float(0, low_open=True), default=900, help="seconds for the torchrun job")
     parser.add_argument("--verbose", action="store_true", help="stream worker output")
     if worker:
         parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -134,8 +137,10 @@ def early_phase(args: argparse.Namespace, worker: Callable[[argparse.Namespace],
         from nanotron_ext.bench.report import read_saved
 
         return publish_saved(read_saved(args.from_json))
-    if check_iters and args.iters <= args.warmup:
-        raise SystemExit(f"--iters ({args.iters}) must exceed --warmup ({args.warmup})")
+    if check_iters and args.iters <= args.warmup:  # (was exit code 1, without "error:")
+        from nanotron_ext.cli_checks import refuse
+
+        refuse(f"--iters {args.iters}: must exceed --warmup ({args.warmup})")
     return None
 
 

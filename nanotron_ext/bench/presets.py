@@ -13,6 +13,7 @@ import argparse
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from nanotron_ext.cli_flags import SEED, InputPath
 from nanotron_ext.models.param_count import count_params, fmt_count
 
 GPU_COMMON = ["model.dtype=bf16", "general.backend=auto", "logging.progress_bar=true"]
@@ -22,10 +23,10 @@ def add_preset_args(parser: argparse.ArgumentParser, gpu_what: str, seeds: Seque
     """--preset, --data, --seeds and --dry-run; `gpu_what` says what the GPU preset runs."""
     parser.add_argument("--preset", choices=["cpu", "gpu"], default="cpu",
                         help=f"cpu: the CPU scale of the committed results; gpu: {gpu_what} (default: %(default)s)")
-    parser.add_argument("--data", metavar="JSONL",
+    parser.add_argument("--data", metavar="JSONL", type=InputPath(),
                         help="gpu preset: a local jsonl file or folder to train on (sets data.paths; prepared "
                              "beside it); default: the paper config's data.paths")
-    parser.add_argument("--seeds", type=int, nargs="+", default=list(seeds),
+    parser.add_argument("--seeds", type=SEED, nargs="+", default=list(seeds),
                         help="one run per seed (general.seed); verdicts need two or more (default: %(default)s)")
     parser.add_argument("--dry-run", action="store_true",
                         help="resolve and print every run's config and parameter count, train nothing (default: off)")

@@ -23,10 +23,11 @@ import os
 import platform
 import subprocess
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, NoReturn, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from nanotron_ext.bench.paper import Verdict, verdict_table
 from nanotron_ext.cli_checks import Writer
+from nanotron_ext.cli_flags import InputFile, OutputStem, Parser
 from nanotron_ext.fileio import write_text_atomic
 
 # every result published here (reproduction scripts, benchmarks, the meter) carries this marker; results written
@@ -111,23 +112,13 @@ def help_with_defaults(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     return parser
 
 
-def checked_out(value: str) -> str:
-    """--out, checked when the arguments are parsed, before anything is measured (a bad --out used to surface only
-    when the result was written, after hours): <out>.json (or the .csv), <out>.md and <out>.png by the rule of
-    every written file (cli_checks.Writer): each may replace only a file REPORT wrote, never a run's summary.json;
-    none may be a folder or a device, and --out itself not a device (/dev/null)."""
-    from nanotron_ext.cli_checks import ArgumentError, output_stem
-
-    try:
-        output_stem("--out", value, REPORT)
-    except ArgumentError as e:
-        _refuse(str(e))
-    return value
-
-
-def checked_out_path(value: str) -> Path:
-    """checked_out for a script that reads --out as a Path."""
-    return Path(checked_out(value))
+# --out of every script, checked when the arguments are parsed, before anything is measured (a bad --out used to
+# surface only when the result was written, after hours): <out>.json (or the .csv), <out>.md and <out>.png by the
+# rule of every written file (cli_checks.Writer): each may replace only a file REPORT wrote, never a run's
+# summary.json; none may be a folder or a device, and --out itself not a device (/dev/null)
+checked_out = OutputStem(REPORT)
+checked_out_path = OutputStem(REPORT, as_path=True)  # for a script that reads --out as a Path
+SAVED_RESULT = InputFile(format="json")  # --from-json: a result a script wrote (read_saved checks its content)
 
 
 def add_output_args(parser: argparse.ArgumentParser, default_out: str) -> None:
@@ -135,40 +126,30 @@ def add_output_args(parser: argparse.ArgumentParser, default_out: str) -> None:
     parser.add_argument("--out", default=default_out, type=checked_out,
                         help="the result's JSON; the markdown and PNG are written beside it (default: %(default)s; "
                              "the committed result under reproduce/ is only rewritten when --out names it)")
-    parser.add_argument("--from-json", metavar="JSON",
+    parser.add_argument("--from-json", metavar="JSON", type=SAVED_RESULT,
                         help="measure nothing: re-render a result this script wrote (its JSON) to --out")
 
 
 def script_parser(description: Optional[str], default_out: str) -> argparse.ArgumentParser:
     """The parser of a reproduction script: its docstring as help text, --out and --from-json."""
-    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_output_args(p, default_out)
     return p
 
 
 def read_saved(path: str | Path, flag: str = "--from-json") -> Dict[str, Any]:
-    """A result a script wrote (--from-json, or `flag`, e.g. --merge); when it is not one, one line naming the flag
-    and the file and exit code 2 (a user's argument error, as every command's)."""
-    from nanotron_ext.cli_checks import MAX_RESULT_BYTES
+    """A result a script wrote (--from-json, or `flag`, e.g. --merge): a JSON object with its rows (a list) or its
+    meta (an object); when it is not one, an ArgumentError naming the flag and the file, which every script's main
+    turns into its one line and exit code 2 (cli_flags.one_line_refusals)."""
+    from nanotron_ext.cli_checks import JsonFile
 
-    if Path(path).exists() and not Path(path).is_file():  # a folder, or /dev/zero: read until memory ran out
-        _refuse(f"{flag} {path} is not a file; give the JSON a script wrote")
-    try:
-        if Path(path).stat().st_size > MAX_RESULT_BYTES:
-            _refuse(f"{flag} {path}: {Path(path).stat().st_size:,} bytes, not a result a reproduction script wrote")
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:  # (UnicodeDecodeError is a ValueError)
-        _refuse(f"{flag} {path}: cannot read a saved result ({e})")
-    if not isinstance(data, dict) or not ({"rows", "meta", "utilisation_model"} & set(data)):
-        what = f"a JSON {type(data).__name__}" if not isinstance(data, dict) else "an object without 'rows' or 'meta'"
-        _refuse(f"{flag} {path}: not a result a reproduction script wrote ({what})")
+    saved = JsonFile(Path(path), flag)
+    data = saved.read_object()
+    if not {"rows", "meta", "utilisation_model"} & set(data):
+        saved.fail("holds an object without rows or meta: not a result a reproduction script wrote")
+    saved.need(data, "rows", list, optional=True)  # {"rows": NaN} was a traceback while re-rendering
+    saved.need(data, "meta", dict, optional=True)
     return data
-
-
-def _refuse(line: str) -> NoReturn:
-    from nanotron_ext.cli_checks import refuse
-
-    refuse(line)
 
 
 def print_header(title: str, meta: Mapping[str, Any], *details: str) -> None:

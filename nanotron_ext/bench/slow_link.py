@@ -38,15 +38,18 @@ from typing import Any, List, Optional, Sequence, Tuple
 import yaml
 
 from nanotron_ext.bench.report import REPORT, run_meta, write_rows
+from nanotron_ext.cli_flags import one_line_refusals
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def parse_setting(text: str) -> Tuple[str, List[str]]:
     """'name:key=value,key=value' -> (name, ['key=value', ...])."""
-    name, _, rest = text.partition(":")
+    from nanotron_ext.cli_flags import FlagValueError, Text
+
+    name, _, rest = Text()(text).partition(":")
     if not name or (rest and "=" not in rest):
-        raise argparse.ArgumentTypeError(f"--setting {text!r}: expected NAME:key=value[,key=value...]")
+        raise FlagValueError(f"{text!r}: expected NAME:key=value[,key=value...]")
     return name, [kv for kv in rest.split(",") if kv]
 
 
@@ -201,20 +204,25 @@ def table(rows: Sequence[dict]) -> Tuple[List[str], List[List[Any]]]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", required=True)
+    from nanotron_ext.cli_flags import Float, InputFile, Int, KeyValue, OutputFile, OutputFolder, Parser, Text
+
+    # every path the benchmark writes is checked when parsed, before any run (the rule of cli_checks.Writer)
+    ap = Parser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", required=True, type=InputFile(format="yaml"))
     ap.add_argument("--setting", action="append", type=parse_setting, required=True, help="NAME:key=value,...")
-    ap.add_argument("--bandwidth", action="append", type=float, required=True, help="Mbit/s (0 = unlimited)")
+    ap.add_argument("--bandwidth", action="append", type=Float(0.0), required=True, help="Mbit/s (0 = unlimited)")
     ap.add_argument("--duplex", action="append", choices=["full", "half"], default=None)
-    ap.add_argument("--pp", type=int, default=2)
+    ap.add_argument("--pp", type=Int(1), default=2)
     ap.add_argument("--shaped", action="store_true", help="also run every point over a real shaped link (root)")
-    ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument("--budget-s", type=float, default=30.0, help="wall-clock budget for the loss column")
-    ap.add_argument("--set", action="append", default=[], help="key=value for every run")
-    ap.add_argument("--output-dir", default="runs/slow_link", help="where the runs' folders go")
-    ap.add_argument("--out", type=Path, default=None, help="the rows as JSON (or CSV for a .csv name)")
-    ap.add_argument("--png", type=Path, default=None, help="the throughput figure")
-    ap.add_argument("--title", default=None)
+    ap.add_argument("--steps", type=Int(1), default=6)
+    ap.add_argument("--budget-s", type=Float(0.0, low_open=True), default=30.0,
+                    help="wall-clock budget for the loss column")
+    ap.add_argument("--set", action="append", default=[], type=KeyValue(), help="key=value for every run")
+    ap.add_argument("--output-dir", default="runs/slow_link", type=OutputFolder(), help="where the runs' folders go")
+    ap.add_argument("--out", type=OutputFile(REPORT, as_path=True), default=None,
+                    help="the rows as JSON (or CSV for a .csv name)")
+    ap.add_argument("--png", type=OutputFile(REPORT, as_path=True), default=None, help="the throughput figure")
+    ap.add_argument("--title", type=Text(), default=None)
     return ap
 
 
@@ -238,23 +246,13 @@ def device_title(what: str) -> str:
     return f"{what} - {machine_label()}, {default_backend()}, {datetime.date.today().isoformat()}"
 
 
-def check_outputs(args: argparse.Namespace) -> None:
-    """Every path the benchmark writes, before any run (the rule of cli_checks.Writer; one line and exit 2)."""
-    from nanotron_ext.cli_checks import ArgumentError, output_file, output_folder, refuse
-
-    try:
-        output_folder("--output-dir", args.output_dir)
-        if args.out:
-            output_file("--out", args.out, REPORT)
-        if args.png:
-            output_file("--png", args.png, REPORT)
-    except ArgumentError as e:
-        refuse(e)
-
-
+@one_line_refusals
 def main(argv: Optional[Sequence[str]] = None) -> List[dict]:
     args = build_parser().parse_args(argv)
-    check_outputs(args)
+    from nanotron_ext.config.loader import load_config
+
+    for _, overrides in args.setting:  # each setting's config before the first run (a ConfigError: one line)
+        load_config(args.config, [*args.set, *overrides])
     rows = run_grid(args)
     print(format_rows(rows))
     if args.out:

@@ -15,7 +15,6 @@ imports the planner).
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -101,31 +100,31 @@ def render(name: str, preset: ClockPreset, tflops: float, plan: Dict[str, Any], 
 
 def main(argv: Optional[List[str]] = None) -> int:
     from nanotron_ext.bench.hardware import all_presets, preset
-    from nanotron_ext.cli_checks import Writer, finite, output_file
+    from nanotron_ext.cli_checks import Writer
+    from nanotron_ext.cli_flags import Float, OutputFile, OutputFolder, Parser
     from nanotron_ext.config.loader import add_config_args, config_from_args
-    from nanotron_ext.errors import UserFacingError
+    from nanotron_ext.errors import UserFacingError, one_line
 
-    parser = argparse.ArgumentParser(prog="python -m nanotron_ext.bench.step_time",
-                                     description=__doc__.split("\n\n")[0])
-    add_config_args(parser)
-    parser.add_argument("--preset", required=True, help=f"named hardware: {', '.join(all_presets())}")
-    parser.add_argument("--tflops", type=float, default=None,
-                        help="the device's effective TFLOP/s instead of the preset's")
-    parser.add_argument("--plans", default="runs/plans", help="plan cache folder (default: %(default)s)")
-    parser.add_argument("--json", default=None, help="also write the numbers to this JSON file")
-    args = parser.parse_args(argv)
     writer = Writer("python -m nanotron_ext.bench.step_time")  # --json replaces only a file it wrote
+    parser = Parser(prog="python -m nanotron_ext.bench.step_time", description=__doc__.split("\n\n")[0])
+    add_config_args(parser)
+    parser.add_argument("--preset", required=True, choices=list(all_presets()),
+                        help=f"named hardware: {', '.join(all_presets())}")
+    parser.add_argument("--tflops", type=Float(0.0, low_open=True), default=None,
+                        help="the device's effective TFLOP/s instead of the preset's")
+    parser.add_argument("--plans", default="runs/plans", type=OutputFolder(),
+                        help="plan cache folder (default: %(default)s)")
+    parser.add_argument("--json", default=None, type=OutputFile(writer),  # checked when parsed, before the plan
+                        help="also write the numbers to this JSON file")
+    args = parser.parse_args(argv)
     try:
         hw = preset(args.preset)
         tflops = hw.tflops if args.tflops is None else args.tflops
-        finite("--tflops", tflops, 0.0, low_open=True)
-        if args.json:
-            output_file("--json", args.json, writer)
         cfg = config_from_args(args)
         p = cfg.parallelism
         cfg.validate(world_size=p.dp * p.tp * p.pp)
     except UserFacingError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(str(e))}", file=sys.stderr)
         return 2
     from nanotron_ext.bench.wan.profile import planned
 

@@ -33,6 +33,9 @@ def run_training(config_file: str | Path, overrides: Sequence[str], run: str, *,
     args = ["--config-file", str(config_file)]
     for o in sets:
         args += ["--set", o]
+    from nanotron_ext.config.loader import load_config
+
+    load_config(config_file, sets)  # a damaged config or a bad --set: its one line (ConfigError), nothing launched
     summary_path.unlink(missing_ok=True)  # a finished run would otherwise report itself complete
     rc, tail = launch("nanotron_ext.train", args, ["--nproc_per_node", str(nproc), *torchrun_args, "-m"],
                       root / f"{run}.log", timeout_s, verbose=verbose)

@@ -14,6 +14,7 @@ import gc
 import sys
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
+from nanotron_ext.cli_flags import InputFile, Int, KeyValue
 from nanotron_ext.config.loader import apply_overrides, from_dict, load_config
 from nanotron_ext.config.schema import Config
 from nanotron_ext.registry import TP_STRATEGIES
@@ -34,19 +35,21 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     """--config-file / --set plus shape shortcuts; shortcuts left unset keep the file's values
     (or BENCH_DEFAULTS without a file)."""
     g = parser.add_argument_group("model and batch (shared by every variant)")
-    g.add_argument("--config-file", default=None, help="base YAML run config (e.g. reproduce/boost/llama_7b_btp.yaml)")
-    g.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+    g.add_argument("--config-file", default=None, type=InputFile(format="yaml"),
+                   help="base YAML run config (e.g. reproduce/boost/llama_7b_btp.yaml)")
+    g.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", type=KeyValue(),
                    help="config override applied to every variant (repeatable)")
-    g.add_argument("--hidden", type=int, help=f"hidden size d (default {BENCH_DEFAULTS['hidden']})")
-    g.add_argument("--rank", type=int, help="low-rank width r (default d/4)")
-    g.add_argument("--layers", type=int, help=f"decoder layers (default {BENCH_DEFAULTS['layers']})")
-    g.add_argument("--heads", type=int, help=f"attention heads (default {BENCH_DEFAULTS['heads']})")
-    g.add_argument("--kv-heads", type=int, help="key/value heads (default = heads, MHA)")
-    g.add_argument("--ffn", type=int, help=f"SwiGLU width d_ff (default {BENCH_DEFAULTS['ffn']})")
-    g.add_argument("--vocab", type=int, help=f"vocabulary (default {BENCH_DEFAULTS['vocab']})")
-    g.add_argument("--seq", type=int, help=f"sequence length (default {BENCH_DEFAULTS['seq']})")
-    g.add_argument("--micro-batch", type=int, help=f"micro-batch size (default {BENCH_DEFAULTS['micro_batch']})")
-    g.add_argument("--accum", type=int, help="micro-batches per iteration (default 1)")
+    size = Int(1)  # every shape shortcut is a count of at least one
+    g.add_argument("--hidden", type=size, help=f"hidden size d (default {BENCH_DEFAULTS['hidden']})")
+    g.add_argument("--rank", type=size, help="low-rank width r (default d/4)")
+    g.add_argument("--layers", type=size, help=f"decoder layers (default {BENCH_DEFAULTS['layers']})")
+    g.add_argument("--heads", type=size, help=f"attention heads (default {BENCH_DEFAULTS['heads']})")
+    g.add_argument("--kv-heads", type=size, help="key/value heads (default = heads, MHA)")
+    g.add_argument("--ffn", type=size, help=f"SwiGLU width d_ff (default {BENCH_DEFAULTS['ffn']})")
+    g.add_argument("--vocab", type=size, help=f"vocabulary (default {BENCH_DEFAULTS['vocab']})")
+    g.add_argument("--seq", type=size, help=f"sequence length (default {BENCH_DEFAULTS['seq']})")
+    g.add_argument("--micro-batch", type=size, help=f"micro-batch size (default {BENCH_DEFAULTS['micro_batch']})")
+    g.add_argument("--accum", type=size, help="micro-batches per iteration (default 1)")
     g.add_argument("--dtype", choices=["fp32", "bf16"], help="compute precision (default fp32)")
     g.add_argument("--low-rank-kind", choices=["svd", "cola", "lax"], default=None,
                    help="factorisation of the low-rank rows (default: the config's, else cola)")

@@ -17,7 +17,6 @@ reproduction's convergence runs are); it writes JSON + markdown + PNG.
 """
 from __future__ import annotations
 
-import argparse
 import itertools
 import math
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
+from nanotron_ext.cli_flags import one_line_refusals
 from nanotron_ext.codecs.energy import energy_kept
 
 
@@ -179,22 +179,29 @@ def write(result: Dict[str, object], out: Path, title: str) -> None:
     save_figure(fig, out.with_suffix(".png"), title, meta)
 
 
+@one_line_refusals
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config-file", required=True, help="the run's resolved config (runs/<run>/config.yaml)")
-    parser.add_argument("--checkpoint", required=True, help="a checkpoint folder (checkpoints/<run>/step_<N>)")
-    parser.add_argument("--batches", type=int, default=8, help="validation batches to collect activations from")
-    parser.add_argument("--out", default=None, help="JSON path, the .md and .png beside it (default: beside the "
-                        "config, mapl_analysis.json)")
-    args = parser.parse_args(argv)
-    out = Path(args.out or Path(args.config_file).with_name("mapl_analysis.json"))
     from nanotron_ext.bench.report import REPORT
-    from nanotron_ext.cli_checks import ArgumentError, output_files, refuse
+    from nanotron_ext.cli_flags import InputFile, InputFolder, Int, OutputStem, Parser
 
-    try:  # before any work; replaced only when this tool (bench.report) wrote them
-        output_files("--out", out, REPORT, [out.with_suffix(".md"), out.with_suffix(".png")])
-    except ArgumentError as e:
-        refuse(e)
+    parser = Parser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config-file", required=True, type=InputFile(format="yaml"),
+                        help="the run's resolved config (runs/<run>/config.yaml)")
+    parser.add_argument("--checkpoint", required=True, type=InputFolder(),
+                        help="a checkpoint folder (checkpoints/<run>/step_<N>)")
+    parser.add_argument("--batches", type=Int(1), default=8, help="validation batches to collect activations from")
+    # the .json, .md and .png are replaced only when this tool (bench.report) wrote them, checked before any work
+    parser.add_argument("--out", default=None, type=OutputStem(REPORT), help="JSON path, the .md and .png beside it "
+                        "(default: beside the config, mapl_analysis.json)")
+    args = parser.parse_args(argv)
+    if args.out is None:  # the default, beside the config, by the same rule
+        from nanotron_ext.cli_checks import ArgumentError, output_stem, refuse
+
+        try:
+            output_stem("--out", Path(args.config_file).with_name("mapl_analysis.json"), REPORT)
+        except ArgumentError as e:
+            refuse(e)
+    out = Path(args.out or Path(args.config_file).with_name("mapl_analysis.json"))
     result = _collect(args.config_file, args.checkpoint, args.batches)
     write(result, out, f"MAPL projections: {args.checkpoint}")
     for r in result["boundaries"]:

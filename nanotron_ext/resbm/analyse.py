@@ -16,7 +16,6 @@ refuses one). Writes <out>/effective_rank.json and <out>/spectra.png, and prints
 """
 from __future__ import annotations
 
-import argparse
 import json
 import re
 from pathlib import Path
@@ -24,7 +23,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
-from nanotron_ext.cli_checks import ArgumentError, Writer, output_files, output_folder, refuse
+from nanotron_ext.cli_checks import ArgumentError, Writer, output_files, refuse
+from nanotron_ext.cli_flags import InputFolder, OutputFolder, Parser, Regex, Text, one_line_refusals
 
 
 def _earlier_result(obj: Any) -> bool:
@@ -152,21 +152,22 @@ def plot_spectra(result: Dict[str, Dict[str, dict]], path: Path, title: str) -> 
     plt.close(fig)
 
 
+@one_line_refusals
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Dict[str, dict]]:
-    ap = argparse.ArgumentParser(description="Effective rank and normalised spectra per layer (ResBM appendix B.1)")
-    ap.add_argument("--checkpoint", action="append", required=True, type=Path,
+    ap = Parser(description="Effective rank and normalised spectra per layer (ResBM appendix B.1)")
+    ap.add_argument("--checkpoint", action="append", required=True, type=InputFolder(as_path=True),
                     help="step_<N>/ folder or checkpoint root")
-    ap.add_argument("--label", action="append", default=None, help="one per --checkpoint (default: folder names)")
-    ap.add_argument("--pattern", default=DEFAULT_PATTERN, help="regex on parameter names")
-    ap.add_argument("--out", type=Path, default=Path("runs/resbm_analysis"),
+    ap.add_argument("--label", action="append", default=None, type=Text(),
+                    help="one per --checkpoint (default: folder names)")
+    ap.add_argument("--pattern", default=DEFAULT_PATTERN, type=Regex(), help="regex on parameter names")
+    ap.add_argument("--out", type=OutputFolder(as_path=True), default=Path("runs/resbm_analysis"),
                     help="folder for effective_rank.json and spectra.png")
-    ap.add_argument("--title", default="Normalised singular values (ResBM appendix B.1)")
+    ap.add_argument("--title", type=Text(), default="Normalised singular values (ResBM appendix B.1)")
     args = ap.parse_args(argv)
     labels = args.label or [c.name for c in args.checkpoint]
     if len(labels) != len(args.checkpoint):
-        ap.error("give one --label per --checkpoint")
-    try:
-        output_folder("--out", args.out)
+        ap.error("--label: give one --label per --checkpoint")
+    try:  # the folder was checked when parsed; its two files are replaced only when this tool wrote them
         output_files("--out", args.out / "effective_rank.json", ANALYSE, [args.out / "spectra.png"])
     except ArgumentError as e:
         refuse(e)

@@ -19,7 +19,8 @@ from typing import Dict, List, Optional
 
 import torch
 
-from nanotron_ext.cli_checks import ArgumentError, Writer, output_files, output_folder, refuse
+from nanotron_ext.cli_checks import ArgumentError, Writer, output_files, refuse
+from nanotron_ext.cli_flags import InputFolder, Int, OutputFolder, Parser, one_line_refusals
 from nanotron_ext.codecs.energy import energy_kept
 from nanotron_ext.config.loader import add_config_args, config_from_args
 
@@ -103,18 +104,20 @@ def _plot(rows: List[Dict[str, object]], path: Path) -> None:
     plt.close(fig)
 
 
+@one_line_refusals
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m nanotron_ext.subspace.analyse", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="python -m nanotron_ext.subspace.analyse", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_args(parser)
-    parser.add_argument("--checkpoint", default=None, help="checkpoint folder saved with dp = tp = pp = 1")
-    parser.add_argument("--batches", type=int, default=2, help="micro-batches to analyse")
+    parser.add_argument("--checkpoint", default=None, type=InputFolder(),
+                        help="checkpoint folder saved with dp = tp = pp = 1")
+    parser.add_argument("--batches", type=Int(1), default=2, help="micro-batches to analyse")
     parser.add_argument("--random-tokens", action="store_true", help="uniform random tokens instead of the data")
-    parser.add_argument("--out", default="runs/analyse", help="folder for analysis.json and analysis.png")
+    parser.add_argument("--out", default="runs/analyse", type=OutputFolder(),
+                        help="folder for analysis.json and analysis.png")
     args = parser.parse_args(argv)
     out = Path(args.out)
-    try:
-        output_folder("--out", out)
+    try:  # the folder was checked when parsed; its two files are replaced only when this tool wrote them
         output_files("--out", out / "analysis.json", ANALYSE, [out / "analysis.png"])
     except ArgumentError as e:
         refuse(e)

@@ -32,6 +32,7 @@ if str(REPO) not in sys.path:
 from nanotron_ext.bench import report as br  # noqa: E402
 from nanotron_ext.bench.paper import PaperClaim, evaluate, mean_se  # noqa: E402
 from nanotron_ext.bench.training import run_training  # noqa: E402
+from nanotron_ext.cli_flags import CONFIG, SEED, Int, KeyValue, one_line_refusals  # noqa: E402
 from reproduce.boost.common import design_color  # noqa: E402
 
 TITLE = "BOOST Fig. 4: training loss, BTP + Online RMSNorm at TP = 2 vs TP = 1"
@@ -163,14 +164,17 @@ def _plot(rows: List[Dict[str, Any]], tp: int) -> Any:
 
 def build_parser() -> Any:
     p = br.script_parser(__doc__, "runs/boost/fig4_loss_curve.json")
-    p.add_argument("--config-file", default="examples/config_tiny_llama.yaml", help="the tiny model's config")
-    p.add_argument("--steps", type=int, default=300, help="training steps per run")
-    p.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44], help="one TP=1 and one TP=2 run per seed")
-    p.add_argument("--tp-sizes", type=int, nargs=2, default=[1, 2], help="the baseline TP and the BTP TP size")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config overrides for every run")
+    p.add_argument("--config-file", default="examples/config_tiny_llama.yaml", type=CONFIG,
+                   help="the tiny model's config")
+    p.add_argument("--steps", type=Int(1), default=300, help="training steps per run")
+    p.add_argument("--seeds", type=SEED, nargs="+", default=[42, 43, 44], help="one TP=1 and one TP=2 run per seed")
+    p.add_argument("--tp-sizes", type=Int(1), nargs=2, default=[1, 2], help="the baseline TP and the BTP TP size")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", type=KeyValue(),
+                   help="config overrides for every run")
     return br.help_with_defaults(p)
 
 
+@one_line_refusals
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)

@@ -29,6 +29,7 @@ from nanotron_ext.bench import paper as bp  # noqa: E402
 from nanotron_ext.bench import report as br  # noqa: E402
 from nanotron_ext.bench import timing as bt  # noqa: E402
 from nanotron_ext.bench import workload as bw  # noqa: E402
+from nanotron_ext.cli_flags import Int, Names, NumberList, Parser, one_line_refusals  # noqa: E402
 from reproduce.boost import common as bc  # noqa: E402
 
 ITER_WORKER = Path(__file__).resolve().parent / "iter_compare.py"
@@ -61,16 +62,19 @@ def points(result: Dict[str, Any], warmup: int) -> Dict[str, bt.Summary]:
     return {r["name"]: bt.summarize(r["times"], warmup) for r in result["rows"]}
 
 
+@one_line_refusals
 def main(argv: Optional[Sequence[str]] = None) -> int:
     own, torchrun_extra = bl.split_argv(sys.argv[1:] if argv is None else argv)
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tp-sizes", default=default_tp_sizes(), help="TP sizes of the left panel (default: %(default)s)")
-    p.add_argument("--base-hidden", type=int, default=128, help="d at TP 1; d = base x tp (default 128)")
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--seq", type=int, default=256)
-    p.add_argument("--micro-batch", type=int, default=2, help="micro-batch of the left and right panels")
-    p.add_argument("--batches", default="1,2,4,8", help="micro-batch sizes of the middle panel")
-    p.add_argument("--kinds", default="svd,cola,lax", help="low-rank architectures of the right panel")
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tp-sizes", default=default_tp_sizes(), type=NumberList(1),
+                   help="TP sizes of the left panel (default: %(default)s)")
+    p.add_argument("--base-hidden", type=Int(1), default=128, help="d at TP 1; d = base x tp (default 128)")
+    p.add_argument("--layers", type=Int(1), default=4)
+    p.add_argument("--seq", type=Int(1), default=256)
+    p.add_argument("--micro-batch", type=Int(1), default=2, help="micro-batch of the left and right panels")
+    p.add_argument("--batches", default="1,2,4,8", type=NumberList(1), help="micro-batch sizes of the middle panel")
+    p.add_argument("--kinds", default="svd,cola,lax", type=Names(("svd", "cola", "lax")),
+                   help="low-rank architectures of the right panel")
     bl.add_run_args(p, iters=8, warmup=2, out="runs/boost/fig6_scaling.png",
                     out_help="PNG path (JSON and markdown go beside it)", worker=False)
     br.help_with_defaults(p)

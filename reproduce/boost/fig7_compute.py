@@ -33,6 +33,7 @@ from nanotron_ext.bench import paper as bp  # noqa: E402
 from nanotron_ext.bench import report as br  # noqa: E402
 from nanotron_ext.bench import timing as bt  # noqa: E402
 from nanotron_ext.bench import workload as bw  # noqa: E402
+from nanotron_ext.cli_flags import Int, NumberList, Parser, one_line_refusals  # noqa: E402
 from reproduce.boost import common as bc  # noqa: E402
 
 LINEARS = ("QKV", "O", "gate/up", "down")
@@ -118,14 +119,16 @@ def measure_worker(args: argparse.Namespace) -> Dict[str, Any]:
                                    "peak_size": n}}
 
 
+@one_line_refusals
 def main(argv: Optional[Sequence[str]] = None) -> int:
     own, torchrun_args = bl.split_argv(sys.argv[1:] if argv is None else argv)
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     bw.add_model_args(p)
     bl.add_run_args(p, iters=1, warmup=0, out="runs/boost/fig7_compute.png")
-    p.add_argument("--batches", default="1,2,4,8", help="micro-batch sizes (left/middle panels: --micro-batch)")
-    p.add_argument("--reps", type=int, default=9, help="timed calls per GEMM (median)")
-    p.add_argument("--peak-size", type=int, default=1024,
+    p.add_argument("--batches", default="1,2,4,8", type=NumberList(1),
+                   help="micro-batch sizes (left/middle panels: --micro-batch)")
+    p.add_argument("--reps", type=Int(1), default=9, help="timed calls per GEMM (median)")
+    p.add_argument("--peak-size", type=Int(1), default=1024,
                    help="largest square reference GEMM (sizes halve down to 256); 100%% = best FLOP/s of any call")
     br.help_with_defaults(p)
     args = p.parse_args(own)

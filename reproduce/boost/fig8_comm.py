@@ -33,6 +33,7 @@ from nanotron_ext.bench import paper as bp  # noqa: E402
 from nanotron_ext.bench import report as br  # noqa: E402
 from nanotron_ext.bench import timing as bt  # noqa: E402
 from nanotron_ext.bench import workload as bw  # noqa: E402
+from nanotron_ext.cli_flags import NumberList, Parser, one_line_refusals  # noqa: E402
 from reproduce.boost import common as bc  # noqa: E402
 from reproduce.boost import table3_grouping as t3  # noqa: E402
 
@@ -41,11 +42,12 @@ VARIANTS = {"FullRank-TP (megatron)": ("megatron", None), "Vanilla-TP": ("vanill
             "BOOST btp (online RMSNorm)": ("btp", "online"), "BOOST btp (sync RMSNorm)": ("btp", "sync")}
 
 
+@one_line_refusals
 def main(argv: Optional[Sequence[str]] = None) -> int:
     own, torchrun_args = bl.split_argv(sys.argv[1:] if argv is None else argv)
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     bw.add_model_args(p)
-    p.add_argument("--batches", default="1,2,4,8", help="micro-batch sizes (left panel: the first)")
+    p.add_argument("--batches", default="1,2,4,8", type=NumberList(1), help="micro-batch sizes (left panel: the first)")
     bl.add_run_args(p, iters=10, warmup=2, out="runs/boost/fig8_comm.png",
                     out_help="PNG path (JSON and markdown go beside it)", worker=False)
     br.help_with_defaults(p)

@@ -43,6 +43,7 @@ from nanotron_ext.bench import paper as bp  # noqa: E402
 from nanotron_ext.bench import report as br  # noqa: E402
 from nanotron_ext.bench import timing as bt  # noqa: E402
 from nanotron_ext.bench import workload as bw  # noqa: E402
+from nanotron_ext.cli_flags import Int, Names, Parser, one_line_refusals  # noqa: E402
 from reproduce.boost import common as bc  # noqa: E402
 
 STRATEGIES = ("megatron", "vanilla", "btp")
@@ -204,7 +205,9 @@ def plan(args: argparse.Namespace) -> List[Tuple[str, str, Optional[str]]]:
     out = []
     for strategy in [s.strip() for s in args.strategies.split(",") if s.strip()]:
         if strategy not in STRATEGIES:
-            raise SystemExit(f"--strategies: unknown {strategy!r}; choose from {', '.join(STRATEGIES)}")
+            from nanotron_ext.cli_checks import ArgumentError  # (was exit code 1)
+
+            raise ArgumentError(f"--strategies: unknown {strategy!r}; choose from {', '.join(STRATEGIES)}")
         if strategy == "btp":
             for mode in (("online", "sync") if args.rmsnorm == "both" else (args.rmsnorm,)):
                 out.append((variant_name(strategy, mode), strategy, mode))
@@ -355,21 +358,23 @@ def worker(args: argparse.Namespace) -> None:
 
 # ------------------------------------------------------------------------------------------------
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     bl.add_run_args(p, iters=12, warmup=2, out="runs/boost/iter_compare.json")
-    p.add_argument("--strategies", default=",".join(STRATEGIES), help="rows to compare (default: all three)")
+    p.add_argument("--strategies", default=",".join(STRATEGIES), type=Names(STRATEGIES),
+                   help="rows to compare (default: all three)")
     p.add_argument("--rmsnorm", choices=["online", "sync", "both"], default="both",
                    help="RMSNorm mode(s) of the btp rows (default both: one row each)")
     p.add_argument("--mode", choices=["separate", "interleaved"], default="separate",
                    help="separate: one torchrun job per row (default); interleaved: one job, the rows' "
                         "iterations alternate (fair on a machine whose load changes; CPU peak memory not split)")
-    p.add_argument("--rounds", type=int, default=1,
+    p.add_argument("--rounds", type=Int(1), default=1,
                    help="repeat the comparison this many times (fresh launches, rotated order) and pool")
     bw.add_model_args(p)
     br.help_with_defaults(p)
     return p.parse_args(argv)
 
 
+@one_line_refusals
 def main(argv: Optional[Sequence[str]] = None) -> int:
     own, torchrun_args = bl.split_argv(sys.argv[1:] if argv is None else argv)
     args = parse_args(own)

@@ -21,7 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from nanotron_ext.cli_checks import ArgumentError, Writer, output_file, refuse
+from nanotron_ext.cli_checks import Writer
+from nanotron_ext.cli_flags import InputFile, Int, OutputFile, Parser, one_line_refusals
 
 HERE = Path(__file__).resolve().parent
 # --json replaces only a result this script wrote (cli_checks.Writer)
@@ -149,11 +150,14 @@ def config_table(paths: Sequence[Path]) -> List[Dict[str, Any]]:
     return rows
 
 
+@one_line_refusals
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("configs", nargs="*", help="YAML configs (default: reproduce/boost/*.yaml)")
-    p.add_argument("--check-tp", type=int, default=1, help="also build the check models at this TP on gloo ranks")
-    p.add_argument("--json", help="write the counts and check results here (replaces only a file it wrote)")
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("configs", nargs="*", type=InputFile(format="yaml"),
+                   help="YAML configs (default: reproduce/boost/*.yaml)")
+    p.add_argument("--check-tp", type=Int(1), default=1, help="also build the check models at this TP on gloo ranks")
+    p.add_argument("--json", type=OutputFile(COUNTS),  # checked when parsed: before any count
+                   help="write the counts and check results here (replaces only a file it wrote)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:  # under torchrun: print this rank's check records as JSON on rank 0
@@ -161,11 +165,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if int(os.environ.get("RANK", "0")) == 0:
             print("RECORDS " + json.dumps(records))
         return 0
-    try:
-        if args.json:
-            output_file("--json", args.json, COUNTS)
-    except ArgumentError as e:
-        refuse(e)
     paths = [Path(c) for c in args.configs] or sorted(HERE.glob("llama_*.yaml"), key=_size_key)
     rows = config_table(paths)
     print(f"{'config':<26} {'layers':>6} {'d':>6} {'d_ff':>6} {'r':>5} {'params':>15} {'non-emb':>15} {'x full':>7}")

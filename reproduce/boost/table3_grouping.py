@@ -39,6 +39,7 @@ from nanotron_ext.bench import paper as bp  # noqa: E402
 from nanotron_ext.bench import report as br  # noqa: E402
 from nanotron_ext.bench import timing as bt  # noqa: E402
 from nanotron_ext.bench import workload as bw  # noqa: E402
+from nanotron_ext.cli_flags import NumberList, Parser, one_line_refusals  # noqa: E402
 from reproduce.boost import common as bc  # noqa: E402
 
 VARIANTS = ("ungrouped", "grouped")
@@ -176,12 +177,14 @@ def render(rows: Sequence[Dict[str, Any]]) -> str:
     return br.format_table(*table(rows))
 
 
+@one_line_refusals
 def main(argv: Optional[Sequence[str]] = None) -> int:
     own, torchrun_args = bl.split_argv(sys.argv[1:] if argv is None else argv)
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     bw.add_model_args(p)
     bl.add_run_args(p, iters=20, warmup=3, out="runs/boost/table3.json")
-    p.add_argument("--batches", default="1,4", help="micro-batch sizes (default 1,4 as in the paper)")
+    p.add_argument("--batches", type=NumberList(1), default="1,4",
+                   help="micro-batch sizes (default 1,4 as in the paper)")
     p.add_argument("--rmsnorm", choices=["online", "sync"], default=None, help="btp RMSNorm mode (default: config's)")
     br.help_with_defaults(p)
     args = p.parse_args(own)

@@ -32,6 +32,7 @@ from nanotron_ext.bench import paper as bp  # noqa: E402
 from nanotron_ext.bench import report as br  # noqa: E402
 from nanotron_ext.bench import timing as bt  # noqa: E402
 from nanotron_ext.bench import workload as bw  # noqa: E402
+from nanotron_ext.cli_flags import Names, Parser, one_line_refusals  # noqa: E402
 from reproduce.boost import common as bc  # noqa: E402
 
 STRATEGIES = ("megatron", "vanilla", "btp")
@@ -141,12 +142,14 @@ def table(rows: Sequence[Dict[str, Any]], unit: str) -> Tuple[List[str], List[Li
     return headers, body
 
 
+@one_line_refusals
 def main(argv: Optional[Sequence[str]] = None) -> int:
     own, torchrun_args = bl.split_argv(sys.argv[1:] if argv is None else argv)
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     bw.add_model_args(p)
     bl.add_run_args(p, iters=1, warmup=0, out="runs/boost/table4.json")
-    p.add_argument("--strategies", default=",".join(STRATEGIES), help="rows (default: all three)")
+    p.add_argument("--strategies", default=",".join(STRATEGIES), type=Names(STRATEGIES),
+                   help="rows (default: all three)")
     p.add_argument("--unit", choices=["KiB", "MiB", "GiB"], default="MiB")
     br.help_with_defaults(p)
     args = p.parse_args(own)

@@ -38,6 +38,7 @@ from nanotron_ext.bench import paper as bp  # noqa: E402
 from nanotron_ext.bench import report as br  # noqa: E402
 from nanotron_ext.bench import timing as bt  # noqa: E402
 from nanotron_ext.bench import workload as bw  # noqa: E402
+from nanotron_ext.cli_flags import NumberList, Parser, one_line_refusals  # noqa: E402
 from reproduce.boost import common as bc  # noqa: E402
 
 STRATEGIES = ("vanilla", "btp")
@@ -181,12 +182,14 @@ def table(rows: Sequence[Dict[str, Any]]) -> Tuple[List[str], List[List[Any]]]:
     return headers, body
 
 
+@one_line_refusals
 def main(argv: Optional[Sequence[str]] = None) -> int:
     own, torchrun_args = bl.split_argv(sys.argv[1:] if argv is None else argv)
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     bw.add_model_args(p)
     bl.add_run_args(p, iters=10, warmup=2, out="runs/boost/table5.json")
-    p.add_argument("--batches", default="4,8", help="micro-batch sizes (default 4,8 as in the paper)")
+    p.add_argument("--batches", type=NumberList(1), default="4,8",
+                   help="micro-batch sizes (default 4,8 as in the paper)")
     br.help_with_defaults(p)
     args = p.parse_args(own)
     done = bl.early_phase(args, measure_worker, lambda saved: publish(saved["rows"], saved["meta"], args.out))

@@ -34,6 +34,7 @@ if str(REPO) not in sys.path:
 
 from nanotron_ext.bench import report as br  # noqa: E402
 from nanotron_ext.bench.paper import PaperClaim, evaluate  # noqa: E402
+from nanotron_ext.cli_flags import Int, one_line_refusals  # noqa: E402
 from reproduce.boost.common import design_color  # noqa: E402
 from reproduce.boost.make_configs import TABLE8  # noqa: E402
 
@@ -184,12 +185,13 @@ def _plot(comps: List[Dict[str, Any]], rows: List[Dict[str, Any]]) -> Any:
 def build_parser() -> Any:
     p = br.script_parser(__doc__, "runs/boost/table7_intensity.json")
     p.add_argument("--sizes", nargs="+", default=list(TABLE8), choices=list(TABLE8), help="Table 8 models")
-    p.add_argument("--micro-batches", type=int, nargs="+", default=[1, 4], help="micro-batch sizes b")
-    p.add_argument("--seq", type=int, default=4096, help="sequence length s (sec. 5.2)")
-    p.add_argument("--tp", type=int, default=4, help="TP degree (7B's layout in Fig. 6)")
+    p.add_argument("--micro-batches", type=Int(1), nargs="+", default=[1, 4], help="micro-batch sizes b")
+    p.add_argument("--seq", type=Int(1), default=4096, help="sequence length s (sec. 5.2)")
+    p.add_argument("--tp", type=Int(1), default=4, help="TP degree (7B's layout in Fig. 6)")
     return br.help_with_defaults(p)
 
 
+@one_line_refusals
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)

@@ -39,20 +39,24 @@ Row = Tuple[Mode, List[str]]  # (outer loop, overrides on top of the table's bas
 
 def parser(doc: str, name: str) -> argparse.ArgumentParser:
     """The options every table script takes (`name`: the default result runs/het_sparseloco/<name>)."""
-    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config-file", default=CONFIG_FILE, help="CPU preset: the base config")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+    from nanotron_ext.cli_flags import CONFIG, Int, KeyValue, Parser, Text
+
+    p = Parser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config-file", default=CONFIG_FILE, type=CONFIG,
+                   help="CPU preset: the base config")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", type=KeyValue(),
                    help="on top of CPU_SCALE (see reproduce/het_sparseloco/common.py)")
-    p.add_argument("--replicas", type=int, default=None,
+    p.add_argument("--replicas", type=Int(1), default=None,
                    help="M simulated replicas (default: 4; GPU preset: the paper's 8)")
-    p.add_argument("--compressed", type=int, default=None,
+    p.add_argument("--compressed", type=Int(0), default=None,
                    help="compressed replicas in the heterogeneous rows (default: half of --replicas)")
-    p.add_argument("--ratio", type=int, default=8, help="pipeline compression d/k of the compressed replicas")
-    p.add_argument("--rows", nargs="+", help="a subset of the table's rows (default: all)")
+    p.add_argument("--ratio", type=Int(1), default=8, help="pipeline compression d/k of the compressed replicas")
+    p.add_argument("--rows", nargs="+", type=Text(), help="a subset of the table's rows (default: all)")
     p.add_argument("--out", type=br.checked_out_path, default=Path(f"runs/het_sparseloco/{name}"),
                    help="writes <out>.json, <out>.md and <out>.png (default: %(default)s; a committed result under "
                         "reproduce/ is only extended or rewritten when --out names it)")
-    p.add_argument("--from-json", metavar="JSON", help="train nothing: re-render a result this script wrote to --out")
+    p.add_argument("--from-json", metavar="JSON", type=br.SAVED_RESULT,
+                   help="train nothing: re-render a result this script wrote to --out")
     p.add_argument("--fresh", action="store_true",
                    help="retrain every row and seed (by default a run stored here with the same overrides is reused: "
                         "after a code or data change, pass --fresh)")
@@ -79,7 +83,9 @@ def base_overrides(args: argparse.Namespace) -> List[str]:
     base = scale + args.overrides + [f"parallelism.dp={args.replicas}"]
     d = load_config(args.config_file, base).model.hidden_size
     if d % args.ratio:
-        raise SystemExit(f"--ratio: model.hidden_size {d} is not divisible by {args.ratio}")
+        from nanotron_ext.cli_checks import ArgumentError  # (was exit code 1)
+
+        raise ArgumentError(f"--ratio: model.hidden_size {d} is not divisible by {args.ratio}")
     return base + [f"model.subspace.k={d // args.ratio}"]
 
 
@@ -110,6 +116,12 @@ def run_table(args: argparse.Namespace, rows: Mapping[str, Row], paper: Mapping[
         args.seeds = data["meta"]["seeds"]
         args.saved = data
         return data["summary"]
+    names = args.rows or list(rows)
+    unknown = sorted(set(names) - set(rows))
+    if unknown:  # before any file is read or run trained (was exit code 1, after reading <out>.json)
+        from nanotron_ext.cli_checks import refuse
+
+        refuse(f"--rows {' '.join(unknown)}: not a row of this table; it has {', '.join(rows)}")
     base = base_overrides(args)
     if args.dry_run:
         presets.dry_run({f"{name} seed {seed}": (args.config_file, base + extra + [f"general.seed={seed}"])
@@ -120,10 +132,6 @@ def run_table(args: argparse.Namespace, rows: Mapping[str, Row], paper: Mapping[
     # the same run in another row or table here is reused (Table 1's rows in Tables 2 and 4)
     known = {} if args.fresh else _runs_of_other_tables(path)
     known.update({(r["mode"], tuple(r["overrides"])): r for r in done.values()})
-    names = args.rows or list(rows)
-    unknown = sorted(set(names) - set(rows))
-    if unknown:
-        raise SystemExit(f"--rows: unknown {unknown}; this table has {list(rows)}")
     for name in names:
         mode, extra = rows[name]
         for seed in args.seeds:

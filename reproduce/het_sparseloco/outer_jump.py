@@ -29,6 +29,7 @@ import torch
 
 from nanotron_ext.bench import report as br
 from nanotron_ext.bench.paper import mean_se
+from nanotron_ext.cli_flags import one_line_refusals
 from nanotron_ext.config.loader import load_config
 from nanotron_ext.data.loader import build_validation_loader
 from nanotron_ext.sparseloco.outer import ReplicaHook
@@ -142,12 +143,17 @@ def figure(rows: Sequence[Dict[str, Any]]) -> Any:
     return fig
 
 
+@one_line_refusals
 def main(argv: List[str] | None = None) -> int:
     p = br.script_parser(__doc__, "runs/het_sparseloco/outer_jump.json")
-    p.add_argument("--config-file", default="examples/config_tiny_sparseloco.yaml", help="the base config")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="config overrides")
-    p.add_argument("--replicas", type=int, default=2, help="M simulated replicas")
-    p.add_argument("--seeds", type=int, nargs="+", default=[1, 2], help="general.seed of each repeat")
+    from nanotron_ext.cli_flags import CONFIG, SEED, Int, KeyValue
+
+    p.add_argument("--config-file", default="examples/config_tiny_sparseloco.yaml", type=CONFIG,
+                   help="the base config")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", type=KeyValue(),
+                   help="config overrides")
+    p.add_argument("--replicas", type=Int(1), default=2, help="M simulated replicas")
+    p.add_argument("--seeds", type=SEED, nargs="+", default=[1, 2], help="general.seed of each repeat")
     args = br.help_with_defaults(p).parse_args(argv)
     saved = br.read_saved(args.from_json) if args.from_json else measure(args)
     headers = ["variant", "syncs", "jump, syncs 1-5", "jump, last 5", "moved, syncs 1-5", "moved, last 5",

@@ -17,13 +17,16 @@ import time
 from typing import Any, Dict, List
 
 from nanotron_ext.bench import report as br
+from nanotron_ext.cli_flags import one_line_refusals
 from nanotron_ext.config.loader import load_config
 from nanotron_ext.sparseloco.simulate import run_simulated
 
 
 def measure(args: Any) -> Dict[str, Any]:
     if not args.variant:
-        raise SystemExit("--variant: give at least one (dense, or comma-separated sparseloco.* overrides)")
+        from nanotron_ext.cli_checks import refuse  # (was exit code 1)
+
+        refuse("--variant: give at least one (dense, or comma-separated sparseloco.* overrides)")
     results = {}
     for variant in args.variant:
         extra = [] if variant == "dense" else [f"sparseloco.{kv}" for kv in variant.split(",") if kv]
@@ -38,12 +41,18 @@ def measure(args: Any) -> Dict[str, Any]:
     return {"meta": meta, "results": results}
 
 
+@one_line_refusals
 def main(argv: List[str] | None = None) -> int:
     p = br.script_parser(__doc__, "runs/het_sparseloco/sweep.json")
-    p.add_argument("--config-file", default="examples/config_tiny_sparseloco.yaml", help="the base config")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="config overrides")
-    p.add_argument("--replicas", type=int, default=4, help="M simulated replicas")
-    p.add_argument("--variant", action="append", default=[], help="dense, or comma-separated sparseloco.* overrides")
+    from nanotron_ext.cli_flags import CONFIG, Int, KeyValue, Text
+
+    p.add_argument("--config-file", default="examples/config_tiny_sparseloco.yaml", type=CONFIG,
+                   help="the base config")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", type=KeyValue(),
+                   help="config overrides")
+    p.add_argument("--replicas", type=Int(1), default=4, help="M simulated replicas")
+    p.add_argument("--variant", action="append", default=[], type=Text(),
+                   help="dense, or comma-separated sparseloco.* overrides")
     args = br.help_with_defaults(p).parse_args(argv)
     saved = br.read_saved(args.from_json) if args.from_json else measure(args)
     results, meta = saved["results"], saved["meta"]

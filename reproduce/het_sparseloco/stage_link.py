@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from nanotron_ext.bench import report as br  # noqa: E402
 from nanotron_ext.bench.paper import PaperClaim, evaluate  # noqa: E402
+from nanotron_ext.cli_flags import one_line_refusals  # noqa: E402
 
 TITLE = "Compute utilisation over the links between pipeline stages (Figs. 2, 3(b)), 512M, analytic"
 TARGET = 0.97  # the paper's "higher than 97% compute utilization"
@@ -212,20 +213,25 @@ def _plot(model: Dict[str, Any], rows: List[Dict[str, Any]], budget: List[Dict[s
 
 def build_parser() -> Any:
     p = br.script_parser(__doc__, "runs/het_sparseloco/stage_link.json")
-    p.add_argument("--config", default="reproduce/het_sparseloco/sparseloco_512m.yaml", help="the paper-scale config")
-    p.add_argument("--tflops", type=float, default=100.0, help="assumed effective TFLOP/s of one GPU (one stage)")
-    p.add_argument("--ratios", type=float, nargs="+", default=[1.0, 8.0, 768.0],
+    from nanotron_ext.cli_flags import CONFIG, Float
+
+    p.add_argument("--config", default="reproduce/het_sparseloco/sparseloco_512m.yaml", type=CONFIG,
+                   help="the paper-scale config")
+    p.add_argument("--tflops", type=Float(0.0, low_open=True), default=100.0,
+                   help="assumed effective TFLOP/s of one GPU (one stage)")
+    p.add_argument("--ratios", type=Float(1.0), nargs="+", default=[1.0, 8.0, 768.0],
                    help="boundary compression d / k (1 = uncompressed; the paper's Fig. 2: 8)")
-    p.add_argument("--mbps", type=float, nargs="+",
+    p.add_argument("--mbps", type=Float(0.0, low_open=True), nargs="+",
                    default=[10.0, 30.0, 100.0, 300.0, 1000.0, 3000.0, 10000.0, 100000.0],
                    help="stage-link bandwidths (Mbit/s)")
-    p.add_argument("--dp-mbps", type=float, default=None,
+    p.add_argument("--dp-mbps", type=Float(0.0, low_open=True), default=None,
                    help="bandwidth of the DP link for the outer sync (Mbit/s; default: the stage link's)")
-    p.add_argument("--fast-mbps", type=float, default=100000.0,
+    p.add_argument("--fast-mbps", type=Float(0.0, low_open=True), default=100000.0,
                    help="stage links of the het run's uncompressed replicas (datacenter; Mbit/s)")
     return br.help_with_defaults(p)
 
 
+@one_line_refusals
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
@@ -234,7 +240,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         saved = br.read_saved(args.from_json)
     else:
         if 1000.0 not in args.mbps or 100.0 not in args.mbps:
-            raise SystemExit("--mbps must include 100 and 1000 (the paper's claims are at 100 Mbit/s - 1 Gbit/s)")
+            from nanotron_ext.cli_checks import ArgumentError  # (was exit code 1)
+
+            raise ArgumentError("--mbps must include 100 and 1000 (the paper's claims are at 100 Mbit/s - 1 Gbit/s)")
         saved = measure(args)
     br.publish_rendered(args.out, saved, TITLE, render(saved))
     return 0

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+from nanotron_ext.cli_flags import one_line_refusals
 from nanotron_ext.config.loader import load_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -21,6 +22,7 @@ PAPER = {"SparseLoCo": 2.73, "+ PP-Compress": 2.84, "+ PP-Compress (tuned)": 2.8
          "+ Het-PP-Compress (1/2)": 2.82, "+ Het-PP-Compress (1/2) (tuned)": 2.80}
 
 
+@one_line_refusals
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse(parser(__doc__, "table1"), argv)
     steps = load_config(args.config_file, base_overrides(args)).tokens.train_steps

@@ -17,6 +17,7 @@ from typing import Dict, List, Optional, Sequence
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import base_overrides, new_figure, parse, parser, print_deltas, replicas, run_table, save_plot  # noqa: E402
 
+from nanotron_ext.cli_flags import Int, one_line_refusals  # noqa: E402
 from nanotron_ext.config.loader import load_config  # noqa: E402
 
 # Paper Table 2 (512M, DCLM): ratio -> (uniform loss, heterogeneous loss); SparseLoCo baseline 2.73
@@ -24,16 +25,19 @@ PAPER_RATIOS = {8: (2.84, 2.82), 24: (2.89, 2.88), 96: (2.96, 2.94), 192: (3.03,
                 768: (3.07, 3.00)}
 
 
+@one_line_refusals
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = parser(__doc__, "table2")
-    p.add_argument("--ratios", type=int, nargs="+", default=[8, 32, 128], help="compression ratios d/k swept")
+    p.add_argument("--ratios", type=Int(1), nargs="+", default=[8, 32, 128], help="compression ratios d/k swept")
     args = parse(p, argv)
     d = load_config(args.config_file, base_overrides(args)).model.hidden_size
     rows = {"SparseLoCo": ("sparseloco", [replicas(0)])}
     paper = {"SparseLoCo": 2.73}
     for ratio in args.ratios:
         if d % ratio:
-            raise SystemExit(f"--ratios: model.hidden_size {d} is not divisible by {ratio}")
+            from nanotron_ext.cli_checks import ArgumentError  # (was exit code 1)
+
+            raise ArgumentError(f"--ratios: model.hidden_size {d} is not divisible by {ratio}")
         k = [] if ratio == args.ratio else [f"model.subspace.k={d // ratio}"]  # base_overrides sets d / --ratio
         for i, (name, n) in enumerate((("uniform", args.replicas), ("het", args.compressed))):
             rows[f"{name} 1/{ratio}"] = ("sparseloco", [replicas(n)] + k)

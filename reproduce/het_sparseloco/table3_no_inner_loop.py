@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+from nanotron_ext.cli_flags import one_line_refusals
 from nanotron_ext.config.loader import load_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -23,6 +24,7 @@ PAPER = {"AdamW": 2.75, "AdamW + PP-Compression": 2.81, "AdamW + Het PP-Compress
          "SparseLoCo + Het-PP-Compress (1/2), +20% tokens": 2.75}
 
 
+@one_line_refusals
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse(parser(__doc__, "table3"), argv)
     steps = load_config(args.config_file, base_overrides(args)).tokens.train_steps

@@ -15,6 +15,8 @@ from typing import Optional, Sequence
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import parse, parser, print_deltas, replicas, run_table  # noqa: E402
 
+from nanotron_ext.cli_flags import Int, one_line_refusals  # noqa: E402
+
 # Paper Table 4 (512M, 1/8; final training loss): the defaults are 2.84 (uniform) and 2.82 (het)
 PAPER = {"uniform": 2.84, "het": 2.82, "het: no embedding adaptation": 2.89,
          "uniform: weight projection": 2.88, "het: weight projection": 2.87,
@@ -22,9 +24,10 @@ PAPER = {"uniform": 2.84, "het": 2.82, "het: no embedding adaptation": 2.89,
          "uniform: modified AdamW": 2.84, "het: modified AdamW": 2.82}
 
 
+@one_line_refusals
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = parser(__doc__, "table4")
-    p.add_argument("--grassmann-every", type=int, default=50, help="inner steps between Grassmann updates")
+    p.add_argument("--grassmann-every", type=Int(1), default=50, help="inner steps between Grassmann updates")
     args = parse(p, argv)
     switches = {"no embedding adaptation": ["sparseloco.embedding_adaptation=false"],
                 "weight projection": ["sparseloco.weight_projection=true"],

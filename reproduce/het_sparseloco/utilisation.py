@@ -21,6 +21,7 @@ from typing import Any, Dict, List
 
 from nanotron_ext.bench import report as br
 from nanotron_ext.bench.paper import PaperClaim, evaluate
+from nanotron_ext.cli_flags import one_line_refusals
 from nanotron_ext.sparseloco.accounting import compute_utilisation
 
 BANDWIDTHS = [1e6, 1e7, 1e8, 1e9, 1e10]  # bit/s
@@ -44,7 +45,9 @@ def measured(run_dir: Path) -> Dict[str, float]:
 
 def measure(args: Any) -> Dict[str, Any]:
     if not (args.sparseloco and args.dense):
-        raise SystemExit("--sparseloco and --dense: give both run folders (or --from-json)")
+        from nanotron_ext.cli_checks import ArgumentError  # (was exit code 1)
+
+        raise ArgumentError("--sparseloco and --dense: give both run folders (or --from-json)")
     sl, dn = measured(args.sparseloco), measured(args.dense)
     m = args.replicas or int(sl["dp"])
     rows = []
@@ -57,11 +60,15 @@ def measure(args: Any) -> Dict[str, Any]:
             "replicas": m, "rows": rows}
 
 
+@one_line_refusals
 def main(argv: List[str] | None = None) -> int:
     p = br.script_parser(__doc__, "runs/het_sparseloco/utilisation.json")
-    p.add_argument("--sparseloco", type=Path, default=None, help="the SparseLoCo run folder")
-    p.add_argument("--dense", type=Path, default=None, help="the dense (AdamW every step) run folder")
-    p.add_argument("--replicas", type=int, default=None, help="M for the model (default: the runs' dp)")
+    from nanotron_ext.cli_flags import InputFolder, Int
+
+    p.add_argument("--sparseloco", type=InputFolder(as_path=True), default=None, help="the SparseLoCo run folder")
+    p.add_argument("--dense", type=InputFolder(as_path=True), default=None,
+                   help="the dense (AdamW every step) run folder")
+    p.add_argument("--replicas", type=Int(1), default=None, help="M for the model (default: the runs' dp)")
     args = br.help_with_defaults(p).parse_args(argv)
     saved = br.read_saved(args.from_json) if args.from_json else measure(args)
     if "utilisation_model" in saved:  # cpu_baseline.json: the baseline runs and this model in one file

@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 from nanotron_ext.bench import presets  # noqa: E402
 from nanotron_ext.bench import report as br  # noqa: E402
 from nanotron_ext.bench.paper import PaperClaim, evaluate, mean_se  # noqa: E402
+from nanotron_ext.cli_flags import CONFIG, Int, KeyValue, one_line_refusals  # noqa: E402
 from reproduce.mapl.common import CPU_CONFIG, GPU_CONFIG, analyse, boundary_mean, row_runs, train  # noqa: E402
 
 TITLE = "MAPL findings on trained checkpoints: 99% energy rank, pair-cosine isometry, energy kept, angles (P = 8)"
@@ -179,14 +180,17 @@ def _plot(bounds: List[Dict[str, Any]]) -> Any:
 
 def build_parser() -> Any:
     p = br.script_parser(__doc__, "runs/mapl/activation_findings.json")
-    p.add_argument("--config-file", default=CPU_CONFIG, help="CPU preset: the base config")
-    p.add_argument("--steps", type=int, default=150, help="CPU preset: training steps per run")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config overrides for every run")
+    p.add_argument("--config-file", default=CPU_CONFIG, type=CONFIG,
+                   help="CPU preset: the base config")
+    p.add_argument("--steps", type=Int(1), default=150, help="CPU preset: training steps per run")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", type=KeyValue(),
+                   help="config overrides for every run")
     presets.add_preset_args(p, f"{GPU_CONFIG} (1.0B, r = 256, bf16) on one 80 GB GPU, P = 8 simulated",
                             seeds=(42, 43, 44))
     return br.help_with_defaults(p)
 
 
+@one_line_refusals
 def main(argv: Optional[Sequence[str]] = None) -> int:
     return presets.script_main(argv, build_parser, measure, render, TITLE)
 

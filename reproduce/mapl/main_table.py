@@ -18,7 +18,6 @@ recomputed from its rounded losses).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -32,6 +31,7 @@ from nanotron_ext.bench import report as br  # noqa: E402
 from nanotron_ext.bench.launch import split_argv  # noqa: E402
 from nanotron_ext.bench.paper import PaperClaim, evaluate, mean_se  # noqa: E402
 from nanotron_ext.bench.training import run_training  # noqa: E402
+from nanotron_ext.cli_flags import CONFIG, Int, one_line_refusals  # noqa: E402
 from reproduce.mapl.common import BOUNDARIES, GPU_BOUNDARIES, GPU_CONFIG  # noqa: E402
 
 # MAPL+VQ at the paper's ratio: twice MAPL's compression. Against a bf16 Z (r x 16 bits per token) that is
@@ -209,14 +209,17 @@ def plot(rows: List[Dict[str, Any]]) -> Any:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = br.script_parser(__doc__, "runs/mapl/main_table.json")
-    parser.add_argument("--config-file", default="reproduce/mapl/cpu_small.yaml", help="CPU preset: the base config")
-    parser.add_argument("--steps", type=int, default=None,
+    parser.add_argument("--config-file", default="reproduce/mapl/cpu_small.yaml", type=CONFIG,
+                        help="CPU preset: the base config")
+    parser.add_argument("--steps", type=Int(1), default=None,
                         help="override tokens.train_steps (smoke runs; default: the config's)")
-    parser.add_argument("--reuse", default=None, help="an earlier JSON: keep its measured rows, run the missing")
+    parser.add_argument("--reuse", default=None, type=br.SAVED_RESULT,
+                        help="an earlier JSON: keep its measured rows, run the missing")
     presets.add_preset_args(parser, f"{GPU_CONFIG} (1.0B, r = 256, batch 512 x 2048, bf16) on one 80 GB GPU")
     return br.help_with_defaults(parser)
 
 
+@one_line_refusals
 def main(argv: Optional[List[str]] = None) -> int:
     own, torchrun_args = split_argv(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(own)
@@ -231,7 +234,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             runs = {f"{name}@P{p}": (config, o + extra) for p in (4, 8) for name, o in
                     {"uncompressed": ["model.codec.kind=identity"], **designs(p, gpu)}.items()}
             return presets.dry_run(presets.runs_for_seeds(runs, args.seeds))
-        reuse = json.loads(Path(args.reuse).read_text())["rows"] if args.reuse else None
+        reuse = br.read_saved(args.reuse, "--reuse")["rows"] if args.reuse else None
         rows = measure(config, args.steps, torchrun_args, reuse, extra, gpu, args.seeds)
         meta = br.run_meta({"config": config, "steps": args.steps or "config", "preset": args.preset,
                             "seeds": args.seeds})

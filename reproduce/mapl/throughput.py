@@ -25,6 +25,7 @@ sys.path.insert(0, str(HERE.parents[1]))
 
 from nanotron_ext.bench import report as br  # noqa: E402
 from nanotron_ext.bench import slow_link  # noqa: E402
+from nanotron_ext.cli_flags import Float, Int, one_line_refusals  # noqa: E402
 
 SETTINGS = {
     "uncompressed": ["model.codec.kind=identity"],
@@ -53,10 +54,12 @@ def measure(ns: argparse.Namespace) -> Dict[str, object]:
     return {"meta": br.run_meta({"slow_mbps": ns.slow_mbps, "fast_mbps": fast}), "rows": rows}
 
 
+@one_line_refusals
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = br.script_parser(__doc__, "runs/mapl/throughput.json")
-    ap.add_argument("--slow-mbps", type=float, default=1.2, help="the CPU-scale stand-in for 80 Mbit/s")
-    ap.add_argument("--steps", type=int, default=8, help="training steps per point")
+    ap.add_argument("--slow-mbps", type=Float(0.0, low_open=True), default=1.2,
+                    help="the CPU-scale stand-in for 80 Mbit/s")
+    ap.add_argument("--steps", type=Int(1), default=8, help="training steps per point")
     ns = br.help_with_defaults(ap).parse_args(argv)
     saved = br.read_saved(ns.from_json) if ns.from_json else measure(ns)
     rows, meta = saved["rows"], saved["meta"]

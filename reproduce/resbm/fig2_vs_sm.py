@@ -41,6 +41,7 @@ from nanotron_ext.bench import presets  # noqa: E402
 from nanotron_ext.bench import report as br  # noqa: E402
 from nanotron_ext.bench.paper import PaperClaim, evaluate, mean_se  # noqa: E402
 from nanotron_ext.bench.training import latest_checkpoint_of, run_training  # noqa: E402
+from nanotron_ext.cli_flags import Int, KeyValue, one_line_refusals  # noqa: E402
 from reproduce.resbm.common import nearest_h  # noqa: E402
 
 CPU_CONFIG = "reproduce/resbm/cpu_base.yaml"
@@ -254,14 +255,17 @@ def _plot(rows: List[Dict[str, Any]]) -> Any:
 
 def build_parser() -> Any:
     p = br.script_parser(__doc__, "runs/resbm/fig2_vs_sm.json")
-    p.add_argument("--steps", type=int, default=150, help="CPU preset: training steps per run")
-    p.add_argument("--rows", nargs="*", default=[], help="run only these rows (default: all)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config overrides for every run")
+    rows = list(variants(dict.fromkeys(PAPER_RATIOS, 1), False))  # (a typo ran nothing, silently)
+    p.add_argument("--steps", type=Int(1), default=150, help="CPU preset: training steps per run")
+    p.add_argument("--rows", nargs="*", default=[], choices=rows, help="run only these rows (default: all)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", type=KeyValue(),
+                   help="config overrides for every run")
     presets.add_preset_args(p, "the 2B configs resbm_2b_*.yaml (SM rows: the baseline with k = 40 / 32) on one 80 GB "
                                "GPU", seeds=(42, 43, 44))
     return br.help_with_defaults(p)
 
 
+@one_line_refusals
 def main(argv: Optional[Sequence[str]] = None) -> int:
     return presets.script_main(argv, build_parser, measure, render, TITLE)
 

@@ -13,12 +13,12 @@ block 1 no decoder) does not say which, so we build what the text describes and 
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Dict, Optional, Sequence
 
-from nanotron_ext.cli_checks import ArgumentError, Writer, output_file, refuse
+from nanotron_ext.cli_checks import Writer
+from nanotron_ext.cli_flags import OutputFile, Parser, one_line_refusals
 from nanotron_ext.models.param_count import count_params  # noqa: F401 - tests load it from here
 
 HERE = Path(__file__).resolve().parent
@@ -27,15 +27,11 @@ COUNTS = Writer("reproduce/resbm/param_counts.py", legacy_keys=("baseline",))
 PAPER = {"baseline": 1_896_751_104, "128x_muon": 1_960_157_184, "128x_adamw": 1_960_157_184}
 
 
+@one_line_refusals
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Dict[str, int]]:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--json", default=None, help="also write the counts to this JSON file")
+    ap = Parser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", default=None, type=OutputFile(COUNTS), help="also write the counts to this JSON file")
     args = ap.parse_args(argv)
-    try:
-        if args.json:
-            output_file("--json", args.json, COUNTS)
-    except ArgumentError as e:
-        refuse(e)
     from nanotron_ext.config.loader import load_config
 
     rows: Dict[str, Dict[str, int]] = {}

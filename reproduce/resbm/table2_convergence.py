@@ -33,6 +33,7 @@ sys.path.insert(0, str(REPO))
 from nanotron_ext.bench import presets  # noqa: E402
 from nanotron_ext.bench import report as br  # noqa: E402
 from nanotron_ext.bench.paper import PaperClaim, evaluate  # noqa: E402
+from nanotron_ext.cli_flags import Int, KeyValue, one_line_refusals  # noqa: E402
 from reproduce.resbm.common import nearest_h  # noqa: E402
 
 PAPER_PPL = {"baseline_adamw": 21.75, "resbm_muon_100x": 21.60, "resbm_muon_128x": 21.77}
@@ -185,6 +186,9 @@ def _plot(rows: List[Dict[str, Any]], meta: Dict[str, Any]) -> Any:
 def measure(ns: argparse.Namespace) -> Dict[str, Any]:
     from nanotron_ext.config.loader import load_config
 
+    # --reuse is read first: an argument file that is not a result is refused before anything else is read
+    kept = {(r["name"], r.get("seed", 42)): r for r in upgrade(br.read_saved(ns.reuse, "--reuse"))["rows"]} \
+        if ns.reuse else {}
     gpu = ns.preset == "gpu"
     d = 4096 if gpu else load_config(CPU_CONFIG, ns.set).model.hidden_size
     h_values = ns.h or sorted({nearest_h(d, r) for r in PAPER_RATIOS})
@@ -194,7 +198,6 @@ def measure(ns: argparse.Namespace) -> Dict[str, Any]:
             for s in ns.seeds}
     if ns.dry_run:
         return {"dry_run": presets.dry_run(runs)}
-    kept = {(r["name"], r.get("seed", 42)): r for r in upgrade(br.read_saved(ns.reuse))["rows"]} if ns.reuse else {}
     rows = []
     for key, (cfg, ovr) in runs.items():
         name, seed = key.split(" seed ")
@@ -212,16 +215,18 @@ def measure(ns: argparse.Namespace) -> Dict[str, Any]:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = br.script_parser(__doc__, "runs/resbm/table2.json")
-    ap.add_argument("--steps", type=int, default=150, help="CPU preset: training steps per run")
-    ap.add_argument("--h", type=int, action="append", default=None,
+    ap.add_argument("--steps", type=Int(1), default=150, help="CPU preset: training steps per run")
+    ap.add_argument("--h", type=Int(1), action="append", default=None,
                     help="CPU preset: wire widths (default: the widths nearest 100x and 128x at the config's d)")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config overrides for every run")
-    ap.add_argument("--reuse", metavar="JSON",
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", type=KeyValue(),
+                    help="config overrides for every run")
+    ap.add_argument("--reuse", metavar="JSON", type=br.SAVED_RESULT,
                     help="keep the runs of an earlier result (same row and seed), train the rest")
     presets.add_preset_args(ap, "the 2B configs resbm_2b_*.yaml on one 80 GB GPU (batch 32 x 1024, bf16)")
     return br.help_with_defaults(ap)
 
 
+@one_line_refusals
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ns = build_parser().parse_args(argv)

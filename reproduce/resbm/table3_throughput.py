@@ -34,6 +34,7 @@ sys.path.insert(0, str(REPO))
 from nanotron_ext.bench import report as br  # noqa: E402
 from nanotron_ext.bench import slow_link  # noqa: E402
 from nanotron_ext.bench.paper import PaperClaim, evaluate  # noqa: E402
+from nanotron_ext.cli_flags import Float, Int, KeyValue, one_line_refusals  # noqa: E402
 
 PAPER_TPS = {"resbm_128x@slow": 7837, "uncompressed@fast": 7530, "uncompressed@slow": 609}
 TITLE = "ResBM Table 3 at CPU scale: tokens/s over a shared (half-duplex) slow link, PP = 2"
@@ -168,15 +169,19 @@ def _plot(rows: List[dict], slow: float, fast: float) -> Any:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = br.script_parser(__doc__, "runs/resbm/table3.json")
-    ap.add_argument("--slow-mbps", type=float, default=1.6, help="the CPU-scale stand-in for 80 Mbit/s")
-    ap.add_argument("--steps", type=int, default=5, help="training steps per point")
-    ap.add_argument("--budget-s", type=float, default=8.0, help="wall-clock budget of the loss-within-budget column")
-    ap.add_argument("--repeats", type=int, default=1, help="alternating runs of the two compute-bound points")
-    ap.add_argument("--h", type=int, default=2, help="ResBM wire width (d = 256: h = 2 is 128x)")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config overrides for every run")
+    ap.add_argument("--slow-mbps", type=Float(0.0, low_open=True), default=1.6,
+                    help="the CPU-scale stand-in for 80 Mbit/s")
+    ap.add_argument("--steps", type=Int(1), default=5, help="training steps per point")
+    ap.add_argument("--budget-s", type=Float(0.0, low_open=True), default=8.0,
+                    help="wall-clock budget of the loss-within-budget column")
+    ap.add_argument("--repeats", type=Int(1), default=1, help="alternating runs of the two compute-bound points")
+    ap.add_argument("--h", type=Int(1), default=2, help="ResBM wire width (d = 256: h = 2 is 128x)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", type=KeyValue(),
+                    help="config overrides for every run")
     return br.help_with_defaults(ap)
 
 
+@one_line_refusals
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ns = build_parser().parse_args(argv)

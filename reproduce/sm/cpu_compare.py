@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 from nanotron_ext.bench import presets  # noqa: E402
 from nanotron_ext.bench import report as br  # noqa: E402
 from nanotron_ext.bench.paper import PaperClaim, evaluate  # noqa: E402
+from nanotron_ext.cli_flags import SEED, Float, Int, Names, one_line_refusals  # noqa: E402
 
 BASE = ["parallelism.dp=1", "parallelism.pp=2", "model.tie_embeddings=false", "tokens.sequence_length=128",
         "tokens.micro_batch_size=8", "tokens.batch_accumulation_per_replica=2", "tokens.val_check_interval=50",
@@ -210,12 +211,13 @@ def gpu_table(args: argparse.Namespace) -> Dict[str, Any]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = br.script_parser(__doc__, "runs/sm/cpu_compare.json")
-    parser.add_argument("--steps", type=int, default=200, help="training steps per row")
-    parser.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated subset of {list(ROWS)}")
-    parser.add_argument("--nproc", type=int, default=2, help="processes per run (PP = 2)")
-    parser.add_argument("--mbps", type=float, default=10.0,
+    parser.add_argument("--steps", type=Int(1), default=200, help="training steps per row")
+    parser.add_argument("--rows", default=",".join(ROWS), type=Names(tuple(ROWS)),
+                        help=f"comma-separated subset of {list(ROWS)}")
+    parser.add_argument("--nproc", type=Int(1), default=2, help="processes per run (PP = 2)")
+    parser.add_argument("--mbps", type=Float(0.0, low_open=True), default=10.0,
                         help="slow-link bandwidth (Mbit/s) of the non-centralised rows")
-    parser.add_argument("--seed", type=int, default=None,
+    parser.add_argument("--seed", type=SEED, default=None,
                         help="another general.seed: rows are stored under 'seeds' (the main table "
                              "keeps the config's seed)")
     presets.add_preset_args(parser, "the 2B sm_2b_{centralised,compressed}.yaml rows on one 80 GB GPU at equal steps "
@@ -223,6 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     return br.help_with_defaults(parser)
 
 
+@one_line_refusals
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     if args.from_json:

@@ -41,6 +41,7 @@ from nanotron_ext.bench.report import (  # noqa: E402
     script_parser,
 )
 from nanotron_ext.bench.training import run_training  # noqa: E402
+from nanotron_ext.cli_flags import one_line_refusals  # noqa: E402
 from nanotron_ext.config.loader import load_config  # noqa: E402
 
 CONFIG = "examples/config_tiny_llama.yaml"
@@ -147,10 +148,13 @@ def render(saved: Dict[str, Any]) -> Dict[str, Any]:
     return {"rows": rows, "meta": meta, "headers": headers, "body": body, "verdicts": verdicts, "figure": fig}
 
 
+@one_line_refusals
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = script_parser(__doc__, "runs/sm/fig3_depth.json")
-    p.add_argument("--depths", type=int, nargs="+", default=[4, 8], help="layer counts compared")
-    p.add_argument("--steps", type=int, default=200, help="training steps per run")
+    from nanotron_ext.cli_flags import Int
+
+    p.add_argument("--depths", type=Int(1), nargs="+", default=[4, 8], help="layer counts compared")
+    p.add_argument("--steps", type=Int(1), default=200, help="training steps per run")
     p.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS), help="rows compared")
     presets.add_preset_args(p, f"{GPU_CONFIG} at 8 and 16 layers (2B / 3.5B) on one 80 GB GPU, bf16", seeds=())
     args = help_with_defaults(p).parse_args(argv)

@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 from nanotron_ext.bench import report as br  # noqa: E402
 from nanotron_ext.bench import slow_link  # noqa: E402
 from nanotron_ext.bench.paper import PaperClaim, evaluate  # noqa: E402
+from nanotron_ext.cli_flags import one_line_refusals  # noqa: E402
 
 SM = ["model.codec.kind=subspace", "model.embedding.kind=subspace", "model.output_constraint.kind=subspace",
       "model.subspace.k=16"]
@@ -69,10 +70,14 @@ def claims(slow_mbps: float) -> List[PaperClaim]:
     return out
 
 
+@one_line_refusals
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = br.script_parser(__doc__, "runs/sm/table1_throughput.json")
-    ap.add_argument("--slow-mbps", type=float, default=10.0, help="the link-bound stand-in for this small model")
-    ap.add_argument("--steps", type=int, default=20, help="training steps per row")
+    from nanotron_ext.cli_flags import Float, Int
+
+    ap.add_argument("--slow-mbps", type=Float(0.0, low_open=True), default=10.0,
+                    help="the link-bound stand-in for this small model")
+    ap.add_argument("--steps", type=Int(1), default=20, help="training steps per row")
     ns = br.help_with_defaults(ap).parse_args(argv)
     saved = br.read_saved(ns.from_json) if ns.from_json else measure(ns)
     rows, meta = saved["rows"], saved["meta"]

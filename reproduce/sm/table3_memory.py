@@ -38,6 +38,7 @@ from nanotron_ext.bench.report import (  # noqa: E402
     run_meta,
     script_parser,
 )
+from nanotron_ext.cli_flags import one_line_refusals  # noqa: E402
 
 MODEL = ["model.vocab_size=32768", "model.hidden_size=512", "model.ffn_size=1536", "model.num_layers=4",
          "model.num_heads=8", "model.num_kv_heads=4", "model.max_seq_len=4096", "model.tie_embeddings=false",
@@ -103,9 +104,12 @@ def measure(seqs: List[int]) -> Dict[str, object]:
     return {"meta": run_meta({"model": MODEL, "paper_overhead_mb": PAPER_OVERHEAD_MB}), "rows": rows}
 
 
+@one_line_refusals
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = script_parser(__doc__, "runs/sm/table3_memory.json")
-    p.add_argument("--seqs", type=int, nargs="+", default=[512, 1024, 2048], help="sequence lengths")
+    from nanotron_ext.cli_flags import Int
+
+    p.add_argument("--seqs", type=Int(1), nargs="+", default=[512, 1024, 2048], help="sequence lengths")
     p.add_argument("--worker", nargs=2, metavar=("ROW", "SEQ"), help=argparse.SUPPRESS)
     args = help_with_defaults(p).parse_args(argv)
     if args.worker:
