@@ -117,17 +117,29 @@ def open_run(run: str | Path, step: Optional[int] = None, checkpoints: Optional[
                        "writes its metrics and config to")
     config = load_config(config_file, ["model.init_from=null"])
     root = Path(checkpoints or config.checkpoints.dir).expanduser()
-    found = list_checkpoints(root)
+    skipped: List[Tuple[int, Path, str]] = []  # damaged step folders: said in this command's one line
+    found = list_checkpoints(root, skipped)
+    damaged = {s: (p, why) for s, p, why in skipped}
     if not found:
         hint = " (a relative path: run from the folder you trained in, or pass --checkpoints DIR)" \
             if not Path(config.checkpoints.dir).is_absolute() and not checkpoints else ""
-        if checkpoints and list_checkpoints(root.parent) and (root / "meta.json").is_file():
+        if checkpoints and list_checkpoints(root.parent, []) and (root / "meta.json").is_file():
             hint = (f" ({root.name} is one checkpoint: pass its folder, --checkpoints {root.parent}, "
                     "and --step to choose)")
+        if skipped:
+            s, p, why = max(skipped)
+            hint += f"; {p.name} is damaged ({why})"
         raise RunError(f"no complete checkpoint in {root} (checkpoints.dir of {config_file}){hint}")
     steps = {s: p for s, p in found}
     if step is None:
         step = found[-1][0]
+        newer = [s for s in damaged if s > step]
+        if newer:  # (a note, not an error: the newest complete checkpoint is read)
+            print(f"note: {damaged[max(newer)][0]} is damaged ({damaged[max(newer)][1]}); reading step {step}",
+                  file=sys.stderr, flush=True)
+    elif step in damaged:
+        raise RunError(f"{damaged[step][0]} is damaged ({damaged[step][1]}); choose another --step of "
+                       f"{sorted(steps)}")
     elif step not in steps:
         raise RunError(f"{root} has no complete checkpoint of step {step}; it has steps {sorted(steps)}")
     try:

@@ -144,8 +144,10 @@ def _complete_problem(path: Path) -> Optional[str]:
     return None
 
 
-def list_checkpoints(root: PathLike) -> List[Tuple[int, Path]]:
-    """Complete checkpoints under `root` as (step, path), oldest step first; others are skipped with a warning."""
+def list_checkpoints(root: PathLike, skipped: Optional[List[Tuple[int, Path, str]]] = None) -> List[Tuple[int, Path]]:
+    """Complete checkpoints under `root` as (step, path), oldest step first; the step_<N> folders that are not
+    complete are skipped with a warning, or (`skipped` given) appended there as (step, path, why) for the caller's
+    own one-line message (a command that refuses: the warning was a second line before its error)."""
     root = Path(root)
     if not root.is_dir():
         return []
@@ -157,9 +159,21 @@ def list_checkpoints(root: PathLike) -> List[Tuple[int, Path]]:
         problem = _complete_problem(child)
         if problem is None:
             found.append((int(m.group(1)), child))
+        elif skipped is not None:
+            skipped.append((int(m.group(1)), child, problem))
         else:
             logger.warning("skipping incomplete checkpoint %s: %s", child, problem)
     return sorted(found)
+
+
+def damaged_after(found: List[Tuple[int, Path]],
+                  skipped: List[Tuple[int, Path, str]]) -> Optional[Tuple[int, Path, str]]:
+    """The newest step_<N> folder of `skipped` newer than every complete one of `found` (list_checkpoints'), or
+    None: a checkpoint is written whole and then renamed into place, so such a folder is damage, not a save in
+    progress (an interrupted prune leaves older ones)."""
+    newest = found[-1][0] if found else -1
+    later = sorted(s for s in skipped if s[0] > newest)
+    return later[-1] if later else None
 
 
 def latest_checkpoint(root: PathLike) -> Optional[Path]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Union
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple, Union
 
 import torch.distributed as torch_dist
 
@@ -29,6 +29,7 @@ from nanotron_ext.train.checkpoint import (
     remove_checkpoint,
     save_checkpoint,
 )
+from nanotron_ext.train.checkpoint_store import damaged_after
 from nanotron_ext.train.guard import claim_folders, remove_other_checkpoints, resume_advice, resume_conflict
 from nanotron_ext.train.handover import STAGING, begin, complete, recover
 
@@ -63,8 +64,8 @@ def stop_checkpoint(cfg: Config, folder: Optional["RunFolder"]) -> str:
     folder, None when it stopped before claiming it."""
     if folder is not None:
         last, earlier = folder.last_checkpoint(), folder.earlier_checkpoint()
-    else:
-        last = checkpoint_to_resume(cfg)
+    else:  # (the complete one a relaunch would read: a damaged newer one is said by the relaunch)
+        last = latest_checkpoint(cfg.checkpoints.dir) if cfg.checkpoints.resume == "auto" else None
         earlier = latest_checkpoint(cfg.checkpoints.dir) if cfg.checkpoints.resume == "overwrite" else None
     if last:
         return f"{last} (launch again to resume from it)"
@@ -74,8 +75,21 @@ def stop_checkpoint(cfg: Config, folder: Optional["RunFolder"]) -> str:
 
 
 def checkpoint_to_resume(cfg: Config) -> Optional[Path]:
-    """The checkpoint a launch of `cfg` resumes from: the newest complete one with checkpoints.resume=auto."""
-    return latest_checkpoint(cfg.checkpoints.dir) if cfg.checkpoints.resume == "auto" else None
+    """The checkpoint a launch of `cfg` resumes from: the newest complete one with checkpoints.resume=auto. A newer
+    step_<N> folder that is damaged (its meta.json unreadable or malformed) is refused: the launch would start
+    before it and replace it when it reaches step N (it used to be skipped with only a warning)."""
+    if cfg.checkpoints.resume != "auto":
+        return None
+    root = Path(cfg.checkpoints.dir)
+    skipped: List[Tuple[int, Path, str]] = []
+    found = list_checkpoints(root, skipped)
+    damaged = damaged_after(found, skipped)
+    if damaged is not None:
+        start = f"from {found[-1][1]}" if found else "afresh"
+        raise CheckpointError(f"checkpoints.dir {root}: {damaged[1].name} is damaged ({damaged[2]}): this run would "
+                              f"start {start} and replace it at step {damaged[0]}; move {damaged[1]} out of {root} "
+                              "to resume from the one before (or start with checkpoints.resume=overwrite)")
+    return found[-1][1] if found else None
 
 
 def resume_refusal(cfg: Config) -> Optional[str]:
