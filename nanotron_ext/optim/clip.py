@@ -32,14 +32,26 @@ def _counted_here(p: torch.Tensor, tp_rank: int) -> bool:
     return tp_rank == 0
 
 
-@torch.no_grad()
 def clip_grad_norm_(
     params: Iterable[torch.Tensor],
     max_norm: float,
     tp_pg: Optional[dist.ProcessGroup],
     pp_pg: Optional[dist.ProcessGroup],
 ) -> float:
-    """Clip grads in place to a global L2 norm of `max_norm` and return the norm before clipping.
+    """`clip_grad_norm_device_`, the norm read back to the host (a sync on CUDA)."""
+    return float(clip_grad_norm_device_(params, max_norm, tp_pg, pp_pg))
+
+
+@torch.no_grad()
+def clip_grad_norm_device_(
+    params: Iterable[torch.Tensor],
+    max_norm: float,
+    tp_pg: Optional[dist.ProcessGroup],
+    pp_pg: Optional[dist.ProcessGroup],
+) -> torch.Tensor:
+    """Clip grads in place to a global L2 norm of `max_norm` and return the norm before clipping, a 0-d tensor on
+    the grads' device: nothing is read back (the clip multiplies by a scale computed on the device), so a step can
+    decide on it without a host sync (nanotron_ext.train.step_guard).
 
     max_norm <= 0 only measures (config `clip_grad: 0` = off, the norm is still worth logging).
     tp_pg / pp_pg None (or of size 1) means that dimension is not split. Collective over both
@@ -65,4 +77,4 @@ def clip_grad_norm_(
     total = sq.sqrt().to(torch.promote_types(params[0].grad.dtype, torch.float32) if params else torch.float32)
     if max_norm > 0 and params:
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
-    return float(total)
+    return total
