@@ -60,6 +60,13 @@ class GeneralConfig(Extensible, path="general"):
     max_weight_growth: float = 10.0
     """The run stops as diverged when one optimizer step grows the norm of all weights more than this factor;
     such weights are never saved. 0 = off."""
+    step_guard: Literal["auto", "host"] = "auto"
+    """Where the checks before each optimizer step decide (non-finite loss or gradient norm, max_loss_ratio,
+    max_weight_growth). auto: on the device where the optimizer can skip a step there (the fused AdamW: adamw on
+    CUDA, or optimizer.adamw_impl=fused; data-parallel all-reduce, no output constraint), nothing read back inside
+    a step, the values read a step later (the error still names the refused step, whose weights were left as they
+    were); otherwise on the host. host: read the loss and gradient norm back before every optimizer step
+    (debugging; each read drains a GPU's queue)."""
 
     def __post_init__(self) -> None:
         require_finite(self, "general")

@@ -2,7 +2,8 @@
 
     meter.begin()                    # the comm ledger reset, the links' wait clocks and the step clock read
     ...                              # the step
-    record = meter.end(step, out)    # collective: the metrics.jsonl record of `step` (`out`: loss, grad_norm, lr)
+    record = meter.end(step, out)    # collective: the metrics.jsonl record of `step` (`out`: loss, grad_norm, lr;
+                                     # the trainer's device guard gives device tensors, replaced by floats a step later)
     summary = meter.summary(history, val, step)
 
 A record holds the step's time, tokens/s, peak memory, the bytes every rank sent per group, with emulated links

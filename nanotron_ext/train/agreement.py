@@ -7,7 +7,8 @@ rank 0's failure reaches every rank, which all stop with the same one-line error
 - `on_main(write)`: a one-off write, shared at once (one broadcast);
 - `main_io(write, ...)`: a per-step write, kept until the next `control` all-reduce;
 - `control(flag, weights_sq)`: the one all-reduce per step (tagged `control` in the comm ledger) that carries
-  "stop" flags, rank 0's pending write error and the squared norm of all weights (the divergence guard's).
+  "stop" flags, rank 0's pending write error and the squared norm of all weights (the divergence guard's);
+  `control_on_device` is the same all-reduce left on the device, read a step later (the device guard's).
 """
 from __future__ import annotations
 
@@ -30,15 +31,22 @@ class RankAgreement:
     def control(self, flag: bool, weights_sq: torch.Tensor) -> Tuple[bool, float]:
         """(`flag` on any rank, the sum of `weights_sq` over ranks); raises rank 0's pending write error on
         every rank. Every rank must call it at the same point."""
-        t = torch.stack([torch.tensor(float(flag), dtype=torch.float64, device=self.device),
-                         torch.tensor(float(self.io_error is not None), dtype=torch.float64, device=self.device),
-                         weights_sq.to(device=self.device, dtype=torch.float64)])
-        with self.ledger.tag("control"):  # counted like every byte, under world all_reduce:control
-            dist.all_reduce(t, group=self.world_pg)
-        stop, io_failed, total_sq = t.tolist()
+        flag_t = torch.full((), float(flag), dtype=torch.float64, device=self.device)
+        stop, io_failed, total_sq = self.control_on_device(flag_t, weights_sq).tolist()
         if io_failed:
             self.raise_shared(self.io_error)
         return bool(stop), total_sq
+
+    def control_on_device(self, flag: torch.Tensor, weights_sq: torch.Tensor) -> torch.Tensor:
+        """`control` without reading anything back (the device guard's, nanotron_ext.train.step_guard): the same
+        all-reduce, whose float64 device result [flags > 0 on any rank, rank 0's write failed > 0, summed
+        `weights_sq`] the caller reads later, then calls `raise_shared(self.io_error)` if the second is set."""
+        io_failed = torch.full((), float(self.io_error is not None), dtype=torch.float64, device=self.device)
+        t = torch.stack([flag.to(device=self.device, dtype=torch.float64), io_failed,
+                         weights_sq.to(device=self.device, dtype=torch.float64)])
+        with self.ledger.tag("control"):  # counted like every byte, under world all_reduce:control
+            dist.all_reduce(t, group=self.world_pg)
+        return t
 
     def main_io(self, write: Callable[..., object], *args: object, **kwargs: object) -> None:
         """Rank 0's per-step write (metrics, progress): a failure is kept for the next `control`."""

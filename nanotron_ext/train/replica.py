@@ -8,12 +8,15 @@ in-process replicas there):
 
     loss = replica.backward(micro_batches)        # gradients complete; the DP sync's after_backward ran
     record = replica.update(step, loss.item())    # clip, guard, optimiser, schedule, hooks, DP sync after_step
+
+The trainer's device guard passes the loss tensor and a `device_judge` instead, and nothing is read back between
+the forward and the optimiser step (nanotron_ext.train.step_guard).
 """
 from __future__ import annotations
 
 import contextlib
 import math
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Union
 
 import torch
 from nanotron import distributed as dist
@@ -24,8 +27,9 @@ from nanotron_ext.errors import TrainingError
 from nanotron_ext.metrics.nvtx import nvtx_range
 from nanotron_ext.models.build import build_dp_sync, build_model, replica_config
 from nanotron_ext.optim.build import build_optimizer
-from nanotron_ext.optim.clip import clip_grad_norm_
+from nanotron_ext.optim.clip import clip_grad_norm_device_
 from nanotron_ext.optim.lr_schedule import build_scheduler
+from nanotron_ext.optim.skip import skipped_where
 from nanotron_ext.parallel.comm import get_ledger
 from nanotron_ext.parallel.data_parallel import DataParallelSync
 from nanotron_ext.parallel.link import LinkEmulator
@@ -65,15 +69,28 @@ class Replica:
         with nvtx_range("forward_backward"), self.autocast():
             return forward_backward(self.model, self.engine, micro_batches, self.ctx, self.dp_sync)
 
-    def update(self, step: int, loss: float,
-               judge: Optional[Callable[[float, float], None]] = None) -> Dict[str, float]:
+    def update(self, step: int, loss: Union[float, torch.Tensor],
+               judge: Optional[Callable[[float, float], None]] = None, *,
+               device_judge: Optional[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = None
+               ) -> Dict[str, Union[float, torch.Tensor]]:
         """Finish optimiser step `step` (1-based) after `backward`; `loss` is the step's loss to report.
         Before the optimiser step `judge(loss, grad_norm)` may stop the run (every rank together, raising);
-        by default a TrainingError when the loss or the gradient norm is not finite on any rank."""
+        by default a TrainingError when the loss or the gradient norm is not finite on any rank.
+
+        With `device_judge(loss, grad_norm) -> verdict` instead (the trainer's device guard; `loss` a device
+        tensor) nothing is read back to the host: the optimiser, which must skip on the device
+        (nanotron_ext.optim.skip), leaves the step's weights and state as they were where the verdict is 1, and the
+        returned loss and grad_norm are device tensors."""
         with nvtx_range("clip_grad"):
-            grad_norm = float(clip_grad_norm_(self.model.parameters(), self.cfg.optimizer.clip_grad,
-                                              self.ctx.tp_pg, self.ctx.pp_pg))
+            norm = clip_grad_norm_device_(self.model.parameters(), self.cfg.optimizer.clip_grad, self.ctx.tp_pg,
+                                          self.ctx.pp_pg)
         lr = self.optimizer.param_groups[0]["lr"]
+        if device_judge is not None:
+            verdict = device_judge(loss, norm)
+            with skipped_where(self.optimizer, verdict):
+                self._step(step)
+            return {"loss": loss, "grad_norm": norm, "lr": lr}
+        grad_norm = float(norm)
         if judge is not None:
             judge(loss, grad_norm)
         elif self.any_rank(not (math.isfinite(loss) and math.isfinite(grad_norm))):
@@ -81,13 +98,16 @@ class Replica:
             raise TrainingError(f"step {step}: the loss is {loss} and the gradient norm {grad_norm} (not finite); "
                                 f"stopped before the optimizer step, nothing was saved. {hint}; "
                                 "lower optimizer.lr or check the model.* values")
+        self._step(step)
+        return {"loss": loss, "grad_norm": grad_norm, "lr": lr}
+
+    def _step(self, step: int) -> None:
         with nvtx_range("optimizer_step"):
             self.optimizer.step()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
             self.model.after_optimizer_step()
             self.dp_sync.after_step(step)
-        return {"loss": loss, "grad_norm": grad_norm, "lr": lr}
 
     def validation_losses(self, batches: List[Batch]) -> List[torch.Tensor]:
         """The loss of each group of batch_accumulation_per_replica validation batches (mean over the DP group)."""

@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+import torch
 import torch.distributed as torch_dist
 from nanotron import distributed as dist
 from nanotron.parallel import ParallelContext
@@ -28,6 +29,7 @@ from nanotron_ext.train.checkpoint import CheckpointError
 from nanotron_ext.train.divergence import DivergenceGuard, weight_sq_norm
 from nanotron_ext.train.replica import Replica, validation_summary
 from nanotron_ext.train.run_folder import RunFolder
+from nanotron_ext.train.step_guard import DeviceGuard, Readback, guard_path
 
 
 class Trainer:
@@ -41,6 +43,9 @@ class Trainer:
         self.step = self.folder.start(self.ctx, self.replica, self._restore)  # 0, or the resumed checkpoint's
         self.meter = StepMeter(cfg, self.ctx, self.replica.model)
         self._weights_sq = weight_sq_norm(self.replica.model.parameters())  # of the weights the next step starts from
+        on_device, self.guard_note = guard_path(cfg, self.replica.optimizer)
+        self.device_guard = DeviceGuard(self.guard, self.agree, self.ctx.device) if on_device else None
+        self._readback: Optional[Readback] = None  # the last step's guard values, on the device path
         self._started = False
 
     def _context(self) -> Tuple[ParallelContext, RankAgreement]:
@@ -92,22 +97,52 @@ class Trainer:
             raise CheckpointError(f"the state saved in {ckpt} does not fit this run ({'; '.join(failed)[:500]})")
         return step
 
-    def train_step(self) -> Dict[str, float]:
+    def train_step(self) -> Dict[str, object]:
+        """One step. On the device path (step_guard.py) its loss and grad_norm are device tensors, read by
+        `_settle` a step later: nothing is read back between the forward and the optimizer step."""
         micro = [next(self.train_loader) for _ in range(self.cfg.tokens.batch_accumulation_per_replica)]
         loss = self.replica.backward(micro)
-        out = self.replica.update(self.step + 1, loss.item(), judge=self._judge)
+        if self.device_guard is None:
+            out = self.replica.update(self.step + 1, loss.item(), judge=self._judge)
+        else:
+            out = self.replica.update(self.step + 1, loss, device_judge=self._judge_on_device)
         self._weights_sq = weight_sq_norm(self.replica.model.parameters())  # judged before saving and at the next step
         return out
+
+    def _judge_on_device(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> torch.Tensor:
+        """`_judge` on the device: the verdict the optimizer skips on; its values are read by `_settle`."""
+        verdict, values = self.device_guard.judge(loss, grad_norm, self._weights_sq)
+        self._readback = Readback(values)
+        return verdict
+
+    def _settle(self, step: int, record: Dict[str, object], readback: Readback) -> None:
+        """Read step `step`'s guard values (waiting for that step only) and judge them as the host path does, which
+        raises naming the step; else the record gets its loss and gradient norm."""
+        v = readback.read()
+        if v.io_failed:
+            self.agree.raise_shared(self.agree.io_error)
+        self._stop_if(step, v.loss, v.grad_norm, bool(v.stop), v.weights_sq, refused=bool(v.refused))
+        record["loss"], record["grad_norm"] = v.loss, v.grad_norm
 
     def _judge(self, loss_value: float, grad_norm: float) -> None:
         """Before optimiser step self.step + 1, on every rank together: stop on a non-finite loss or gradient
         norm, on weights the last step grew too much, or on a loss too far above the run's first."""
         stop, weights_sq = self.agree.control(not (math.isfinite(loss_value) and math.isfinite(grad_norm)),
                                               self._weights_sq)
-        problem = (f"step {self.step + 1}: the loss is {loss_value} and the gradient norm {grad_norm} (not finite)"
-                   if stop else self.guard.check_weights(self.step, weights_sq)
-                   or self.guard.check_loss(self.step + 1, loss_value))
+        self._stop_if(self.step + 1, loss_value, grad_norm, stop, weights_sq)
+
+    def _stop_if(self, step: int, loss_value: float, grad_norm: float, stop: bool, weights_sq: float,
+                 refused: bool = False) -> None:
+        """Raise if step `step` must not be taken (`refused`: the device guard skipped it)."""
+        problem = (f"step {step}: the loss is {loss_value} and the gradient norm {grad_norm} (not finite)"
+                   if stop else self.guard.check_weights(step - 1, weights_sq)
+                   or self.guard.check_loss(step, loss_value))
+        if refused and not problem:  # the device's comparisons are the host's, in float64: not expected
+            problem = f"step {step}: the device guard refused the step (loss {loss_value}, gradient norm {grad_norm})"
         if problem:  # the loss judged the weights of the last step, which a checkpoint may hold
+            # the weights are step - 1's: the host stopped before step `step`, or the device skipped it (and the
+            # step queued after it, read a step late)
+            self.step = step - 1
             bad = self.folder.set_aside(self.step)
             moved = (f"; checkpoint {bad} holds the weights that gave this loss and was moved to {bad}.diverged"
                      if bad else "")
@@ -138,30 +173,27 @@ class Trainer:
         if not self._started:  # an outer loop whose replicas come and go joins them here, after the checkpoint
             self.replica.dp_sync.start()
             self._started = True
+            if self.agree.is_main:
+                print(self.guard_note, flush=True)
         log = self.agree.on_main(lambda: MetricsLogger(folder.records_dir, cfg.logging, total, self.step, True)) or \
             MetricsLogger(folder.records_dir, cfg.logging, total, self.step, False)
         history: List[Dict[str, object]] = []
         val: Dict[str, float] = {}
         try:
+            waiting: Optional[Tuple[Dict[str, object], Readback]] = None  # the device path's last step, unread
             while self.step < end:
                 self.meter.begin()
                 out = self.train_step()
                 self.step += 1
                 record = self.meter.end(self.step, out)
-                self.agree.main_io(log.progress, 1, loss=out["loss"], tok_s=record["tokens_per_s"], lr=out["lr"])
-                interval = cfg.tokens.val_check_interval
-                if (interval and self.step % interval == 0) or self.step == total:
-                    val = self.validate()
-                    record.update(val)
-                    self.agree.main_io(log.write, f"step {self.step}: train loss {out['loss']:.4f}, validation loss "
-                                             f"{val['val_loss']:.4f} (ppl {val['val_ppl']:.1f})")
-                if self.step % cfg.logging.log_interval == 0 or "val_loss" in record:
-                    self.agree.main_io(log.log, record)
-                history.append(record)
-                every = cfg.checkpoints.interval
-                if (every and self.step % every == 0) or self.step == total:
-                    self.save()
-                    log.path = folder.records_dir / log.path.name  # the open file moved with the handover
+                if waiting is not None:  # the step before, read now that this one is queued behind it
+                    self._after_step(*waiting, log, history, val)
+                    waiting = None
+                if self._readback is not None and not self._read_at_once(self.step, end):
+                    waiting = (record, self._readback)
+                else:  # validation, a checkpoint and the end read the step at once: never after an unread verdict
+                    self._after_step(record, self._readback, log, history, val)
+                self._readback = None
         finally:
             log.close()
         summary = self.meter.summary(history, val, self.step)
@@ -171,6 +203,35 @@ class Trainer:
             write_text_atomic(folder.records_dir / "summary.json", json.dumps(summary, indent=2))
             print(format_summary(summary, folder.run_dir))
         return summary
+
+    def _read_at_once(self, step: int, end: int) -> bool:
+        """Whether the device path reads step `step`'s verdict before the next step: the trainer validates or saves
+        its weights, or it is the last of this call."""
+        interval, every = self.cfg.tokens.val_check_interval, self.cfg.checkpoints.interval
+        total = self.cfg.tokens.train_steps
+        return (bool(interval) and step % interval == 0) or (bool(every) and step % every == 0) or step in (end, total)
+
+    def _after_step(self, record: Dict[str, object], readback: Optional[Readback], log: MetricsLogger,
+                    history: List[Dict[str, object]], val: Dict[str, float]) -> None:
+        """Step record["step"]'s bookkeeping: its verdict read (device path), progress, validation (into `val`),
+        the metrics record, a checkpoint."""
+        cfg, step = self.cfg, int(record["step"])
+        if readback is not None:
+            self._settle(step, record, readback)
+        self.agree.main_io(log.progress, 1, loss=record["loss"], tok_s=record["tokens_per_s"], lr=record["lr"])
+        interval, total = cfg.tokens.val_check_interval, cfg.tokens.train_steps
+        if (interval and step % interval == 0) or step == total:
+            val.update(self.validate())
+            record.update(val)
+            self.agree.main_io(log.write, f"step {step}: train loss {record['loss']:.4f}, validation loss "
+                                          f"{val['val_loss']:.4f} (ppl {val['val_ppl']:.1f})")
+        if step % cfg.logging.log_interval == 0 or "val_loss" in record:
+            self.agree.main_io(log.log, record)
+        history.append(record)
+        every = cfg.checkpoints.interval
+        if (every and step % every == 0) or step == total:
+            self.save()
+            log.path = self.folder.records_dir / log.path.name  # the open file moved with the handover
 
     def _report_complete(self) -> Dict[str, object]:
         """A launch that finds the run complete: print its stored results and rewrite nothing. A run whose end
