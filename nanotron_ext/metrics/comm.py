@@ -33,9 +33,10 @@ def total_sent_bytes(ledger: CommLedger, world_pg: dist.ProcessGroup,
     """Sum over all ranks of `sent_bytes_by_group` (one tiny all-reduce, itself counted under "world").
     `device`: the process group's device (NCCL reduces CUDA tensors only; default CPU, gloo)."""
     mine = sent_bytes_by_group(ledger)
+    if world_pg.size() == 1:  # nothing to sum: no round trip through the device (a sync on CUDA every step)
+        return {g: int(mine[g]) for g in KEYS if mine[g]}
     vec = torch.tensor([mine[g] for g in KEYS], dtype=torch.float64, device=device)
-    if world_pg.size() > 1:
-        dist.all_reduce(vec, group=world_pg)
+    dist.all_reduce(vec, group=world_pg)
     return {g: int(v) for g, v in zip(KEYS, vec.tolist()) if v}
 
 

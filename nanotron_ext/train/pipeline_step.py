@@ -25,13 +25,21 @@ def make_engine(name: str) -> PipelineEngine:
     return ENGINES[name]()
 
 
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A CPU batch on `device`. On CUDA through pinned memory, asynchronously: a blocking copy (or an asynchronous one
+    from pageable memory) waits for the stream, draining the queue at every step's start (issue 40)."""
+    if device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)  # the pinned block is kept until the copy is done
+    return t.to(device)
+
+
 def place_micro_batch(batch: Dict[str, torch.Tensor], parallel_context: ParallelContext) -> Dict[str, object]:
     """Keep input_ids on the first stage and label_ids on the last; TensorPointers elsewhere."""
     pp_rank, last = dist.get_rank(parallel_context.pp_pg), parallel_context.pp_pg.size() - 1
     device = parallel_context.device
     return {
-        "input_ids": batch["input_ids"].to(device) if pp_rank == 0 else TensorPointer(group_rank=0),
-        "label_ids": batch["label_ids"].to(device) if pp_rank == last else TensorPointer(group_rank=last),
+        "input_ids": _to_device(batch["input_ids"], device) if pp_rank == 0 else TensorPointer(group_rank=0),
+        "label_ids": _to_device(batch["label_ids"], device) if pp_rank == last else TensorPointer(group_rank=last),
     }
 
 
