@@ -176,7 +176,13 @@ def curves(model: Model, fits: Dict[str, Any]) -> Dict[str, Any]:
         for kind, r in (("uncompressed", 0), ("compressed", 4)):
             base = step_bounds([free[r]], plan["outer_every"]).lower_s
             util[kind].append(base / step_bounds([slow[r]], plan["outer_every"]).lower_s)
-    return {"bandwidth_mbps": bws, "resbm_gain": resbm, "het_utilisation": util}
+    # what the outer step sends on the pipeline group beyond an inner one (the embedding fold): the clock prices
+    # stage sends and the DP tier, not collectives on the pipeline group
+    extra = max(sum(c["bytes"] for op, c in o["ledger"].get("pp", {}).items() if not op.startswith(("send", "recv")))
+                - sum(c["bytes"] for op, c in i["ledger"].get("pp", {}).items() if not op.startswith(("send", "recv")))
+                for oc, ic in zip(plan["outer"], plan["inner"]) for o, i in zip(oc, ic))
+    return {"bandwidth_mbps": bws, "resbm_gain": resbm, "het_utilisation": util,
+            "het_unpriced_pp_bytes_per_outer_step": extra}
 
 
 def _num(x: float) -> str:
@@ -249,11 +255,15 @@ def render(result: Dict[str, Any]) -> str:
               f"compressed (1/8) replicas {pick('compressed', 100):.3f} at 100 Mbit/s and "
               f"{pick('compressed', 1000):.3f}"
               f" at 1 Gbit/s (paper: > 0.97), uncompressed {pick('uncompressed', 100):.3f} / "
-              f"{pick('uncompressed', 1000):.3f}.", "",
+              f"{pick('uncompressed', 1000):.3f}. Not priced: collectives on the pipeline group, here the embedding "
+              f"fold's {c.get('het_unpriced_pp_bytes_per_outer_step', 0) / 1e6:.1f} MB per outer step (at 1 Gbit/s "
+              f"{c.get('het_unpriced_pp_bytes_per_outer_step', 0) * 8 / 1e9 * 1e3 / 50:.0f} ms per step amortised "
+              "over H = 50).", "",
               "## Rerun", "",
               "`.venv/bin/python reproduce/paper_scale.py` (after `reproduce/PLAN.json` is regenerated too: the runs "
               "plan_table.py plans are read from it; the others are planned once and cached in "
-              "`reproduce/paper_scale_plans/` by the hash of their resolved config). `--from-json "
+              "`reproduce/paper_scale_plans/` by the hash of their resolved config and the planner's version; plans "
+              "no run reads any more are removed). `--from-json "
               "reproduce/PAPER_SCALE.json` re-renders without the plans."]
     return "\n".join(lines) + "\n"
 

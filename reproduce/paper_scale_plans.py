@@ -64,7 +64,7 @@ def _from_plan_json(run: Dict[str, Any]) -> Dict[str, Any]:
 
 def plan_of(name: str) -> Dict[str, Any]:
     """The plan of RUNS[name] (module docstring) with "tokens_per_step" (every replica) and "source"."""
-    from nanotron_ext.bench.wan.profile import planned
+    from nanotron_ext.bench.wan.profile import plan_path, planned
     from nanotron_ext.config.loader import load_config
 
     config, overrides = RUNS[name]
@@ -77,17 +77,20 @@ def plan_of(name: str) -> Dict[str, Any]:
         plan["micro_batches"] = t.batch_accumulation_per_replica
         source = "reproduce/PLAN.json"
     else:
-        from nanotron_ext.bench.wan.losses import digest
-        from nanotron_ext.config.loader import config_to_dict
-
         plan = planned(str(REPO / config), list(overrides), CACHE)
-        source = f"reproduce/paper_scale_plans/plan_{digest(config_to_dict(cfg), 16)}.json"  # profile.planned's key
+        source = f"reproduce/paper_scale_plans/{plan_path(cfg, CACHE).name}"
     return {**plan, "tokens_per_step": tokens, "source": source}
 
 
 def prune(used: Set[str]) -> List[str]:
-    """Remove the cached plans no run reads any more (a config changed: its old plan is orphaned); their names."""
-    gone = [p for p in sorted(CACHE.glob("plan_*.json")) if f"reproduce/paper_scale_plans/{p.name}" not in used]
+    """Remove the cached plans no run reads any more (a config or the planner changed: the old plan is orphaned);
+    their names. Nothing is removed unless every plan in `used` is there (a cache key computed otherwise than
+    profile.planned's would otherwise empty the folder)."""
+    cached = sorted(CACHE.glob("plan_*.json"))
+    names = {f"reproduce/paper_scale_plans/{p.name}" for p in cached}
+    if any(u.startswith("reproduce/paper_scale_plans/") and u not in names for u in used):
+        return []
+    gone = [p for p in cached if f"reproduce/paper_scale_plans/{p.name}" not in used]
     for p in gone:
         p.unlink()
     return [p.name for p in gone]

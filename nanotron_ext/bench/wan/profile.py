@@ -63,6 +63,16 @@ def twin_overrides(config_file: str, overrides: Sequence[str], scale_config: Opt
     return sets
 
 
+def plan_path(cfg: Any, cache: Path, device: str = "cpu") -> Path:
+    """Where `planned` caches the plan of a loaded config: keyed by the resolved config, the device and the planner's
+    version (reproduce/paper_scale_plans.py names the plans its table read by this)."""
+    from nanotron_ext.bench.wan.losses import digest
+    from nanotron_ext.config.loader import config_to_dict
+
+    key = digest({"config": config_to_dict(cfg), "device": device, "planner": PLANNER_VERSION}, 16)
+    return cache / f"plan_{key}.json"
+
+
 def planned(config_file: str, overrides: Sequence[str], cache: Path, device: str = "cpu") -> Dict[str, Any]:
     """The plan of one config (module docstring, 2.), read back from `cache` when a plan of the same resolved config,
     device and planner version is there: {"layout", "micro_batches", "schedule", "outer_every", "replica_of" (dp rank
@@ -70,16 +80,14 @@ def planned(config_file: str, overrides: Sequence[str], cache: Path, device: str
     or None}. `device` "cpu" (the default): FLOPs as the CPU kernels count them, the runs the meter trains and the
     model clock's committed results; "cuda" differs only for fp32 attention with grouped KV heads (CUDA's math
     fallback, nanotron_ext.plan.kernels), by about 1.5% of the FLOPs at the meter's model."""
-    from nanotron_ext.bench.wan.losses import digest
-    from nanotron_ext.config.loader import config_to_dict, load_config
+    from nanotron_ext.config.loader import load_config
     from nanotron_ext.config.tiers import replica_codecs
     from nanotron_ext.fileio import write_text_atomic
     from nanotron_ext.plan.run import column, default_ranks, plan_ranks, rank_of
     from nanotron_ext.registry import DP_SYNCS
 
     cfg = load_config(config_file, list(overrides))
-    key = digest({"config": config_to_dict(cfg), "device": device, "planner": PLANNER_VERSION}, 16)
-    path = cache / f"plan_{key}.json"
+    path = plan_path(cfg, cache, device)
     if path.exists():
         return json.loads(path.read_text())
     p = cfg.parallelism
