@@ -105,7 +105,8 @@ def planned(config_file: str, overrides: Sequence[str], cache: Path, device: str
               "micro_batches": cfg.tokens.batch_accumulation_per_replica, "schedule": p.pp_engine,
               "outer_every": every if every > 1 else 0,
               "replica_of": {str(r): firsts.index(f) for r, f in replica_of.items()},
-              "inner": by_replica(plan_ranks(config_file, list(overrides), cfg, ranks, outer=every <= 1, device=device)),
+              "inner": by_replica(plan_ranks(config_file, list(overrides), cfg, ranks, outer=every <= 1,
+                                             device=device)),
               "outer": by_replica(plan_ranks(config_file, list(overrides), cfg, ranks, device=device))
               if every > 1 else None}
     cache.mkdir(parents=True, exist_ok=True)
