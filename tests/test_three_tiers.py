@@ -181,8 +181,8 @@ def _check_closed_forms(codec: dict, one: list, once: list) -> None:
 def test_the_job_pp_form_matches_the_ledger_when_every_tp_rank_sends(strategy: str) -> None:
     """parallelism.pp_scatter_gather=false at tp = 2 x pp = 2, identity wire: Megatron's replicated wire crosses
     once per TP rank (twice), btp's sharded one once in all (each TP rank its d/tp shard); the WAN meter's job
-    form (metrics.tier_bytes.job_bytes_per_step) equals the pipeline bytes every rank's ledger sent."""
-    from nanotron_ext.metrics.tier_bytes import job_bytes_per_step
+    form (config.tiers.job_bytes_per_step) equals the pipeline bytes every rank's ledger sent."""
+    from nanotron_ext.config.tiers import job_bytes_per_step
     from tests.helpers.dist import run_distributed
 
     model = {**SMALL, "tp_strategy": strategy, **({"low_rank": {"kind": "svd"}} if strategy == "btp" else {})}
@@ -288,7 +288,7 @@ def test_job_closed_forms_of_the_example_sum_its_tiers() -> None:
     """The WAN meter's closed-form column for examples/config_three_tiers.yaml, by hand: b s = 4 x 128 tokens,
     2 micro-batches, d = 128, r = 32, L = 4, fp32; replica 0 sends k = 16 values + a 4 B id per token, replica 1
     d values; BTP all-reduces 7 b s r per block and pass (BOOST Table 6)."""
-    from nanotron_ext.metrics.tier_bytes import job_bytes_per_step
+    from nanotron_ext.config.tiers import job_bytes_per_step
 
     forms = job_bytes_per_step(load_config(REPO / "examples" / "config_three_tiers.yaml"))
     bs, d, n = 4 * 128, 128, 2

@@ -89,10 +89,10 @@ def test_every_system_trains_the_same_budget_and_warm_up() -> None:
 
     args = argparse.Namespace(config=systems.BASE, tp_preset="nvlink", steps=100, val_every=20, inner_steps=5, set=[])
     for system in ("three_tiers", "dense_3d", "sparseloco", "pipeline"):
-        sets = runs.run_overrides(system, "internet-200m-50ms", 1, args)
+        sets = systems.run_overrides(system, "internet-200m-50ms", 1, args)
         assert {"tokens.train_steps=100", "tokens.val_check_interval=20"} <= set(sets), system
         assert ("sparseloco.inner_steps=5" in sets) == (system in ("three_tiers", "sparseloco")), system
-    three = runs.run_overrides("three_tiers", "internet-200m-50ms", 1, args)
+    three = systems.run_overrides("three_tiers", "internet-200m-50ms", 1, args)
     assert "optimizer.warmup_steps=10" in three  # cpu_base.yaml's, not the three-tier file's 5
 
 
@@ -137,7 +137,7 @@ def test_anchor_link_scales_protocolnanogpt_to_our_compute() -> None:
     assert bw == pytest.approx(8e6 / (80.6 / 19.9 * 0.5) / 1e6) and lat == pytest.approx(50 * 0.5 / 19.9)
     args = argparse.Namespace(anchor_links={presets.ANCHOR: {"pp": (bw, lat)}}, tp_preset="nvlink", steps=4,
                               val_every=2, inner_steps=10, set=[])
-    sets = runs.run_overrides("pipeline", presets.ANCHOR, 1, args)
+    sets = systems.run_overrides("pipeline", presets.ANCHOR, 1, args)
     assert f"parallelism.link.bandwidth_mbps={bw}" in sets and "parallelism.link.preset=" not in " ".join(sets)
     assert f"parallelism.link.dp.bandwidth_mbps={bw}" in sets  # a measured anchor: DP gets the stage link
     assert "parallelism.link.tp.preset=nvlink" in sets
@@ -149,7 +149,7 @@ def test_anchor_link_scales_protocolnanogpt_to_our_compute() -> None:
     bw, lat = scaled_link(half, 0.5, resbm)
     assert bw == pytest.approx(2 * 8e6 / ((7530 - 609) / 609 * 0.5) / 1e6) and lat == 0.0
     args.anchor_links = {"resbm-80m-cpu": {"pp": (bw, lat)}}
-    sets = runs.run_overrides("resbm_pipeline", "resbm-80m-cpu", 1, args)
+    sets = systems.run_overrides("resbm_pipeline", "resbm-80m-cpu", 1, args)
     assert "parallelism.link.duplex=half" in sets and "parallelism.link.dp.duplex=half" in sets
 
 
@@ -272,7 +272,7 @@ def _fake_run(log: list):
         step = 1.0 + seed / 10 + (system == "ddp")
         return {"system": system, "preset": preset, "seed": seed, "steady_step_s": step,
                 "val_vs_wall": [[step, 5.0], [2 * step, 4.0 + seed / 100]], "final_val_loss": 4.0 + seed / 100,
-                "bytes_per_step": {t: 1.0 for t in results.TIERS}, "closed_form_bytes_per_step": {},
+                "bytes_per_step": {t: 1.0 for t in presets.TIERS}, "closed_form_bytes_per_step": {},
                 "link_wait_fraction": {}}
     return run
 

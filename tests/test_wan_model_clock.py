@@ -11,7 +11,7 @@ import pytest
 
 from nanotron_ext.bench.wan import model_results, profile, systems
 from nanotron_ext.bench.wan.clock import Link
-from nanotron_ext.bench.wan.runs import run_overrides
+from nanotron_ext.bench.wan.systems import run_overrides
 
 SCALE = str(systems.REPO / "reproduce/het_sparseloco/sparseloco_512m.yaml")
 
@@ -78,7 +78,7 @@ def test_planned_bytes_of_the_real_layout_match_the_closed_forms(tmp_path: Path)
     """The uncompressed pipeline at the meter's scale: each micro-batch's activation b s d fp32 forward and its
     gradient back; DDP: every gradient (fp32) all-reduced by each of the 2 ranks (the tier closed forms)."""
     from nanotron_ext.config import load_config
-    from nanotron_ext.metrics.tier_bytes import job_bytes_per_step
+    from nanotron_ext.config.tiers import job_bytes_per_step
 
     for system in ("pipeline", "ddp"):
         config = str(systems.system_config(system, _args()))

@@ -1,8 +1,8 @@
 """Which piece of a config runs on which bandwidth tier (TP inside a stage, PP between stages, DP between
 replicas), and its bytes per step by closed form, asked of the technique that owns it (nanotron_ext.registry;
 `Technique.closed_form_bytes`, whose forms are nanotron_ext.metrics.tier_bytes.TierBytes). `config show` prints
-these (nanotron_ext/config/__main__.py); the planner and the WAN meter (metrics.tier_bytes.job_bytes_per_step)
-read them."""
+these (nanotron_ext/config/__main__.py); the planner and the WAN meter read their sum over the whole job
+(`job_bytes_per_step`, beside the per-tier forms it adds up)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
@@ -42,3 +42,23 @@ def tier_forms(cfg: "Config") -> Dict[str, List[Tuple[str, Optional["TierBytes"]
         tb = DP_SYNCS.owner(p.dp_sync).closed_form_bytes("parallelism.dp_sync", p.dp_sync, cfg)
         forms["dp"] = [("DP bytes per step per replica", tb)]
     return forms
+
+
+# -- the whole job: the sum the planner and the WAN meter read (kept beside the forms it adds up) --
+def job_bytes_per_step(cfg: "Config") -> Dict[str, Optional[float]]:
+    """Closed-form bytes per step of the whole job by tier, all ranks together (what the WAN meter's ledger
+    column sums): every TP rank of every replica; every stage link of every replica (a TP-replicated wire
+    crosses once, or tp times with parallelism.pp_scatter_gather=false unless its TP ranks send disjoint shards
+    of it); every replica. None where a piece has no closed form."""
+    p = cfg.parallelism
+    out: Dict[str, Optional[float]] = {}
+    for tier, entries in tier_forms(cfg).items():
+        forms = [tb for _, tb in entries]
+        if any(tb is None for tb in forms):
+            out[tier] = None
+        elif tier == "pp":
+            out[tier] = (p.pp - 1) * sum(tb.total * (1 if p.pp_scatter_gather or tb.tp_sharded else p.tp)
+                                         for tb in forms)  # type: ignore[union-attr]
+        else:
+            out[tier] = (p.tp * p.dp if tier == "tp" else p.dp) * forms[0].total  # type: ignore[union-attr]
+    return out

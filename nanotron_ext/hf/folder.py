@@ -16,6 +16,9 @@ from typing import TYPE_CHECKING, Dict, List, Tuple
 
 from nanotron_ext.config.checks import ConfigError
 
+# names.py maps the tensors and reads config.json; it imports nothing of this file, so no loop
+from nanotron_ext.hf.names import check_hf_config, from_hf_name, read_hf_config
+
 if TYPE_CHECKING:
     from nanotron_ext.config.schema import ModelConfig
 
@@ -99,8 +102,6 @@ def expected_shapes(cfg: "ModelConfig") -> Dict[str, List[int]]:
 
 def check_folder_tensors(folder: Path, cfg: "ModelConfig") -> None:
     """Every file whole, every weight of `cfg`'s model present with its shape, no tensor without a place."""
-    from nanotron_ext.hf.names import from_hf_name
-
     want = expected_shapes(cfg)
     optional = {"lm_head.weight": [cfg.vocab_size, cfg.hidden_size]}
     found = set()
@@ -124,3 +125,18 @@ def check_folder_tensors(folder: Path, cfg: "ModelConfig") -> None:
     if missing:
         raise ConfigError(f"model.init_from: {folder} has no tensor {missing[0]}"
                           + (f" (nor {len(missing) - 1} others)" if len(missing) > 1 else ""))
+
+
+def check_init_from(cfg: "ModelConfig") -> None:
+    """model.init_from when the job starts (nanotron_ext.train.__main__.check_job_start) and before a model imports it
+    (nanotron_ext.models.init_from): 'hf:DIR' with a folder whose config.json matches the model section and
+    whose safetensors hold every weight whole, with its shape (check_folder_tensors)."""
+    value = cfg.init_from
+    if not value.startswith("hf:") or not value[3:].strip():
+        raise ConfigError(f"model.init_from={value!r}: expected 'hf:DIR', a folder written by transformers' "
+                          "save_pretrained")
+    folder = Path(value[3:]).expanduser()
+    if not folder.is_dir():
+        raise ConfigError(f"model.init_from: {folder} is not a folder")
+    check_hf_config(read_hf_config(folder), cfg, str(folder))
+    check_folder_tensors(folder, cfg)

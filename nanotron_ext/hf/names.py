@@ -174,20 +174,3 @@ def check_hf_config(hf: Dict[str, Any], cfg: "ModelConfig", folder: str) -> None
     for key, allowed in (("hidden_act", "silu"), ("attention_bias", False), ("mlp_bias", False)):
         if hf.get(key, allowed) != allowed:
             raise ConfigError(f"model.init_from: {folder} has {key}={hf[key]!r}; only {key}={allowed!r} imports")
-
-
-def check_init_from(cfg: "ModelConfig") -> None:
-    """model.init_from when the job starts (nanotron_ext.train.__main__.check_job_start) and before a model imports it
-    (nanotron_ext.models.init_from): 'hf:DIR' with a folder whose config.json matches the model section and
-    whose safetensors hold every weight whole, with its shape (hf/folder.py)."""
-    value = cfg.init_from
-    if not value.startswith("hf:") or not value[3:].strip():
-        raise ConfigError(f"model.init_from={value!r}: expected 'hf:DIR', a folder written by transformers' "
-                          "save_pretrained")
-    folder = Path(value[3:]).expanduser()
-    if not folder.is_dir():
-        raise ConfigError(f"model.init_from: {folder} is not a folder")
-    check_hf_config(read_hf_config(folder), cfg, str(folder))
-    from nanotron_ext.hf.folder import check_folder_tensors  # (imports this module)
-
-    check_folder_tensors(folder, cfg)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Dict, Optional
+from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
     from nanotron_ext.config.schema import Config, ModelConfig
@@ -106,25 +106,3 @@ def dense_dp(cfg: "Config", num_params: int) -> TierBytes:
     extra = "; each TP rank also all-reduces its copy of TP-replicated parameters" if cfg.parallelism.tp > 1 else ""
     return TierBytes(4.0 * num_params, 0.0,
                      f"fp32 gradients of {num_params:,} parameters, all-reduced every step{extra}")
-
-
-# -- the whole job ---------------------------------------------------------------------------------------------
-def job_bytes_per_step(cfg: "Config") -> Dict[str, Optional[float]]:
-    """Closed-form bytes per step of the whole job by tier, all ranks together (what the WAN meter's ledger
-    column sums): every TP rank of every replica; every stage link of every replica (a TP-replicated wire
-    crosses once, or tp times with parallelism.pp_scatter_gather=false unless its TP ranks send disjoint shards
-    of it); every replica. None where a piece has no closed form."""
-    from nanotron_ext.config.tiers import tier_forms
-
-    p = cfg.parallelism
-    out: Dict[str, Optional[float]] = {}
-    for tier, entries in tier_forms(cfg).items():
-        forms = [tb for _, tb in entries]
-        if any(tb is None for tb in forms):
-            out[tier] = None
-        elif tier == "pp":
-            out[tier] = (p.pp - 1) * sum(tb.total * (1 if p.pp_scatter_gather or tb.tp_sharded else p.tp)
-                                         for tb in forms)  # type: ignore[union-attr]
-        else:
-            out[tier] = (p.tp * p.dp if tier == "tp" else p.dp) * forms[0].total  # type: ignore[union-attr]
-    return out

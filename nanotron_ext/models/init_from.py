@@ -6,7 +6,7 @@ projected onto span(U)). Each rank reads only the tensors of its own stage, one 
 modules that implement nanotron_ext.models.dense.DenseEquivalent turn the dense weights into their own
 parameters (BOOST's factor pairs: a rank-r truncated SVD; Subspace Models' split table: T_S = (E - T_fixed) U).
 Parameters with no counterpart in a Llama (boundary codecs: ResBM, MAPL) keep their seeded init. The folder
-(nanotron_ext.hf.importer.FolderTensors) is checked before anything is read (nanotron_ext.hf.names.check_init_from).
+(nanotron_ext.hf.importer.FolderTensors) is checked before anything is read (nanotron_ext.hf.folder.check_init_from).
 
 After the constraints, `ImportedWeights.report` compares the model's dense equivalent with the folder's tensors
 (relative Frobenius error per tensor, all stages) and prints it per layer on rank 0.
@@ -23,8 +23,9 @@ from torch import nn
 
 from nanotron_ext.config.checks import ConfigError
 from nanotron_ext.config.schema import ModelConfig
+from nanotron_ext.hf.folder import check_init_from
 from nanotron_ext.hf.importer import FolderTensors, format_report
-from nanotron_ext.hf.names import check_init_from, split_fused
+from nanotron_ext.hf.names import split_fused
 from nanotron_ext.models.dense import dense_state_dict, load_dense_state_dict_
 
 

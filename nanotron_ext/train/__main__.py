@@ -112,7 +112,7 @@ def check_job_start(cfg: "Config") -> None:
     from nanotron_ext.cli_checks import output_folder
 
     if cfg.model.init_from is not None:
-        from nanotron_ext.hf.names import check_init_from  # reads the folder's config.json and tensor headers
+        from nanotron_ext.hf.folder import check_init_from  # reads the folder's config.json and tensor headers
 
         check_init_from(cfg.model)
     output_folder("general.output_dir", cfg.general.output_dir)

@@ -180,3 +180,22 @@ def latest_checkpoint(root: PathLike) -> Optional[Path]:
     """The complete checkpoint with the highest step under `root`, or None."""
     found = list_checkpoints(root)
     return found[-1][1] if found else None
+
+
+# -- what a stop says it can resume from: beside latest_checkpoint, which answers it (train/replica.py and
+# run_folder.py both say it; it lived in run_folder.py, which replica.py then imported only for this)
+def resume_hint(checkpoint_dir: Union[str, Path], last: Optional[Path], earlier: Optional[Path] = None) -> str:
+    """What a run that stopped can resume from: `last`, this run's newest complete checkpoint, or nothing; with
+    `earlier` (checkpoints.resume=overwrite before this run's first checkpoint) the earlier run's, which is kept."""
+    if last:
+        return f"the last complete checkpoint is {last}"
+    if earlier:
+        return f"this run has no complete checkpoint yet; {kept_note(earlier)}"
+    return f"there is no complete checkpoint in {checkpoint_dir}"
+
+
+def kept_note(earlier: Path) -> str:
+    """checkpoints.resume=overwrite stopped before its first checkpoint: the earlier run is whole."""
+    return (f"the earlier run's {earlier} is kept with its records (checkpoints.resume=overwrite replaces them only "
+            "at this run's first checkpoint): launch with checkpoints.resume=auto to continue it, or with overwrite "
+            "to start afresh")

@@ -33,9 +33,8 @@ from nanotron_ext.optim.skip import skipped_where
 from nanotron_ext.parallel.comm import get_ledger
 from nanotron_ext.parallel.data_parallel import DataParallelSync
 from nanotron_ext.parallel.link import LinkEmulator
-from nanotron_ext.train.checkpoint import latest_checkpoint
+from nanotron_ext.train.checkpoint_store import latest_checkpoint, resume_hint
 from nanotron_ext.train.pipeline_step import evaluate, forward_backward, make_engine
-from nanotron_ext.train.run_folder import resume_hint
 
 Batch = Dict[str, torch.Tensor]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
 import torch.distributed as torch_dist
 
@@ -29,7 +29,7 @@ from nanotron_ext.train.checkpoint import (
     remove_checkpoint,
     save_checkpoint,
 )
-from nanotron_ext.train.checkpoint_store import damaged_after
+from nanotron_ext.train.checkpoint_store import damaged_after, kept_note, resume_hint
 from nanotron_ext.train.guard import claim_folders, remove_other_checkpoints, resume_advice, resume_conflict
 from nanotron_ext.train.handover import STAGING, begin, complete, recover
 
@@ -39,23 +39,6 @@ if TYPE_CHECKING:
     from nanotron_ext.train.replica import Replica
 
 logger = logging.getLogger(__name__)
-
-
-def resume_hint(checkpoint_dir: Union[str, Path], last: Optional[Path], earlier: Optional[Path] = None) -> str:
-    """What a run that stopped can resume from: `last`, this run's newest complete checkpoint, or nothing; with
-    `earlier` (checkpoints.resume=overwrite before this run's first checkpoint) the earlier run's, which is kept."""
-    if last:
-        return f"the last complete checkpoint is {last}"
-    if earlier:
-        return f"this run has no complete checkpoint yet; {kept_note(earlier)}"
-    return f"there is no complete checkpoint in {checkpoint_dir}"
-
-
-def kept_note(earlier: Path) -> str:
-    """checkpoints.resume=overwrite stopped before its first checkpoint: the earlier run is whole."""
-    return (f"the earlier run's {earlier} is kept with its records (checkpoints.resume=overwrite replaces them only "
-            "at this run's first checkpoint): launch with checkpoints.resume=auto to continue it, or with overwrite "
-            "to start afresh")
 
 
 def stop_checkpoint(cfg: Config, folder: Optional["RunFolder"]) -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Dict, Mapping, Sequence, Tuple
 
 from nanotron_ext.bench.report import read_saved
-from nanotron_ext.bench.wan.presets import ANCHORS
+from nanotron_ext.bench.wan.presets import ANCHORS, TIERS
 from nanotron_ext.cli_checks import ArgumentError, JsonFile, input_file, json_kind
 from nanotron_ext.config.checks import ConfigError
 
@@ -126,8 +126,6 @@ def check_saved_runs(flag: str, path: str, saved: Mapping[str, Any]) -> None:
     """What pooling reads of a saved result (--merge), refused naming the flag, the file, the run and the key: the
     meta's steps, target and reference, its calibration's links, and each run's names, step time, losses and
     bytes, as finite numbers (a NaN loss was a traceback inside the statistics)."""
-    from nanotron_ext.bench.wan.results import TIERS  # (results -> systems -> args)
-
     f = JsonFile(Path(path), flag)
     meta = f.need(saved, "meta", dict)
     f.need(meta, "steps", int, "meta")

@@ -67,7 +67,7 @@ from nanotron_ext.bench.wan.losses import loss_runs
 from nanotron_ext.bench.wan.modelled import measure_model, publish_model
 from nanotron_ext.bench.wan.presets import ANCHORS, CLOCK_PRESETS
 from nanotron_ext.bench.wan.results import CLAIMS, figure, headline, merged_runs, pooled_rows, table
-from nanotron_ext.bench.wan.systems import BASE, DEFAULT_SYSTEMS, REPO, SYSTEMS, system_config
+from nanotron_ext.bench.wan.systems import BASE, DEFAULT_SYSTEMS, REPO, SYSTEMS, run_overrides, system_config
 from nanotron_ext.cli_flags import one_line_refusals
 
 
@@ -134,7 +134,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 
 def planned_runs(args: argparse.Namespace) -> Dict[str, Tuple[Path, List[str]]]:
     """{name: (config, overrides)} of every run the meter trains (the anchors' links unscaled until calibrated)."""
-    return {f"{p} {s} seed {seed}": (system_config(s, args), emulated.run_overrides(s, p, seed, args))
+    return {f"{p} {s} seed {seed}": (system_config(s, args), run_overrides(s, p, seed, args))
             for p in args.preset for s in args.systems for seed in args.seeds}
 
 

@@ -152,8 +152,7 @@ def train_all(runs: Sequence[LossRun], folder: Path, jobs: int) -> List[Dict[str
 
 def loss_runs(systems: Sequence[str], seeds: Sequence[int], args: Any) -> List[LossRun]:
     """The loss runs of `systems` x `seeds` under the meter's budget (`args`: steps, val_every, inner_steps, set)."""
-    from nanotron_ext.bench.wan.runs import run_overrides
-    from nanotron_ext.bench.wan.systems import system_config
+    from nanotron_ext.bench.wan.systems import run_overrides, system_config
 
     out = []
     for system in systems:

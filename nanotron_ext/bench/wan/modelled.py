@@ -12,8 +12,7 @@ from nanotron_ext.bench.wan import model_results
 from nanotron_ext.bench.wan.losses import loss_runs, train_all
 from nanotron_ext.bench.wan.presets import CLOCK_PRESETS
 from nanotron_ext.bench.wan.profile import bytes_per_step, links_of, planned, step_bounds_of, twin_overrides
-from nanotron_ext.bench.wan.runs import run_overrides
-from nanotron_ext.bench.wan.systems import REPO, system_config
+from nanotron_ext.bench.wan.systems import REPO, run_overrides, system_config
 
 TITLE = "Time to a target validation loss on the model clock (losses: cheapest equivalent layouts; time: replayed)"
 
@@ -22,7 +21,7 @@ def clock_of(system: str, preset: str, args: argparse.Namespace) -> Dict[str, An
     """One system's step on one preset: both bounds, its bytes per tier per step (planned and closed form) and its
     tokens per step, all at the preset's scale."""
     from nanotron_ext.config.loader import load_config
-    from nanotron_ext.metrics.tier_bytes import job_bytes_per_step
+    from nanotron_ext.config.tiers import job_bytes_per_step
 
     p = CLOCK_PRESETS[preset]
     config = str(system_config(system, args))

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 REPO = Path(__file__).resolve().parents[3]
+TIERS = ("tp", "pp", "dp")  # the bandwidth tiers, in the order every table prints them
 TIER_KEYS = {"pp": "", "dp": "dp.", "tp": "tp."}  # each tier's prefix under parallelism.link
 CALIBRATION_SYSTEM = {"pp": "pipeline", "dp": "ddp", "tp": "megatron_tp"}  # wan.SYSTEMS measured per tier
 
@@ -132,7 +133,7 @@ def tier_seconds_at_1mbps(tier: str, bytes_by_op: Mapping[str, float], dp: int, 
 def modelled_setting(anchor: ModelledAnchor) -> Dict[str, Any]:
     """The real step: compute seconds per GPU and each linked tier's communication seconds (closed forms)."""
     from nanotron_ext.config.loader import load_config
-    from nanotron_ext.metrics.tier_bytes import job_bytes_per_step
+    from nanotron_ext.config.tiers import job_bytes_per_step
     from nanotron_ext.models.param_count import count_params
 
     cfg = load_config(REPO / anchor.config, list(anchor.overrides))

@@ -8,11 +8,9 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from nanotron_ext.bench.paper import PaperClaim, mean_se
 from nanotron_ext.bench.report import fmt_bytes, grouped_bars, new_figure, read_saved
-from nanotron_ext.bench.wan.presets import ANCHOR
+from nanotron_ext.bench.wan.presets import ANCHOR, TIERS
 from nanotron_ext.bench.wan.systems import SYSTEMS
 from nanotron_ext.cli_checks import ArgumentError
-
-TIERS = ("tp", "pp", "dp")
 
 
 def run_curve(metrics: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:

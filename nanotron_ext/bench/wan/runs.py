@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 from nanotron_ext.bench.wan.args import config_file
 from nanotron_ext.bench.wan.presets import (
     ANCHORS,
     CALIBRATION_SYSTEM,
+    TIERS,
     describe,
     scaled_link,
-    tier_links,
     tier_seconds_at_1mbps,
 )
-from nanotron_ext.bench.wan.results import TIERS, run_curve
-from nanotron_ext.bench.wan.systems import REPO, SYSTEMS, shared_warmup, system_config, uses_outer_loop
+from nanotron_ext.bench.wan.results import run_curve
+from nanotron_ext.bench.wan.systems import REPO, SYSTEMS, run_overrides, system_config
 
 
 def measure_run(system: str, preset: str, seed: int, args: argparse.Namespace) -> Dict[str, Any]:
@@ -56,31 +56,10 @@ def closed_forms(system: str, preset: str, seed: int, args: argparse.Namespace) 
     """Each tier's bytes per step by closed form, all ranks (nanotron_ext.metrics.tier_bytes), for one run's
     config: what the ledger column should read, up to the side traffic the forms leave out."""
     from nanotron_ext.config import load_config
-    from nanotron_ext.metrics.tier_bytes import job_bytes_per_step
+    from nanotron_ext.config.tiers import job_bytes_per_step
 
     forms = job_bytes_per_step(load_config(system_config(system, args), run_overrides(system, preset, seed, args)))
     return {t: forms.get(t, 0.0) for t in TIERS}
-
-
-def run_overrides(system: str, preset: Optional[str], seed: int, args: argparse.Namespace) -> List[str]:
-    """The keys one run sets: the system's, the link preset on every tier (none without `preset`: the model
-    clock's loss runs), the budget and the seed."""
-    s = SYSTEMS[system]
-    if preset is None:
-        link = []
-    elif preset in ANCHORS:  # a calibrated preset: each tier scaled to this machine (bench/wan/presets.py)
-        link = tier_links(preset, getattr(args, "anchor_links", {}).get(preset), args.tp_preset)
-    else:
-        link = ["parallelism.link.enabled=true", f"parallelism.link.preset={preset}",
-                f"parallelism.link.dp.preset={preset}", f"parallelism.link.tp.preset={args.tp_preset}"]
-    # the same budget for every system, also those with their own YAML (the three-tier file's own 30 steps and 5
-    # warm-up steps gave way to --steps and the shared config's warm-up)
-    budget = [f"tokens.train_steps={args.steps}", f"tokens.val_check_interval={args.val_every}"]
-    if s.config:
-        budget.append(f"optimizer.warmup_steps={shared_warmup(args)}")
-    if uses_outer_loop(s):
-        budget.append(f"sparseloco.inner_steps={args.inner_steps}")
-    return [*s.overrides, *link, *budget, f"general.seed={seed}", "logging.progress_bar=false", *args.set]
 
 
 def calibrate_anchors(args: argparse.Namespace) -> Dict[str, Any]:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from pathlib import Path
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from nanotron_ext.bench.wan.args import config_file
+from nanotron_ext.bench.wan.presets import ANCHORS, tier_links
 
 REPO = Path(__file__).resolve().parents[3]
 BASE = "reproduce/wan/cpu_base.yaml"
@@ -110,3 +111,26 @@ def system_config(system: str, args: argparse.Namespace) -> Path:
     """The YAML a system's runs start from: its own file of the checkout, else --config (found from any folder)."""
     s = SYSTEMS[system]
     return REPO / s.config if s.config else config_file("--config", args.config, REPO)
+
+
+# the keys one run sets live beside the systems they read (losses.py and runs.py both ask; in runs.py they tied
+# losses -> runs -> compute_check -> profile -> losses into a loop)
+def run_overrides(system: str, preset: Optional[str], seed: int, args: argparse.Namespace) -> List[str]:
+    """The keys one run sets: the system's, the link preset on every tier (none without `preset`: the model
+    clock's loss runs), the budget and the seed."""
+    s = SYSTEMS[system]
+    if preset is None:
+        link = []
+    elif preset in ANCHORS:  # a calibrated preset: each tier scaled to this machine (bench/wan/presets.py)
+        link = tier_links(preset, getattr(args, "anchor_links", {}).get(preset), args.tp_preset)
+    else:
+        link = ["parallelism.link.enabled=true", f"parallelism.link.preset={preset}",
+                f"parallelism.link.dp.preset={preset}", f"parallelism.link.tp.preset={args.tp_preset}"]
+    # the same budget for every system, also those with their own YAML (the three-tier file's own 30 steps and 5
+    # warm-up steps gave way to --steps and the shared config's warm-up)
+    budget = [f"tokens.train_steps={args.steps}", f"tokens.val_check_interval={args.val_every}"]
+    if s.config:
+        budget.append(f"optimizer.warmup_steps={shared_warmup(args)}")
+    if uses_outer_loop(s):
+        budget.append(f"sparseloco.inner_steps={args.inner_steps}")
+    return [*s.overrides, *link, *budget, f"general.seed={seed}", "logging.progress_bar=false", *args.set]

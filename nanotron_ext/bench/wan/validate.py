@@ -24,8 +24,7 @@ from typing import Any, Dict, List, Tuple
 from nanotron_ext.bench.wan.clock import Link
 from nanotron_ext.bench.wan.compute_check import RATIO_TOLERANCE, mean_step_s
 from nanotron_ext.bench.wan.profile import planned, step_bounds_of, twin_overrides
-from nanotron_ext.bench.wan.runs import run_overrides
-from nanotron_ext.bench.wan.systems import SYSTEMS, system_config
+from nanotron_ext.bench.wan.systems import SYSTEMS, run_overrides, system_config
 
 VALIDATION_SYSTEMS = ("pipeline", "int4_pipeline", "ddp", "sparseloco")
 TITLE = "The model clock against the real-sleep emulator (one run at a time, processes <= cores)"
@@ -33,7 +32,7 @@ TOLERANCE = 0.15
 
 
 def emulated_links(preset: str, tp_preset: str) -> Tuple[Dict[str, Link], Link]:
-    """The links the emulator gives a run over `preset` (bench.wan.runs.run_overrides): the preset on the stage
+    """The links the emulator gives a run over `preset` (bench.wan.systems.run_overrides): the preset on the stage
     pairs and the DP tier, `tp_preset` on TP."""
     from nanotron_ext.parallel.link import link_preset
 
