@@ -292,7 +292,7 @@ def test_a_technique_outside_the_repository_plugs_in_through_its_entry_point() -
                             "print(sorted(m for m in sys.modules if m.startswith(('toy_technique', 'torch'))))"],
                            cwd=REPO, env=_toy_env(), capture_output=True, text=True, timeout=120)
     assert light.returncode == 0, light.stderr
-    assert light.stdout.strip() == "['toy_technique', 'toy_technique.config']"
+    assert light.stdout.strip() == "['toy_technique', 'toy_technique.config', 'toy_technique.technique']"
 
 
 def test_registration_mistakes_fail_naming_the_technique() -> None:
