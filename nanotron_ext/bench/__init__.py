@@ -5,15 +5,23 @@ A script under `reproduce/<paper>/` is one file with two roles: run plainly it i
 JSON the worker wrote, prints and saves the table); under torchrun with `--worker` it is the
 *worker* (builds the models on each rank, measures, global rank 0 writes the result JSON).
 
-    launch    torchrun jobs: split argv at `--`, the torchrun command, one job with a log and a
-              timeout, save configs + run a worker job + read its result, worker-side set-up
-    timing    warm-up and spread (Summary), pooled rounds, speedups with standard errors,
-              per-iteration timing between barriers with ledger bytes per group, interleaved rounds
-    workload  model/batch options shared by scripts, config resolution, the registered TP
-              strategies, building a model + optimizer, the precision of a block timed outside the
-              trainer (timing_precision: a paper's pure bf16, or autocast), memory probes
-    report    text and markdown tables, JSON/CSV rows, PNG figures titled with device and date
-    paper     PaperClaim: the paper's number beside ours, and whether its ordering held
+    launch      torchrun jobs: split argv at `--`, the torchrun command, one job with a log and a
+                timeout, save configs + run a worker job + read its result, worker-side set-up
+    timing      warm-up and spread (Summary), pooled rounds, speedups with standard errors,
+                per-iteration timing between barriers with ledger bytes per group, interleaved rounds
+    workload    model/batch options shared by scripts, config resolution, the registered TP
+                strategies, building a model + optimizer, the precision of a block timed outside the
+                trainer (timing_precision: a paper's pure bf16, or autocast), memory probes
+    training    whole training runs as rows: the trainer under torchrun, its summary and validation curve
+    presets     `--preset gpu` for the convergence scripts: the paper's experiment at paper scale
+    configs     generated reproduction configs: written from their one source, or checked against it
+    slow_link   the slow-link throughput benchmark every boundary codec shares (ResBM Table 3 style)
+    report      text and markdown tables, JSON/CSV rows, PNG figures titled with device and date
+    paper       PaperClaim: the paper's number beside ours, and whether its ordering held
+    hardware    the papers' named hardware for the model clock (device throughput, links per tier)
+    step_time   `python -m nanotron_ext.bench.step_time`: a config's step time on named hardware (plan + clock)
+    wan/        the WAN meter (`python -m nanotron_ext.bench.wan`): time to a target loss over a preset's links,
+                measured (real-sleep runs) or by the model clock (wan/clock.py); its own index in wan/__init__.py
 
 This package is core: it imports no technique package (tests/test_layout.py). Techniques are
 named by strings (`model.tp_strategy=btp`) and built by the techniques that provide them, and a paper's

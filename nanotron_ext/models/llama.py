@@ -26,7 +26,7 @@ from nanotron_ext.config.schema import ModelConfig
 from nanotron_ext.models.constraints import Projections
 from nanotron_ext.models.pieces import ModelPieces
 from nanotron_ext.models.tp_strategy import tie_head_to_embedding
-from nanotron_ext.parallel.layout import codec_boundaries, split_layers
+from nanotron_ext.parallel.layout import place_boundaries, split_layers
 
 Maybe = Union[torch.Tensor, TensorPointer]
 
@@ -115,22 +115,20 @@ class LlamaForTraining(nn.Module):
         self.codec: BoundaryCodec = self.techniques.codec(self.strategy)
         self.constraint = self.techniques.output_constraint(self.strategy)
         self.stage_of_layer = split_layers(cfg.num_layers, pp, layers_per_stage)
-        self.codec_after = set(codec_boundaries(cfg.codec.boundaries, self.stage_of_layer))
-        stage_ends = set(codec_boundaries("stages", self.stage_of_layer))
-        # a layer that ends a stage always emits a wire: one tensor per boundary (codecs/base.py); a
-        # stage boundary outside model.codec.boundaries sends the plain hidden state (identity codec)
-        wire_after = self.codec_after | stage_ends
-        carry = self.codec.needs_token_ids and bool(self.codec_after)
+        sharded = self.strategy.residual_sharded
+        where = place_boundaries(cfg.codec.boundaries, self.stage_of_layer, residual_sharded=sharded,
+                                 codec_replicated=self.codec.wire_replicated(sharded),
+                                 needs_token_ids=self.codec.needs_token_ids)
+        self.codec_after = where.codec_after
+        self.replicated_wires = where.replicated_wires
+        """Stages whose outgoing pipeline wire is the same on every TP rank (AccountedP2P.scatter_gather)."""
+        wire_after, carry = where.wire_after, where.carry_ids
         hidden_keys = {"hidden_states"} | ({"input_ids"} if carry else set())
         wire_keys = {"wire"}
         self._projections: Dict[int, Projections] = {}
         self.codec_encoders: Dict[int, BoundaryEncoder] = {}  # this rank's codec modules by boundary
         self.codec_decoders: Dict[int, BoundaryDecoder] = {}
         self._pp_pg = parallel_context.pp_pg
-        sharded = self.strategy.residual_sharded
-        self.replicated_wires = {self.stage_of_layer[i] for i in stage_ends
-                                 if (self.codec.wire_replicated(sharded) if i in self.codec_after else not sharded)}
-        """Stages whose outgoing pipeline wire is the same on every TP rank (AccountedP2P.scatter_gather)."""
         self._p2p = p2p  # the codec's once-per-step exchanges travel the pipeline's own links
 
         self.token_embedding = PipelineBlock(

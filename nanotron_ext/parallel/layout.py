@@ -4,7 +4,8 @@ link stage pairs. The config layer validates with these at load; the model build
 the same functions, so what loads is what runs."""
 from __future__ import annotations
 
-from typing import List, Optional, Tuple, Union
+import dataclasses
+from typing import List, Optional, Set, Tuple, Union
 
 
 class ParallelismError(ValueError):
@@ -59,6 +60,34 @@ def codec_boundaries(spec: Union[str, List[int]], stage_of_layer: List[int]) -> 
     if spec == "every_layer":
         return list(range(last))
     return sorted(spec)
+
+
+@dataclasses.dataclass
+class Boundaries:
+    """Where a model's pipeline boundaries sit, each named by its sending layer (layer i encodes boundary i, layer
+    i + 1 decodes it): what LlamaForTraining builds per layer and AccountedP2P sends (parallel/p2p.py)."""
+
+    codec_after: Set[int]
+    """The codec's boundaries (model.codec.boundaries): these layers encode, the next ones decode."""
+    wire_after: Set[int]
+    """Every layer that emits a wire: the codec's and every stage end, one tensor per boundary (codecs/base.py); a
+    stage end outside model.codec.boundaries sends the plain hidden state (identity codec)."""
+    replicated_wires: Set[int]
+    """Stages whose outgoing pipeline wire is the same on every TP rank (AccountedP2P.scatter_gather)."""
+    carry_ids: bool
+    """Whether the token ids ride along with the hidden state to the codec (a codec that needs them)."""
+
+
+def place_boundaries(spec: Union[str, List[int]], stage_of_layer: List[int], *, residual_sharded: bool,
+                     codec_replicated: bool, needs_token_ids: bool) -> Boundaries:
+    """The boundaries of a model whose layers sit on `stage_of_layer`, for `model.codec.boundaries` = `spec`; the
+    codec's wire is replicated over TP or not (`BoundaryCodec.wire_replicated`), the plain one follows the residual
+    stream (sharded under btp)."""
+    codec_after = set(codec_boundaries(spec, stage_of_layer))
+    stage_ends = set(codec_boundaries("stages", stage_of_layer))
+    replicated = {stage_of_layer[i] for i in stage_ends
+                  if (codec_replicated if i in codec_after else not residual_sharded)}
+    return Boundaries(codec_after, codec_after | stage_ends, replicated, needs_token_ids and bool(codec_after))
 
 
 def stage_pair(key: str) -> Tuple[int, int]:

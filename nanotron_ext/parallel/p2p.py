@@ -21,8 +21,8 @@ flattened payload (padded to a multiple of tp), after the whole tensor's header;
 receiving stage each take their slice and all-gather it over TP (ledger: `all_gather:pp-wire` in the tp
 group). Its gradient, the same on every TP rank of the receiving stage, goes back the same way. A wire
 SHARDED over TP (BTP's residual stream: each rank holds other features) is sent whole. Which stage pairs
-carry a replicated wire is the model's to say (LlamaForTraining.replicated_wires); both ends know it,
-so nothing in the message marks it.
+carry a replicated wire is the model's to say (LlamaForTraining.replicated_wires, from
+parallel/layout.place_boundaries); both ends know it, so nothing in the message marks it.
 """
 from __future__ import annotations
 

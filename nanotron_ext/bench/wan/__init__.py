@@ -7,4 +7,11 @@
     results   each run's curve, seeds pooled per (preset, system), the table, headline and figure, --merge
     args      every argument checked before the first run
     cli       the command line
+    modelled  the meter with the model clock (`--clock model`): curves, replayed steps, time to target
+    losses    the model clock's learning curves, each system in its cheapest equivalent layout
+    profile   what the clock replays for one system: its ranks planned, priced on a preset's hardware
+    clock     the model clock itself: a step's time replayed from its schedule, links and throughput
+    model_results   the model clock's table, headline and figure
+    compute_check   each emulated run's link / compute ratio against its preset's
+    validate  the model clock against the real-sleep emulator (`--validate-clock`)
 """
