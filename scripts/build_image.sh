@@ -1,0 +1,237 @@
+#!/usr/bin/env bash
+# Build the Docker image (the repository's Dockerfile) with docker when a daemon answers, else daemonless with
+# buildah; optionally on a local stand-in for NVIDIA's PyTorch image, and optionally test it.
+#
+#   scripts/build_image.sh                      # docker build / buildah bud from BASE_IMAGE (NVIDIA's by default)
+#   scripts/build_image.sh --stand-in           # debootstrap a Debian base with Python, pip and the CPU torch
+#                                               # wheel, then build the image on it (buildah; needs root)
+#   scripts/build_image.sh --stand-in --test    # ... then, inside the image: patches/apply.py --check,
+#                                               # one training step, make test-quick; timings to --result FILE
+#   scripts/build_image.sh --stand-in --smoke   # ... inside the image: patches/apply.py --check, one training step
+#   scripts/build_image.sh --remove             # delete the buildah storage and everything this script left
+# --rebuild-base makes the stand-in base again even when buildah's storage has it (it is reused otherwise).
+#
+# Environment: BASE_IMAGE (default: the Dockerfile's), IMAGE_TAG (nanotron_ext), BUILD_DIR (buildah storage and
+# the stand-in's root file system; /var/tmp/nanotron_ext-image), DEBIAN_MIRROR (http://deb.debian.org/debian),
+# DEBIAN_SUITE (bookworm), TORCH_SPEC (torch==2.13.0: the stand-in's torch), TORCH_INDEX_URL (where pip finds it,
+# e.g. https://download.pytorch.org/whl/cpu for the CPU build; unset: pip's own configuration, which on this
+# project's machines finds the CPU wheel on local disk), MIN_FREE_GB (20), CA_BUNDLE (a CA bundle for a
+# TLS-intercepting proxy, mounted read-only over the base's /etc/ssl/certs/ca-certificates.crt while building;
+# default: pip's own `cert` setting, when set; never copied into the image; buildah only).
+# docs/profiling-and-benchmarks.md ("The Docker image") says which bases are supported and how nsys gets in.
+set -euo pipefail
+
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+IMAGE_TAG=${IMAGE_TAG:-nanotron_ext}
+BUILD_DIR=${BUILD_DIR:-/var/tmp/nanotron_ext-image}
+DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+DEBIAN_SUITE=${DEBIAN_SUITE:-bookworm}
+TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+MIN_FREE_GB=${MIN_FREE_GB:-20}
+STAND_IN_TAG=localhost/nanotron_ext-stand-in:${DEBIAN_SUITE}
+
+BASE_S=null STAND_IN=0 TEST=0 SMOKE=0 REMOVE=0 REBUILD_BASE=0 ENGINE="" RESULT=""
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --stand-in) STAND_IN=1 ;;
+    --test) TEST=1 ;;
+    --smoke) SMOKE=1 ;;
+    --remove) REMOVE=1 ;;
+    --rebuild-base) REBUILD_BASE=1 ;;
+    --engine) ENGINE=${2:?--engine needs docker or buildah}; shift ;;
+    --result) RESULT=${2:?--result needs a file}; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "build_image.sh: unknown option $1 (--help lists them)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+T0=$(date +%s)
+say() { printf '[build_image %4ss] %s\n' "$(( $(date +%s) - T0 ))" "$*"; }
+DIED=0
+die() { echo "build_image.sh: error: $*" >&2; DIED=1; exit 1; }
+need() {  # need TOOL HOW-TO-GET-IT
+  command -v "$1" >/dev/null 2>&1 || die "$1 not found; install it: $2"
+}
+
+BUILDAH=(buildah --root "$BUILD_DIR/storage" --runroot "$BUILD_DIR/run" --storage-driver vfs)
+
+# Everything this run creates that must not outlive it: working containers, the stand-in's root file system,
+# the downloaded torch wheel. The built images stay in $BUILD_DIR/storage (--remove deletes them).
+CONTAINERS=() TEMP_DIRS=()
+cleanup() {
+  local rc=$?
+  set +e
+  for c in "${CONTAINERS[@]}"; do "${BUILDAH[@]}" rm "$c" >/dev/null 2>&1; done
+  for d in "${TEMP_DIRS[@]}"; do rm -rf --one-file-system "$d"; done
+  # die() said why in one line; anything else (a failed command under set -e, a signal) is said here
+  [ $rc -eq 0 ] || [ $DIED -eq 1 ] || [ $rc -eq 2 ] \
+    || echo "build_image.sh: failed (exit $rc) after $(( $(date +%s) - T0 )) s; temporary files removed" >&2
+  exit $rc
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+if [ $REMOVE -eq 1 ]; then
+  [ -d "$BUILD_DIR" ] || { say "nothing to remove at $BUILD_DIR"; exit 0; }
+  command -v buildah >/dev/null 2>&1 && "${BUILDAH[@]}" rm --all >/dev/null 2>&1 || true
+  command -v buildah >/dev/null 2>&1 && "${BUILDAH[@]}" rmi --all --force >/dev/null 2>&1 || true
+  rm -rf --one-file-system "$BUILD_DIR"
+  say "removed $BUILD_DIR"
+  exit 0
+fi
+
+# --- choose the engine ------------------------------------------------------------------------------------------
+if [ -z "$ENGINE" ]; then
+  if [ $STAND_IN -eq 0 ] && command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then
+    ENGINE=docker
+  else
+    ENGINE=buildah
+  fi
+fi
+case "$ENGINE" in
+  docker)
+    [ $STAND_IN -eq 0 ] || die "--stand-in builds with buildah (the stand-in base lives in buildah's storage)"
+    need docker "https://docs.docker.com/engine/install/ (or leave it out: buildah builds without a daemon)"
+    docker info >/dev/null 2>&1 || die "docker is installed but no daemon answers (start it, or use --engine buildah)" ;;
+  buildah)
+    need buildah "apt-get install -y buildah (Debian/Ubuntu), dnf install buildah (Fedora)"
+    [ "$(id -u)" -eq 0 ] || die "a daemonless build with --isolation chroot needs root (run it with sudo)" ;;
+  *) die "--engine must be docker or buildah, not $ENGINE" ;;
+esac
+if [ $STAND_IN -eq 1 ]; then
+  need debootstrap "apt-get install -y debootstrap"
+fi
+
+# --- space --------------------------------------------------------------------------------------------------------
+if [ "$ENGINE" = buildah ]; then
+  mkdir -p "$BUILD_DIR" || die "cannot create BUILD_DIR=$BUILD_DIR"
+  free_kb=$(df -Pk "$BUILD_DIR" | awk 'NR == 2 {print $4}')
+  [ "$free_kb" -ge $(( MIN_FREE_GB * 1024 * 1024 )) ] || die "$(( free_kb / 1024 / 1024 )) GB free at $BUILD_DIR," \
+    "at least $MIN_FREE_GB GB needed (the vfs driver stores each layer whole); set BUILD_DIR to a roomier disk"
+fi
+
+# --- the proxy's CA bundle (this project's machines reach PyPI through a TLS-intercepting proxy) -------------------
+pip_cert() { python3 -m pip config list 2>/dev/null | sed -n "s/^[^=]*\.cert='\(.*\)'$/\1/p" | head -1; }
+CA_BUNDLE=${CA_BUNDLE-${PIP_CERT:-${SSL_CERT_FILE:-$(pip_cert)}}}
+CA_MOUNT=()
+if [ -n "$CA_BUNDLE" ] && [ "$ENGINE" = buildah ]; then
+  [ -r "$CA_BUNDLE" ] || die "CA_BUNDLE=$CA_BUNDLE is not a readable file (unset it: CA_BUNDLE= )"
+  CA_MOUNT=(--volume "$CA_BUNDLE:/etc/ssl/certs/ca-certificates.crt:ro")
+fi
+
+# --- the stand-in base ------------------------------------------------------------------------------------------
+make_stand_in() {
+  local work rootfs wheels ctr mnt pyver
+  work=$(mktemp -d "$BUILD_DIR/stand-in.XXXXXX"); TEMP_DIRS+=("$work")
+  rootfs=$work/rootfs wheels=$work/wheels
+  say "stage 1/4: debootstrap $DEBIAN_SUITE from $DEBIAN_MIRROR (a few minutes)"
+  # What NVIDIA's image has that the Dockerfile and the tests use: python with pip, make, a C compiler, patch, git.
+  debootstrap --variant=minbase \
+    --include=python3,python3-pip,python3-venv,python3-dev,python-is-python3,make,gcc,g++,patch,git,ca-certificates \
+    "$DEBIAN_SUITE" "$rootfs" "$DEBIAN_MIRROR" >"$work/debootstrap.log" 2>&1 \
+    || { tail -5 "$work/debootstrap.log" >&2; die "debootstrap failed (log above; is $DEBIAN_MIRROR reachable?)"; }
+  rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
+  pyver=$(chroot "$rootfs" python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+
+  say "stage 2/4: the torch wheel ($TORCH_SPEC, CPython $pyver) and the stand-in image $STAND_IN_TAG"
+  # pip download on the host, for the stand-in's Python: on this project's machines pip's configuration finds the
+  # CPU wheel on local disk; elsewhere TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu gives the CPU build.
+  mkdir -p "$wheels"
+  python3 -m pip download -q --no-deps --only-binary=:all: --dest "$wheels" \
+    --python-version "$pyver" --implementation cp --platform "manylinux_2_28_$(uname -m)" \
+    ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "$TORCH_SPEC" \
+    || die "no $TORCH_SPEC wheel for CPython $pyver (set TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu)"
+  ctr=$("${BUILDAH[@]}" from scratch); CONTAINERS+=("$ctr")
+  mnt=$("${BUILDAH[@]}" mount "$ctr")
+  cp -a "$rootfs/." "$mnt/"
+  rm -rf "$rootfs"
+  # NVIDIA's image installs into its own Python with pip; Debian marks its Python externally managed.
+  printf '[global]\nbreak-system-packages = true\nno-cache-dir = true\n' >"$mnt/etc/pip.conf"
+  cp "$wheels"/torch-*.whl "$mnt/tmp/"
+  "${BUILDAH[@]}" umount "$ctr" >/dev/null
+  "${BUILDAH[@]}" run --isolation chroot "${CA_MOUNT[@]}" "$ctr" -- sh -c \
+    'python3 -m pip install -q /tmp/torch-*.whl && rm /tmp/torch-*.whl' \
+    || die "installing torch into the stand-in failed (its dependencies come from PyPI)"
+  "${BUILDAH[@]}" config --env LANG=C.UTF-8 --cmd bash --label nanotron_ext.stand-in="$DEBIAN_SUITE $TORCH_SPEC" "$ctr"
+  "${BUILDAH[@]}" commit -q --rm "$ctr" "$STAND_IN_TAG" >/dev/null
+  CONTAINERS=()
+  rm -rf "$work"
+}
+
+if [ $STAND_IN -eq 1 ]; then
+  if [ $REBUILD_BASE -eq 0 ] && "${BUILDAH[@]}" inspect --type image "$STAND_IN_TAG" >/dev/null 2>&1; then
+    say "stages 1-2/4: reusing the stand-in base $STAND_IN_TAG (--rebuild-base makes it again)"
+  else
+    T_BASE=$(date +%s)
+    make_stand_in
+    BASE_S=$(( $(date +%s) - T_BASE ))
+    say "stand-in base made in ${BASE_S} s"
+  fi
+  BASE_IMAGE=$STAND_IN_TAG
+fi
+BUILD_ARGS=()
+[ -n "${BASE_IMAGE:-}" ] && BUILD_ARGS=(--build-arg "BASE_IMAGE=$BASE_IMAGE")
+BASE_SHOWN=${BASE_IMAGE:-$(sed -n 's/^ARG BASE_IMAGE=//p' "$REPO/Dockerfile")}
+
+# --- the image ------------------------------------------------------------------------------------------------------
+say "stage 3/4: building $IMAGE_TAG from $BASE_SHOWN with $ENGINE"
+T_BUILD=$(date +%s)
+if [ "$ENGINE" = docker ]; then
+  docker build "${BUILD_ARGS[@]}" -t "$IMAGE_TAG" "$REPO"
+  SIZE=$(docker image inspect --format '{{.Size}}' "$IMAGE_TAG")
+else
+  PULL=(); [ $STAND_IN -eq 1 ] && PULL=(--pull=never)
+  "${BUILDAH[@]}" bud --isolation chroot --layers=false "${PULL[@]}" "${BUILD_ARGS[@]}" "${CA_MOUNT[@]}" \
+    -f "$REPO/Dockerfile" -t "$IMAGE_TAG" "$REPO"
+  SIZE=$("${BUILDAH[@]}" images --json "$IMAGE_TAG" | python3 -c 'import json, sys; print(json.load(sys.stdin)[0]["size"])')
+fi
+BUILD_S=$(( $(date +%s) - T_BUILD ))
+say "built $IMAGE_TAG in ${BUILD_S} s ($(( SIZE / 1000000 )) MB); whole run so far $(( $(date +%s) - T0 )) s"
+
+if [ $TEST -eq 0 ] && [ $SMOKE -eq 0 ]; then
+  [ "$ENGINE" = buildah ] && say "run it: ${BUILDAH[*]} run --isolation chroot \$(${BUILDAH[*]} from $IMAGE_TAG) -- bash"
+  exit 0
+fi
+
+# --- inside the image: the patches, one training step, the quick tests ------------------------------------------------
+say "stage 4/4: inside $IMAGE_TAG: patches/apply.py --check, one training step$([ $TEST -eq 1 ] && echo ', make test-quick')"
+in_image() {
+  if [ "$ENGINE" = docker ]; then docker run --rm --ipc=host "$IMAGE_TAG" bash -c "set -o pipefail; $1"
+  else "${BUILDAH[@]}" run --isolation chroot "$CTR" -- bash -c "set -o pipefail; $1"; fi
+}
+if [ "$ENGINE" = buildah ]; then CTR=$("${BUILDAH[@]}" from --pull=never "$IMAGE_TAG"); CONTAINERS+=("$CTR"); fi
+in_image 'python patches/apply.py --check' || die "patches/apply.py --check failed inside the image"
+VERSIONS=$(in_image 'python -c "import sys, torch; print(sys.version.split()[0], torch.__version__)"')
+say "inside the image: Python and torch $VERSIONS; command -v nsys: $(in_image 'command -v nsys || echo none')"
+T_STEP=$(date +%s)
+# one optimizer step of the tiny Llama, data parallel on 2 processes (gloo), on data prepared from the embedded corpus
+in_image 'python -m nanotron_ext.data prepare --config-file examples/config_tiny_llama.yaml >/dev/null \
+  && OMP_NUM_THREADS=1 python -m nanotron_ext.launch --nproc_per_node=2 -m nanotron_ext.train --config-file examples/config_tiny_llama.yaml \
+     --set tokens.train_steps=1 --set tokens.val_check_interval=0 --set checkpoints.interval=0 \
+     --set general.run=image_one_step 2>&1 | tail -8'
+STEP_S=$(( $(date +%s) - T_STEP ))
+say "one training step inside the image: ${STEP_S} s"
+if [ $TEST -eq 0 ]; then exit 0; fi
+T_TEST=$(date +%s)
+OUT=$(in_image 'make test-quick 2>&1 | tail -15') || { echo "$OUT"; die "make test-quick failed inside the image"; }
+echo "$OUT"
+TEST_S=$(( $(date +%s) - T_TEST ))
+SUMMARY=$(echo "$OUT" | tail -1 | tr -d '=' | sed 's/^ *//; s/ *$//')
+say "inside the image: patches verified, one training step (${STEP_S} s), make test-quick: $SUMMARY (${TEST_S} s)"
+if [ -n "$RESULT" ]; then
+  python3 - "$RESULT" <<EOF
+import json, sys
+import os, platform, time
+py, torch = "$VERSIONS".split()
+json.dump({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "engine": "$ENGINE",
+           "machine": f"{os.cpu_count()} cores, {platform.machine()}, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') // 2**30} GiB",
+           "base_image": "$BASE_SHOWN", "image": "$IMAGE_TAG", "image_python": py, "image_torch": torch,
+           "stand_in_base_s": $BASE_S, "image_build_s": $BUILD_S, "image_bytes": $SIZE, "one_step_s": $STEP_S,
+           "test_quick_s": $TEST_S, "test_quick": "$SUMMARY", "total_s": $(( $(date +%s) - T0 ))},
+          open(sys.argv[1], "w"), indent=1)
+EOF
+  say "wrote $RESULT"
+fi
