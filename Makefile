@@ -52,7 +52,8 @@ clean-venv:
 	rm -rf $(VENV)
 
 # GPU check (benchmarks/gpu_check.py; README "GPU check"). Here, with network: fill .whl/ for a GPU machine that
-# has none. There: make gpu-check [STAGES=techniques,codecs,boost,throughput] [GPU_CHECK_ARGS="--copy-to DIR"],
+# has none. There: make gpu-check [STAGES=throughput,profile,throughput_1b,memory,techniques,codecs,boost]
+# [GPU_CHECK_ARGS="--copy-to DIR"] (every stage by default, <= 540 s),
 # with the machine's own python3 + torch, the carried wheels installed into $(GPU_SITE) and the patches applied.
 # DRY_RUN=1: the same plan on CPU with tiny shapes, in .venv (CI runs it through tests/test_gpu_check.py).
 GPU_SITE ?= /tmp/site

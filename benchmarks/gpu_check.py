@@ -1,12 +1,39 @@
 """`make gpu-check`: one command that proves every technique on CUDA/NCCL and measures what only a GPU shows.
 
-    make gpu-check                        # on a GPU machine (carried wheels, patches applied): every stage, <= 9 min
+    make gpu-check                        # on a GPU machine (carried wheels, patches applied): every stage, <= 540 s
     make gpu-check STAGES=throughput      # some stages; results merge into the existing result file
     make gpu-check DRY_RUN=1              # the same plan on CPU with tiny shapes (CI runs it: the plan cannot rot)
     python benchmarks/gpu_check.py --help
 
-Stages (each has a time budget, --budget STAGE=SECONDS; what does not fit is skipped with a note):
+Stages, in the order they run (each has a time budget, --budget STAGE=SECONDS, and ends by the sum of its budget
+and every earlier stage's; what does not fit is skipped with a note; results are written after each stage):
 
+throughput  examples/config_125m_gpu.yaml (d=768, 12 layers, GQA 12/4, seq 1024, 4 x 16 sequences, bf16) with
+            random tokens: nanotron_ext's training iteration against a plain-PyTorch loop of the same shape
+            (benchmarks/plain_llama.py: nn.Linear, torch SDPA, same weights, same batch), iterations interleaved.
+            Settings (THROUGHPUT): SDPA as torch picks it; flash or cuDNN attention + torch.compile
+            (`model.compile: true`: each decoder layer and the cross-entropy; the plain loop's blocks and loss
+            compiled the same way). Ours is the trainer's own step (gpu_check_pair.TrainerStep: Replica and the step
+            guard, general.step_guard auto: on the device with the fused AdamW, nothing read back inside a step); the
+            row records which guard path ran. Both use the same AdamW implementation (optimizer.adamw_impl: fused
+            on CUDA). Figures: tokens/s of each, their
+            ratio (ours / plain: the cost of our layers), MFU = tokens/s x model FLOPs per token (6 per matmul
+            weight + attention, nanotron_ext.metrics.flops) / the GPU's dense bf16 peak (H100/H200: 989 TFLOP/s),
+            first-iteration time (compile), peak memory, and both models' loss on the first batch (same function).
+            Targets (issue 40): ratio >= 1.0 and MFU >= 40% with compile on an H100/H200 in bf16, with both
+            flash and cuDNN.
+profile     torch.profiler over two training iterations of ours and of the plain loop in the PROFILED throughput
+            setting: each one's top kernels by device time and its device time per kind of work (GEMM, attention,
+            fused elementwise, optimizer, copies and casts, loss, communication, other): where a step's time goes.
+throughput_1b  The same job on reproduce/boost/llama_1b_fullrank.yaml (BOOST Table 8's full-rank LLaMA-1B: d=2048,
+            24 layers, 32 heads, seq 4096, micro-batch 4, bf16; reproduce/PLAN.md: 56.56 GiB planned as CUDA allocates
+            it), flash and cuDNN attention with compile, 8 iterations each (2 dropped). Targets (issue 40): ratio
+            >= 1.0 and MFU >= 45%.
+memory      The planner against the allocator (gpu_check_memory.py): `python -m nanotron_ext.plan --device cuda` of
+            the 125M and the 1B configs as their compiled rows load them, run on this machine's CPU beside the
+            device's measurement of the same configs built alone through the trainer's step: the peak of
+            torch.cuda.max_memory_allocated over the first two steps with compile's layers switched off as the
+            planner plans them (goal: planned / measured within 10%), and compiled (the plan is an upper bound).
 techniques  Every technique for N steps (default 10) through the real trainer at world size 1 (NCCL on the GPU):
             full rank; bf16 autocast; Muon; BOOST SVD/CoLA/LaX with vanilla and bottleneck-aware TP (TP=1); ResBM;
             Subspace Models (fixed U and Grassmann updates); MAPL with and without residual VQ; the lossy codecs
@@ -16,17 +43,6 @@ techniques  Every technique for N steps (default 10) through the real trainer at
             the loss after every step on both, the worst relative difference against the tolerance below, and
             "bytes identical": ledger bytes per step, bytes of every codec wire per step and SparseLoCo payload
             bytes must be equal; peak GPU memory; any parameter, buffer or optimiser state found off ctx.device.
-throughput  examples/config_125m_gpu.yaml (d=768, 12 layers, GQA 12/4, seq 1024, 4 x 16 sequences, bf16) with
-            random tokens: nanotron_ext's training iteration against a plain-PyTorch loop of the same shape
-            (benchmarks/plain_llama.py: nn.Linear, torch SDPA, same weights, same batch), iterations interleaved.
-            Settings (THROUGHPUT): SDPA as torch picks it; SDPA forced to flash; flash or cuDNN attention +
-            torch.compile (`model.compile: true`: each decoder layer and the cross-entropy; the plain loop's blocks
-            and loss compiled the same way). Both use the same AdamW implementation (optimizer.adamw_impl: fused
-            on CUDA). Figures: tokens/s of each, their
-            ratio (ours / plain: the cost of our layers), MFU = tokens/s x model FLOPs per token (6 per matmul
-            weight + attention, nanotron_ext.metrics.flops) / the GPU's dense bf16 peak (H100/H200: 989 TFLOP/s),
-            first-iteration time (compile), peak memory, and both models' loss on the first batch (same function).
-            Targets (issue 29): ratio >= 1.0 and MFU >= 40% with compile on an H100/H200 in bf16.
 codecs      Each boundary codec alone at the throughput shape (16 x 1024 tokens, d=768, bf16): encode, decode and
             encode+decode forward+backward time per token (median), wire bytes per token (fp32 hidden: 3072).
 boost       BOOST's single-GPU parts on Table 8's LLaMA-1B (its Table 8 layout is one GPU, TP=1, so one GPU holds
@@ -34,9 +50,6 @@ boost       BOOST's single-GPU parts on Table 8's LLaMA-1B (its Table 8 layout i
             time and FLOP/s, full rank vs vanilla low rank vs BTP, utilisation; here also against the datasheet
             peak) and reproduce/boost/table3_grouping.py (grouped vs ungrouped linears, paper: 1.16x / 1.04x), plus
             Figure 7 on one unsharded LLaMA-7B layer (Table 8 runs 7B at TP=4: these GEMMs are 4x its shards').
-profile     torch.profiler over two training iterations of ours and of the plain loop in the PROFILED throughput
-            setting: each one's top kernels by device time and its device time per kind of work (GEMM, attention,
-            fused elementwise, optimizer, copies and casts, loss, communication, other): where a step's time goes.
 
 CUDA-vs-CPU tolerance (relative difference of each step's training loss, worst step):
     fp32  1e-3. Both sides compute the same math in IEEE fp32; kernels differ in summation order (cuBLAS vs
@@ -53,7 +66,7 @@ CUDA-vs-CPU tolerance (relative difference of each step's training loss, worst s
 Ledger and wire bytes must match exactly: they depend only on shapes and dtypes.
 
 A GPU session (this workplace's GPU machines: no network, torch preinstalled, 15 minutes a lease, one command
-<= 10 minutes): the default budgets (BUDGET_S) fit every stage in one command of at most 9 minutes.
+<= 10 minutes): the default budgets (gpu_check_plan.BUDGET_S) fit every stage in one command of at most 540 s.
     here:   make gpu-wheels                         # fills .whl/ (nanotron, datatrove, ... and this package)
     there:  carry .whl;  make gpu-check GPU_CHECK_ARGS="--copy-to $OUT"
     A second call may only refine (e.g. STAGES=throughput); each call merges into benchmarks/results/gpu/
@@ -82,20 +95,25 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import gpu_check_memory as memory  # noqa: E402
 import gpu_check_report as report  # noqa: E402
 from gpu_check_plan import (  # noqa: E402,F401
     CODECS,
+    CONFIG_1B,
     DISCRETE_CHECKS,
     PROFILED,
     STAGES,
+    TARGETS,
     THROUGHPUT,
+    THROUGHPUT_1B,
     TOLERANCE,
     data_overrides,
+    memory_items,
     settings,
     technique_base,
     technique_items,
 )
-from gpu_check_runner import Run, prepare_data, run_items  # noqa: E402
+from gpu_check_runner import STOP_GRACE_S, Run, prepare_data, run_items  # noqa: E402
 
 from nanotron_ext.bench import launch as bl  # noqa: E402
 from nanotron_ext.cli_flags import one_line_refusals  # noqa: E402
@@ -139,19 +157,46 @@ def stage_techniques(run: Run, deadline: float) -> Dict[str, Any]:
     return out
 
 
-def _throughput_plan(run: Run, items: List[Dict[str, Any]]) -> Dict[str, Any]:
+def _throughput_plan(run: Run, items: List[Dict[str, Any]], stage: str = "throughput") -> Dict[str, Any]:
+    """The 125M rows (stage throughput, and the profile's) or the 1B rows (throughput_1b): same job, other config."""
     backend = "nccl" if run.cuda else "gloo"
-    return {"items": items, "config_file": str(REPO / "examples/config_125m_gpu.yaml"),
-            "overrides": run.s["throughput"] + [f"general.backend={backend}"], "iters": run.s["iters"],
-            "warmup": run.s["warmup"], "compile_backend": run.s["compile_backend"]}
+    one_b = stage == "throughput_1b"
+    return {"items": items, "config_file": str(REPO / (CONFIG_1B if one_b else "examples/config_125m_gpu.yaml")),
+            "overrides": run.s["throughput_1b" if one_b else "throughput"] + [f"general.backend={backend}"],
+            "iters": run.s["iters_1b" if one_b else "iters"], "warmup": run.s["warmup_1b" if one_b else "warmup"],
+            "compile_backend": run.s["compile_backend"]}
+
+
+def _throughput_rows(run: Run, deadline: float, stage: str, settings_: List[Dict[str, Any]]) -> Dict[str, Any]:
+    # cuDNN attention exists on CUDA only: the dry run leaves that setting out
+    plan = _throughput_plan(run, [i for i in settings_ if run.cuda or i["attention"] != "cudnn"], stage)
+    rows = run_items("throughput", plan, run.work, stage, deadline - time.time(), run.args.verbose)
+    return {"rows": rows, "config": str(Path(plan["config_file"]).relative_to(REPO)), "overrides": plan["overrides"],
+            "targets": TARGETS[stage]}
 
 
 def stage_throughput(run: Run, deadline: float) -> Dict[str, Any]:
-    # cuDNN attention exists on CUDA only: the dry run leaves that setting out
-    plan = _throughput_plan(run, [i for i in THROUGHPUT if run.cuda or i["attention"] != "cudnn"])
-    rows = run_items("throughput", plan, run.work, "throughput", deadline - time.time(), run.args.verbose)
-    return {"rows": rows, "config": "examples/config_125m_gpu.yaml", "overrides": plan["overrides"],
-            "targets": {"ratio": 1.0, "mfu": 0.4}}
+    return _throughput_rows(run, deadline, "throughput", THROUGHPUT)
+
+
+def stage_throughput_1b(run: Run, deadline: float) -> Dict[str, Any]:
+    """The 1B row (issue 40, item 2): the same job and plain loop as the 125M rows, the compiled settings."""
+    return _throughput_rows(run, deadline, "throughput_1b", THROUGHPUT_1B)
+
+
+def stage_memory(run: Run, deadline: float) -> Dict[str, Any]:
+    """The planner against the allocator (issue 40, item 3; benchmarks/gpu_check_memory.py): the planner on this
+    machine's CPU beside the device's measurement of the same configs."""
+    backend = ["general.backend=" + ("nccl" if run.cuda else "gloo")]
+    items = memory_items(run.s)
+    plan = {"items": items, "overrides": backend, "compile_backend": run.s["compile_backend"]}
+    device = "cuda" if run.cuda else "cpu"  # the dry run's allocator is the CPU's
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        planned = pool.submit(memory.plan_items, items, backend, run.work, device, deadline)
+        rows = run_items("memory", plan, run.work, "memory", deadline - time.time(), run.args.verbose)
+        plans = planned.result()
+    return {"rows": rows, "plans": plans, "planned_for": device, "tolerance": memory.TOLERANCE,
+            "comparison": memory.compare(rows, plans)}
 
 
 def stage_profile(run: Run, deadline: float) -> Dict[str, Any]:
@@ -192,7 +237,8 @@ def stage_boost(run: Run, deadline: float) -> Dict[str, Any]:
         log = run.work / "logs" / f"boost_{name}.log"
         try:
             with open(log, "w") as f:
-                rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO, timeout=left + 30).returncode
+                rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO,
+                                    timeout=left + STOP_GRACE_S).returncode
         except subprocess.TimeoutExpired:
             rc = 124
         if rc == 0 and result.exists():
@@ -205,7 +251,7 @@ def stage_boost(run: Run, deadline: float) -> Dict[str, Any]:
 
 STAGE_FUNCS: Dict[str, Callable[[Run, float], Dict[str, Any]]] = {
     "techniques": stage_techniques, "throughput": stage_throughput, "codecs": stage_codecs, "boost": stage_boost,
-    "profile": stage_profile}
+    "profile": stage_profile, "throughput_1b": stage_throughput_1b, "memory": stage_memory}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -319,16 +365,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     meta = environment_meta(run.dry)
     result["meta"] = meta
     failed = False
+    # each stage ends by the sum of its budget and every earlier one's: a fast stage leaves its time to the next, and
+    # the whole run ends within the sum of the budgets (BUDGET_S: 530 s) plus a job's grace to stop
+    deadline = time.time()
     for stage in [s for s in STAGES if s in stages]:
         t0 = time.time()
-        run.log(f"stage {stage}: budget {run.budgets[stage]:.0f}s")
+        deadline += run.budgets[stage]
+        run.log(f"stage {stage}: budget {run.budgets[stage]:.0f}s, {deadline - t0:.0f}s with what earlier stages left")
         try:
-            body = STAGE_FUNCS[stage](run, t0 + run.budgets[stage])
+            body = STAGE_FUNCS[stage](run, deadline)
         except Exception as e:  # noqa: BLE001 - a stage that breaks is reported; the others still run
             import traceback
 
             body = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
-        body["meta"] = {**meta, "seconds": round(time.time() - t0, 1), "budget_s": run.budgets[stage]}
+        body["meta"] = {**meta, "seconds": round(time.time() - t0, 1), "budget_s": run.budgets[stage],
+                        "allowed_s": round(deadline - t0, 1)}
         body["status"] = report.stage_status(stage, body)
         failed |= body["status"] == "failed"
         result["stages"][stage] = body

@@ -9,8 +9,12 @@ Jobs (the plan, written by gpu_check.py, says what each item is):
     techniques  train one config for N steps through the real Trainer (or sparseloco.simulate.run_simulated):
                 per-step losses, ledger bytes per step, bytes of every codec wire per step, SparseLoCo
                 payload bytes, peak memory, and every parameter, buffer and optimiser state not on ctx.device
-    throughput  examples/config_125m_gpu.yaml: nanotron_ext's training iteration vs the plain-PyTorch loop
-                (benchmarks/plain_llama.py) started from the same weights, interleaved; tokens/s, MFU, memory
+    throughput  the plan's config (the 125M example, or the 1B row): nanotron_ext's training step as the trainer
+                takes it vs the plain-PyTorch loop (benchmarks/plain_llama.py) started from the same weights
+                (gpu_check_pair.py), interleaved; tokens/s, MFU, memory, which step-guard path ours ran
+    profile     the same pair under torch.profiler: top kernels and device time per kind of work
+    memory      each config alone through the trainer's step: the allocator's peak, eager and compiled
+                (gpu_check_memory.py, which the planner's figures are compared with)
     codecs      each boundary codec alone at the throughput shape: encode, decode, encode+decode fwd+bwd
                 time per token and wire bytes per token
 """
@@ -33,9 +37,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # plain_llama beside this file
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository (nanotron_ext, reproduce)
 
-from nanotron_ext.cli_flags import one_line_refusals  # noqa: E402
+from gpu_check_memory import run_memory  # noqa: E402
+from gpu_check_pair import attention, build_pair, shared_context  # noqa: E402
 
-_CONTEXTS: List[Any] = []  # the one ParallelContext of the throughput and codecs jobs
+from nanotron_ext.cli_flags import one_line_refusals  # noqa: E402
 
 
 # ------------------------------------------------------------------------------------------------
@@ -95,15 +100,6 @@ def release() -> None:
 
 def read_metrics(path: Path) -> List[Dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def shared_context(cfg: Any) -> Any:
-    """One ParallelContext for the jobs that build models themselves (throughput, codecs)."""
-    from nanotron_ext.bench.launch import init_distributed
-
-    if not _CONTEXTS:
-        _CONTEXTS.append(init_distributed(cfg))
-    return _CONTEXTS[0]
 
 
 def load(plan: Dict[str, Any], overrides: List[str]) -> Any:
@@ -182,48 +178,6 @@ def run_technique(item: Dict[str, Any], plan: Dict[str, Any]) -> Dict[str, Any]:
 # ------------------------------------------------------------------------------------------------
 # throughput: nanotron_ext vs the plain-PyTorch loop, same shape, same weights, interleaved
 # ------------------------------------------------------------------------------------------------
-def _attention(backend: Optional[str]) -> contextlib.AbstractContextManager:
-    """SDPA restricted to one backend ("flash", "cudnn"), or as torch picks it (None)."""
-    if backend is None:
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    return sdpa_kernel([{"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]])
-
-
-def build_pair(item: Dict[str, Any], plan: Dict[str, Any]) -> Dict[str, Any]:
-    """Ours and the plain loop from the same weights in one throughput setting, their steps and batches."""
-    import plain_llama as pl
-
-    from nanotron_ext.bench import workload as bw
-
-    # a fresh compile per setting: dynamo's cache would otherwise serve one setting's graphs (attention backend
-    # included) to the next model built from the same code
-    torch._dynamo.reset()
-    # the setting's attention backend applies to both models (around the step), not the config's model.attention
-    cfg = load(plan, [f"model.compile={str(item['compile']).lower()}", "model.attention=sdpa"])
-    ctx = shared_context(cfg)
-    ours = bw.build_trainee(cfg, ctx)
-    plain = pl.PlainLlama(cfg.model).to(ctx.device)
-    plain.load_from(ours.model)
-    plain_opt = pl.make_optimizer(plain, cfg.optimizer)
-    if item["compile"]:
-        plain.compile_blocks()
-    batches = [{k: v.to(ctx.device) for k, v in mb.items()}
-               for mb in bw.random_micro_batches(cfg, cfg.tokens.batch_accumulation_per_replica)]
-    bf16 = cfg.model.dtype == "bf16"
-    steps = {"nanotron_ext": lambda: bw.train_iteration(ours, ctx, batches),
-             "plain": lambda: pl.train_step(plain, plain_opt, batches, cfg.optimizer.clip_grad, bf16)}
-    return {"cfg": cfg, "ctx": ctx, "ours": ours, "plain": plain, "batches": batches, "steps": steps,
-            "optimizers": {"nanotron_ext": type(ours.optimizer).__name__ + _impl(ours.optimizer),
-                           "plain": type(plain_opt).__name__ + _impl(plain_opt)}}
-
-
-def _impl(optimizer: Any) -> str:
-    group = optimizer.param_groups[0]
-    return " (fused)" if group.get("fused") else " (foreach)" if group.get("foreach") else " (for-loop)"
-
-
 def run_throughput(item: Dict[str, Any], plan: Dict[str, Any]) -> Dict[str, Any]:
     import plain_llama as pl
 
@@ -244,8 +198,8 @@ def run_throughput(item: Dict[str, Any], plan: Dict[str, Any]) -> Dict[str, Any]
     peak = device_peak_tflops(cfg.logging.peak_tflops) if device.type == "cuda" else None
     row: Dict[str, Any] = {"compile": item["compile"], "attention": item["attention"], "tokens_per_iteration": tokens,
                            "flops_per_token": flops, "peak_tflops": peak,
-                           "optimizers": pair["optimizers"], "models": {}}
-    with _attention(item["attention"]):
+                           "optimizers": pair["optimizers"], "step_guard": pair["step_guard"], "models": {}}
+    with attention(item["attention"]):
         with bw.autocast_for(cfg, device):  # same weights, same batch: the same function before any step
             row["first_loss"] = {"nanotron_ext": evaluate(ours.model, ours.engine, batches, ctx).item()}
         row["first_loss"]["plain"] = pl.eval_loss(plain, batches, bf16)
@@ -258,6 +212,7 @@ def run_throughput(item: Dict[str, Any], plan: Dict[str, Any]) -> Dict[str, Any]
             row["models"][name] = {"tokens_per_s": tps, "median_s": s.median, "std_s": s.std, "n": s.n,
                                    "first_iteration_s": timings[name].wall[0], "mfu": mfu(tps, flops[name], peak),
                                    "peak_memory_bytes": peak_bytes(device)}
+        ours.finish()  # the last step's verdict: a refused step would make this row time something else
     row["ratio"] = row["models"]["nanotron_ext"]["tokens_per_s"] / row["models"]["plain"]["tokens_per_s"]
     return row  # the models go with this frame; the job loop releases the cache
 
@@ -314,8 +269,9 @@ def run_profile(item: Dict[str, Any], plan: Dict[str, Any]) -> Dict[str, Any]:
     device, steps, iters = pair["ctx"].device, pair["steps"], plan["profile_iters"]
     cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    row: Dict[str, Any] = {"setting": item["name"], "iterations": iters, "optimizers": pair["optimizers"], "models": {}}
-    with _attention(item["attention"]):
+    row: Dict[str, Any] = {"setting": item["name"], "iterations": iters, "optimizers": pair["optimizers"],
+                           "step_guard": pair["step_guard"], "models": {}}
+    with attention(item["attention"]):
         for name, fn in steps.items():
             for _ in range(plan["warmup"] + 1):  # compile and warm up outside the profile
                 fn()
@@ -369,7 +325,8 @@ def run_codec(item: Dict[str, Any], plan: Dict[str, Any]) -> Dict[str, Any]:
 
 
 JOBS: Dict[str, Callable[[Dict[str, Any], Dict[str, Any]], Dict[str, Any]]] = {
-    "techniques": run_technique, "throughput": run_throughput, "codecs": run_codec, "profile": run_profile}
+    "techniques": run_technique, "throughput": run_throughput, "codecs": run_codec, "profile": run_profile,
+    "memory": run_memory}
 
 
 # ------------------------------------------------------------------------------------------------

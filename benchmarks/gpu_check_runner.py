@@ -15,6 +15,9 @@ from nanotron_ext.bench import launch as bl
 
 REPO = Path(__file__).resolve().parents[1]
 JOBS_SCRIPT = Path(__file__).resolve().parent / "gpu_check_jobs.py"
+# a job still running this long after its stage's deadline is stopped: a job checks the deadline only between items,
+# and every second past it is the next stage's (gpu_check.main: deadlines add up)
+STOP_GRACE_S = 10.0
 
 
 # ------------------------------------------------------------------------------------------------
@@ -49,7 +52,7 @@ def run_items(job: str, plan: Dict[str, Any], work: Path, tag: str, budget_s: fl
             break
         rc, tail = bl.launch(JOBS_SCRIPT, ["--job", job, "--plan", str(plan_path), "--results", str(results),
                                            "--skip", ",".join(done)], ["--nproc_per_node", "1"],
-                             log.with_suffix(f".{attempt}.log"), left + 60, verbose, env)
+                             log.with_suffix(f".{attempt}.log"), left + STOP_GRACE_S, verbose, env)
         started = None
         for ev in _events(results):
             if ev["status"] == "started":

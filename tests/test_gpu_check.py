@@ -17,6 +17,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import gpu_check  # noqa: E402
+import gpu_check_memory  # noqa: E402
+import gpu_check_plan  # noqa: E402
 import gpu_check_report  # noqa: E402
 
 TINY = ["model.hidden_size=64", "model.ffn_size=128", "model.num_layers=2", "model.num_heads=4", "model.num_kv_heads=2",
@@ -44,6 +46,49 @@ def test_every_planned_config_loads(dry: bool, tmp_path: Path) -> None:
         cfg = load_config(REPO / "examples/config_125m_gpu.yaml",
                           s["throughput"] + overrides + ["model.num_layers=2", "model.codec.boundaries=[0]"])
         assert cfg.model.codec.kind == (overrides[0].split("=")[1] if overrides else "identity"), name
+    for item in gpu_check_plan.memory_items(s):  # the 125M and 1B rows as the throughput and memory stages load them
+        cfg = load_config(REPO / item["config_file"], item["overrides"] + ["general.backend=gloo"])
+        assert cfg.model.compile and cfg.model.attention == "sdpa", item["name"]
+        if not dry:
+            assert (cfg.model.hidden_size, cfg.model.num_layers) == {"125m": (768, 12), "1b": (2048, 24)}[item["name"]]
+        # what the trainer's device step guard needs (nanotron_ext.train.step_guard.guard_path): AdamW, fused on CUDA
+        # by default (asked for by name in the dry run), the all-reduce DP sync, no output constraint
+        assert cfg.general.step_guard == "auto" and cfg.optimizer.name == "adamw", item["name"]
+        assert cfg.optimizer.adamw_impl == ("fused" if dry else "auto"), item["name"]
+        assert cfg.parallelism.dp_sync == "allreduce" and cfg.model.output_constraint.kind == "none", item["name"]
+
+
+def test_default_budgets_fit_one_command() -> None:
+    """Issue 40: throughput and profile first, then the 1B row and the memory stage; every stage in one command of
+    at most 540 s (deadlines add up, so the run ends by the budgets' sum plus the last job's grace to stop)."""
+    from gpu_check_runner import STOP_GRACE_S
+
+    assert gpu_check.STAGES[:4] == ("throughput", "profile", "throughput_1b", "memory")
+    assert set(gpu_check_plan.BUDGET_S) == set(gpu_check.STAGES) == set(gpu_check_plan.DRY_BUDGET_S)
+    assert sum(gpu_check_plan.BUDGET_S.values()) + STOP_GRACE_S <= 540
+    assert set(gpu_check.STAGE_FUNCS) == set(gpu_check.STAGES)
+    assert gpu_check_plan.TARGETS == {"throughput": {"ratio": 1.0, "mfu": 0.40}, "throughput_1b": {"ratio": 1.0,
+                                                                                                    "mfu": 0.45}}
+
+
+def test_memory_verdicts() -> None:
+    """Eager: planned / measured within 10%; compiled: the plan an upper bound; a config without either figure is not
+    compared, and the stage is partial (failed when its job failed)."""
+    def row(name: str, eager: int, compiled: int) -> Dict[str, Any]:
+        return {"name": name, "status": "ok", "phases": {"eager": {"peak_bytes": eager},
+                                                         "compiled": {"peak_bytes": compiled}}}
+
+    rows = [row("a", 100, 90), row("b", 100, 120), row("d", 100, 90), {"name": "c", "status": "failed", "error": "x"}]
+    plans = {"a": {"peak_bytes": 105}, "b": {"peak_bytes": 111}, "c": {"peak_bytes": 1}, "d": {"error": "rc 1"}}
+    got = {(c["name"], c.get("phase")): c["verdict"] for c in gpu_check_memory.compare(rows, plans)}
+    assert got == {("a", "eager"): "within", ("a", "compiled"): "upper bound", ("b", "eager"): "NOT within",
+                   ("b", "compiled"): "NOT an upper bound", ("d", None): "not compared", ("c", None): "not compared"}
+
+    def status(n: int) -> str:
+        return gpu_check_report.stage_status("memory", {"rows": rows[:n],
+                                                        "comparison": gpu_check_memory.compare(rows[:n], plans)})
+
+    assert (status(2), status(3), status(4)) == ("ok", "partial", "failed")  # a missed goal is a verdict, not a failure
 
 
 # ------------------------------------------------------------------------------------------------
@@ -164,6 +209,39 @@ def test_plain_reference_is_the_same_model() -> None:
             assert plain == pytest.approx(ours, rel=1e-5), tie
 
 
+def _trainer_step(impl: str) -> Dict[str, Any]:
+    import torch
+    from gpu_check_pair import TrainerStep
+
+    from nanotron_ext.bench import workload as bw
+    from nanotron_ext.parallel.context import build_parallel_context
+
+    ctx = build_parallel_context(1, 1, 1, backend="gloo")
+    ours = TrainerStep(bw.resolve_config(None, TINY + [f"optimizer.adamw_impl={impl}"]), ctx)
+    batches = bw.random_micro_batches(ours.cfg, 2)
+    for _ in range(2):
+        ours(batches)
+    ours.finish()
+    out: Dict[str, Any] = {"path": ours.path, "steps": ours.step, "error": None}
+    with torch.no_grad():  # a diverged model: its next step is refused, and the row must not time it
+        next(ours.model.parameters()).fill_(float("nan"))
+    try:
+        ours(batches)
+        ours.finish()
+    except RuntimeError as e:
+        out["error"] = str(e)
+    return out
+
+
+@pytest.mark.parametrize("impl,where", [("fused", "on the device"), ("for_loop", "on the host")])
+def test_ours_takes_the_trainers_step_and_guard(impl: str, where: str) -> None:
+    """The throughput rows time ours through the trainer's Replica and step guard: on the device with the fused
+    AdamW (CUDA's default), on the host otherwise; a refused step stops the row either way."""
+    out = run_distributed(_trainer_step, 1, impl)[0]
+    assert out["path"].startswith(f"step guard: {where}") and out["steps"] == 2, out
+    assert out["error"] and out["error"].startswith("step 3: not finite"), out
+
+
 # ------------------------------------------------------------------------------------------------
 # model.compile: the decoder layers are compiled in place, the numbers do not change
 # ------------------------------------------------------------------------------------------------
@@ -222,6 +300,7 @@ def test_dry_run_runs_the_whole_plan(tmp_path: Path) -> None:
     result = json.loads((out / "gpu_check.json").read_text())
     stages = result["stages"]
     assert result["meta"]["dry_run"] is True
+    assert list(stages) == list(gpu_check.STAGES)  # in the order they ran: throughput and profile first
     assert {s: b["status"] for s, b in stages.items()} == {s: "ok" for s in gpu_check.STAGES}
     comparison = stages["techniques"]["comparison"]
     assert sorted(r["name"] for r in comparison) == sorted(only.split(","))
@@ -230,9 +309,25 @@ def test_dry_run_runs_the_whole_plan(tmp_path: Path) -> None:
     rvq = next(r for r in comparison if r["name"] == "mapl_rvq")  # CPU on both sides: the replayed codes are its own
     assert rvq["pinned"] and rvq["code_disagreement"] == 0 and rvq["worst_rel"] == 0
     assert next(r for r in comparison if r["name"] == "het_sparseloco_sim")["sync_bytes"]
-    for row in stages["throughput"]["rows"]:
-        first = row["first_loss"]
-        assert first["plain"] == pytest.approx(first["nanotron_ext"], rel=1e-2), row["name"]  # bf16: same function
+    for stage in ("throughput", "throughput_1b"):  # the 125M rows and the 1B row (tiny here)
+        assert stages[stage]["rows"], stage
+        for row in stages[stage]["rows"]:
+            first = row["first_loss"]
+            assert first["plain"] == pytest.approx(first["nanotron_ext"], rel=1e-2), row["name"]  # bf16: same function
+            # both use the configured AdamW (fused: asked for in the dry run, CUDA's default), ours the trainer's
+            # step with the guard on the device
+            assert row["optimizers"] == {"nanotron_ext": "AdamW (fused)", "plain": "AdamW (fused)"}, row["name"]
+            assert row["step_guard"].startswith("step guard: on the device"), row["name"]
+            assert row["ratio"] > 0 and row["models"]["nanotron_ext"]["tokens_per_s"] > 0, row["name"]
+    assert stages["throughput_1b"]["config"] == gpu_check_plan.CONFIG_1B
+    assert [r["name"] for r in stages["throughput_1b"]["rows"]] == ["flash_compile"]  # cuDNN: CUDA only
+    memory = stages["memory"]  # the planner (--device cpu here) against the CPU allocator, eager and compiled
+    assert {(c["name"], c["phase"]) for c in memory["comparison"]} == {(n, p) for n in ("125m", "1b")
+                                                                       for p in ("eager", "compiled")}
+    for c in memory["comparison"]:  # tests/test_plan.py holds the planner to the CPU allocator within 10% too
+        assert c["verdict"] == ("within" if c["phase"] == "eager" else "upper bound"), c
+    assert memory["planned_for"] == "cpu" and all(p["device"] == "cpu" for p in memory["plans"].values())
+    assert all(r["step_guard"].startswith("step guard: on the device") for r in memory["rows"])
     assert {r["name"] for r in stages["codecs"]["rows"]} == {"resbm", "mapl_rvq", "int4"}
     assert "fig7" in stages["boost"] and "table3" in stages["boost"]
     for stem in ("boost_fig7", "boost_table3"):  # the BOOST scripts' own outputs (fig7 is smoke-tested only here)
@@ -240,11 +335,12 @@ def test_dry_run_runs_the_whole_plan(tmp_path: Path) -> None:
         assert (work / f"{stem}.png").exists() and (work / f"{stem}.md").exists(), stem
         data = json.loads((work / f"{stem}.json").read_text())
         assert data["rows"] and data["paper"] and any(p["held"] is not None for p in data["paper"]), stem
-    for row in stages["throughput"]["rows"]:  # both sides use the configured AdamW (auto on CPU: the for-loop)
-        assert row["optimizers"] == {"nanotron_ext": "AdamW (for-loop)", "plain": "AdamW (for-loop)"}, row["name"]
     profiled = stages["profile"]["rows"][0]
+    assert profiled["step_guard"].startswith("step guard: on the device")
     for name, model in profiled["models"].items():  # the kinds partition the profiled time
         assert {"gemm", "attention"} <= set(model["kinds_ms"]), name
         assert sum(model["kinds_ms"].values()) == pytest.approx(model["busy_ms"]), name
         assert model["top"][0]["ms"] >= model["top"][-1]["ms"] > 0, name
-    assert (out / "gpu_check.md").stat().st_size > 0 and (out / "gpu_check.png").stat().st_size > 0
+    md = (out / "gpu_check.md").read_text()
+    assert "## 1B throughput" in md and "## The planner against the allocator" in md
+    assert (out / "gpu_check.png").stat().st_size > 0
