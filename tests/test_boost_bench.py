@@ -21,6 +21,7 @@ from tests.helpers.dist import run_distributed
 
 REPO = Path(__file__).resolve().parents[1]
 REPRO = REPO / "reproduce" / "boost"
+RESULTS = REPRO / "results"  # committed results, apart from the scripts
 sys.path.insert(0, str(REPO))
 
 from reproduce.boost import common as bc  # noqa: E402
@@ -407,12 +408,12 @@ def test_committed_results_carry_the_paper_column_and_re_render(script: str, res
                                                                 capsys: pytest.CaptureFixture) -> None:
     """Each committed result (CPU, and the H200 Table 3 runs) has its paper verdicts and markdown, and re-renders
     from its JSON to the same verdicts (the figures re-plot too)."""
-    committed = json.loads((REPRO / result).read_text())
+    committed = json.loads((RESULTS / result).read_text())
     assert committed["paper"] and all("held" in p for p in committed["paper"])
-    assert (REPRO / result).with_suffix(".md").exists()
+    assert (RESULTS / result).with_suffix(".md").exists()
     mod = importlib.import_module(f"reproduce.boost.{script}")
     out = tmp_path / (Path(result).stem + (".png" if script.startswith("fig") else ".json"))
-    assert mod.main(["--from-json", str(REPRO / result), "--out", str(out)]) == 0
+    assert mod.main(["--from-json", str(RESULTS / result), "--out", str(out)]) == 0
     again = json.loads(out.with_suffix(".json").read_text())
     assert [(p["name"], p["held"]) for p in again["paper"]] == [(p["name"], p["held"]) for p in committed["paper"]]
     assert "paper" in capsys.readouterr().out

@@ -231,7 +231,7 @@ def test_output_stem_rule(tmp_path: Path, name: str, make: Callable[[Path], Path
 def test_wan_meter_out_that_is_a_device_or_a_pipe_writes_nothing(tmp_path: Path) -> None:
     """Issue 41: the meter's --out is a stem: --out /dev/null wrote /dev/null.json, .md and .png into /dev. Refused
     when parsed, one line, exit 2; a FIFO stays a FIFO and nothing is written beside it."""
-    committed = REPO / "reproduce" / "wan" / "cpu_internet-200m-50ms.json"
+    committed = REPO / "reproduce" / "wan" / "results" / "cpu_internet-200m-50ms.json"
     fifo = tmp_path / "result"
     os.mkfifo(fifo)
     got = _cli("nanotron_ext.bench.wan", ["--from-json", str(committed), "--out", str(fifo)])

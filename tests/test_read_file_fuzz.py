@@ -146,7 +146,7 @@ def test_a_damaged_tokenizer(box: ff.Sandbox, command: str) -> None:
     assert not problems, "\n".join(problems)
 
 
-SAVED = REPO / "reproduce" / "wan" / "cpu_internet_1g.json"  # a calibrated meter result with its runs
+SAVED = REPO / "reproduce" / "wan" / "results" / "cpu_internet_1g.json"  # a calibrated meter result with its runs
 
 
 def _result_changes() -> List[Tuple[str, object]]:

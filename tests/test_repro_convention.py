@@ -21,34 +21,34 @@ R = REPO / "reproduce"
 
 # (script, its committed result)
 SCRIPTS = [
-    ("boost/table3_grouping.py", "boost/cpu_table3.json"),
-    ("boost/table4_memory.py", "boost/cpu_table4.json"),
-    ("boost/table5_checkpointing.py", "boost/cpu_table5.json"),
-    ("boost/iter_compare.py", "boost/cpu_iter_compare_interleaved.json"),
-    ("boost/fig6_scaling.py", "boost/cpu_fig6_scaling.json"),
-    ("boost/fig7_compute.py", "boost/cpu_fig7_compute.json"),
-    ("boost/fig8_comm.py", "boost/cpu_fig8_comm.json"),
-    ("boost/table7_intensity.py", "boost/cpu_table7_intensity.json"),
-    ("boost/fig4_loss_curve.py", "boost/cpu_fig4_loss_curve.json"),
-    ("resbm/table2_convergence.py", "resbm/cpu_table2.json"),
-    ("resbm/table3_throughput.py", "resbm/cpu_table3.json"),
-    ("resbm/fig2_vs_sm.py", "resbm/cpu_fig2_vs_sm.json"),
-    ("mapl/main_table.py", "mapl/cpu_main_table.json"),
-    ("mapl/throughput.py", "mapl/cpu_throughput.json"),
-    ("mapl/manifold_ablation.py", "mapl/cpu_manifold_ablation.json"),
-    ("mapl/activation_findings.py", "mapl/cpu_activation_findings.json"),
-    ("sm/cpu_compare.py", "sm/cpu_table1.json"),
-    ("sm/table1_throughput.py", "sm/cpu_table1_throughput.json"),
-    ("sm/fig3_depth.py", "sm/cpu_fig3_depth.json"),
-    ("sm/table3_memory.py", "sm/cpu_table3_memory.json"),
-    ("het_sparseloco/table1_main.py", "het_sparseloco/table1_cpu.json"),
-    ("het_sparseloco/table2_ratio_sweep.py", "het_sparseloco/table2_cpu.json"),
-    ("het_sparseloco/table3_no_inner_loop.py", "het_sparseloco/table3_cpu.json"),
-    ("het_sparseloco/table4_ablations.py", "het_sparseloco/table4_cpu.json"),
-    ("het_sparseloco/sim_sweep.py", "het_sparseloco/cpu_sweep_m4.json"),
-    ("het_sparseloco/utilisation.py", "het_sparseloco/cpu_baseline.json"),
-    ("het_sparseloco/stage_link.py", "het_sparseloco/cpu_stage_link.json"),
-    ("het_sparseloco/outer_jump.py", "het_sparseloco/cpu_outer_jump.json"),
+    ("boost/table3_grouping.py", "boost/results/cpu_table3.json"),
+    ("boost/table4_memory.py", "boost/results/cpu_table4.json"),
+    ("boost/table5_checkpointing.py", "boost/results/cpu_table5.json"),
+    ("boost/iter_compare.py", "boost/results/cpu_iter_compare_interleaved.json"),
+    ("boost/fig6_scaling.py", "boost/results/cpu_fig6_scaling.json"),
+    ("boost/fig7_compute.py", "boost/results/cpu_fig7_compute.json"),
+    ("boost/fig8_comm.py", "boost/results/cpu_fig8_comm.json"),
+    ("boost/table7_intensity.py", "boost/results/cpu_table7_intensity.json"),
+    ("boost/fig4_loss_curve.py", "boost/results/cpu_fig4_loss_curve.json"),
+    ("resbm/table2_convergence.py", "resbm/results/cpu_table2.json"),
+    ("resbm/table3_throughput.py", "resbm/results/cpu_table3.json"),
+    ("resbm/fig2_vs_sm.py", "resbm/results/cpu_fig2_vs_sm.json"),
+    ("mapl/main_table.py", "mapl/results/cpu_main_table.json"),
+    ("mapl/throughput.py", "mapl/results/cpu_throughput.json"),
+    ("mapl/manifold_ablation.py", "mapl/results/cpu_manifold_ablation.json"),
+    ("mapl/activation_findings.py", "mapl/results/cpu_activation_findings.json"),
+    ("sm/cpu_compare.py", "sm/results/cpu_table1.json"),
+    ("sm/table1_throughput.py", "sm/results/cpu_table1_throughput.json"),
+    ("sm/fig3_depth.py", "sm/results/cpu_fig3_depth.json"),
+    ("sm/table3_memory.py", "sm/results/cpu_table3_memory.json"),
+    ("het_sparseloco/table1_main.py", "het_sparseloco/results/table1_cpu.json"),
+    ("het_sparseloco/table2_ratio_sweep.py", "het_sparseloco/results/table2_cpu.json"),
+    ("het_sparseloco/table3_no_inner_loop.py", "het_sparseloco/results/table3_cpu.json"),
+    ("het_sparseloco/table4_ablations.py", "het_sparseloco/results/table4_cpu.json"),
+    ("het_sparseloco/sim_sweep.py", "het_sparseloco/results/cpu_sweep_m4.json"),
+    ("het_sparseloco/utilisation.py", "het_sparseloco/results/cpu_baseline.json"),
+    ("het_sparseloco/stage_link.py", "het_sparseloco/results/cpu_stage_link.json"),
+    ("het_sparseloco/outer_jump.py", "het_sparseloco/results/cpu_outer_jump.json"),
 ]
 CONVERGENCE = ["resbm/table2_convergence.py", "mapl/main_table.py", "sm/cpu_compare.py",
                "het_sparseloco/table1_main.py", "het_sparseloco/table2_ratio_sweep.py",
@@ -69,6 +69,20 @@ def test_every_script_is_listed() -> None:
     for script in NOT_RUN:
         row = next(line for line in index.splitlines() if f"`{script.split('/')[1]}`" in line)
         assert row.endswith("| script ready, not run |"), row
+
+
+RESULT_SUFFIXES = {".json", ".md", ".png"}  # what bench.report.publish writes; README.md is the folder's page
+
+
+def test_results_live_in_results_apart_from_the_scripts() -> None:
+    """reproduce/<paper>/ holds scripts, configs and its README; every committed result (a table's JSON, markdown,
+    PNG, or a folder of them) lives in reproduce/<paper>/results/, and every listed result is there."""
+    # (paper_scale_plans/ is not a paper's folder: the planner's cache that reproduce/paper_scale.py reads)
+    beside = [str(p.relative_to(R)) for paper in R.iterdir() if paper.is_dir() and paper.name != "__pycache__"
+              and paper.name != "paper_scale_plans" for p in paper.iterdir()
+              if p.name not in ("results", "__pycache__", "README.md") and (p.is_dir() or p.suffix in RESULT_SUFFIXES)]
+    assert not beside, "results beside the scripts (move them to <paper>/results/): " + ", ".join(sorted(beside))
+    assert all(result.split("/")[1] == "results" for _, result in SCRIPTS)
 
 
 def _load(script: str) -> Any:

@@ -74,7 +74,8 @@ def test_runs_that_is_a_file_and_out_that_is_a_folder_are_refused(tmp_path: Path
 def test_out_that_is_another_file_is_never_replaced(tmp_path: Path) -> None:
     summary = tmp_path / "summary.json"  # a run's record, named by mistake
     summary.write_text(json.dumps({"steps": 2, "final_val_loss": 5.1}))
-    got = _wan(["--from-json", str(REPO / "reproduce" / "wan" / "cpu_internet-200m-50ms.json"), "--out", str(summary)])
+    saved = REPO / "reproduce" / "wan" / "results" / "cpu_internet-200m-50ms.json"
+    got = _wan(["--from-json", str(saved), "--out", str(summary)])
     assert _one_line(got) == (f"error: --out {summary} exists and is not an earlier result of a reproduction script (a "
                               "JSON object with rows, meta); nothing was written: choose another file")
     assert json.loads(summary.read_text()) == {"steps": 2, "final_val_loss": 5.1}
@@ -84,7 +85,7 @@ def test_out_that_is_another_file_is_never_replaced(tmp_path: Path) -> None:
 def test_from_json_of_the_wrong_shape_is_one_line(tmp_path: Path) -> None:
     listed = tmp_path / "list.json"
     listed.write_text(json.dumps([1, 2]))
-    other = REPO / "reproduce" / "boost" / "cpu_table3.json"  # BOOST Table 3's result: rows of another shape
+    other = REPO / "reproduce" / "boost" / "results" / "cpu_table3.json"  # BOOST Table 3's: rows of another shape
     out = tmp_path / "out.json"
     assert _one_line(_wan(["--from-json", str(listed), "--out", str(out)])) == (
         f"error: --from-json {listed} holds a JSON list, not an object")
@@ -96,7 +97,7 @@ def test_from_json_of_the_wrong_shape_is_one_line(tmp_path: Path) -> None:
 
 
 # -- issue 41: saved results given to --calibration-from and --merge ------------------------------------------------
-SAVED = REPO / "reproduce" / "wan" / "cpu_internet_1g.json"  # calibrated internet-1g-cpu (pp, dp), 45 runs
+SAVED = REPO / "reproduce" / "wan" / "results" / "cpu_internet_1g.json"  # calibrated internet-1g-cpu (pp, dp), 45 runs
 
 
 def _saved(tmp_path: Path, change) -> Path:  # type: ignore[no-untyped-def]

@@ -15,7 +15,7 @@ step, and the final validation losses; the yardstick: max |loss(seed a) - loss(s
 10-step means (two seeds see different batches).
 
     .venv/bin/python reproduce/boost/fig4_loss_curve.py                  # runs/boost/fig4_loss_curve.*
-    .venv/bin/python reproduce/boost/fig4_loss_curve.py --from-json reproduce/boost/cpu_fig4_loss_curve.json
+    .venv/bin/python reproduce/boost/fig4_loss_curve.py --from-json reproduce/boost/results/cpu_fig4_loss_curve.json
 """
 from __future__ import annotations
 

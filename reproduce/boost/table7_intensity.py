@@ -20,7 +20,7 @@ second GEMM of up's shape on every rank, so it multiplies FLOPs and bytes by 3/2
 (`mlp_gemms(..., gated=True)`; tested).
 
     .venv/bin/python reproduce/boost/table7_intensity.py            # runs/boost/table7_intensity.{json,md,png}
-    .venv/bin/python reproduce/boost/table7_intensity.py --from-json reproduce/boost/cpu_table7_intensity.json
+    .venv/bin/python reproduce/boost/table7_intensity.py --from-json reproduce/boost/results/cpu_table7_intensity.json
 """
 from __future__ import annotations
 

@@ -13,9 +13,9 @@ at the same H (k = 4096, fp32 values: the replicas are averaged), and with one f
 feedback (beta 0), outer lr 0.8 (the paper's tuned runs) and 2, density k = 128 and 512. Gradients averaged every
 step (dense DP) give the loss to beat. Same model, data, seeds and steps for every variant; nothing tuned.
 
-    python reproduce/het_sparseloco/outer_jump.py --seeds 1 2 --out reproduce/het_sparseloco/cpu_outer_jump.json
-    python reproduce/het_sparseloco/outer_jump.py --from-json reproduce/het_sparseloco/cpu_outer_jump.json \
-        --out reproduce/het_sparseloco/cpu_outer_jump.json
+    python reproduce/het_sparseloco/outer_jump.py --seeds 1 2 --out reproduce/het_sparseloco/results/cpu_outer_jump.json
+    python reproduce/het_sparseloco/outer_jump.py --from-json reproduce/het_sparseloco/results/cpu_outer_jump.json \
+        --out reproduce/het_sparseloco/results/cpu_outer_jump.json
 """
 from __future__ import annotations
 

@@ -24,7 +24,8 @@ accelerator at which a configuration still reaches 97% utilisation. Our DP-link 
 runs) is utilisation.py.
 
     .venv/bin/python reproduce/het_sparseloco/stage_link.py           # runs/het_sparseloco/stage_link.{json,md,png}
-    .venv/bin/python reproduce/het_sparseloco/stage_link.py --from-json reproduce/het_sparseloco/cpu_stage_link.json
+    .venv/bin/python reproduce/het_sparseloco/stage_link.py \
+        --from-json reproduce/het_sparseloco/results/cpu_stage_link.json
 """
 from __future__ import annotations
 

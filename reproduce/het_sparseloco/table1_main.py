@@ -3,7 +3,7 @@ half of the replicas compressed (Het-PP-Compress 1/2), at the paper's 87.5% comp
 paper's "tuned" variants (outer lr 0.8 and a warm-up of 20% of the steps, the paper's 3910 of 19.5K).
 Simulated replicas (reproduce/het_sparseloco/common.py: M = 4, H = 10, 300 inner steps, seeds 42 43 44).
 
-    python reproduce/het_sparseloco/table1_main.py --out reproduce/het_sparseloco/table1_cpu
+    python reproduce/het_sparseloco/table1_main.py --out reproduce/het_sparseloco/results/table1_cpu
 """
 from __future__ import annotations
 

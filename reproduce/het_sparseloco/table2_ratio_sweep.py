@@ -1,11 +1,12 @@
 """Table 2 at CPU scale: uniform vs heterogeneous pipeline compression over the compression ratio d/k, with
 M simulated SparseLoCo replicas in one process (reproduce/het_sparseloco/common.py: CPU_SCALE, seeds).
 
-    python reproduce/het_sparseloco/table2_ratio_sweep.py --ratios 8 32 128 --out reproduce/het_sparseloco/table2_cpu
+    python reproduce/het_sparseloco/table2_ratio_sweep.py --ratios 8 32 128 \
+        --out reproduce/het_sparseloco/results/table2_cpu
 
 Rows: SparseLoCo (no replica compressed), then per ratio r (k = d / r) "uniform" (all M replicas compressed)
 and "het" (the first --compressed replicas compressed, the rest not). The 1/8 rows are Table 1's PP-Compress
-rows (reused from table1_cpu.json when present). Writes <out>.json (per seed: per-step train loss, final
+rows (reused from results/table1_cpu.json when present). Writes <out>.json (per seed: per-step train loss, final
 validation loss; per row: mean, std; orderings) and <out>.png (validation loss vs ratio, ours and the paper's).
 """
 from __future__ import annotations

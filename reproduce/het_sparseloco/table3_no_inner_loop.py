@@ -4,7 +4,7 @@ compressed SparseLoCo rows with 20% more tokens (steps) than the SparseLoCo base
 Simulated replicas (reproduce/het_sparseloco/common.py). The paper's AdamW rows use lr 3e-4 against
 SparseLoCo's inner 1e-3; here every row keeps the config's learning rate.
 
-    python reproduce/het_sparseloco/table3_no_inner_loop.py --out reproduce/het_sparseloco/table3_cpu
+    python reproduce/het_sparseloco/table3_no_inner_loop.py --out reproduce/het_sparseloco/results/table3_cpu
 """
 from __future__ import annotations
 

@@ -2,9 +2,9 @@
 compressed) and heterogeneous (1/2), at d/k = 8: (a) embedding adaptation, (b) weight projection after every
 inner step, (c) Grassmann updates of the shared U (every --grassmann-every inner steps, at outer syncs),
 (d) the modified AdamW of Subspace Models. The default rows ("uniform", "het") are Table 1's PP-Compress
-rows (reused from table1_cpu.json when present). Simulated replicas (reproduce/het_sparseloco/common.py).
+rows (reused from results/table1_cpu.json when present). Simulated replicas (reproduce/het_sparseloco/common.py).
 
-    python reproduce/het_sparseloco/table4_ablations.py --out reproduce/het_sparseloco/table4_cpu
+    python reproduce/het_sparseloco/table4_ablations.py --out reproduce/het_sparseloco/results/table4_cpu
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ parallelism. This is OUR link, not the one of the paper's figs. 2 and 3(b) ("Het
 Pre-Training of LLMs"): those vary the links between a replica's pipeline stages, modelled in stage_link.py.
 
     python reproduce/het_sparseloco/utilisation.py --sparseloco runs/tiny_sparseloco --dense runs/tiny_dense
-    python reproduce/het_sparseloco/utilisation.py --from-json reproduce/het_sparseloco/cpu_baseline.json
+    python reproduce/het_sparseloco/utilisation.py --from-json reproduce/het_sparseloco/results/cpu_baseline.json
 
 Reads each run's metrics.jsonl: the inner step time (median over steps that are not outer syncs, first
 step dropped), the ledger's DP bytes per sync step (SparseLoCo: payload per replica = the extra DP bytes
@@ -71,7 +71,7 @@ def main(argv: List[str] | None = None) -> int:
     p.add_argument("--replicas", type=Int(1), default=None, help="M for the model (default: the runs' dp)")
     args = br.help_with_defaults(p).parse_args(argv)
     saved = br.read_saved(args.from_json) if args.from_json else measure(args)
-    if "utilisation_model" in saved:  # cpu_baseline.json: the baseline runs and this model in one file
+    if "utilisation_model" in saved:  # results/cpu_baseline.json: the baseline runs and this model in one file
         meta = {"device": saved.get("what"), "date": saved.get("date"), "commands": saved.get("commands")}
         saved = {**saved["utilisation_model"], "meta": meta}
     rows, meta = saved["rows"], saved["meta"]

@@ -27,7 +27,8 @@ GPU preset: reproduce/mapl/mapl_1b.yaml (1.0B, d = 2048, r = 256, bf16), P = 8 s
 
     .venv/bin/python reproduce/mapl/activation_findings.py           # runs/mapl/activation_findings.*
     .venv/bin/python reproduce/mapl/activation_findings.py --preset gpu --data /data/dclm/jsonl --dry-run
-    .venv/bin/python reproduce/mapl/activation_findings.py --from-json reproduce/mapl/cpu_activation_findings.json
+    .venv/bin/python reproduce/mapl/activation_findings.py \
+        --from-json reproduce/mapl/results/cpu_activation_findings.json
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ recomputed from its rounded losses).
 
     .venv/bin/python reproduce/mapl/main_table.py                   # runs/mapl/main_table.{json,md,png}
     .venv/bin/python reproduce/mapl/main_table.py --preset gpu --data /data/dclm/jsonl --seeds 42 43 --dry-run
-    .venv/bin/python reproduce/mapl/main_table.py --from-json reproduce/mapl/cpu_main_table.json
+    .venv/bin/python reproduce/mapl/main_table.py --from-json reproduce/mapl/results/cpu_main_table.json
 """
 from __future__ import annotations
 

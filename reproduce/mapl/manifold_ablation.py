@@ -23,7 +23,7 @@ reproduce/mapl/mapl_1b.yaml (1.0B, r = 256, bf16), P = 8 simulated over its 16 l
 
     .venv/bin/python reproduce/mapl/manifold_ablation.py                      # runs/mapl/manifold_ablation.*
     .venv/bin/python reproduce/mapl/manifold_ablation.py --preset gpu --data /data/dclm/jsonl --seeds 42 43 --dry-run
-    .venv/bin/python reproduce/mapl/manifold_ablation.py --from-json reproduce/mapl/cpu_manifold_ablation.json
+    .venv/bin/python reproduce/mapl/manifold_ablation.py --from-json reproduce/mapl/results/cpu_manifold_ablation.json
 """
 from __future__ import annotations
 

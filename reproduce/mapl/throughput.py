@@ -11,7 +11,7 @@ pair is measured too. The SSN row is the Subspace Models codec at k = r (its iss
 SM over 80 Mbit/s at 592 TPS vs uncompressed over 100 Gbit/s at 603).
 
     .venv/bin/python reproduce/mapl/throughput.py      # writes runs/mapl/throughput.{json,md,png}
-    .venv/bin/python reproduce/mapl/throughput.py --from-json reproduce/mapl/cpu_throughput.json
+    .venv/bin/python reproduce/mapl/throughput.py --from-json reproduce/mapl/results/cpu_throughput.json
 """
 from __future__ import annotations
 

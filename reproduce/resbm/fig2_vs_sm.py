@@ -23,7 +23,7 @@ with the subspace codec at k = 40 / 32), one 80 GB GPU.
 
     .venv/bin/python reproduce/resbm/fig2_vs_sm.py                          # runs/resbm/fig2_vs_sm.{json,md,png}
     .venv/bin/python reproduce/resbm/fig2_vs_sm.py --preset gpu --data /data/c4/jsonl --seeds 42 43 --dry-run
-    .venv/bin/python reproduce/resbm/fig2_vs_sm.py --from-json reproduce/resbm/cpu_fig2_vs_sm.json
+    .venv/bin/python reproduce/resbm/fig2_vs_sm.py --from-json reproduce/resbm/results/cpu_fig2_vs_sm.json
 """
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from nanotron_ext.cli_flags import OutputFile, Parser, one_line_refusals
 from nanotron_ext.models.param_count import count_params  # noqa: F401 - tests load it from here
 
 HERE = Path(__file__).resolve().parent
-# --json replaces only counts this script wrote (cli_checks.Writer); param_counts.json has one key per config
+# --json replaces only counts this script wrote (cli_checks.Writer); results/param_counts.json has one key per config
 COUNTS = Writer("reproduce/resbm/param_counts.py", legacy_keys=("baseline",))
 PAPER = {"baseline": 1_896_751_104, "128x_muon": 1_960_157_184, "128x_adamw": 1_960_157_184}
 

@@ -7,13 +7,13 @@ ResBM-Muon 100x 21.60, ResBM-Muon 128x 21.77; sec. 4.2: ResBM-Muon beats ResBM-A
 
 CPU preset: reproduce/resbm/cpu_base.yaml (d = 256, 8 blocks, sotu corpus) on one process; the wire
 widths are the integers nearest the paper's ratios at this d (`nearest_h`): 100x -> h = 3 (85x),
-128x -> h = 2 (128x). The committed cpu_table2.json predates that choice and ran h = 4 (64x) for the
+128x -> h = 2 (128x). The committed results/cpu_table2.json predates that choice and ran h = 4 (64x) for the
 milder ratio: its rows say so. RMS-matched Muon at the AdamW peak lr, 10% / 1% final lr, as the paper.
 GPU preset: the resbm_2b_*.yaml configs (2B, batch 32 x 1024, bf16, one 80 GB GPU), on --data.
 
     python reproduce/resbm/table2_convergence.py --steps 150 --set tokens.batch_accumulation_per_replica=2
     python reproduce/resbm/table2_convergence.py --preset gpu --data /data/c4/jsonl --seeds 42 43 --dry-run
-    python reproduce/resbm/table2_convergence.py --from-json reproduce/resbm/cpu_table2.json
+    python reproduce/resbm/table2_convergence.py --from-json reproduce/resbm/results/cpu_table2.json
 """
 from __future__ import annotations
 

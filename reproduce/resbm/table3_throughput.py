@@ -13,7 +13,7 @@ model's link bound sits ~10x below this CPU's compute rate, as 609 sits 12x belo
 80 Mbit/s uncompressed point is measured too.
 
     python reproduce/resbm/table3_throughput.py --steps 8 --repeats 3 --slow-mbps 1.6   # runs/resbm/table3.*
-    python reproduce/resbm/table3_throughput.py --from-json reproduce/resbm/cpu_table3.json
+    python reproduce/resbm/table3_throughput.py --from-json reproduce/resbm/results/cpu_table3.json
 
 Verdicts: the compute-bound points alternate --repeats times; ResBM@slow / uncompressed@fast is judged on
 the repeat pairs (mean +- s.e.), the collapse fast / slow on the fast point's repeats (the slow point

@@ -12,7 +12,7 @@ the same tiny Llama over PP=2 on the embedded corpus, trained for the same numbe
     topk / int4 / lowrank   lossy baselines at about the same ratio (8x), slow link
 
     .venv/bin/python reproduce/sm/cpu_compare.py [--steps 200] [--rows sm,topk] [--seed 43]
-    .venv/bin/python reproduce/sm/cpu_compare.py --from-json reproduce/sm/cpu_table1.json
+    .venv/bin/python reproduce/sm/cpu_compare.py --from-json reproduce/sm/results/cpu_table1.json
     .venv/bin/python reproduce/sm/cpu_compare.py --preset gpu --data /data/owt/jsonl --seeds 42 43 --dry-run
 
 Each row runs `torchrun --standalone --nproc_per_node 2 -m nanotron_ext.train` on

@@ -17,7 +17,7 @@ the shallowest to the deepest model, with its standard error. The paper's orderi
 at both depths; a lossy codec's gap grows with depth.
 
     .venv/bin/python reproduce/sm/fig3_depth.py --seeds 42 43 44       # writes runs/sm/fig3_depth.{json,md,png}
-    .venv/bin/python reproduce/sm/fig3_depth.py --from-json reproduce/sm/cpu_fig3_depth.json
+    .venv/bin/python reproduce/sm/fig3_depth.py --from-json reproduce/sm/results/cpu_fig3_depth.json
 """
 from __future__ import annotations
 

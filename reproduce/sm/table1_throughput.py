@@ -14,7 +14,7 @@ small model is as link-bound as the paper's 2B model is at 80 Mbit/s. One run pe
 verdict is SM's tokens/s over the centralised row's (the issue asks >= 0.90 at 80 Mbit/s).
 
     .venv/bin/python reproduce/sm/table1_throughput.py     # writes runs/sm/table1_throughput.{json,md,png}
-    .venv/bin/python reproduce/sm/table1_throughput.py --from-json reproduce/sm/cpu_table1_throughput.json
+    .venv/bin/python reproduce/sm/table1_throughput.py --from-json reproduce/sm/results/cpu_table1_throughput.json
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ V x d, so SM also holds fewer embedding parameters (and their gradients and Adam
 uncompressed model: the net difference is reported beside the buffers SM adds.
 
     .venv/bin/python reproduce/sm/table3_memory.py      # writes runs/sm/table3_memory.{json,md,png}
-    .venv/bin/python reproduce/sm/table3_memory.py --from-json reproduce/sm/cpu_table3_memory.json
+    .venv/bin/python reproduce/sm/table3_memory.py --from-json reproduce/sm/results/cpu_table3_memory.json
 """
 from __future__ import annotations
 

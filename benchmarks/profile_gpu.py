@@ -1,4 +1,5 @@
-# One-off run, kept for reference only: made the torch.profiler tables in this folder on 1x H200 on 2026-11-27 (commit 32f5ebb); superseded by the profile stage of benchmarks/gpu_check.py. Not maintained, not linted.
+# One-off run, kept for reference only: made the torch.profiler tables in
+# benchmarks/results/gpu/2026-11-27-h200/call2/profile/ on 1x H200 on 2026-11-27 (commit 32f5ebb); superseded by the profile stage of benchmarks/gpu_check.py. Not maintained, not linted.
 # ruff: noqa
 """Where the GPU time goes: 125M (ours vs plain, flash+compile) and one BOOST LLaMA-1B block (CoLA btp vs full rank).
 Run under torchrun --nproc_per_node 1 from the project root, PYTHONPATH=<root>:<site>:<root>/benchmarks. --tiny: CPU check."""
