@@ -282,6 +282,7 @@ def run_profile(item: Dict[str, Any], plan: Dict[str, Any]) -> Dict[str, Any]:
                 if cuda:
                     torch.cuda.synchronize(device)
             row["models"][name] = {"wall_ms": wall * 1e3, **profile_table(prof, cuda, iters, plan["top"])}
+        pair["ours"].finish()  # the last step's verdict, as in the throughput rows
     return row
 
 

@@ -126,12 +126,12 @@ def run_memory(item: Dict[str, Any], plan: Dict[str, Any]) -> Dict[str, Any]:
     """The config alone on this device through the trainer's step: the allocator's peak eager (as planned) and
     compiled, and what is held between steps."""
     import torch
-    from gpu_check_pair import TrainerStep, shared_context
+    from gpu_check_pair import TrainerStep, fresh_compile, shared_context
 
     from nanotron_ext.bench import workload as bw
     from nanotron_ext.config.loader import load_config
 
-    torch._dynamo.reset()  # the last item's compiled layers (and the model their caches hold) go
+    fresh_compile()  # the last item's compiled layers, and the model they hold, go before `base` is read
     cfg = load_config(REPO / item["config_file"], list(plan["overrides"]) + list(item["overrides"]))
     ctx = shared_context(cfg)
     device = ctx.device

@@ -35,6 +35,18 @@ def shared_context(cfg: Config) -> Any:
     return _CONTEXTS[0]
 
 
+def fresh_compile() -> None:
+    """Forget every compiled graph, and free the models they held: a module compiled in place and its compiled
+    wrapper reference each other, so the last setting's models (32 GiB for the 1B pair) are freed only by the
+    collector, once dynamo's caches let go of them."""
+    import gc
+
+    torch._dynamo.reset()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def attention(backend: Optional[str]) -> contextlib.AbstractContextManager:
     """SDPA restricted to one backend ("flash", "cudnn"), or as torch picks it (None)."""
     if backend is None:
@@ -118,7 +130,7 @@ def build_pair(item: Dict[str, Any], plan: Dict[str, Any]) -> Dict[str, Any]:
 
     # a fresh compile per setting: dynamo's cache would otherwise serve one setting's graphs (attention backend
     # included) to the next model built from the same code
-    torch._dynamo.reset()
+    fresh_compile()
     # the setting's attention backend applies to both models (around the step), not the config's model.attention
     cfg = load_config(plan["config_file"], list(plan["overrides"])
                       + [f"model.compile={str(item['compile']).lower()}", "model.attention=sdpa"])
