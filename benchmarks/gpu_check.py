@@ -366,7 +366,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     result["meta"] = meta
     failed = False
     # each stage ends by the sum of its budget and every earlier one's: a fast stage leaves its time to the next, and
-    # the whole run ends within the sum of the budgets (BUDGET_S: 530 s) plus a job's grace to stop
+    # the whole run ends within the sum of the budgets (BUDGET_S: 510 s) plus a job's grace to stop
     deadline = time.time()
     for stage in [s for s in STAGES if s in stages]:
         t0 = time.time()

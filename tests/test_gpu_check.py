@@ -65,7 +65,8 @@ def test_default_budgets_fit_one_command() -> None:
 
     assert gpu_check.STAGES[:4] == ("throughput", "profile", "throughput_1b", "memory")
     assert set(gpu_check_plan.BUDGET_S) == set(gpu_check.STAGES) == set(gpu_check_plan.DRY_BUDGET_S)
-    assert sum(gpu_check_plan.BUDGET_S.values()) + STOP_GRACE_S <= 540
+    # make gpu-check installs the carried wheels first (seconds) and writes the report after the last stage
+    assert sum(gpu_check_plan.BUDGET_S.values()) + STOP_GRACE_S + 20 <= 540
     assert set(gpu_check.STAGE_FUNCS) == set(gpu_check.STAGES)
     assert gpu_check_plan.TARGETS == {"throughput": {"ratio": 1.0, "mfu": 0.40}, "throughput_1b": {"ratio": 1.0,
                                                                                                     "mfu": 0.45}}
