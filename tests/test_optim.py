@@ -278,6 +278,11 @@ def test_adamw_impl_auto_is_fused_on_cuda_and_the_for_loop_elsewhere() -> None:
     assert adamw_flags("auto", torch.device("cuda", 0)) == {"fused": True, "foreach": False}
     assert adamw_flags("auto", torch.device("cpu")) == {"fused": False, "foreach": False}
     assert adamw_flags("foreach", torch.device("cpu")) == {"fused": False, "foreach": True}
+    # the planner's meta tensors: fused has no meta kernel (`plan --set optimizer.adamw_impl=fused` crashed)
+    assert adamw_flags("fused", torch.device("meta")) == {"fused": False, "foreach": False}
+    meta = torch.nn.Linear(4, 4, device="meta")
+    meta.weight.grad, meta.bias.grad = torch.zeros_like(meta.weight), torch.zeros_like(meta.bias)
+    build_optimizer(meta, OptimizerConfig(adamw_impl="fused"), None).step()  # a planned step, no error
     model = _TinyLM()
     opt = build_optimizer(model, OptimizerConfig(), None)  # CPU, auto: torch's for-loop, as before the knob
     assert all(g["fused"] is False and g["foreach"] is False for g in opt.param_groups)

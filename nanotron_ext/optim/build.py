@@ -78,6 +78,8 @@ def adamw_flags(impl: str, device: torch.device) -> Dict[str, bool]:
     """torch.optim.AdamW's `fused` / `foreach` for optimizer.adamw_impl on `device` (see OptimizerConfig)."""
     if impl == "auto":
         impl = "fused" if device.type == "cuda" else "for_loop"
+    if device.type == "meta" and impl == "fused":  # the planner: fused has no meta kernel; same state, for-loop step
+        impl = "for_loop"
     return {"fused": impl == "fused", "foreach": impl == "foreach"}
 
 
