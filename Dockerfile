@@ -17,13 +17,15 @@ COPY . .
 # Install the package with everything pyproject.toml declares, pinning torch to the image's own
 # build: if that build were too old pip fails here instead of pulling a multi-GB wheel. The pin is read from
 # the installed distribution (`pip freeze` may print `torch @ file:///...` for a locally built wheel).
-# .venv: a view of the image's Python (system site-packages) that the Makefile's targets use, so `make test` runs
-# here against the image's torch without a set-up of its own.
+# .venv: a view of the image's Python (system site-packages, and links to its commands: torchrun, ruff, ...) that
+# the Makefile's targets and the tests use, so `make test` runs here against the image's torch with no set-up.
 RUN python -c "import importlib.metadata as m; print('torch==' + m.version('torch'))" > /tmp/image-torch.txt \
  && grep -i '^torch==' /tmp/image-torch.txt \
  && pip install --no-cache-dir -c /tmp/image-torch.txt -e '.[dev]' \
  && python patches/apply.py \
  && python -m venv --system-site-packages .venv \
+ && scripts=$(dirname "$(command -v torchrun)") \
+ && for f in "$scripts"/*; do [ -e ".venv/bin/${f##*/}" ] || ln -s "$f" .venv/bin/; done \
  && touch .venv/.installed
 
 # Nsight Systems CLI, when the base image lacks it and has NVIDIA's CUDA apt repository (NVIDIA's images do).

@@ -186,7 +186,9 @@ else
   PULL=(); [ $STAND_IN -eq 1 ] && PULL=(--pull=never)
   "${BUILDAH[@]}" bud --isolation chroot --layers=false "${PULL[@]}" "${BUILD_ARGS[@]}" "${CA_MOUNT[@]}" \
     -f "$REPO/Dockerfile" -t "$IMAGE_TAG" "$REPO"
-  SIZE=$("${BUILDAH[@]}" images --json "$IMAGE_TAG" | python3 -c 'import json, sys; print(json.load(sys.stdin)[0]["size"])')
+  # bytes: the sum of the image's (uncompressed) layers, as its manifest lists them
+  SIZE=$("${BUILDAH[@]}" inspect --type image --format '{{.Manifest}}' "$IMAGE_TAG" \
+    | python3 -c 'import json, sys; print(sum(layer["size"] for layer in json.load(sys.stdin)["layers"]))')
 fi
 BUILD_S=$(( $(date +%s) - T_BUILD ))
 say "built $IMAGE_TAG in ${BUILD_S} s ($(( SIZE / 1000000 )) MB); whole run so far $(( $(date +%s) - T0 )) s"
@@ -200,7 +202,9 @@ fi
 say "stage 4/4: inside $IMAGE_TAG: patches/apply.py --check, one training step$([ $TEST -eq 1 ] && echo ', make test-quick')"
 in_image() {
   if [ "$ENGINE" = docker ]; then docker run --rm --ipc=host "$IMAGE_TAG" bash -c "set -o pipefail; $1"
-  else "${BUILDAH[@]}" run --isolation chroot "$CTR" -- bash -c "set -o pipefail; $1"; fi
+  # a hostname its /etc/hosts resolves: buildah leaves the container's own name (its id) out of it, and
+  # torchrun's agent publishes its store under that name (workers never start; docker adds the name)
+  else "${BUILDAH[@]}" run --isolation chroot --hostname localhost "$CTR" -- bash -c "set -o pipefail; $1"; fi
 }
 if [ "$ENGINE" = buildah ]; then CTR=$("${BUILDAH[@]}" from --pull=never "$IMAGE_TAG"); CONTAINERS+=("$CTR"); fi
 in_image 'python patches/apply.py --check' || die "patches/apply.py --check failed inside the image"
@@ -216,22 +220,33 @@ STEP_S=$(( $(date +%s) - T_STEP ))
 say "one training step inside the image: ${STEP_S} s"
 if [ $TEST -eq 0 ]; then exit 0; fi
 T_TEST=$(date +%s)
-OUT=$(in_image 'make test-quick 2>&1 | tail -15') || { echo "$OUT"; die "make test-quick failed inside the image"; }
-echo "$OUT"
+LOG=${RESULT:+${RESULT%.json}-test-quick.log}
+LOG=${LOG:-$BUILD_DIR/test-quick.log}
+set +e
+in_image 'make test-quick' >"$LOG" 2>&1
+TEST_RC=$?
+set -e
 TEST_S=$(( $(date +%s) - T_TEST ))
-SUMMARY=$(echo "$OUT" | tail -1 | tr -d '=' | sed 's/^ *//; s/ *$//')
+tail -15 "$LOG"
+SUMMARY=$(tail -1 "$LOG" | tr -d '=' | sed 's/^ *//; s/ *$//')
+[ $TEST_RC -eq 0 ] || die "make test-quick failed inside the image: $SUMMARY (whole output: $LOG)"
 say "inside the image: patches verified, one training step (${STEP_S} s), make test-quick: $SUMMARY (${TEST_S} s)"
 if [ -n "$RESULT" ]; then
-  python3 - "$RESULT" <<EOF
-import json, sys
-import os, platform, time
-py, torch = "$VERSIONS".split()
-json.dump({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "engine": "$ENGINE",
-           "machine": f"{os.cpu_count()} cores, {platform.machine()}, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') // 2**30} GiB",
-           "base_image": "$BASE_SHOWN", "image": "$IMAGE_TAG", "image_python": py, "image_torch": torch,
-           "stand_in_base_s": $BASE_S, "image_build_s": $BUILD_S, "image_bytes": $SIZE, "one_step_s": $STEP_S,
-           "test_quick_s": $TEST_S, "test_quick": "$SUMMARY", "total_s": $(( $(date +%s) - T0 ))},
+  ENGINE=$ENGINE BASE=$BASE_SHOWN TAG=$IMAGE_TAG VERSIONS=$VERSIONS BASE_S=$BASE_S BUILD_S=$BUILD_S SIZE=$SIZE \
+  STEP_S=$STEP_S TEST_S=$TEST_S SUMMARY=$SUMMARY TOTAL_S=$(( $(date +%s) - T0 )) python3 - "$RESULT" <<'EOF'
+import json, os, platform, re, sys, time
+e = os.environ
+py, torch = e["VERSIONS"].split()
+counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|failed|skipped|deselected|errors?)", e["SUMMARY"])}
+gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+json.dump({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "engine": e["ENGINE"],
+           "machine": f"{os.cpu_count()} cores, {platform.machine()}, {gib:.0f} GiB, {platform.system()} "
+                      f"{platform.release()}",
+           "base_image": e["BASE"], "image": e["TAG"], "image_python": py, "image_torch": torch,
+           "stand_in_base_s": None if e["BASE_S"] == "null" else int(e["BASE_S"]), "image_build_s": int(e["BUILD_S"]),
+           "image_bytes": int(e["SIZE"]), "one_step_s": int(e["STEP_S"]), "test_quick_s": int(e["TEST_S"]),
+           "test_quick": e["SUMMARY"], "test_quick_counts": counts, "total_s": int(e["TOTAL_S"])},
           open(sys.argv[1], "w"), indent=1)
 EOF
-  say "wrote $RESULT"
+  say "wrote $RESULT and $LOG"
 fi
