@@ -305,3 +305,15 @@ def test_a_sixth_technique_is_checked_by_every_rule_without_editing_a_test(tmp_p
                      "nanotron_ext/sixth: no pieces.py",
                      "nanotron_ext/seventh is not declared in pyproject.toml"):
         assert expected in found, found
+
+
+def test_the_bench_index_names_every_module() -> None:
+    """nanotron_ext/bench/__init__.py is the harness's index (ARCHITECTURE.md sends readers there first): every module
+    and sub-package of bench/ has its line, and so has every module of bench/wan/ in wan/__init__.py."""
+    for folder in (PKG / "bench", PKG / "bench" / "wan"):
+        doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text())) or ""
+        listed = {line.split()[0].rstrip("/") for line in doc.splitlines() if line.startswith("    ") and line.split()}
+        present = {p.stem for p in folder.glob("*.py") if not p.name.startswith("__")} | {
+            p.name for p in folder.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+        missing = sorted(present - listed)
+        assert not missing, f"{folder.relative_to(ROOT)}/__init__.py's index does not name: {', '.join(missing)}"
