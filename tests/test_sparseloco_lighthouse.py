@@ -97,6 +97,16 @@ def _wait(condition, what: str, timeout: float) -> None:
         time.sleep(0.2)
 
 
+def _stop(procs: List[mp.Process], lighthouse: subprocess.Popen) -> None:
+    """Whatever a test left running: the replicas, then the lighthouse."""
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    if lighthouse.poll() is None:
+        lighthouse.kill()
+        lighthouse.wait()
+
+
 def _run(tmp_path: Path, restart_after: float) -> Dict[str, object]:
     """Kill the lighthouse once both replicas have committed two outer syncs; start it again after `restart_after`
     seconds (never if < 0); stop the replicas once both committed two syncs after that."""
@@ -131,12 +141,7 @@ def _run(tmp_path: Path, restart_after: float) -> Dict[str, object]:
                 "stderr": [(tmp_path / f"stderr{r}").read_text() for r in (0, 1)],
                 "exitcodes": [p.exitcode for p in procs]}
     finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-        if lighthouse.poll() is None:
-            lighthouse.kill()
-            lighthouse.wait()
+        _stop(procs, lighthouse)
 
 
 def _our_lines(stderr: str) -> List[str]:
@@ -249,9 +254,4 @@ def test_a_replica_restarted_with_the_lighthouse_is_healed_or_told_why_never_an_
         if "got exception in recovery" in said or "got exception in pg configure" in said:  # torchft's own log
             assert retried and all("; retrying with the next quorum" in line for line in retried), retried
     finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-        if lighthouse.poll() is None:
-            lighthouse.kill()
-            lighthouse.wait()
+        _stop(procs, lighthouse)
