@@ -9,7 +9,8 @@
 #                                               # one training step, make test-quick; timings to --result FILE
 #   scripts/build_image.sh --stand-in --smoke   # ... inside the image: patches/apply.py --check, one training step
 #   scripts/build_image.sh --remove             # delete the buildah storage and everything this script left
-# --rebuild-base makes the stand-in base again even when buildah's storage has it (it is reused otherwise).
+# --rebuild-base makes the stand-in base again even when buildah's storage has it (it is reused otherwise);
+# --engine docker|buildah chooses the engine (default: docker when its daemon answers, else buildah).
 #
 # Environment: BASE_IMAGE (default: the Dockerfile's), IMAGE_TAG (nanotron_ext), BUILD_DIR (buildah storage and
 # the stand-in's root file system; /var/tmp/nanotron_ext-image), DEBIAN_MIRROR (http://deb.debian.org/debian),
