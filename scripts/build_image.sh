@@ -188,6 +188,7 @@ else
   "${BUILDAH[@]}" bud --isolation chroot --layers=false "${PULL[@]}" "${BUILD_ARGS[@]}" "${CA_MOUNT[@]}" \
     -f "$REPO/Dockerfile" -t "$IMAGE_TAG" "$REPO"
   # bytes: the sum of the image's (uncompressed) layers, as its manifest lists them
+  "${BUILDAH[@]}" rmi --prune >/dev/null 2>&1 || true  # the image this tag named before, if any (GBs under vfs)
   SIZE=$("${BUILDAH[@]}" inspect --type image --format '{{.Manifest}}' "$IMAGE_TAG" \
     | python3 -c 'import json, sys; print(sum(layer["size"] for layer in json.load(sys.stdin)["layers"]))')
 fi
