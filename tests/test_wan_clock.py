@@ -109,3 +109,18 @@ def test_a_latency_that_holds_the_wire_serialises_it_with_the_transfer() -> None
     assert replay(_pipe(2, m, 0.0, 0.0, "afab", Link(8.0, a * 1e3), 1e6), False).end_s == pytest.approx(
         2 * m * tx + 2 * a)
     assert replay(_pipe(2, m, 0.0, 0.0, "afab", held, 1e6), True).end_s == pytest.approx(2 * m * (tx + a))
+
+
+def test_the_outer_steps_stage_broadcast_costs_each_later_stage_a_copy_over_the_first_stages_uplink() -> None:
+    """Heterogeneous SparseLoCo's embedding fold: after an outer sync the first stage broadcasts N bytes to the p - 1
+    later stages on its pipeline group (one per TP rank, all on the node's uplink): (p - 1) tp N 8 / B + calls x
+    latency. Only what the outer step sends beyond the inner one counts, and point-to-point sends do not."""
+    from nanotron_ext.bench.wan.profile import stage_broadcast_s
+
+    n, p, tp, link = 3e6, 4, 2, Link(200.0, 50.0)
+    inner = {"pp": {"send:fwd": {"bytes": 10, "calls": 1}, "broadcast:embedding_fold": {"bytes": 64, "calls": 1}}}
+    outer = {"pp": {"send:fwd": {"bytes": 999, "calls": 3},
+                    "broadcast:embedding_fold": {"bytes": 64 + n, "calls": 2}}}
+    assert stage_broadcast_s(outer, inner, p, tp, link) == pytest.approx((p - 1) * tp * n * 8 / 200e6 + 1 * 0.05)
+    assert stage_broadcast_s(outer, inner, 1, tp, link) == 0.0  # no later stage
+    assert stage_broadcast_s(inner, inner, p, tp, link) == 0.0  # nothing beyond the inner step

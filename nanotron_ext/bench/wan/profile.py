@@ -12,14 +12,17 @@
    the device's effective throughput (Narayanan et al.'s 1:2 split of a matmul's forward and backward), plus the
    stage's TP collectives on the TP link, half in each pass; the stage's `send:fwd` / `send:bwd` bytes per
    micro-batch times tp (one uplink per node carries every TP rank's share); per stage the DP tier's ring on the DP
-   link with the node's tp rings sharing its uplink; the DP tier's few-byte agreements (CONTROL_BYTES or fewer per
+   link with the node's tp rings sharing its uplink; the outer step's broadcast from the first stage to the later
+   ones (heterogeneous SparseLoCo's embedding fold) on the replica's stage link, added to its outer sync
+   (`stage_broadcast_s`); the DP tier's few-byte agreements (CONTROL_BYTES or fewer per
    call: the logged loss) as latency in the no-overlap bound. Left out, and said: the world and pipeline groups'
    agreements (not delayed by the emulator either), pipeline headers (they travel just ahead of their tensor) and
    compute that FlopCounterMode does not count (elementwise work: norms, optimiser, SparseLoCo's top-k).
 
-Values the planner cannot know (data-dependent sizes: MAPL's distinct token ids, heterogeneous SparseLoCo's folded
-embedding rows) are planned at their smallest (nanotron_ext.plan.rank); the meter's table prints the planned bytes
-beside each tier's closed form.
+Values the planner cannot know (data-dependent sizes: MAPL's distinct token ids) are planned at their smallest
+(nanotron_ext.plan.rank), heterogeneous SparseLoCo's folded embedding entries at their bound
+(sparseloco.accounting.fold_entries_bound); the meter's table prints the planned bytes beside each tier's closed
+form.
 """
 from __future__ import annotations
 
@@ -134,6 +137,18 @@ def _sent(ledger: Dict[str, Any], direction: str) -> float:
     return float(ledger.get("pp", {}).get(f"send:{direction}", {}).get("bytes", 0))
 
 
+def stage_broadcast_s(outer: Dict[str, Any], inner: Dict[str, Any], stages: int, tp: int, link: Link) -> float:
+    """Seconds of the outer step's collectives on the pipeline group that the inner step has not (heterogeneous
+    SparseLoCo's embedding fold: the first stage broadcasts the outer step's entries to the later stages) over the
+    replica's stage link: each of the stages - 1 copies leaves the first stage's node, every TP rank's broadcast
+    (each on its own pipeline group) sharing that node's uplink, one latency per call."""
+    ops = {op: v for op, v in _ops(outer, "pp", minus=inner).items() if not op.startswith(("send", "recv"))}
+    if stages < 2 or not ops:
+        return 0.0
+    nbytes, calls = sum(b for b, _ in ops.values()), sum(c for _, c in ops.values())
+    return (stages - 1) * tp * link.transmit_s(nbytes) + calls * link.latency_s
+
+
 def replica_works(plan: Dict[str, Any], links: Dict[str, Link], stage_link: Sequence[Link],
                   flops_per_s: float) -> List[ReplicaWork]:
     """One ReplicaWork per DP replica (module docstring, 3.): `links` the "tp" and "dp" tiers' links, `stage_link[r]`
@@ -157,6 +172,9 @@ def replica_works(plan: Dict[str, Any], links: Dict[str, Link], stage_link: Sequ
             if outer is not None:
                 extra = _ops(outer[s]["ledger"], "dp", minus=rank["ledger"])
                 outer_s.append(ring_seconds(extra, dp, links["dp"], sharing=tp))
+        if outer is not None:  # after the DP exchange, the first stage's broadcast to the later ones (the fold)
+            fold_s = stage_broadcast_s(outer[0]["ledger"], inner[0]["ledger"], len(inner), tp, stage_link[r])
+            outer_s = [t + fold_s for t in outer_s]
         works.append(ReplicaWork(stages, [stage_link[r]] * (len(stages) - 1), m, plan["schedule"], dp_s, outer_s,
                                  control_s))
     return works
