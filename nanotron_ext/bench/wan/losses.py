@@ -66,7 +66,9 @@ class LossRun:
         from nanotron_ext.config.loader import config_to_dict, load_config
 
         resolved = config_to_dict(load_config(self.config_file, list(self.overrides)))
-        for volatile in ("general.run", "general.output_dir", "logging.progress_bar"):  # do not change the math
+        # keys that do not change the math (general.step_guard: where the guard's verdict is read, the same losses:
+        # tests/test_step_guard.py), so runs trained before them keep their key
+        for volatile in ("general.run", "general.output_dir", "logging.progress_bar", "general.step_guard"):
             section, name = volatile.split(".")
             resolved.get(section, {}).pop(name, None)
         return digest([resolved, self.replicas, self.mode, self.val_every], 12)
