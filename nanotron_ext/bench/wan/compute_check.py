@@ -41,14 +41,16 @@ def config_links(link: Any) -> Optional[Tuple[Dict[str, Link], Link]]:
     DP tiers and the stage link; None when stage pairs have their own links (the clock takes one per replica)."""
     if link.per_stage_pair:
         return None
-    tier = lambda t: Link(float(t.bandwidth_mbps or 0), float(t.latency_ms or 0), t.duplex or "full")  # noqa: E731
+    tier = lambda t: Link(float(t.bandwidth_mbps), float(t.latency_ms), t.duplex)  # noqa: E731
     return {"tp": tier(link.tp), "dp": tier(link.dp)}, tier(link)
 
 
 def job_flops(plan: Dict[str, Any]) -> float:
     """FLOPs of one training step over every rank of the job: each planned rank stands for the TP ranks of its
     stage and the replicas that share its config (as profile.bytes_per_step counts bytes)."""
-    counts = [list(plan["replica_of"].values()).count(i) for i in range(len(plan["inner"]))]
+    from nanotron_ext.bench.wan.profile import replica_counts
+
+    counts = replica_counts(plan)
     return sum(counts[i] * plan["layout"]["tp"] * rank["flops"]
                for i, column in enumerate(plan["inner"]) for rank in column)
 
@@ -72,7 +74,7 @@ def _stretch(plan: Dict[str, Any], tiers: Dict[str, Link], stage: Link, flops_pe
 def check(plan: Dict[str, Any], link: Any, rank_cpu_s: List[float], step_s: float) -> Dict[str, Any]:
     """The check of one run (module docstring): `plan` its plan, `link` its loaded `parallelism.link`,
     `rank_cpu_s` every rank's CPU seconds per step, `step_s` its measured step."""
-    from nanotron_ext.bench.wan.profile import step_bounds_of
+    from nanotron_ext.bench.wan.profile import free_step_s, step_bounds_of
 
     links = config_links(link)
     if links is None or not rank_cpu_s or sum(rank_cpu_s) <= 0:
@@ -80,8 +82,7 @@ def check(plan: Dict[str, Any], link: Any, rank_cpu_s: List[float], step_s: floa
     tiers, stage = links
     dp = plan["layout"]["dp"]
     flops_per_s = job_flops(plan) / sum(rank_cpu_s)
-    free = Link(0.0)
-    compute_s = step_bounds_of(plan, {"tp": free, "dp": free}, [free] * dp, flops_per_s).upper_s
+    compute_s = free_step_s(plan, flops_per_s)
     b = step_bounds_of(plan, tiers, [stage] * dp, flops_per_s)
     stretch = [_stretch(plan, tiers, stage, flops_per_s, step_s, bound) for bound in ("upper_s", "lower_s")]
     low, high = 1 / (1 + RATIO_TOLERANCE), 1 / (1 - RATIO_TOLERANCE)

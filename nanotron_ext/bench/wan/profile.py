@@ -184,7 +184,7 @@ def bytes_per_step(plan: Dict[str, Any]) -> Dict[str, float]:
     """Bytes each tier carries per optimiser step, all ranks (the outer sync amortised over its cycle): every
     planned rank stands for the tp ranks of its stage and the replicas that share its config."""
     lay = plan["layout"]
-    counts = [list(plan["replica_of"].values()).count(i) for i in range(len(plan["inner"]))]
+    counts = replica_counts(plan)
     out = {t: 0.0 for t in TIERS}
     for index, column in enumerate(plan["inner"]):
         for s, rank in enumerate(column):
@@ -205,6 +205,18 @@ def links_of(preset: Any, dp: int) -> Tuple[Dict[str, Link], List[Link]]:
     stage = [Link(*preset.datacenter_stage, preset.duplex) if r in preset.datacenter_replicas
              else Link(*preset.stage, preset.duplex, held) for r in range(dp)]
     return {"tp": link(preset.tp), "dp": link(preset.dp)}, stage
+
+
+def replica_counts(plan: Dict[str, Any]) -> List[int]:
+    """How many DP replicas each planned replica config stands for (a rank plan counts once per replica sharing its
+    config, times tp)."""
+    return [list(plan["replica_of"].values()).count(i) for i in range(len(plan["inner"]))]
+
+
+def free_step_s(plan: Dict[str, Any], flops_per_s: float) -> float:
+    """The clock's step over free links: compute and the schedule's bubbles only."""
+    free = Link(0.0)
+    return step_bounds_of(plan, {"tp": free, "dp": free}, [free] * plan["layout"]["dp"], flops_per_s).upper_s
 
 
 def step_bounds_of(plan: Dict[str, Any], tiers: Dict[str, Link], stage: Sequence[Link], flops_per_s: float) -> Any:

@@ -21,9 +21,8 @@ import os
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
-from nanotron_ext.bench.wan.clock import Link
-from nanotron_ext.bench.wan.compute_check import RATIO_TOLERANCE, mean_step_s
-from nanotron_ext.bench.wan.profile import planned, step_bounds_of, twin_overrides
+from nanotron_ext.bench.wan.compute_check import RATIO_TOLERANCE, config_links, mean_step_s
+from nanotron_ext.bench.wan.profile import free_step_s, planned, step_bounds_of, twin_overrides
 from nanotron_ext.bench.wan.systems import SYSTEMS, run_overrides, system_config
 
 VALIDATION_SYSTEMS = ("pipeline", "int4_pipeline", "ddp", "sparseloco")
@@ -31,21 +30,11 @@ TITLE = "The model clock against the real-sleep emulator (one run at a time, pro
 TOLERANCE = 0.15
 
 
-def emulated_links(preset: str, tp_preset: str) -> Tuple[Dict[str, Link], Link]:
-    """The links the emulator gives a run over `preset` (bench.wan.systems.run_overrides): the preset on the stage
-    pairs and the DP tier, `tp_preset` on TP."""
-    from nanotron_ext.parallel.link import link_preset
-
-    def link(name: str) -> Link:
-        p = link_preset(name)
-        return Link(p.bandwidth_mbps, p.latency_ms, p.duplex)
-
-    return {"tp": link(tp_preset), "dp": link(preset)}, link(preset)
-
-
 def validate_system(system: str, preset: str, args: argparse.Namespace) -> Dict[str, Any]:
     """One system's row (the module docstring)."""
     from nanotron_ext.bench.training import run_training
+    from nanotron_ext.cli_checks import ArgumentError
+    from nanotron_ext.config import load_config
 
     s, config = SYSTEMS[system], str(system_config(system, args))
     measured = {}
@@ -59,10 +48,12 @@ def validate_system(system: str, preset: str, args: argparse.Namespace) -> Dict[
     t0, t1 = measured["free"][0], measured["emulated"][0]
     plan = planned(config, twin_overrides(config, run_overrides(system, None, args.seeds[0], args), None),
                    Path(args.runs) / "plans")
-    free = {"tp": Link(0.0), "dp": Link(0.0)}
-    at_one = step_bounds_of(plan, free, [Link(0.0)] * plan["layout"]["dp"], 1.0).upper_s  # seconds at 1 FLOP/s
-    flops_per_s = at_one / t0
-    tiers, stage = emulated_links(preset, args.tp_preset)
+    flops_per_s = free_step_s(plan, 1.0) / t0  # the clock's seconds at 1 FLOP/s over the measured compute step
+    links = config_links(load_config(config, run_overrides(system, preset, args.seeds[0], args)).parallelism.link)
+    if links is None:
+        raise ArgumentError(f"--validate-clock --systems {system}: parallelism.link.per_stage_pair gives its stage "
+                            "pairs links of their own; the clock takes one link per replica")
+    tiers, stage = links
     b = step_bounds_of(plan, tiers, [stage] * plan["layout"]["dp"], flops_per_s)
     ratio, low_ratio, high_ratio = (t1 - t0) / t0, (b.lower_s - t0) / t0, (b.upper_s - t0) / t0
     return {"system": system, "preset": preset, "processes": s.nproc, "compute_step_s": t0, "measured_step_s": t1,
