@@ -204,12 +204,18 @@ class Trainer:
             print(format_summary(summary, folder.run_dir))
         return summary
 
+    def _validates_at(self, step: int) -> bool:
+        interval = self.cfg.tokens.val_check_interval
+        return bool(interval) and step % interval == 0 or step == self.cfg.tokens.train_steps
+
+    def _saves_at(self, step: int) -> bool:
+        every = self.cfg.checkpoints.interval
+        return bool(every) and step % every == 0 or step == self.cfg.tokens.train_steps
+
     def _read_at_once(self, step: int, end: int) -> bool:
         """Whether the device path reads step `step`'s verdict before the next step: the trainer validates or saves
         its weights, or it is the last of this call."""
-        interval, every = self.cfg.tokens.val_check_interval, self.cfg.checkpoints.interval
-        total = self.cfg.tokens.train_steps
-        return (bool(interval) and step % interval == 0) or (bool(every) and step % every == 0) or step in (end, total)
+        return self._validates_at(step) or self._saves_at(step) or step == end
 
     def _after_step(self, record: Dict[str, object], readback: Optional[Readback], log: MetricsLogger,
                     history: List[Dict[str, object]], val: Dict[str, float]) -> None:
@@ -219,8 +225,7 @@ class Trainer:
         if readback is not None:
             self._settle(step, record, readback)
         self.agree.main_io(log.progress, 1, loss=record["loss"], tok_s=record["tokens_per_s"], lr=record["lr"])
-        interval, total = cfg.tokens.val_check_interval, cfg.tokens.train_steps
-        if (interval and step % interval == 0) or step == total:
+        if self._validates_at(step):
             val.update(self.validate())
             record.update(val)
             self.agree.main_io(log.write, f"step {step}: train loss {record['loss']:.4f}, validation loss "
@@ -228,8 +233,7 @@ class Trainer:
         if step % cfg.logging.log_interval == 0 or "val_loss" in record:
             self.agree.main_io(log.log, record)
         history.append(record)
-        every = cfg.checkpoints.interval
-        if (every and step % every == 0) or step == total:
+        if self._saves_at(step):
             self.save()
             log.path = self.folder.records_dir / log.path.name  # the open file moved with the handover
 
