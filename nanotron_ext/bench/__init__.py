@@ -20,6 +20,10 @@ JSON the worker wrote, prints and saves the table); under torchrun with `--worke
     paper       PaperClaim: the paper's number beside ours, and whether its ordering held
     hardware    the papers' named hardware for the model clock (device throughput, links per tier)
     step_time   `python -m nanotron_ext.bench.step_time`: a config's step time on named hardware (plan + clock)
+    netns_hosts/  hosts on one machine: N network namespaces on a bridge, a shaped link and a disk each
+                (`python -m nanotron_ext.bench.netns_hosts --hosts N ... -- CMD`)
+    multi_host  one job over several such hosts (`--nnodes`, per-host checkpoints); its step over the shaped link
+                beside the model clock (`python -m nanotron_ext.bench.multi_host`)
     wan/        the WAN meter (`python -m nanotron_ext.bench.wan`): time to a target loss over a preset's links,
                 measured (real-sleep runs) or by the model clock (wan/clock.py); its own index in wan/__init__.py
 
