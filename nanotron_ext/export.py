@@ -1,4 +1,4 @@
-"""python -m nanotron_ext.export --run runs/<run> [--step N] --out DIR
+"""python -m nanotron_ext.export --run runs/<run> [--step N] [--checkpoints DIR [DIR ...]] --out DIR
 
 Writes a folder transformers loads with `AutoModelForCausalLM.from_pretrained(DIR)`: the run's checkpoint
 reassembled from any layout (dp x tp x pp, any TP strategy), as its dense equivalent (BOOST SVD: W = up @ down;
@@ -15,11 +15,14 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import torch
 
 from nanotron_ext.cli_flags import InputFile, InputFolder, Int, OutputFolder, Parser
+
+if TYPE_CHECKING:
+    from nanotron_ext.inference.run import Folders
 
 CHECK_TOKENS = 32
 
@@ -30,8 +33,9 @@ def add_run_args(parser: argparse.ArgumentParser) -> None:
                         help="the run folder, general.output_dir/general.run (e.g. runs/tiny_llama)")
     parser.add_argument("--step", type=Int(0), default=None, help="checkpoint step (default: the newest complete one)")
     parser.add_argument("--replica", type=Int(0), default=0, help="DP replica whose weights to read (default 0)")
-    parser.add_argument("--checkpoints", default=None, type=InputFolder(),
-                        help="checkpoint folder (default: checkpoints.dir of the run)")
+    parser.add_argument("--checkpoints", default=None, type=InputFolder(), nargs="+", metavar="DIR",
+                        help="checkpoint folder (default: checkpoints.dir of the run); with checkpoints.storage="
+                        "per_host, every host's folder (or one the hosts' files were copied into)")
     parser.add_argument("--tokenizer", default=None, type=InputFile(format="tokenizer"),
                         help="tokenizer JSON (default: tokenizer.path of the run)")
 
@@ -41,7 +45,7 @@ def check_ids(vocab: int, length: int) -> torch.Tensor:
     return torch.randint(0, vocab, (1, length), generator=torch.Generator().manual_seed(0))
 
 
-def export(run: str, out: str, step: Optional[int] = None, replica: int = 0, checkpoints: Optional[str] = None,
+def export(run: str, out: str, step: Optional[int] = None, replica: int = 0, checkpoints: Folders = None,
            tokenizer: Optional[str] = None, overwrite: bool = False, verify: bool = True) -> Path:
     """Export (see the module doc); returns the folder. Raises UserFacingError with a one-line reason."""
     from nanotron_ext import __version__

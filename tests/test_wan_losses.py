@@ -56,6 +56,10 @@ def test_runs_whose_cheap_layouts_coincide_share_one_key_and_seeds_do_not() -> N
     guarded = losses.LossRun("other", 1, a[0].config_file, a[0].overrides + ("general.step_guard=host",),
                              a[0].replicas, a[0].mode, a[0].val_every)
     assert guarded.key() == a[0].key()  # where the guard reads its verdict: the same losses (test_step_guard)
+    for key in ("checkpoints.storage=per_host", "logging.rank_cpu_seconds=true"):  # where shards go, what is logged
+        other = losses.LossRun("other", 1, a[0].config_file, a[0].overrides + (key,), a[0].replicas, a[0].mode,
+                               a[0].val_every)
+        assert other.key() == a[0].key(), key
     # a default set in code as 4 and later as 4.0 (ResBM's ratio did) is one value: one key
     assert losses.digest({"ratio": 4, "lr": [1.0, 0.5]}, 12) == losses.digest({"ratio": 4.0, "lr": [1, 0.5]}, 12)
     assert losses.digest({"ratio": 4}, 12) != losses.digest({"ratio": 4.5}, 12)

@@ -324,10 +324,18 @@ class CheckpointsConfig(Extensible, path="checkpoints"):
     `<run>/.overwrite/`; at the new run's first complete checkpoint both replace the earlier run's together. A
     launch stopped before that checkpoint leaves the earlier run whole (the next launch discards its staged
     records; train/handover.py)."""
+    storage: Literal["shared", "per_host"] = "shared"
+    """shared: every rank sees the same `dir` (one host, or a file system all hosts mount); a job over several hosts
+    checks that they do. per_host: hosts share no disk: each host writes its own ranks' shards to `dir` on its own
+    disk, a checkpoint is complete when every host's part is (agreed over the process group), and a resume takes
+    the newest step complete on every host; each host must keep its torchrun --node-rank (docs/running.md)."""
 
     def __post_init__(self) -> None:
         require(self.interval >= 0, "checkpoints.interval", "must be >= 0")
         require(self.keep_last >= 1, "checkpoints.keep_last", "must be >= 1")
+        require(not (self.storage == "per_host" and self.resume == "overwrite"), "checkpoints.resume",
+                "overwrite hands one host's run folder and checkpoints over together; with checkpoints.storage="
+                "per_host use auto or never (and empty each host's checkpoints.dir to start afresh)")
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -342,6 +350,9 @@ class LoggingConfig(Extensible, path="logging"):
     """NVTX ranges around forward, backward, optimiser step and communication (no-ops without CUDA)."""
     peak_tflops: Optional[float] = None
     """Peak FLOP/s of one device in TFLOP/s, for MFU; default: known GPUs' bf16 peak, none on CPU."""
+    rank_cpu_seconds: bool = False
+    """Every rank's CPU seconds per step in metrics.jsonl (`rank_cpu_s`; one tiny all-gather per step, counted under
+    world), the compute the model clock prices a measured step with (always on with parallelism.link emulation)."""
 
     def __post_init__(self) -> None:
         require(self.log_interval >= 1, "logging.log_interval", "must be >= 1")

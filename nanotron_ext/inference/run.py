@@ -17,7 +17,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar, Union
 
 import torch
 import torch.distributed as torch_dist
@@ -29,6 +29,7 @@ from nanotron_ext.fileio import sha256_file
 from nanotron_ext.train.checkpoint_store import CheckpointError, list_checkpoints, read_meta, saved_config
 
 T = TypeVar("T")
+Folders = Union[str, Path, Sequence[Union[str, Path]], None]  # one checkpoint folder, or every host's
 
 
 class RunError(UserFacingError, ValueError):
@@ -44,6 +45,28 @@ class RunCheckpoint:
     """The checkpoint folder step_<N>."""
     step: int
     meta: Dict[str, Any]
+    folders: List[Path] = dataclasses.field(default_factory=list)
+    """Every folder holding this step's shards: `path`, and with checkpoints.storage=per_host the other hosts'."""
+
+    def shard_files(self, replica: int) -> Dict[str, Tuple[Path, Dict[str, Any]]]:
+        """Each shard of DP replica `replica`: the file (in the first of `folders` that has it) and its meta entry
+        (name, bytes, sha256). A shard in none of them is a RunError naming the host that wrote it."""
+        hosts = self.meta.get("hosts") or {"0": self.meta["files"]}
+        out: Dict[str, Tuple[Path, Dict[str, Any]]] = {}
+        for host, entries in sorted(hosts.items()):
+            for entry in entries:
+                if entry["dp"] != replica:
+                    continue
+                where = next((f / entry["name"] for f in self.folders or [self.path] if (f / entry["name"]).is_file()),
+                             None)
+                if where is None:
+                    given = ", ".join(str(f) for f in self.folders or [self.path])
+                    raise RunError(f"step_{self.step} is incomplete here: node {host}'s shard {entry['name']} is in "
+                                   f"none of {given} (checkpoints.storage=per_host: each host kept its own); pass "
+                                   "every host's checkpoints.dir with --checkpoints DIR [DIR ...], or copy node "
+                                   f"{host}'s files into one of them")
+                out[entry["name"]] = (where, entry)
+        return out
 
     @property
     def layout(self) -> Dict[str, int]:
@@ -81,7 +104,7 @@ class CheckpointGone(RunError):
         self.path = path
 
 
-def read_live(run: str | Path, step: Optional[int], checkpoints: Optional[str],
+def read_live(run: str | Path, step: Optional[int], checkpoints: Folders,
               read: Callable[[RunCheckpoint], T]) -> Tuple[RunCheckpoint, T]:
     """open_run, then `read` the checkpoint (gather it): a run still training deletes its older checkpoints
     (checkpoints.keep_last), which made eval and generate fail with a bare "[Errno 2] No such file". A checkpoint
@@ -108,14 +131,21 @@ def read_live(run: str | Path, step: Optional[int], checkpoints: Optional[str],
             print(f"{why}; reading the newest checkpoint instead", file=sys.stderr, flush=True)
 
 
-def open_run(run: str | Path, step: Optional[int] = None, checkpoints: Optional[str] = None) -> RunCheckpoint:
-    """The run at `run` (general.output_dir/general.run) and its checkpoint `step` (default: the newest complete)."""
+def open_run(run: str | Path, step: Optional[int] = None, checkpoints: Folders = None) -> RunCheckpoint:
+    """The run at `run` (general.output_dir/general.run) and its checkpoint `step` (default: the newest complete).
+    `checkpoints`: its checkpoint folder (default checkpoints.dir of the run), or with checkpoints.storage=per_host
+    every host's (the newest step complete in all of them, by default)."""
     run_dir = Path(run).expanduser()
     config_file = run_dir / "config.yaml"
     if not config_file.is_file():
         raise RunError(f"{run_dir} is not a run folder (no config.yaml): pass runs/<run>, the folder a training run "
                        "writes its metrics and config to")
     config = load_config(config_file, ["model.init_from=null"])
+    roots = [Path(c).expanduser() for c in ([checkpoints] if isinstance(checkpoints, (str, Path)) else
+                                            checkpoints or [])]
+    if len(roots) > 1:
+        step = _common_step(roots, step)
+    checkpoints = str(roots[0]) if roots else None
     root = Path(checkpoints or config.checkpoints.dir).expanduser()
     skipped: List[Tuple[int, Path, str]] = []  # damaged step folders: said in this command's one line
     found = list_checkpoints(root, skipped)
@@ -151,7 +181,25 @@ def open_run(run: str | Path, step: Optional[int] = None, checkpoints: Optional[
         raise
     if saved:
         config = from_dict(Config, _without_init_from(saved))
-    return RunCheckpoint(run_dir, config, steps[step], step, meta)
+    folders = [steps[step]] + [r / f"step_{step}" for r in roots[1:]]
+    return RunCheckpoint(run_dir, config, steps[step], step, meta, folders)
+
+
+def _common_step(roots: List[Path], step: Optional[int]) -> int:
+    """The step to read from several hosts' checkpoint folders: `step`, complete in each, or the newest complete
+    in all; a folder without it is a RunError naming the folder."""
+    have = {r: {s for s, _ in list_checkpoints(r, [])} for r in roots}
+    if step is None:
+        common = set.intersection(*have.values())
+        if not common:
+            listing = "; ".join(f"{r}: {sorted(s) or 'none'}" for r, s in have.items())
+            raise RunError(f"no step is complete in every --checkpoints folder ({listing})")
+        return max(common)
+    lacking = [r for r, s in have.items() if step not in s]
+    if lacking:
+        raise RunError(f"{lacking[0]} has no complete checkpoint of step {step}; it has steps "
+                       f"{sorted(have[lacking[0]])}")
+    return step
 
 
 @dataclasses.dataclass
@@ -176,7 +224,8 @@ def gather(ckpt: RunCheckpoint, *, replica: int = 0, dense: bool = False,
                        f"(0..{layout['dp'] - 1})")
     world = layout["tp"] * layout["pp"]
     with tempfile.TemporaryDirectory(prefix="nanotron_ext-gather-") as tmp:
-        job = {"config": config_to_dict(ckpt.config), "path": str(ckpt.path), "meta": ckpt.meta, "replica": replica,
+        shards = {name: (str(file), entry) for name, (file, entry) in ckpt.shard_files(replica).items()}
+        job = {"config": config_to_dict(ckpt.config), "shards": shards, "replica": replica,
                "dense": dense, "check_ids": check_ids, "out": tmp, "tp": layout["tp"], "pp": layout["pp"]}
         try:
             if world == 1 and not torch_dist.is_initialized():
@@ -208,13 +257,12 @@ def gather(ckpt: RunCheckpoint, *, replica: int = 0, dense: bool = False,
         return out
 
 
-def _read_shard(path: Path, meta: Dict[str, Any], name: str) -> Dict[str, Any]:
-    entry = next((e for e in meta["files"] if e["name"] == name), None)
-    if entry is None:
-        raise RunError(f"{path}/meta.json lists no file {name}")
-    file = path / name
+def _read_shard(shards: Dict[str, Tuple[str, Dict[str, Any]]], name: str) -> Dict[str, Any]:
+    if name not in shards:
+        raise RunError(f"the checkpoint's meta.json lists no file {name}")
+    file, entry = Path(shards[name][0]), shards[name][1]
     if file.stat().st_size != entry["bytes"] or sha256_file(file) != entry["sha256"]:
-        raise RunError(f"{file} does not match its size/sha256 in {path}/meta.json (damaged?); use another --step")
+        raise RunError(f"{file} does not match its size/sha256 in meta.json (damaged?); use another --step")
     return torch.load(file, map_location="cpu", weights_only=True)
 
 
@@ -260,13 +308,12 @@ def _gather_rank(job: Dict[str, Any], out: Path) -> None:
     ctx = build_parallel_context(1, job["tp"], job["pp"], backend="gloo")
     model = build_model(cfg, ctx)
     pp_rank, _, tp_rank = (int(r) for r in ctx.get_3d_ranks(torch_dist.get_rank()))
-    path = Path(job["path"])
     name = f"pp{pp_rank}_dp{job['replica']}_tp{tp_rank}.pt"
     error: Optional[str] = None
     try:
-        model.load_state_dict(_read_shard(path, job["meta"], name)["model"])
+        model.load_state_dict(_read_shard(job["shards"], name)["model"])
     except (RunError, OSError, RuntimeError) as e:  # every rank learns, so none waits in a collective below
-        error = f"{path / name}: {e}"
+        error = f"{job['shards'].get(name, (name,))[0]}: {e}"
     errors: List[Optional[str]] = [None] * torch_dist.get_world_size()
     torch_dist.all_gather_object(errors, error)
     if any(errors):

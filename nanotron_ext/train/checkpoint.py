@@ -17,8 +17,14 @@ counts as a checkpoint only if its name is exactly `step_<N>` and its meta.json 
 exist with the recorded sizes, so a crash at any point leaves at most a `.tmp-`/`.old-` folder,
 which the next save removes.
 
-All ranks must see the same `root` (one node, or a shared filesystem). Resharding a checkpoint to a
-different dp/tp/pp layout is out of scope: loading checks the layout and refuses a different one.
+Where `root` is: with `per_host=False` every rank sees the same `root` (one node, or a shared filesystem). With
+`per_host=True` hosts share no disk: `root` is each host's own folder (the same path on each machine). The lowest
+rank of each host (torchrun's GROUP_RANK, its node rank) plays rank 0's part for that host's folder: its temp
+folder, its `meta.json` (its own files, plus `hosts`: every host's file names) and its rename. A step is complete
+when every host's rename succeeded, agreed over the process group; older checkpoints are pruned only after that,
+so a crash between two hosts' renames always leaves the previous step on every host (`agreed_checkpoint` picks
+the newest step complete everywhere). Resharding a checkpoint to a different dp/tp/pp layout is out of scope:
+loading checks the layout and refuses a different one.
 
 Every rank writes a full file, DP replicas included (dp copies of each model shard on disk). This
 is deliberate: replicas are not guaranteed identical in this project (SparseLoCo/DiLoCo-style
@@ -40,20 +46,25 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import shutil
 import time
 import uuid
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Protocol, Tuple
 
-import numpy as np
 import torch
 import torch.distributed as torch_dist
 from torch import nn
 
 from nanotron_ext import __version__
 from nanotron_ext.fileio import sha256_file
+from nanotron_ext.train.checkpoint_hosts import (
+    agreed_checkpoint,
+    gather_objects,
+    host_leader,
+    hosts_of_ranks,
+    missing_shard,
+)
 from nanotron_ext.train.checkpoint_store import (
     META_NAME,
     CheckpointError,
@@ -67,9 +78,11 @@ from nanotron_ext.train.checkpoint_store import (
     remove_dir,
     remove_stale,
 )
+from nanotron_ext.train.rng_state import get_rng_state, set_rng_state
 
 __all__ = [
     "CheckpointError",
+    "agreed_checkpoint",
     "Stateful",
     "save_checkpoint",
     "latest_checkpoint",
@@ -114,18 +127,6 @@ def _shard_name(coords: Dict[str, int]) -> str:
     return f"pp{coords['pp']}_dp{coords['dp']}_tp{coords['tp']}.pt"
 
 
-def _broadcast(obj: Any, group: Any) -> Any:
-    box = [obj]
-    torch_dist.broadcast_object_list(box, src=torch_dist.get_global_rank(group, 0), group=group)
-    return box[0]
-
-
-def _all_gather(obj: Any, group: Any) -> List[Any]:
-    out: List[Any] = [None] * torch_dist.get_world_size(group)
-    torch_dist.all_gather_object(out, obj, group=group)
-    return out
-
-
 def _raise_if_any(errors: List[Optional[str]], what: str, cause: Optional[BaseException] = None) -> None:
     """Raise the same error on every rank when any rank failed, so none is left waiting in a collective."""
     failed = [(r, e) for r, e in enumerate(errors) if e is not None]
@@ -134,47 +135,6 @@ def _raise_if_any(errors: List[Optional[str]], what: str, cause: Optional[BaseEx
         raise CheckpointError(f"{what} failed on {len(failed)} rank(s): {detail}") from cause
 
 
-# --------------------------------------------------------------------------------------------
-# RNG states, as weights_only-loadable values
-# --------------------------------------------------------------------------------------------
-def _get_rng_state() -> Dict[str, Any]:
-    np_state = np.random.get_state(legacy=False)
-    state: Dict[str, Any] = {
-        "torch": torch.get_rng_state(),
-        "numpy": {
-            "bit_generator": np_state["bit_generator"],
-            "key": [int(x) for x in np_state["state"]["key"]],
-            "pos": int(np_state["state"]["pos"]),
-            "has_gauss": int(np_state["has_gauss"]),
-            "gauss": float(np_state["gauss"]),
-        },
-        "python": random.getstate(),  # (version, tuple of ints, gauss_next): plain values
-        "cuda": None,
-    }
-    # Only when CUDA is in use: querying it otherwise would initialise a CUDA context for nothing.
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state()  # this process's current device
-    return state
-
-
-def _set_rng_state(state: Dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    n = state["numpy"]
-    np.random.set_state({
-        "bit_generator": n["bit_generator"],
-        "state": {"key": np.asarray(n["key"], dtype=np.uint32), "pos": n["pos"]},
-        "has_gauss": n["has_gauss"],
-        "gauss": n["gauss"],
-    })
-    version, internal, gauss_next = state["python"]
-    random.setstate((version, tuple(internal), gauss_next))
-    if state.get("cuda") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
-
-
-# --------------------------------------------------------------------------------------------
-# Discovery
-# --------------------------------------------------------------------------------------------
 # --------------------------------------------------------------------------------------------
 # Save
 # --------------------------------------------------------------------------------------------
@@ -199,8 +159,8 @@ def _write_shard(tmp_dir: Path, payload: Dict[str, Any], name: str) -> Dict[str,
     return {"name": name, "bytes": final.stat().st_size, "sha256": sha256_file(final)}
 
 
-def _finalize(root: Path, tmp_dir: Path, final: Path, meta: Dict[str, Any], keep_last: Optional[int]) -> None:
-    """Rank 0: meta.json, the atomic rename, pruning."""
+def _finalize(root: Path, tmp_dir: Path, final: Path, meta: Dict[str, Any]) -> Optional[Path]:
+    """A host's leader: meta.json and the atomic rename; returns the displaced earlier folder of this step."""
     meta_part = tmp_dir / f"{META_NAME}.part"
     with open(meta_part, "w") as f:
         json.dump(meta, f, indent=2, sort_keys=True)
@@ -222,7 +182,12 @@ def _finalize(root: Path, tmp_dir: Path, final: Path, meta: Dict[str, Any], keep
             os.replace(displaced, final)
         raise
     fsync_dir(root)
+    return displaced
 
+
+def _prune(root: Path, final: Path, displaced: Optional[Path], keep_last: Optional[int]) -> None:
+    """A host's leader, once every host's part of `final` is in place: the displaced folder, checkpoints beyond
+    `keep_last` (never `final`) and leftovers of interrupted saves."""
     try:
         if displaced is not None:
             shutil.rmtree(displaced)
@@ -248,6 +213,7 @@ def save_checkpoint(
     extra: Optional[Dict[str, Any]] = None,
     keep_last: Optional[int] = None,
     config: Optional[Dict[str, Any]] = None,
+    per_host: bool = False,
 ) -> Path:
     """Write `root/step_<step>/` atomically; collective: every rank of the world must call it.
 
@@ -257,6 +223,7 @@ def save_checkpoint(
     afterwards (never the one just written), as are leftovers of interrupted saves. Returns the
     checkpoint folder on every rank; raises CheckpointError on every rank if any rank failed.
     `config` (the run configuration as a dict) goes into meta.json, to name what changed if a resume fails.
+    `per_host`: `root` is each host's own disk (module doc).
     """
     if keep_last is not None and keep_last < 1:
         raise ValueError(f"keep_last must be >= 1 or None, got {keep_last}")
@@ -264,11 +231,13 @@ def save_checkpoint(
     group = parallel_context.world_pg
     rank = torch_dist.get_rank(group)
     final = root / f"step_{int(step)}"
+    hosts = hosts_of_ranks(group, per_host)
+    leader = host_leader(hosts, rank) == rank
 
-    # 1. Rank 0 creates the temp folder and tells everyone its name (which also orders every
-    #    write after the mkdir). Leftovers of earlier crashes go first, so a full disk gets room.
-    msg: Optional[Tuple[Optional[str], Optional[str]]] = None
-    if rank == 0:
+    # 1. Each host's leader creates its temp folder and tells everyone its name (which also orders every write
+    #    after the mkdir). Leftovers of earlier crashes go first, so a full disk gets room.
+    msg: Tuple[Optional[str], Optional[str]] = (None, None)
+    if leader:
         try:
             root.mkdir(parents=True, exist_ok=True)
             remove_stale(root)
@@ -277,9 +246,9 @@ def save_checkpoint(
             msg = (str(tmp_dir), None)
         except OSError as e:
             msg = (None, f"{type(e).__name__}: {e}")
-    tmp_name, error = _broadcast(msg, group)
-    _raise_if_any([error], f"creating a checkpoint folder under {root}")
-    tmp_dir = Path(tmp_name)
+    folders = gather_objects(msg, group)
+    _raise_if_any([error for _, error in folders], f"creating a checkpoint folder under {root}")
+    tmp_dir = Path(folders[host_leader(hosts, rank)][0])
 
     # 2. Every rank writes its own file.
     layout = _layout(parallel_context)
@@ -296,41 +265,50 @@ def save_checkpoint(
             "model": model.state_dict(),
             "optimizer": optimizer.state_dict() if optimizer is not None else None,
             "scheduler": scheduler.state_dict() if scheduler is not None else None,
-            "rng": _get_rng_state(),
+            "rng": get_rng_state(),
             "extra": dict(extra) if extra is not None else {},
         }
         check_loadable(payload, "checkpoint")
         record = {**_write_shard(tmp_dir, payload, _shard_name(coords)), "rank": payload["rank"], **coords}
     except Exception as e:  # reported to all ranks below, so no rank waits for a file that never comes
         local_error = e
-    local_msg = None if local_error is None else f"{type(local_error).__name__}: {local_error}"
-    results = _all_gather((record, local_msg), group)
-    if any(err is not None for _, err in results) and rank == 0:
+    results = gather_objects((record, None if local_error is None else f"{type(local_error).__name__}: {local_error}"),
+                          group)
+    if any(err is not None for _, err in results) and leader:
         shutil.rmtree(tmp_dir, ignore_errors=True)
     _raise_if_any([err for _, err in results], f"writing checkpoint step {step}", local_error)
 
-    # 3. Rank 0 commits; everybody waits for the verdict, so on return the checkpoint is complete.
+    # 3. Each host's leader commits its part; everybody learns every host's verdict, so on return the checkpoint
+    #    is complete on every host. Only then is anything pruned.
     verdict: Optional[str] = None
-    if rank == 0:
+    displaced: Optional[Path] = None
+    if leader:
+        mine = [rec for r, (rec, _) in enumerate(results) if hosts[r] == hosts[rank]]
         meta = {
             "format": FORMAT_VERSION,
             "step": int(step),
             "layout": layout,
             "world_size": torch_dist.get_world_size(group),
-            "files": sorted((rec for rec, _ in results), key=lambda r: r["rank"]),
+            "files": sorted(mine, key=lambda r: r["rank"]),
             "nanotron_ext_version": __version__,
             "torch_version": torch.__version__,
             "created_unix": time.time(),
             "config": config,
         }
+        if per_host:
+            meta["host"] = hosts[rank]
+            meta["hosts"] = {str(h): sorted((rec for r, (rec, _) in enumerate(results) if hosts[r] == h),
+                                            key=lambda rec: rec["rank"]) for h in sorted(set(hosts))}
         try:
-            _finalize(root, tmp_dir, final, meta, keep_last)
+            displaced = _finalize(root, tmp_dir, final, meta)
         except Exception as e:
             verdict = f"{type(e).__name__}: {e}"
             local_error = e
             shutil.rmtree(tmp_dir, ignore_errors=True)
-    verdict = _broadcast(verdict, group)
-    _raise_if_any([verdict], f"committing checkpoint {final}", local_error)
+    verdicts = gather_objects(verdict, group)
+    _raise_if_any(verdicts, f"committing checkpoint {final}", local_error)
+    if leader:
+        _prune(root, final, displaced, keep_last)
     return final
 
 
@@ -370,7 +348,7 @@ def load_checkpoint(
     try:
         entry = next((e for e in meta["files"] if e["name"] == name), None)
         if entry is None:
-            raise CheckpointError(f"{META_NAME} lists no file {name} for coordinates {coords}")
+            raise CheckpointError(missing_shard(path, meta, name, coords))
         file = path / name
         size = file.stat().st_size
         if size != entry["bytes"]:
@@ -393,9 +371,9 @@ def load_checkpoint(
             scheduler.load_state_dict(payload["scheduler"])
     except Exception as e:
         local_error = e
-    errors = _all_gather(None if local_error is None else f"{type(local_error).__name__}: {local_error}",
+    errors = gather_objects(None if local_error is None else f"{type(local_error).__name__}: {local_error}",
                          parallel_context.world_pg)
     _raise_if_any(errors, f"loading checkpoint {path}", local_error)
     assert payload is not None
-    _set_rng_state(payload["rng"])
+    set_rng_state(payload["rng"])
     return payload["extra"]

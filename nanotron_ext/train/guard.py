@@ -32,10 +32,26 @@ def claim_folders(run_dir: Path, checkpoint_dir: Path, resume: str) -> List[IO[s
     """
     try:
         locks = [lock_folder(run_dir, "run folder", "another general.run")]
-        if checkpoint_dir.resolve() != run_dir.resolve():  # flock on one file twice from one process would clash
-            locks.append(lock_folder(checkpoint_dir, "checkpoint folder", "another checkpoints.dir"))
     except FolderInUseError as e:
         raise TrainingError(str(e)) from None
+    if checkpoint_dir.resolve() != run_dir.resolve():  # flock on one file twice from one process would clash
+        return locks + claim_checkpoint_folder(checkpoint_dir, resume)
+    _refuse_to_overwrite(checkpoint_dir, resume)
+    return locks
+
+
+def claim_checkpoint_folder(checkpoint_dir: Path, resume: str) -> List[IO[str]]:
+    """The checkpoint folder's part of `claim_folders` (also each other host's, with checkpoints.storage=per_host:
+    its own disk's folder)."""
+    try:
+        locks = [lock_folder(checkpoint_dir, "checkpoint folder", "another checkpoints.dir")]
+    except FolderInUseError as e:
+        raise TrainingError(str(e)) from None
+    _refuse_to_overwrite(checkpoint_dir, resume)
+    return locks
+
+
+def _refuse_to_overwrite(checkpoint_dir: Path, resume: str) -> None:
     existing = list_checkpoints(checkpoint_dir)
     if existing and resume == "never":
         names = ", ".join(p.name for _, p in existing)
@@ -43,7 +59,6 @@ def claim_folders(run_dir: Path, checkpoint_dir: Path, resume: str) -> List[IO[s
                             "never would overwrite or prune them: set checkpoints.resume=auto to continue that run, "
                             "checkpoints.resume=overwrite to delete them and start afresh, or use "
                             "another checkpoints.dir")
-    return locks
 
 
 def remove_other_checkpoints(checkpoint_dir: Path, keep: Path) -> List[Path]:

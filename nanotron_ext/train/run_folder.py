@@ -23,6 +23,9 @@ from nanotron_ext.errors import TrainingError, os_error_line
 from nanotron_ext.train.agreement import RankAgreement
 from nanotron_ext.train.checkpoint import (
     CheckpointError,
+    agreed_checkpoint,
+    gather_objects,
+    host_index,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
@@ -30,7 +33,13 @@ from nanotron_ext.train.checkpoint import (
     save_checkpoint,
 )
 from nanotron_ext.train.checkpoint_store import damaged_after, kept_note, resume_hint
-from nanotron_ext.train.guard import claim_folders, remove_other_checkpoints, resume_advice, resume_conflict
+from nanotron_ext.train.guard import (
+    claim_checkpoint_folder,
+    claim_folders,
+    remove_other_checkpoints,
+    resume_advice,
+    resume_conflict,
+)
 from nanotron_ext.train.handover import STAGING, begin, complete, recover
 
 if TYPE_CHECKING:
@@ -95,11 +104,26 @@ class RunFolder:
         self._saved_here: List[Path] = []  # checkpoints this launch wrote
         # resume=overwrite: the earlier checkpoints are deleted once this run's first one is complete, not before
         self._overwrite_pending = cfg.checkpoints.resume == "overwrite"
+        self.per_host = cfg.checkpoints.storage == "per_host"  # each host's checkpoints.dir is its own disk
+        self.host_leader = False  # the rank that handles this host's checkpoint folder (set by _claim)
         self._locks = self._claim()
 
     def _claim(self) -> list:
-        """Rank 0 locks the run and checkpoint folders for this process's life; every rank learns the verdict."""
+        """Rank 0 locks the run and checkpoint folders for this process's life (with checkpoints.storage=per_host
+        each other host's first rank its own checkpoint folder); every rank learns the verdict. A job over several
+        hosts with storage=shared is refused when a host does not see rank 0's checkpoint folder."""
         locks, error = [], None
+        nodes = gather_objects(host_index(), self.agree.world_pg)
+        rank = torch_dist.get_rank(self.agree.world_pg)
+        self.host_leader = rank == min(r for r, n in enumerate(nodes) if n == nodes[rank]) if self.per_host \
+            else self.agree.is_main
+        if self.host_leader and not self.agree.is_main:
+            try:
+                locks = claim_checkpoint_folder(Path(self.cfg.checkpoints.dir), self.cfg.checkpoints.resume)
+            except TrainingError as e:
+                error = f"node {nodes[rank]}: {e}"
+            except OSError as e:
+                error = f"node {nodes[rank]}: {os_error_line(e)}"
         if self.agree.is_main:
             try:
                 ckpt_dir = Path(self.cfg.checkpoints.dir)
@@ -113,11 +137,25 @@ class RunFolder:
                 error = str(e)
             except OSError as e:  # a folder that cannot be created or written: every rank stops with the line
                 error = os_error_line(e)
-        box = [error]
-        torch_dist.broadcast_object_list(box, src=0, group=self.agree.world_pg)
-        if box[0] is not None:
-            raise TrainingError(box[0])
+        errors = [e for e in gather_objects(error, self.agree.world_pg) if e is not None]
+        if errors:
+            raise TrainingError(errors[0])
+        if not self.per_host and len(set(nodes)) > 1:
+            self._check_shared(nodes)
         return locks
+
+    def _check_shared(self, nodes: List[int]) -> None:
+        """storage=shared over several hosts: every host must see the checkpoint folder rank 0 locked (a folder of
+        the same name on each host's own disk would give each host a part of every checkpoint, none resumable)."""
+        probe = Path(self.cfg.checkpoints.dir) / ".lock"
+        token = gather_objects(probe.stat().st_ino if self.agree.is_main else None, self.agree.world_pg)[0]
+        seen = probe.is_file() and probe.stat().st_ino == token
+        blind = sorted({n for n, ok in zip(nodes, gather_objects(seen, self.agree.world_pg)) if not ok})
+        if blind:
+            raise TrainingError(f"checkpoints.dir {self.cfg.checkpoints.dir} is not shared by every host: node "
+                                f"{', '.join(map(str, blind))} does not see node {nodes[0]}'s folder (checkpoints."
+                                "storage=shared); mount one file system on every host, or set checkpoints.storage="
+                                "per_host (each host keeps its own ranks' shards)")
 
     def start(self, ctx: "ParallelContext", replica: "Replica",
               restore: Callable[[Path, Dict[str, object]], int]) -> int:
@@ -126,7 +164,7 @@ class RunFolder:
         returns the step). config.yaml is written only once that succeeded and there is training left to do: a
         launch that fails, or finds the run complete, leaves the run folder as it was."""
         step = 0
-        ckpt = checkpoint_to_resume(self.cfg)
+        ckpt = agreed_checkpoint(self.cfg.checkpoints.dir, ctx, self.per_host, checkpoint_to_resume(self.cfg))
         if ckpt is not None:
             config = config_to_dict(self.cfg)
             conflict = resume_conflict(ckpt, config)  # every rank reads the same meta.json
@@ -150,7 +188,7 @@ class RunFolder:
         path = save_checkpoint(
             self.cfg.checkpoints.dir, step, ctx, model=replica.model, optimizer=replica.optimizer,
             scheduler=replica.scheduler, extra=extra, keep_last=self.cfg.checkpoints.keep_last,
-            config=config_to_dict(self.cfg),
+            config=config_to_dict(self.cfg), per_host=self.per_host,
         )
         self._saved_here.append(path)
         if self._overwrite_pending:  # this run has a complete checkpoint of its own now
@@ -172,7 +210,7 @@ class RunFolder:
         bad = Path(self.cfg.checkpoints.dir) / f"step_{step}"
         if bad not in self._saved_here:
             return None
-        if self.agree.is_main:
+        if self.host_leader:
             target = bad.with_name(f"{bad.name}.diverged")
             if target.exists():
                 remove_checkpoint(target)

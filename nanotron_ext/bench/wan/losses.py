@@ -67,8 +67,9 @@ class LossRun:
 
         resolved = config_to_dict(load_config(self.config_file, list(self.overrides)))
         # keys that do not change the math (general.step_guard: where the guard's verdict is read, the same losses:
-        # tests/test_step_guard.py), so runs trained before them keep their key
-        for volatile in ("general.run", "general.output_dir", "logging.progress_bar", "general.step_guard"):
+        # tests/test_step_guard.py; where checkpoints go; what is logged), so runs trained before them keep their key
+        for volatile in ("general.run", "general.output_dir", "logging.progress_bar", "general.step_guard",
+                         "checkpoints.storage", "logging.rank_cpu_seconds"):
             section, name = volatile.split(".")
             resolved.get(section, {}).pop(name, None)
         return digest([resolved, self.replicas, self.mode, self.val_every], 12)
