@@ -69,6 +69,8 @@ class StepMeter:
         if self.cfg.parallelism.link.enabled:  # where the step's time went: waiting on each tier's links
             record["link_wait_fraction"], record["rank_cpu_s"] = link_wait_fractions(
                 waited, elapsed, cpu, self.ctx.world_pg, self.ctx.device)
+        elif self.cfg.logging.rank_cpu_seconds:  # real links: only the compute the clock prices the step with
+            record["rank_cpu_s"] = link_wait_fractions(waited, elapsed, cpu, self.ctx.world_pg, self.ctx.device)[1]
         step_mfu = mfu(tps / self.ctx.world_pg.size(), self.flops_token, self.peak_tflops)
         if step_mfu is not None:
             record["mfu"] = step_mfu

@@ -27,6 +27,20 @@ def rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+def node_of(global_rank: int) -> Optional[int]:
+    """The node (host) of a global rank in a torchrun job over several hosts, else None: torchrun numbers ranks
+    node by node, LOCAL_WORLD_SIZE to a node."""
+    if int(os.environ.get("GROUP_WORLD_SIZE", "1")) < 2:
+        return None
+    return global_rank // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
+def who(global_rank: int) -> str:
+    """"rank R", with its node when the job spans several hosts."""
+    node = node_of(global_rank)
+    return f"rank {global_rank}" + (f" (node {node})" if node is not None else "")
+
+
 def report(line: str, code: int, *, every_rank: bool = False) -> int:
     """Report `line` (made one line) as this worker's last word and return `code` (its exit status).
 
@@ -73,16 +87,18 @@ def describe_collective_failure(exc: BaseException, group_name: Callable[[object
     if not isinstance(exc, torch_dist.DistError) and not (
             isinstance(exc, RuntimeError) and any(m in text for m in _COMM_MARKERS)):
         return None
-    call, group = "a collective", None
+    call, group, peer = "a collective", None, None
     for frame, _ in traceback.walk_tb(exc.__traceback__):
         code = frame.f_code
         if code.co_filename.endswith("distributed_c10d.py") and not code.co_name.startswith("_"):
             call, group = code.co_name, frame.f_locals.get("group")
-    where = f"{call} on the {group_name(group)} group"
+            ends = [frame.f_locals.get(k) for k in ("src", "dst") if code.co_name in ("send", "recv", "isend", "irecv")]
+            peer = next((int(e) for e in ends if isinstance(e, int)), None)
+    where = f"{call} on the {group_name(group)} group" + (f" with {who(peer)}" if peer is not None else "")
     first = re.sub(r"^\[[^\]]*\]\s*", "", " ".join(text.split()))[:200]  # without gloo's "[path/file.cc:78]"
     if "Timed out" in text or "timed out" in text or "Timeout" in text:
         limit = f" (general.collective_timeout_s={timeout_s:g})" if timeout_s else ""
-        return (f"error: rank {rank()}: {where} timed out{limit}: a peer rank stopped responding (frozen, stopped "
+        return (f"error: {who(rank())}: {where} timed out{limit}: a peer rank stopped responding (frozen, stopped "
                 f"or overloaded) [{first}]")
-    return (f"error: rank {rank()}: {where} failed because a peer rank went away (it exited or was killed; its own "
+    return (f"error: {who(rank())}: {where} failed because a peer rank went away (it exited or was killed; its own "
             f"report says why) [{first}]")

@@ -1,0 +1,196 @@
+"""One training job across hosts that share no disk, on this machine: each host a network namespace with its own
+shaped link and its own disk (bench/netns_hosts.py), one `python -m nanotron_ext.launch --nnodes N --node-rank i`
+per host (torchrun's static rendezvous at host 0), checkpoints.storage=per_host.
+
+    python -m nanotron_ext.bench.multi_host --mbps 20 --steps 20 --out reproduce/wan/results/real_network_2host.json
+
+runs the 2-host pipeline example (a stage per host) over the shaped link, then the same config with the codec off,
+and prints each one's measured step beside (a) the model clock's step for that link (bench/wan/clock.py: the run's
+plan priced at its ranks' own CPU seconds, its messages over the link's rate; both overlap bounds) and (b) the same
+job on one host through the real-sleep link emulator. The netem delay is not in this machine's kernel, so the link
+has a rate and no added latency (the clock is given the same). tests/test_multi_host.py drives the same functions
+for the multi-host checks (per-host checkpoints, a host killed, resume, export).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from nanotron_ext.bench.netns_hosts import Hosts, rate_bits_per_s
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "config_tiny_two_hosts.yaml"
+PORT = 29500
+CODECS = ("subspace", "identity")
+
+
+def launcher_argv(config: Path, node: int, nnodes: int, master: str, sets: Sequence[str], nproc: int = 1,
+                  port: int = PORT) -> List[str]:
+    """One host's launch of the trainer: its node rank and host 0's address (static rendezvous: a host keeps its
+    node rank across relaunches, so its disk keeps holding its own ranks' shards)."""
+    argv = [sys.executable, "-m", "nanotron_ext.launch", "--nnodes", str(nnodes), "--node-rank", str(node),
+            "--nproc-per-node", str(nproc), "--rdzv-backend", "static", "--master-addr", master,
+            "--master-port", str(port), "-m", "nanotron_ext.train", "--config-file", str(config)]
+    for s in sets:
+        argv += ["--set", s]
+    return argv
+
+
+def disk_sets(disk_at: Path) -> List[str]:
+    """Where every host's run writes: under the path each host sees as its own disk."""
+    return [f"checkpoints.dir={disk_at}/checkpoints", f"general.output_dir={disk_at}/runs",
+            "checkpoints.storage=per_host", "logging.progress_bar=false"]
+
+
+def start_job(hosts: Hosts, config: Path, sets: Sequence[str], logs: Path) -> List[subprocess.Popen]:
+    """Start the job on every host (each host's output in logs/host<i>.log); returns the launchers."""
+    logs.mkdir(parents=True, exist_ok=True)
+    procs = []
+    for i in range(hosts.n):
+        out = open(logs / f"host{i}.log", "w")  # noqa: SIM115 - closed by wait_job
+        # one thread per process: the hosts share this machine's cores (torchrun leaves OMP_NUM_THREADS unset for
+        # one process per node, and two 2-thread ranks on 2 cores ran 8x slower than the same job on one host)
+        argv = launcher_argv(config, i, hosts.n, hosts.addr(0), sets)
+        procs.append(hosts.popen(i, argv, env={"OMP_NUM_THREADS": "1"}, stdout=out, stderr=subprocess.STDOUT,
+                                 cwd=REPO))
+        procs[-1].log = out  # type: ignore[attr-defined]
+    return procs
+
+
+def wait_job(procs: Sequence[subprocess.Popen], timeout_s: float) -> List[int]:
+    """Every launcher's exit code (killed after `timeout_s`)."""
+    deadline = time.monotonic() + timeout_s
+    codes = []
+    for p in procs:
+        try:
+            codes.append(p.wait(max(1.0, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            codes.append(p.wait())
+        p.log.close()  # type: ignore[attr-defined]
+    return codes
+
+
+def last_line(log: Path) -> str:
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def step_times(run_dir: Path) -> List[float]:
+    from nanotron_ext.metrics.logger import read_metrics
+
+    return [r["step_time_s"] for r in read_metrics(run_dir / "metrics.jsonl") if "step_time_s" in r]
+
+
+def clock_for(config: Path, sets: Sequence[str], run_dir: Path, mbps: float, cache: Path) -> Dict[str, Any]:
+    """The model clock's step for this run over a link of `mbps` (no added latency), its compute priced at the
+    run's ranks' mean CPU seconds per step (the first step excluded)."""
+    from nanotron_ext.bench.wan.clock import Link
+    from nanotron_ext.bench.wan.compute_check import job_flops
+    from nanotron_ext.bench.wan.profile import free_step_s, planned, step_bounds_of
+    from nanotron_ext.metrics.logger import read_metrics
+
+    cpus = [r["rank_cpu_s"] for r in read_metrics(run_dir / "metrics.jsonl") if "rank_cpu_s" in r][1:]
+    rank_cpu = [statistics.fmean(c) for c in zip(*cpus)]
+    plan = planned(str(config), list(sets), cache)
+    flops_per_s = job_flops(plan) / sum(rank_cpu)
+    link, free = Link(mbps), Link(0.0)
+    b = step_bounds_of(plan, {"tp": free, "dp": free}, [link] * plan["layout"]["dp"], flops_per_s)
+    return {"rank_cpu_step_s": rank_cpu, "compute_step_s": free_step_s(plan, flops_per_s),
+            "clock_step_s": {"full_overlap": b.lower_s, "no_overlap": b.upper_s}}
+
+
+def emulated_run(config: Path, sets: Sequence[str], mbps: float, out: Path, timeout_s: float) -> Path:
+    """The same job on one host (2 processes, torchrun --standalone) through the real-sleep link emulator."""
+    run = f"emulated_{int(time.time())}"
+    argv = [sys.executable, "-m", "nanotron_ext.launch", "--standalone", "--nproc-per-node", "2",
+            "-m", "nanotron_ext.train", "--config-file", str(config)]
+    for s in [*sets, f"general.output_dir={out}", f"general.run={run}", f"checkpoints.dir={out}/ckpt_{run}",
+              "parallelism.link.enabled=true", f"parallelism.link.bandwidth_mbps={mbps:g}",
+              "parallelism.link.latency_ms=0", "logging.progress_bar=false", "checkpoints.interval=0"]:
+        argv += ["--set", s]
+    subprocess.run(argv, cwd=REPO, check=True, timeout=timeout_s, stdout=subprocess.DEVNULL)
+    return out / run
+
+
+def measure(rate: str, steps: int, work: Path, codecs: Sequence[str], timeout_s: float) -> List[Dict[str, Any]]:
+    """The time points (module doc): per codec, the 2-host job over the shaped link, the clock and the emulator."""
+    mbps = rate_bits_per_s(rate) / 1e6
+    rows = []
+    for codec in codecs:
+        sets = [f"tokens.train_steps={steps}", f"tokens.val_check_interval={steps}", "checkpoints.interval=0",
+                "logging.rank_cpu_seconds=true", f"model.codec.kind={codec}"]
+        disk_at = work / "disk"
+        with Hosts(2, rate=rate, disk_root=work / f"hosts_{codec}", disk_at=disk_at) as hosts:
+            procs = start_job(hosts, EXAMPLE, [*sets, *disk_sets(disk_at)], work / f"logs_{codec}")
+            codes = wait_job(procs, timeout_s)
+            if any(codes):
+                log = work / f"logs_{codec}" / "host0.log"
+                raise RuntimeError(f"the 2-host job ({codec}) failed: {last_line(log)}")
+            run_dir = hosts.disk(0) / "runs" / "tiny_two_hosts"
+            real = step_times(run_dir)[1:]
+            clock = clock_for(EXAMPLE, sets, run_dir, mbps, work / "plans")
+        emulated = step_times(emulated_run(EXAMPLE, sets, mbps, work / "emulated", timeout_s))[1:]
+        rows.append({"codec": codec, "rate_mbps": mbps, "steps": steps,
+                     "real_network_step_s": statistics.fmean(real), "real_network_step_sd": statistics.stdev(real),
+                     "emulated_step_s": statistics.fmean(emulated), **clock})
+    return rows
+
+
+HEADERS = ["codec", "link", "shaped 2-host step (s)", "model clock: full / no overlap (s)", "emulator, one host (s)",
+           "compute at its CPU s (s)", "within the clock's bounds (+-15%)"]
+
+
+def body(rows: Sequence[Dict[str, Any]]) -> List[List[str]]:
+    out = []
+    for r in rows:
+        low, high = r["clock_step_s"]["full_overlap"], r["clock_step_s"]["no_overlap"]
+        inside = low / 1.15 <= r["real_network_step_s"] <= high * 1.15
+        out.append([r["codec"], f"{r['rate_mbps']:g} Mbit/s",
+                    f"{r['real_network_step_s']:.3f} +- {r['real_network_step_sd']:.3f}", f"{low:.3f} / {high:.3f}",
+                    f"{r['emulated_step_s']:.3f}", f"{r['compute_step_s']:.3f}", "yes" if inside else "no"])
+    return out
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    from nanotron_ext.bench.report import checked_out, publish, run_meta
+    from nanotron_ext.cli_flags import Float, Int, Names, OutputFolder, Parser
+
+    parser = Parser(prog="python -m nanotron_ext.bench.multi_host", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mbps", type=Float(0.0, low_open=True), default=20.0,
+                        help="each host's link rate in Mbit/s (tc tbf on its uplink and downlink), default 20")
+    parser.add_argument("--steps", type=Int(3), default=20, help="training steps per run (the first is not timed)")
+    parser.add_argument("--codecs", type=Names(CODECS), default=",".join(CODECS),
+                        help="the pipeline boundary's codec(s), comma-separated: " + ", ".join(CODECS))
+    parser.add_argument("--work", type=OutputFolder(), default="runs/multi_host",
+                        help="scratch folder (disks, logs, plans)")
+    parser.add_argument("--timeout-s", type=Int(10), default=900, help="per run")
+    parser.add_argument("--out", type=checked_out, default="runs/multi_host/real_network_2host.json",
+                        help="JSON result (the .md and .png beside it)")
+    args = parser.parse_args(argv)
+    from nanotron_ext.bench.netns_hosts import available
+
+    why = available()
+    if why:
+        print(f"error: {why}", file=sys.stderr)
+        return 2
+    rows = measure(f"{args.mbps:g}mbit", args.steps, Path(args.work).resolve(), args.codecs.split(","), args.timeout_s)
+    meta = run_meta({"processes": 2, "command": "python -m nanotron_ext.bench.multi_host "
+                     + " ".join(argv if argv is not None else sys.argv[1:])})
+    notes = ["Each host: a network namespace with its own tbf-shaped link (no added latency: netem is not in this "
+             "kernel) and its own disk; one launcher per host (--nnodes 2, static rendezvous), 2 processes on 2 cores. "
+             "The clock prices the run's plan at its ranks' own CPU seconds per step and its messages at the link "
+             "rate."]
+    publish(args.out, rows, meta, "One job on two hosts over a shaped link: measured step vs the model clock",
+            HEADERS, body(rows), notes=notes)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""One job across two hosts that share no disk (issue 42): network namespaces stand for the hosts (each its own
+shaped link and its own disk, bench/netns_hosts.py), one `nanotron_ext.launch --nnodes 2 --node-rank i` per host,
+checkpoints.storage=per_host. A pipeline stage per host trains, a host dies mid-run and the job ends with one line
+naming it, both hosts relaunch and resume from their own disks, and the losses are the single-host run's; export
+reads every host's folder or refuses one host's alone by name. Needs root and namespaces (as CI has): skipped
+otherwise."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from nanotron_ext.bench.multi_host import EXAMPLE, REPO, disk_sets, last_line, start_job, wait_job
+from nanotron_ext.bench.netns_hosts import Hosts, available
+from nanotron_ext.metrics.logger import read_metrics
+from nanotron_ext.train.checkpoint import list_checkpoints
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(available() is not None, reason=str(available()))]
+
+STEPS, EVERY = 12, 6
+SETS = [f"tokens.train_steps={STEPS}", f"checkpoints.interval={EVERY}", f"tokens.val_check_interval={STEPS}"]
+
+
+def _losses(run_dir: Path) -> dict:
+    return {r["step"]: r["loss"] for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r}
+
+
+def _single_host(tmp: Path) -> dict:
+    """The same config on one host, two processes, one shared folder: the reference losses."""
+    argv = [sys.executable, "-m", "nanotron_ext.launch", "--standalone", "--nproc-per-node", "2", "-m",
+            "nanotron_ext.train", "--config-file", str(EXAMPLE)]
+    for s in [*SETS, f"general.output_dir={tmp}/runs", f"checkpoints.dir={tmp}/ckpt", "logging.progress_bar=false",
+              "checkpoints.storage=shared"]:
+        argv += ["--set", s]
+    subprocess.run(argv, cwd=REPO, check=True, timeout=600, stdout=subprocess.DEVNULL)
+    return _losses(tmp / "runs" / "tiny_two_hosts")
+
+
+def _export(run: Path, folders: list, out: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "nanotron_ext.export", "--run", str(run), "--checkpoints",
+                           *map(str, folders), "--out", str(out)], cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_two_hosts_pipeline_survives_a_dead_host_and_matches_one_host(tmp_path):
+    reference = _single_host(tmp_path / "one_host")
+    disk_at = tmp_path / "disk"
+    sets = [*SETS, *disk_sets(disk_at)]
+    with Hosts(2, rate="200mbit", disk_root=tmp_path / "hosts", disk_at=disk_at) as hosts:
+        ckpt = [hosts.disk(i) / "checkpoints" for i in range(2)]
+        procs = start_job(hosts, EXAMPLE, sets, tmp_path / "logs1")
+        deadline = time.monotonic() + 600
+        while not all(list_checkpoints(c, []) for c in ckpt):  # step 6 complete on both hosts
+            assert time.monotonic() < deadline and procs[0].poll() is None, last_line(tmp_path / "logs1/host0.log")
+            time.sleep(0.5)
+        killed = time.monotonic()
+        hosts.kill_host(1)  # host 1 dies mid-run: its launcher and its worker
+        codes = wait_job(procs, 300)
+        line = last_line(tmp_path / "logs1" / "host0.log")
+        assert codes[0] == 1 and time.monotonic() - killed < 120, (codes, line)
+        assert line.startswith("error: rank 0 (node 0):") and "with rank 1 (node 1)" in line and "went away" in line, \
+            line
+        # each host's disk holds its own stage's shards only
+        for i, c in enumerate(ckpt):
+            (step, path), = list_checkpoints(c)[-1:]
+            assert sorted(p.name for p in path.iterdir()) == ["meta.json", f"pp{i}_dp0_tp0.pt"], path
+        # relaunch both: each resumes from its own disk and the job ends
+        codes = wait_job(start_job(hosts, EXAMPLE, sets, tmp_path / "logs2"), 600)
+        log0 = (tmp_path / "logs2" / "host0.log").read_text()
+        assert codes == [0, 0], last_line(tmp_path / "logs2" / "host0.log")
+        assert f"resumed from {disk_at}/checkpoints/step_{step} at step {step}" in log0
+        losses = _losses(hosts.disk(0) / "runs" / "tiny_two_hosts")
+        assert sorted(losses) == list(range(1, STEPS + 1))
+        for s in losses:  # the same math over a real link and a resume as on one host
+            assert losses[s] == pytest.approx(reference[s], rel=1e-6, abs=1e-6), s
+        # export: one host's folder is not the model; every host's is
+        run = hosts.disk(0) / "runs" / "tiny_two_hosts"
+        refused = _export(run, ckpt[:1], tmp_path / "hf_refused")
+        assert refused.returncode == 2 and "node 1's shard pp1_dp0_tp0.pt" in refused.stderr, refused.stderr
+        assert not (tmp_path / "hf_refused").exists()
+        done = _export(run, ckpt, tmp_path / "hf")
+        assert done.returncode == 0, done.stderr
+        assert (tmp_path / "hf" / "config.json").is_file()
+
+
+def test_a_cut_link_ends_the_job_within_the_collective_timeout(tmp_path):
+    disk_at = tmp_path / "disk"
+    sets = [*SETS, *disk_sets(disk_at), "general.collective_timeout_s=20"]
+    with Hosts(2, rate="200mbit", disk_root=tmp_path / "hosts", disk_at=disk_at) as hosts:
+        procs = start_job(hosts, EXAMPLE, sets, tmp_path / "logs")
+        log = tmp_path / "logs" / "host0.log"
+        deadline = time.monotonic() + 600
+        metrics = hosts.disk(0) / "runs" / "tiny_two_hosts" / "metrics.jsonl"
+        while not (metrics.is_file() and "loss" in metrics.read_text()):  # training under way
+            assert time.monotonic() < deadline and procs[0].poll() is None, last_line(log)
+            time.sleep(0.5)
+        cut = time.monotonic()
+        hosts.set_link(1, False)  # host 1's cable cut: no error reaches anyone, only silence
+        codes = wait_job(procs, 300)
+        line = last_line(log)
+        assert codes[0] != 0 and time.monotonic() - cut < 20 + 60, (codes, line)
+        assert line.startswith("error: rank 0 (node 0):") and "timed out" in line, line
+        assert "collective_timeout_s=20" in line, line
