@@ -23,15 +23,13 @@ from nanotron_ext.errors import TrainingError, os_error_line
 from nanotron_ext.train.agreement import RankAgreement
 from nanotron_ext.train.checkpoint import (
     CheckpointError,
-    agreed_checkpoint,
-    gather_objects,
-    host_index,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
     remove_checkpoint,
     save_checkpoint,
 )
+from nanotron_ext.train.checkpoint_hosts import agreed_checkpoint, gather_objects, host_index
 from nanotron_ext.train.checkpoint_store import damaged_after, kept_note, resume_hint
 from nanotron_ext.train.guard import (
     claim_checkpoint_folder,
