@@ -6,6 +6,7 @@ reads every host's folder or refuses one host's alone by name. Needs root and na
 otherwise."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -104,3 +105,43 @@ def test_a_cut_link_ends_the_job_within_the_collective_timeout(tmp_path):
         assert codes[0] != 0 and time.monotonic() - cut < 20 + 60, (codes, line)
         assert line.startswith("error: rank 0 (node 0):") and "timed out" in line, line
         assert "collective_timeout_s=20" in line, line
+
+
+FT_EXAMPLE = REPO / "examples" / "config_tiny_sparseloco_ft.yaml"
+
+
+def _ft_launch(hosts: Hosts, i: int, disk_at: Path, log: Path) -> subprocess.Popen:
+    """Host i's replica of a 2-replica fault-tolerant SparseLoCo job; host 0 also serves the lighthouse."""
+    argv = [sys.executable, "-m", "nanotron_ext.sparseloco.ft_launch", "--config-file", str(FT_EXAMPLE),
+            "--replicas", str(i), "--max-restarts", "0", *(["--no-lighthouse"] if i else [])]
+    for s in [f"sparseloco.fault_tolerance.lighthouse=http://{hosts.addr(0)}:29510", f"checkpoints.dir={disk_at}/ckpt",
+              f"general.output_dir={disk_at}/runs", "tokens.train_steps=120", "checkpoints.interval=10",
+              "tokens.val_check_interval=120", "logging.progress_bar=false"]:
+        argv += ["--set", s]
+    return hosts.popen(i, argv, env={"OMP_NUM_THREADS": "1"}, stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                       cwd=REPO)
+
+
+def test_sparseloco_replicas_on_two_hosts_lose_one_and_take_it_back(tmp_path):
+    disk_at = tmp_path / "disk"
+    with Hosts(2, rate="200mbit", disk_root=tmp_path / "hosts", disk_at=disk_at) as hosts:
+        procs = [_ft_launch(hosts, i, disk_at, tmp_path / f"host{i}.log") for i in range(2)]
+        runs = [hosts.disk(i) / "runs" / f"tiny_sparseloco_ft_r{i}" for i in range(2)]
+        deadline = time.monotonic() + 600
+        while not list_checkpoints(hosts.disk(1) / "ckpt_r1", []):
+            assert time.monotonic() < deadline and procs[1].poll() is None, last_line(tmp_path / "host1.log")
+            time.sleep(0.5)
+        hosts.kill_host(1)  # replica 1's host disappears
+        gone_at = max(_losses(runs[0]))
+        while max(_losses(runs[0])) < gone_at + 20:  # replica 0 trains on alone: 4 outer syncs of H = 5 (quorum of 1)
+            assert time.monotonic() < deadline and procs[0].poll() is None, last_line(tmp_path / "host0.log")
+            time.sleep(0.5)
+        procs[1] = _ft_launch(hosts, 1, disk_at, tmp_path / "host1_again.log")  # the host comes back
+        codes = [p.wait(600) for p in procs]
+        again = (tmp_path / "host1_again.log").read_text()
+        assert codes == [0, 0], (last_line(tmp_path / "host0.log"), last_line(tmp_path / "host1_again.log"))
+        assert f"resumed from {disk_at}/ckpt_r1/step_" in again
+        # rejoined: at its first sync it took the global weights from replica 0 over the network (it then trains on
+        # alone past replica 0's end, from its own older step count, with the lighthouse host 0 keeps serving)
+        assert "replica 1 took the global weights and outer state of outer sync" in again, again[-2000:]
+        assert json.loads((runs[1] / "summary.json").read_text())["steps"] == 120

@@ -62,6 +62,7 @@ class FaultTolerantSparseLoCoSync(SparseLoCoSync):
 
         from nanotron_ext.sparseloco.ft_peer import (
             TensorsOnlyTransport,
+            advertised_store,
             bind_host,
             manager_server_bound_to,
             url_host,
@@ -86,7 +87,7 @@ class FaultTolerantSparseLoCoSync(SparseLoCoSync):
                 quorum_timeout=timedelta(seconds=ft.quorum_timeout_s), connect_timeout=timeout,
                 rank=dist.get_rank(ctx.world_pg), world_size=ctx.world_pg.size(),
                 replica_id=f"sparseloco_{ft.replica}", lighthouse_addr=ft.lighthouse, hostname=url_host(host),
-                store_addr=os.environ.get("MASTER_ADDR", "127.0.0.1"), store_port=int(os.environ["MASTER_PORT"]),
+                store_addr=advertised_store(host), store_port=int(os.environ["MASTER_PORT"]),
                 checkpoint_transport=TensorsOnlyTransport(host, timeout, self._vet_peer_state),
                 # torchft retries a failed lighthouse call with a fresh connection (a restarted lighthouse), once
                 # about every second within the quorum timeout; 0 (its default) left the quorum hanging to it

@@ -9,6 +9,8 @@ of the route to the lighthouse: 127.0.0.1 for a lighthouse on this machine), the
 from __future__ import annotations
 
 import contextlib
+import ipaddress
+import os
 import pickle
 import socket
 import threading
@@ -40,6 +42,18 @@ def bind_host(lighthouse: str) -> str:
     with socket.socket(family, socket.SOCK_DGRAM) as s:
         s.connect(addr)
         return s.getsockname()[0]
+
+
+def advertised_store(host: str) -> str:
+    """The address of this replica group's store (torchrun's, MASTER_ADDR) as the other replica groups reach it:
+    torchft hands it to them for the cross-replica process group, so a loopback MASTER_ADDR (torchrun --standalone)
+    becomes `host`, this host's end of the route to the lighthouse (the store listens on every interface)."""
+    addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    try:
+        loopback = ipaddress.ip_address(socket.gethostbyname(addr)).is_loopback
+    except (OSError, ValueError):
+        loopback = False
+    return host if loopback else addr
 
 
 def lighthouse_bind(lighthouse: str) -> str:
