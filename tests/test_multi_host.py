@@ -7,6 +7,7 @@ otherwise."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -85,6 +86,12 @@ def test_two_hosts_pipeline_survives_a_dead_host_and_matches_one_host(tmp_path):
         done = _export(run, ckpt, tmp_path / "hf")
         assert done.returncode == 0, done.stderr
         assert (tmp_path / "hf" / "config.json").is_file()
+        # or one folder the hosts' files were copied into (each checked against the sha256 its host recorded)
+        gathered = tmp_path / "gathered"
+        shutil.copytree(ckpt[0], gathered)
+        shutil.copy(ckpt[1] / f"step_{STEPS}" / "pp1_dp0_tp0.pt", gathered / f"step_{STEPS}")
+        done = _export(run, [gathered], tmp_path / "hf_gathered")
+        assert done.returncode == 0, done.stderr
 
 
 def test_a_cut_link_ends_the_job_within_the_collective_timeout(tmp_path):
