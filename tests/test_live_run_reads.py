@@ -50,14 +50,14 @@ def _prune_while_reading(monkeypatch: pytest.MonkeyPatch, ckpt: Path) -> List[Pa
 
     real, read = run_module._read_shard, []
 
-    def pruning(path: Path, meta: Dict[str, Any], name: str) -> Dict[str, Any]:
+    def pruning(shards: Dict[str, Any], name: str) -> Dict[str, Any]:
         if not read:
             newer = ckpt / "step_3"
             os.rename(ckpt / "step_2", newer)
             meta3 = json.loads((newer / "meta.json").read_text())
             (newer / "meta.json").write_text(json.dumps({**meta3, "step": 3}))
-        read.append(path)
-        return real(path, meta, name)
+        read.append(Path(shards[name][0]).parent)  # the checkpoint folder the shard is read from
+        return real(shards, name)
 
     monkeypatch.setattr(run_module, "_read_shard", pruning)
     return read
