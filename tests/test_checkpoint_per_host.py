@@ -100,6 +100,29 @@ def test_a_host_without_its_folder_or_its_node_rank_is_refused_by_name(tmp_path,
             assert w in r["error"], (w, r["error"])
 
 
+def _two_ranks_per_host(root: str):
+    rank = int(os.environ["RANK"])
+    os.environ.update(GROUP_RANK=str(rank // 2), LOCAL_WORLD_SIZE="2", GROUP_WORLD_SIZE="2")
+    disk = Path(root) / f"host{rank // 2}"
+    pc = build_parallel_context(dp=2, tp=2, pp=1, backend="gloo")
+    torch.manual_seed(rank)
+    model = nn.Linear(4, 4)
+    for step in (1, 2, 3):
+        save_checkpoint(disk, step, pc, model=model, extra={"step": step}, keep_last=1, per_host=True)
+    extra = load_checkpoint(agreed_checkpoint(disk, pc, True, latest_checkpoint(disk)), pc, model=nn.Linear(4, 4))
+    return {"rank": rank, "extra": extra, "meta": read_meta(disk / "step_3"), "dirs": sorted(os.listdir(disk))}
+
+
+def test_a_host_with_several_ranks_writes_their_shards_once_into_its_own_folder(tmp_path):
+    ranks = run_distributed(_two_ranks_per_host, 4, str(tmp_path))
+    for r in ranks:
+        host = r["rank"] // 2
+        assert r["extra"] == {"step": 3} and r["dirs"] == ["step_3"], r["dirs"]  # steps 1, 2 pruned on both hosts
+        assert [f["rank"] for f in r["meta"]["files"]] == [2 * host, 2 * host + 1]  # this host's two ranks
+        assert {h: [f["rank"] for f in files] for h, files in r["meta"]["hosts"].items()} == {"0": [0, 1], "1": [2, 3]}
+    assert sorted(os.listdir(tmp_path / "host1" / "step_3")) == ["meta.json", "pp0_dp1_tp0.pt", "pp0_dp1_tp1.pt"]
+
+
 def test_per_host_with_overwrite_is_refused_at_load():
     from nanotron_ext.config.checks import ConfigError
     from nanotron_ext.config.schema import CheckpointsConfig
