@@ -19,22 +19,36 @@ from nanotron_ext.bench.multi_host import EXAMPLE, REPO, disk_sets, last_line, s
 from nanotron_ext.bench.netns_hosts import Hosts, available
 from nanotron_ext.metrics.logger import read_metrics
 from nanotron_ext.train.checkpoint import list_checkpoints
+from tests.conftest import SMALL_VOCAB
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(available() is not None, reason=str(available()))]
 
 STEPS, EVERY = 12, 6
-SETS = [f"tokens.train_steps={STEPS}", f"checkpoints.interval={EVERY}", f"tokens.val_check_interval={STEPS}"]
+
+
+@pytest.fixture
+def sets(small_corpus: Path) -> list:
+    """The run's length, and the session's small prepared corpus (a fresh clone has no data/sotu)."""
+    return [f"tokens.train_steps={STEPS}", f"checkpoints.interval={EVERY}", f"tokens.val_check_interval={STEPS}",
+            *_data(small_corpus)]
+
+
+def _data(corpus: Path) -> list:
+    return [f"data.prepared_dir={corpus}", f"tokenizer.path={corpus / 'tokenizer.json'}",
+            f"tokenizer.vocab_size={SMALL_VOCAB}", f"model.vocab_size={SMALL_VOCAB}"]
 
 
 def _losses(run_dir: Path) -> dict:
-    return {r["step"]: r["loss"] for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r}
+    """{step: loss} of a run so far (none before its first step is logged)."""
+    metrics = run_dir / "metrics.jsonl"
+    return {r["step"]: r["loss"] for r in read_metrics(metrics) if "loss" in r} if metrics.is_file() else {}
 
 
-def _single_host(tmp: Path) -> dict:
+def _single_host(tmp: Path, sets: list) -> dict:
     """The same config on one host, two processes, one shared folder: the reference losses."""
     argv = [sys.executable, "-m", "nanotron_ext.launch", "--standalone", "--nproc-per-node", "2", "-m",
             "nanotron_ext.train", "--config-file", str(EXAMPLE)]
-    for s in [*SETS, f"general.output_dir={tmp}/runs", f"checkpoints.dir={tmp}/ckpt", "logging.progress_bar=false",
+    for s in [*sets, f"general.output_dir={tmp}/runs", f"checkpoints.dir={tmp}/ckpt", "logging.progress_bar=false",
               "checkpoints.storage=shared"]:
         argv += ["--set", s]
     subprocess.run(argv, cwd=REPO, check=True, timeout=600, stdout=subprocess.DEVNULL)
@@ -47,10 +61,10 @@ def _export(run: Path, folders: list, out: Path) -> subprocess.CompletedProcess:
                           timeout=600)
 
 
-def test_two_hosts_pipeline_survives_a_dead_host_and_matches_one_host(tmp_path):
-    reference = _single_host(tmp_path / "one_host")
+def test_two_hosts_pipeline_survives_a_dead_host_and_matches_one_host(tmp_path, sets):
+    reference = _single_host(tmp_path / "one_host", sets)
     disk_at = tmp_path / "disk"
-    sets = [*SETS, *disk_sets(disk_at)]
+    sets = [*sets, *disk_sets(disk_at)]
     with Hosts(2, rate="200mbit", disk_root=tmp_path / "hosts", disk_at=disk_at) as hosts:
         ckpt = [hosts.disk(i) / "checkpoints" for i in range(2)]
         procs = start_job(hosts, EXAMPLE, sets, tmp_path / "logs1")
@@ -94,9 +108,9 @@ def test_two_hosts_pipeline_survives_a_dead_host_and_matches_one_host(tmp_path):
         assert done.returncode == 0, done.stderr
 
 
-def test_a_cut_link_ends_the_job_within_the_collective_timeout(tmp_path):
+def test_a_cut_link_ends_the_job_within_the_collective_timeout(tmp_path, sets):
     disk_at = tmp_path / "disk"
-    sets = [*SETS, *disk_sets(disk_at), "general.collective_timeout_s=20"]
+    sets = [*sets, *disk_sets(disk_at), "general.collective_timeout_s=20"]
     with Hosts(2, rate="200mbit", disk_root=tmp_path / "hosts", disk_at=disk_at) as hosts:
         procs = start_job(hosts, EXAMPLE, sets, tmp_path / "logs")
         log = tmp_path / "logs" / "host0.log"
@@ -117,33 +131,33 @@ def test_a_cut_link_ends_the_job_within_the_collective_timeout(tmp_path):
 FT_EXAMPLE = REPO / "examples" / "config_tiny_sparseloco_ft.yaml"
 
 
-def _ft_launch(hosts: Hosts, i: int, disk_at: Path, log: Path) -> subprocess.Popen:
+def _ft_launch(hosts: Hosts, i: int, disk_at: Path, log: Path, corpus: Path) -> subprocess.Popen:
     """Host i's replica of a 2-replica fault-tolerant SparseLoCo job; host 0 also serves the lighthouse."""
     argv = [sys.executable, "-m", "nanotron_ext.sparseloco.ft_launch", "--config-file", str(FT_EXAMPLE),
             "--replicas", str(i), "--max-restarts", "0", *(["--no-lighthouse"] if i else [])]
     for s in [f"sparseloco.fault_tolerance.lighthouse=http://{hosts.addr(0)}:29510", f"checkpoints.dir={disk_at}/ckpt",
               f"general.output_dir={disk_at}/runs", "tokens.train_steps=120", "checkpoints.interval=10",
-              "tokens.val_check_interval=120", "logging.progress_bar=false"]:
+              "tokens.val_check_interval=120", "logging.progress_bar=false", *_data(corpus)]:
         argv += ["--set", s]
     return hosts.popen(i, argv, env={"OMP_NUM_THREADS": "1"}, stdout=open(log, "w"), stderr=subprocess.STDOUT,
                        cwd=REPO)
 
 
-def test_sparseloco_replicas_on_two_hosts_lose_one_and_take_it_back(tmp_path):
+def test_sparseloco_replicas_on_two_hosts_lose_one_and_take_it_back(tmp_path, small_corpus):
     disk_at = tmp_path / "disk"
     with Hosts(2, rate="200mbit", disk_root=tmp_path / "hosts", disk_at=disk_at) as hosts:
-        procs = [_ft_launch(hosts, i, disk_at, tmp_path / f"host{i}.log") for i in range(2)]
+        procs = [_ft_launch(hosts, i, disk_at, tmp_path / f"host{i}.log", small_corpus) for i in range(2)]
         runs = [hosts.disk(i) / "runs" / f"tiny_sparseloco_ft_r{i}" for i in range(2)]
         deadline = time.monotonic() + 600
         while not list_checkpoints(hosts.disk(1) / "ckpt_r1", []):
             assert time.monotonic() < deadline and procs[1].poll() is None, last_line(tmp_path / "host1.log")
             time.sleep(0.5)
         hosts.kill_host(1)  # replica 1's host disappears
-        gone_at = max(_losses(runs[0]))
-        while max(_losses(runs[0])) < gone_at + 20:  # replica 0 trains on alone: 4 outer syncs of H = 5 (quorum of 1)
+        gone_at = max(_losses(runs[0]), default=0)  # (replica 0 may not have logged a step yet under load)
+        while max(_losses(runs[0]), default=0) < gone_at + 20:  # replica 0 trains on alone: 4 outer syncs of H = 5 (quorum of 1)
             assert time.monotonic() < deadline and procs[0].poll() is None, last_line(tmp_path / "host0.log")
             time.sleep(0.5)
-        procs[1] = _ft_launch(hosts, 1, disk_at, tmp_path / "host1_again.log")  # the host comes back
+        procs[1] = _ft_launch(hosts, 1, disk_at, tmp_path / "host1_again.log", small_corpus)  # the host comes back
         codes = [p.wait(600) for p in procs]
         again = (tmp_path / "host1_again.log").read_text()
         assert codes == [0, 0], (last_line(tmp_path / "host0.log"), last_line(tmp_path / "host1_again.log"))

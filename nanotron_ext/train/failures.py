@@ -74,6 +74,26 @@ _COMM_MARKERS = ("Timed out waiting", "Connection closed by peer", "Connection r
                  "/gloo/", "NCCL")
 
 
+def _others(group: object) -> list:
+    """The other global ranks of `group` (the peers a collective waits on), [] when they cannot be read."""
+    import torch.distributed as torch_dist
+
+    try:
+        ranks = torch_dist.get_process_group_ranks(group) if group is not None else []
+    except (RuntimeError, ValueError, AttributeError):
+        return []
+    return [r for r in ranks if r != rank()]
+
+
+def _with(peers: list) -> str:
+    """" with rank 1 (node 1)": the peers of the failed call, when few enough to name (a host's, in a job over
+    several hosts: which host to look at)."""
+    if not peers or len(peers) > 4:
+        return ""
+    return " with " + ("rank " if len(peers) == 1 else "ranks ") + ", ".join(
+        who(p).removeprefix("rank ") for p in peers)
+
+
 def describe_collective_failure(exc: BaseException, group_name: Callable[[object], str],
                                 timeout_s: Optional[float]) -> Optional[str]:
     """One line for an exception raised by a collective or point-to-point call whose peer stopped responding
@@ -87,14 +107,14 @@ def describe_collective_failure(exc: BaseException, group_name: Callable[[object
     if not isinstance(exc, torch_dist.DistError) and not (
             isinstance(exc, RuntimeError) and any(m in text for m in _COMM_MARKERS)):
         return None
-    call, group, peer = "a collective", None, None
+    call, group, peers = "a collective", None, []
     for frame, _ in traceback.walk_tb(exc.__traceback__):
         code = frame.f_code
         if code.co_filename.endswith("distributed_c10d.py") and not code.co_name.startswith("_"):
             call, group = code.co_name, frame.f_locals.get("group")
             ends = [frame.f_locals.get(k) for k in ("src", "dst") if code.co_name in ("send", "recv", "isend", "irecv")]
-            peer = next((int(e) for e in ends if isinstance(e, int)), None)
-    where = f"{call} on the {group_name(group)} group" + (f" with {who(peer)}" if peer is not None else "")
+            peers = [int(e) for e in ends if isinstance(e, int)][:1] or _others(group)
+    where = f"{call} on the {group_name(group)} group" + _with(peers)
     first = re.sub(r"^\[[^\]]*\]\s*", "", " ".join(text.split()))[:200]  # without gloo's "[path/file.cc:78]"
     if "Timed out" in text or "timed out" in text or "Timeout" in text:
         limit = f" (general.collective_timeout_s={timeout_s:g})" if timeout_s else ""
