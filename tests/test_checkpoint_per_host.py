@@ -57,15 +57,20 @@ def _host(root: str, scenario: str):
             out["error"] = str(e)
         out["steps"] = [s for s, _ in list_checkpoints(disk)]
         out["meta"] = read_meta(disk / "step_2")
-        agreed = agreed_checkpoint(disk, pc, True, latest_checkpoint(disk))
+        agreed = agreed_checkpoint(disk, pc, True, lambda: latest_checkpoint(disk))
         out["agreed"] = agreed.name
         out["extra"] = load_checkpoint(agreed, pc, model=nn.Linear(4, 4))
         return out
     if scenario == "lost":
         if rank == 1:
             shutil.rmtree(disk)
+
+    def pick():
+        if scenario == "damaged" and rank == 1:  # what checkpoint_to_resume says of a damaged newer step_<N>
+            raise CheckpointError("checkpoints.dir: step_4 is damaged")
+        return latest_checkpoint(disk)
     try:
-        agreed = agreed_checkpoint(disk, pc, True, latest_checkpoint(disk))
+        agreed = agreed_checkpoint(disk, pc, True, pick)
         load_checkpoint(agreed, pc, model=nn.Linear(4, 4))
     except CheckpointError as e:
         out["error"] = str(e)
@@ -91,6 +96,7 @@ def test_each_host_keeps_its_own_shards_and_a_step_counts_when_every_host_has_it
 @pytest.mark.parametrize("scenario, words", [
     ("lost", ["node 1 has no complete checkpoint", "node 0 has step_3"]),
     ("swapped", ["holds node 1's shards, not pp0_dp0_tp0.pt", "rank runs on node 0", "--node-rank it had"]),
+    ("damaged", ["node 1: checkpoints.dir: step_4 is damaged"]),  # one host's refusal reaches both
 ])
 def test_a_host_without_its_folder_or_its_node_rank_is_refused_by_name(tmp_path, scenario, words):
     run_distributed(_host, 2, str(tmp_path), "save")
@@ -109,7 +115,8 @@ def _two_ranks_per_host(root: str):
     model = nn.Linear(4, 4)
     for step in (1, 2, 3):
         save_checkpoint(disk, step, pc, model=model, extra={"step": step}, keep_last=1, per_host=True)
-    extra = load_checkpoint(agreed_checkpoint(disk, pc, True, latest_checkpoint(disk)), pc, model=nn.Linear(4, 4))
+    agreed = agreed_checkpoint(disk, pc, True, lambda: latest_checkpoint(disk))
+    extra = load_checkpoint(agreed, pc, model=nn.Linear(4, 4))
     return {"rank": rank, "extra": extra, "meta": read_meta(disk / "step_3"), "dirs": sorted(os.listdir(disk))}
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import torch.distributed as torch_dist
 
@@ -35,20 +35,28 @@ def host_leader(hosts: List[int], rank: int) -> int:
     return min(r for r, h in enumerate(hosts) if h == hosts[rank])
 
 
-def agreed_checkpoint(root: PathLike, parallel_context: Any, per_host: bool,
-                      local: Optional[Path]) -> Optional[Path]:
-    """The checkpoint every rank resumes from (collective), given `local`, the one this rank's host would pick:
-    on one shared `root`, `local`; per host, the newest step complete on every host (a crash between two hosts'
-    renames leaves the newest on some only, and the one before on all). A host with none while another has some
-    is a CheckpointError naming it: starting afresh would overwrite the others' checkpoints."""
+def agreed_checkpoint(root: PathLike, parallel_context: Any, per_host: bool, pick: Callable[[], Optional[Path]]
+                      ) -> Optional[Path]:
+    """The checkpoint every rank resumes from (collective), given `pick`, which returns the one this rank's host
+    would pick (or raises CheckpointError: a damaged newer one): on one shared `root`, its answer; per host, the
+    newest step complete on every host (a crash between two hosts' renames leaves the newest on some only, and the
+    one before on all). A host with none while another has some is a CheckpointError naming it: starting afresh
+    would overwrite the others' checkpoints. A host's refusal reaches every rank (none waits in the gather)."""
     if not per_host:
-        return local
+        return pick()
     group = parallel_context.world_pg
+    try:
+        local, refusal = pick(), None
+    except CheckpointError as e:
+        local, refusal = None, str(e)
     steps = sorted(s for s, _ in list_checkpoints(root)) if local is not None else []
     steps = [s for s in steps if local is None or s <= int(local.name.split("_")[1])]  # (a damaged newer: refused)
-    seen = gather_objects((host_index(), steps), group)
+    seen = gather_objects((host_index(), steps, refusal), group)
+    refused = next(((host, why) for host, _, why in seen if why is not None), None)
+    if refused is not None:
+        raise CheckpointError(f"node {refused[0]}: {refused[1]}")
     by_host: Dict[int, set] = {}
-    for host, host_steps in seen:
+    for host, host_steps, _ in seen:
         by_host.setdefault(host, set(host_steps))
     if not any(by_host.values()):
         return None

@@ -162,7 +162,7 @@ class RunFolder:
         returns the step). config.yaml is written only once that succeeded and there is training left to do: a
         launch that fails, or finds the run complete, leaves the run folder as it was."""
         step = 0
-        ckpt = agreed_checkpoint(self.cfg.checkpoints.dir, ctx, self.per_host, checkpoint_to_resume(self.cfg))
+        ckpt = agreed_checkpoint(self.cfg.checkpoints.dir, ctx, self.per_host, lambda: checkpoint_to_resume(self.cfg))
         if ckpt is not None:
             config = config_to_dict(self.cfg)
             conflict = resume_conflict(ckpt, config)  # every rank reads the same meta.json
