@@ -154,7 +154,8 @@ def test_sparseloco_replicas_on_two_hosts_lose_one_and_take_it_back(tmp_path, sm
             time.sleep(0.5)
         hosts.kill_host(1)  # replica 1's host disappears
         gone_at = max(_losses(runs[0]), default=0)  # (replica 0 may not have logged a step yet under load)
-        while max(_losses(runs[0]), default=0) < gone_at + 20:  # replica 0 trains on alone: 4 outer syncs of H = 5 (quorum of 1)
+        # replica 0 trains on alone: 4 outer syncs of H = 5 (a quorum of 1)
+        while max(_losses(runs[0]), default=0) < gone_at + 20:
             assert time.monotonic() < deadline and procs[0].poll() is None, last_line(tmp_path / "host0.log")
             time.sleep(0.5)
         procs[1] = _ft_launch(hosts, 1, disk_at, tmp_path / "host1_again.log", small_corpus)  # the host comes back
