@@ -91,17 +91,16 @@ def clock_for(config: Path, sets: Sequence[str], run_dir: Path, mbps: float, cac
     """The model clock's step for this run over a link of `mbps` (no added latency), its compute priced at the
     run's ranks' mean CPU seconds per step (the first step excluded)."""
     from nanotron_ext.bench.wan.clock import Link
-    from nanotron_ext.bench.wan.compute_check import job_flops
-    from nanotron_ext.bench.wan.profile import free_step_s, planned, step_bounds_of
+    from nanotron_ext.bench.wan.compute_check import priced_at_cpu_seconds
+    from nanotron_ext.bench.wan.profile import planned
     from nanotron_ext.metrics.logger import read_metrics
 
     cpus = [r["rank_cpu_s"] for r in read_metrics(run_dir / "metrics.jsonl") if "rank_cpu_s" in r][1:]
     rank_cpu = [statistics.fmean(c) for c in zip(*cpus)]
-    plan = planned(str(config), list(sets), cache)
-    flops_per_s = job_flops(plan) / sum(rank_cpu)
-    link, free = Link(mbps), Link(0.0)
-    b = step_bounds_of(plan, {"tp": free, "dp": free}, [link] * plan["layout"]["dp"], flops_per_s)
-    return {"rank_cpu_step_s": rank_cpu, "compute_step_s": free_step_s(plan, flops_per_s),
+    free = Link(0.0)
+    _, compute_s, b = priced_at_cpu_seconds(planned(str(config), list(sets), cache), rank_cpu,
+                                            {"tp": free, "dp": free}, Link(mbps))
+    return {"rank_cpu_step_s": rank_cpu, "compute_step_s": compute_s,
             "clock_step_s": {"full_overlap": b.lower_s, "no_overlap": b.upper_s}}
 
 

@@ -52,15 +52,15 @@ class RunCheckpoint:
         """Each shard of DP replica `replica`: the file (in the first of `folders` that has it) and its meta entry
         (name, bytes, sha256). A shard in none of them is a RunError naming the host that wrote it."""
         hosts = self.meta.get("hosts") or {"0": self.meta["files"]}
+        folders = self.folders or [self.path]
         out: Dict[str, Tuple[Path, Dict[str, Any]]] = {}
         for host, entries in sorted(hosts.items()):
             for entry in entries:
                 if entry["dp"] != replica:
                     continue
-                where = next((f / entry["name"] for f in self.folders or [self.path] if (f / entry["name"]).is_file()),
-                             None)
+                where = next((f / entry["name"] for f in folders if (f / entry["name"]).is_file()), None)
                 if where is None:
-                    given = ", ".join(str(f) for f in self.folders or [self.path])
+                    given = ", ".join(map(str, folders))
                     raise RunError(f"step_{self.step} is incomplete here: node {host}'s shard {entry['name']} is in "
                                    f"none of {given} (checkpoints.storage=per_host: each host kept its own); pass "
                                    "every host's checkpoints.dir with --checkpoints DIR [DIR ...], or copy node "

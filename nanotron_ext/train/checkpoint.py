@@ -20,7 +20,7 @@ which the next save removes.
 Where `root` is: with `per_host=False` every rank sees the same `root` (one node, or a shared filesystem). With
 `per_host=True` hosts share no disk: `root` is each host's own folder (the same path on each machine). The lowest
 rank of each host (torchrun's GROUP_RANK, its node rank) plays rank 0's part for that host's folder: its temp
-folder, its `meta.json` (its own files, plus `hosts`: every host's file names) and its rename. A step is complete
+folder, its `meta.json` (its own files, plus `hosts`: every host's file records) and its rename. A step is complete
 when every host's rename succeeded, agreed over the process group; older checkpoints are pruned only after that,
 so a crash between two hosts' renames always leaves the previous step on every host (`agreed_checkpoint` picks
 the newest step complete everywhere). Resharding a checkpoint to a different dp/tp/pp layout is out of scope:
@@ -232,7 +232,8 @@ def save_checkpoint(
     rank = torch_dist.get_rank(group)
     final = root / f"step_{int(step)}"
     hosts = hosts_of_ranks(group, per_host)
-    leader = host_leader(hosts, rank) == rank
+    leader_rank = host_leader(hosts, rank)  # the rank that handles this host's folder
+    leader = leader_rank == rank
 
     # 1. Each host's leader creates its temp folder and tells everyone its name (which also orders every write
     #    after the mkdir). Leftovers of earlier crashes go first, so a full disk gets room.
@@ -248,7 +249,7 @@ def save_checkpoint(
             msg = (None, f"{type(e).__name__}: {e}")
     folders = gather_objects(msg, group)
     _raise_if_any([error for _, error in folders], f"creating a checkpoint folder under {root}")
-    tmp_dir = Path(folders[host_leader(hosts, rank)][0])
+    tmp_dir = Path(folders[leader_rank][0])
 
     # 2. Every rank writes its own file.
     layout = _layout(parallel_context)

@@ -29,7 +29,7 @@ from nanotron_ext.train.checkpoint import (
     remove_checkpoint,
     save_checkpoint,
 )
-from nanotron_ext.train.checkpoint_hosts import agreed_checkpoint, gather_objects, host_index
+from nanotron_ext.train.checkpoint_hosts import agreed_checkpoint, gather_objects, host_index, host_leader
 from nanotron_ext.train.checkpoint_store import damaged_after, kept_note, resume_hint
 from nanotron_ext.train.guard import (
     claim_checkpoint_folder,
@@ -113,8 +113,7 @@ class RunFolder:
         locks, error = [], None
         nodes = gather_objects(host_index(), self.agree.world_pg)
         rank = torch_dist.get_rank(self.agree.world_pg)
-        self.host_leader = rank == min(r for r, n in enumerate(nodes) if n == nodes[rank]) if self.per_host \
-            else self.agree.is_main
+        self.host_leader = host_leader(nodes, rank) == rank if self.per_host else self.agree.is_main
         if self.host_leader and not self.agree.is_main:
             try:
                 locks = claim_checkpoint_folder(Path(self.cfg.checkpoints.dir), self.cfg.checkpoints.resume)

@@ -71,19 +71,25 @@ def _stretch(plan: Dict[str, Any], tiers: Dict[str, Link], stage: Link, flops_pe
     return (low * high) ** 0.5
 
 
+def priced_at_cpu_seconds(plan: Dict[str, Any], rank_cpu_s: Sequence[float], tiers: Dict[str, Link],
+                          stage: Link) -> Tuple[float, float, Any]:
+    """The clock priced at a run's own CPU seconds: (the throughput at which the job's FLOPs take the ranks' CPU
+    seconds, the step over free links at it, the StepBounds over `tiers` and `stage` at it)."""
+    from nanotron_ext.bench.wan.profile import free_step_s, step_bounds_of
+
+    flops_per_s = job_flops(plan) / sum(rank_cpu_s)
+    bounds = step_bounds_of(plan, tiers, [stage] * plan["layout"]["dp"], flops_per_s)
+    return flops_per_s, free_step_s(plan, flops_per_s), bounds
+
+
 def check(plan: Dict[str, Any], link: Any, rank_cpu_s: List[float], step_s: float) -> Dict[str, Any]:
     """The check of one run (module docstring): `plan` its plan, `link` its loaded `parallelism.link`,
     `rank_cpu_s` every rank's CPU seconds per step, `step_s` its measured step."""
-    from nanotron_ext.bench.wan.profile import free_step_s, step_bounds_of
-
     links = config_links(link)
     if links is None or not rank_cpu_s or sum(rank_cpu_s) <= 0:
         return {"compute_check": "not checked (per-stage-pair links or no CPU seconds recorded)"}
     tiers, stage = links
-    dp = plan["layout"]["dp"]
-    flops_per_s = job_flops(plan) / sum(rank_cpu_s)
-    compute_s = free_step_s(plan, flops_per_s)
-    b = step_bounds_of(plan, tiers, [stage] * dp, flops_per_s)
+    flops_per_s, compute_s, b = priced_at_cpu_seconds(plan, rank_cpu_s, tiers, stage)
     stretch = [_stretch(plan, tiers, stage, flops_per_s, step_s, bound) for bound in ("upper_s", "lower_s")]
     low, high = 1 / (1 + RATIO_TOLERANCE), 1 / (1 - RATIO_TOLERANCE)
     return {"rank_cpu_step_s": rank_cpu_s, "compute_step_s": compute_s, "measured_step_s": step_s,
