@@ -241,6 +241,28 @@ def test_rate_shapes_each_uplink_and_each_downlink(hosts: Callable[..., Hosts], 
     assert 0.6 * 40 <= fanout <= 1.15 * 40, f"host 1 -> hosts 0 and 2: {fanout:.1f} Mbit/s out of a 40mbit link"
 
 
+def test_the_bucket_passes_a_burst_at_once_then_the_rate_holds(hosts: Callable[..., Hosts]) -> None:
+    """The link model of the clock's tbf variant (bench/netns_hosts/probe.py, one message after an idle spell): a
+    message of half the bucket arrives far sooner than a plain pipe's n / R; one of three buckets takes at least
+    (n - b) / R, the rate holding once the bucket is spent."""
+    from nanotron_ext.bench.netns_hosts.links import tbf_burst_bytes
+
+    h = hosts(2, rate="2mbit")
+    rate, burst = 2e6 / 8, tbf_burst_bytes(2e6)
+    small, large = burst // 2, 3 * burst
+    server = h.popen(1, [PY, "-m", "nanotron_ext.bench.netns_hosts.probe", "serve"], cwd=REPO)
+    try:
+        done = h.run(0, [PY, "-m", "nanotron_ext.bench.netns_hosts.probe", "send", h.addr(1), str(small), str(large)],
+                     timeout=120, capture_output=True, text=True, cwd=REPO)
+    finally:
+        server.kill()
+        server.wait()
+    assert done.returncode == 0, done.stderr
+    got = {r["bytes"]: r["median_s"] for r in map(json.loads, done.stdout.splitlines())}
+    assert got[small] < 0.5 * small / rate, f"{small} B took {got[small]:.3f} s; a plain pipe: {small / rate:.3f} s"
+    assert got[large] >= 0.9 * (large - burst) / rate, f"{large} B took {got[large]:.3f} s"
+
+
 def test_delay_makes_the_round_trip(hosts: Callable[..., Hosts], probe: List[str]) -> None:
     reason = available(netem=True)
     if reason is not None:

@@ -124,3 +124,21 @@ def test_the_outer_steps_stage_broadcast_costs_each_later_stage_a_copy_over_the_
     assert stage_broadcast_s(outer, inner, p, tp, link) == pytest.approx((p - 1) * tp * n * 8 / 200e6 + 1 * 0.05)
     assert stage_broadcast_s(outer, inner, 1, tp, link) == 0.0  # no later stage
     assert stage_broadcast_s(inner, inner, p, tp, link) == 0.0  # nothing beyond the inner step
+
+
+def test_a_token_bucket_lets_its_depth_through_at_line_rate_then_the_rate_holds() -> None:
+    """tc tbf's bucket (the shaped links of bench/netns_hosts): b bytes leave at once after an idle spell, the rest
+    at the rate R. No compute, AFAB, m messages of n bytes each way, all ready at once: each direction's last message
+    leaves (m n - b) / R after its first is ready, so the step is 2 (m n - b) / R (a plain pipe: 2 m n / R). A sender
+    whose messages come slower than the bucket refills never waits: m forwards of f seconds, each sending n < b
+    with n / R < f, end at m f (a plain pipe adds the last message's n / R)."""
+    m, n, rate, b = 4, 1e6, 1e6, 1.5e6  # bytes, bytes/s: 8 Mbit/s
+    bucket = Link(8.0, burst_bytes=b)
+    assert replay(_pipe(2, m, 0.0, 0.0, "afab", bucket, n), False).end_s == pytest.approx(2 * (m * n - b) / rate)
+    assert replay(_pipe(2, m, 0.0, 0.0, "afab", Link(8.0), n), False).end_s == pytest.approx(2 * m * n / rate)
+    f, small = 1.0, 0.5e6
+    work = lambda link: ReplicaWork([Stage(f, 0.0, small, 0.0), Stage(0.0, 0.0)], [link], m, "afab")  # noqa: E731
+    assert replay(work(Link(8.0, burst_bytes=1e6)), False).end_s == pytest.approx(m * f)
+    assert replay(work(Link(8.0)), False).end_s == pytest.approx(m * f + small / rate)
+    with pytest.raises(ValueError, match="full-duplex"):
+        Link(8.0, 0.0, "half", burst_bytes=b)

@@ -89,19 +89,50 @@ def step_times(run_dir: Path) -> List[float]:
 
 def clock_for(config: Path, sets: Sequence[str], run_dir: Path, mbps: float, cache: Path) -> Dict[str, Any]:
     """The model clock's step for this run over a link of `mbps` (no added latency), its compute priced at the
-    run's ranks' mean CPU seconds per step (the first step excluded)."""
+    run's ranks' mean CPU seconds per step (the first step excluded): over a plain pipe of that rate (a preset's
+    link) and over the link as tc shapes it (tbf: its bucket passes a burst at line rate)."""
+    from nanotron_ext.bench.netns_hosts.links import tbf_burst_bytes
     from nanotron_ext.bench.wan.clock import Link
     from nanotron_ext.bench.wan.compute_check import priced_at_cpu_seconds
-    from nanotron_ext.bench.wan.profile import planned
+    from nanotron_ext.bench.wan.profile import bytes_per_step, planned
     from nanotron_ext.metrics.logger import read_metrics
 
     cpus = [r["rank_cpu_s"] for r in read_metrics(run_dir / "metrics.jsonl") if "rank_cpu_s" in r][1:]
     rank_cpu = [statistics.fmean(c) for c in zip(*cpus)]
-    free = Link(0.0)
-    _, compute_s, b = priced_at_cpu_seconds(planned(str(config), list(sets), cache), rank_cpu,
-                                            {"tp": free, "dp": free}, Link(mbps))
-    return {"rank_cpu_step_s": rank_cpu, "compute_step_s": compute_s,
-            "clock_step_s": {"full_overlap": b.lower_s, "no_overlap": b.upper_s}}
+    free, plan = Link(0.0), planned(str(config), list(sets), cache)
+    burst = tbf_burst_bytes(mbps * 1e6)
+    bounds = {}
+    for key, link in (("clock_step_s", Link(mbps)), ("clock_tbf_step_s", Link(mbps, burst_bytes=burst))):
+        _, compute_s, b = priced_at_cpu_seconds(plan, rank_cpu, {"tp": free, "dp": free}, link)
+        bounds[key] = {"full_overlap": b.lower_s, "no_overlap": b.upper_s}
+    # one boundary message: a step's stage-link bytes over its two directions, micro-batches and stage pairs
+    messages = 2 * plan["micro_batches"] * (plan["layout"]["pp"] - 1)
+    return {"rank_cpu_step_s": rank_cpu, "compute_step_s": compute_s, "tbf_burst_bytes": burst,
+            "message_bytes": bytes_per_step(plan)["pp"] / messages, **bounds}
+
+
+def probe_link(rate: str, work: Path, sizes: Sequence[int]) -> List[Dict[str, Any]]:
+    """The shaped link alone (netns_hosts/probe.py): per message size, the median seconds after an idle spell beside
+    a plain pipe of the rate and tbf's bucket."""
+    import json
+
+    from nanotron_ext.bench.netns_hosts.links import tbf_burst_bytes
+
+    bytes_per_s = rate_bits_per_s(rate) / 8
+    burst = tbf_burst_bytes(bytes_per_s * 8)
+    probe = [sys.executable, "-m", "nanotron_ext.bench.netns_hosts.probe"]
+    with Hosts(2, rate=rate, disk_root=work / "hosts_probe") as hosts:
+        server = hosts.popen(1, [*probe, "serve"], cwd=REPO)
+        try:
+            out = hosts.run(0, [*probe, "send", hosts.addr(1), *map(str, sizes)], timeout=300, cwd=REPO,
+                           capture_output=True, text=True, check=True)
+        finally:
+            server.kill()
+            server.wait()
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    for r in rows:
+        r.update(pipe_s=r["bytes"] / bytes_per_s, tbf_s=max(0.0, r["bytes"] - burst) / bytes_per_s)
+    return rows
 
 
 def emulated_run(config: Path, sets: Sequence[str], mbps: float, out: Path, timeout_s: float) -> Path:
@@ -141,18 +172,22 @@ def measure(rate: str, steps: int, work: Path, codecs: Sequence[str], timeout_s:
     return rows
 
 
-HEADERS = ["codec", "link", "shaped 2-host step (s)", "model clock: full / no overlap (s)", "emulator, one host (s)",
-           "compute at its CPU s (s)", "within the clock's bounds (+-15%)"]
+HEADERS = ["codec", "link", "shaped 2-host step (s)", "model clock, plain pipe: full / no overlap (s)",
+           "model clock, tbf's bucket: full / no overlap (s)", "emulator, one host (s)", "compute at its CPU s (s)",
+           "within the bounds (+-15%): pipe, tbf"]
 
 
 def body(rows: Sequence[Dict[str, Any]]) -> List[List[str]]:
     out = []
     for r in rows:
-        low, high = r["clock_step_s"]["full_overlap"], r["clock_step_s"]["no_overlap"]
-        inside = low / 1.15 <= r["real_network_step_s"] <= high * 1.15
+        cells, verdicts = [], []
+        for key in ("clock_step_s", "clock_tbf_step_s"):
+            low, high = r[key]["full_overlap"], r[key]["no_overlap"]
+            cells.append(f"{low:.3f} / {high:.3f}")
+            verdicts.append("yes" if low / 1.15 <= r["real_network_step_s"] <= high * 1.15 else "no")
         out.append([r["codec"], f"{r['rate_mbps']:g} Mbit/s",
-                    f"{r['real_network_step_s']:.3f} +- {r['real_network_step_sd']:.3f}", f"{low:.3f} / {high:.3f}",
-                    f"{r['emulated_step_s']:.3f}", f"{r['compute_step_s']:.3f}", "yes" if inside else "no"])
+                    f"{r['real_network_step_s']:.3f} +- {r['real_network_step_sd']:.3f}", *cells,
+                    f"{r['emulated_step_s']:.3f}", f"{r['compute_step_s']:.3f}", ", ".join(verdicts)])
     return out
 
 
@@ -179,15 +214,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if why:
         print(f"error: {why}", file=sys.stderr)
         return 2
-    rows = measure(f"{args.mbps:g}mbit", args.steps, Path(args.work).resolve(), args.codecs.split(","), args.timeout_s)
+    rate, work = f"{args.mbps:g}mbit", Path(args.work).resolve()
+    rows = measure(rate, args.steps, work, args.codecs.split(","), args.timeout_s)
+    probe = probe_link(rate, work, sorted({int(r["message_bytes"]) for r in rows}))
     meta = run_meta({"processes": 2, "command": "python -m nanotron_ext.bench.multi_host "
                      + " ".join(argv if argv is not None else sys.argv[1:])})
     notes = ["Each host: a network namespace with its own tbf-shaped link (no added latency: netem is not in this "
              "kernel) and its own disk; one launcher per host (--nnodes 2, static rendezvous), 2 processes on 2 cores. "
              "The clock prices the run's plan at its ranks' own CPU seconds per step and its messages at the link "
-             "rate."]
+             "rate, as a plain pipe (a preset's link) and with tbf's token bucket (its depth in tbf_burst_bytes: "
+             "a step's messages up to it pass at line rate when the bucket refilled since)."]
+    alone = [f"{p['bytes']:,} B {p['median_s'] * 1e3:.1f} ms (pipe {p['pipe_s'] * 1e3:.1f}, tbf "
+             f"{p['tbf_s'] * 1e3:.1f})" for p in probe]
+    notes.append("The link alone (netns_hosts/probe.py: one boundary message after 0.5 s idle, median of 5): "
+                 + "; ".join(alone) + ".")
     publish(args.out, rows, meta, "One job on two hosts over a shaped link: measured step vs the model clock",
-            HEADERS, body(rows), notes=notes)
+            HEADERS, body(rows), notes=notes, extra={"link_probe": probe})
     return 0
 
 

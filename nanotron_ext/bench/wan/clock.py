@@ -14,7 +14,9 @@ this is that model. A step is replayed, not measured:
   free, leaves `bytes * 8 / bandwidth` later and arrives one latency after that; "half" duplex makes both directions
   one link (ResBM's 80 Mbit/s); `latency_holds_wire` keeps the wire busy for the latency too (a meter that starts
   the next message only after the last one arrived: ProtocolNanoGPT's). One link per node: a stage's TP ranks share
-  their node's uplink, so a message is every TP rank's share of the wire together;
+  their node's uplink, so a message is every TP rank's share of the wire together; a shaped link's token bucket
+  (`burst_bytes`, tc tbf's) lets a message through at line rate while the bucket holds it (the real-network check of
+  bench/multi_host.py: a 64 KiB bucket carries a subspace boundary's whole step);
 - the DP tier once per step (a per-step all-reduce) or the outer sync once per H steps, each stage's node over its
   own uplink (the ring forms of parallel/link.py, with a node's TP ranks' rings sharing that uplink).
 
@@ -50,6 +52,13 @@ class Link:
     latency_ms: float = 0.0
     duplex: str = "full"
     latency_holds_wire: bool = False
+    # a shaper's token bucket (tc tbf): after an idle spell this many bytes leave at line rate, then the rate holds.
+    # The presets' links are plain pipes (0); the shaped links of bench/netns_hosts have one.
+    burst_bytes: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.burst_bytes and (self.duplex == "half" or self.mbps == 0):
+            raise ValueError("a token bucket needs a full-duplex link with a rate (one sender per queue)")
 
     def transmit_s(self, nbytes: float) -> float:
         return 0.0 if self.mbps == 0 or nbytes <= 0 else nbytes * 8 / (self.mbps * 1e6)
@@ -94,11 +103,28 @@ class Timeline:
 
 class _Wire:
     """A link's busy intervals; a message takes the first gap at or after its ready time (first fit keeps FIFO
-    order for one sender, and interleaves the two directions of a half-duplex link by time)."""
+    order for one sender, and interleaves the two directions of a half-duplex link by time). A link with a token
+    bucket starts the step with it full (the step's traffic fits the rate, so the bucket refills between steps)."""
 
-    def __init__(self) -> None:
+    def __init__(self, link: Link) -> None:
         self.starts: List[float] = []
         self.ends: List[float] = []
+        self.link = link
+        self.tokens, self.tokens_at = link.burst_bytes, 0.0
+
+    def send(self, ready: float, nbytes: float) -> float:
+        """Put a message of `nbytes` on the wire (and the latency, if it holds the wire); returns when it left."""
+        held = self.link.latency_s if self.link.latency_holds_wire else 0.0
+        if not self.link.burst_bytes:
+            return self.place(ready, self.link.transmit_s(nbytes) + held)
+        # one sender per bucket (full duplex), its messages handed over in time order: leave after the last one
+        t = max(ready, self.ends[-1] if self.ends else 0.0)
+        rate = self.link.mbps * 1e6 / 8
+        tokens = min(self.link.burst_bytes, self.tokens + rate * (t - self.tokens_at))
+        paid = min(tokens, nbytes)
+        seconds = (nbytes - paid) / rate
+        self.tokens, self.tokens_at = tokens - paid, t + seconds
+        return self.place(t, seconds + held)
 
     def place(self, ready: float, seconds: float) -> float:
         """Occupy the wire for `seconds` from the first free moment >= `ready`; returns when the message left."""
@@ -134,8 +160,9 @@ def replay(work: ReplicaWork, blocking: bool) -> Timeline:
     wires: Dict[Tuple[int, int], _Wire] = {}
 
     def wire(src: int, dst: int) -> _Wire:
-        half = work.links[min(src, dst)].duplex == "half"
-        return wires.setdefault((min(src, dst), max(src, dst)) if half else (src, dst), _Wire())
+        link = work.links[min(src, dst)]
+        key = (min(src, dst), max(src, dst)) if link.duplex == "half" else (src, dst)
+        return wires.setdefault(key, _Wire(link))
 
     orders = [schedule_order(work.schedule, s, n, m) for s in range(n)]
     at = [0] * n  # next op index per stage
@@ -167,7 +194,7 @@ def replay(work: ReplicaWork, blocking: bool) -> Timeline:
                     link = work.links[min(s, dst)]
                     nbytes = st.fwd_bytes if kind == "F" else st.bwd_bytes
                     held = link.latency_s if link.latency_holds_wire else 0.0
-                    left = wire(s, dst).place(end, link.transmit_s(nbytes) + held)
+                    left = wire(s, dst).send(end, nbytes)
                     arrived[(kind, dst, i)] = left + link.latency_s - held
                     if blocking:  # a synchronous send: returns once the receiver has the message
                         free[s] = arrived[(kind, dst, i)]
