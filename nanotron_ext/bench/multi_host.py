@@ -14,6 +14,7 @@ for the multi-host checks (per-host checkpoints, a host killed, resume, export).
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import subprocess
 import sys
@@ -155,8 +156,9 @@ def measure(rate: str, steps: int, work: Path, codecs: Sequence[str], timeout_s:
     for codec in codecs:
         sets = [f"tokens.train_steps={steps}", f"tokens.val_check_interval={steps}", "checkpoints.interval=0",
                 "logging.rank_cpu_seconds=true", f"model.codec.kind={codec}"]
-        disk_at = work / "disk"
-        with Hosts(2, rate=rate, disk_root=work / f"hosts_{codec}", disk_at=disk_at) as hosts:
+        disk_at, disks = work / "disk", work / f"hosts_{codec}"
+        shutil.rmtree(disks, ignore_errors=True)  # empty disks: a finished run left there would only be resumed
+        with Hosts(2, rate=rate, disk_root=disks, disk_at=disk_at) as hosts:
             procs = start_job(hosts, EXAMPLE, [*sets, *disk_sets(disk_at)], work / f"logs_{codec}")
             codes = wait_job(procs, timeout_s)
             if any(codes):
