@@ -123,10 +123,10 @@ def probe_link(rate: str, work: Path, sizes: Sequence[int]) -> List[Dict[str, An
     burst = tbf_burst_bytes(bytes_per_s * 8)
     probe = [sys.executable, "-m", "nanotron_ext.bench.netns_hosts.probe"]
     with Hosts(2, rate=rate, disk_root=work / "hosts_probe") as hosts:
-        server = hosts.popen(1, [*probe, "serve"], cwd=REPO)
+        server = hosts.popen(1, [*probe, "--serve"], cwd=REPO)
         try:
-            out = hosts.run(0, [*probe, "send", hosts.addr(1), *map(str, sizes)], timeout=300, cwd=REPO,
-                           capture_output=True, text=True, check=True)
+            out = hosts.run(0, [*probe, "--send-to", hosts.addr(1), "--bytes", ",".join(map(str, sizes))],
+                            timeout=300, cwd=REPO, capture_output=True, text=True, check=True)
         finally:
             server.kill()
             server.wait()

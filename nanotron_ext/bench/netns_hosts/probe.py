@@ -1,7 +1,7 @@
 """The shaped link alone: one message of n bytes after an idle spell, timed until the receiver has all of it.
 
-    python -m nanotron_ext.bench.netns_hosts.probe serve            # on host 1
-    python -m nanotron_ext.bench.netns_hosts.probe send HOST1 N...  # on host 0: a JSON line per size
+    python -m nanotron_ext.bench.netns_hosts.probe --serve                               # on host 1
+    python -m nanotron_ext.bench.netns_hosts.probe --send-to HOST1 --bytes 34816,262144  # on host 0: a JSON line each
 
 It separates the link from the pipeline: bench/multi_host.py puts each size's median beside a plain pipe of the
 link's rate (n / R) and tbf's bucket ((n - b) / R while the bucket holds b bytes), the two link models of the clock.
@@ -9,6 +9,7 @@ Plain TCP sockets (no library times one message after an idle spell); the receiv
 """
 from __future__ import annotations
 
+import argparse
 import json
 import socket
 import statistics
@@ -59,15 +60,25 @@ def send(addr: str, sizes: Sequence[int], repeats: int = 5, idle_s: float = 0.5,
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if args[:1] == ["serve"]:
-        serve()
-        return 0
-    if args[:1] == ["send"] and len(args) >= 3:
-        send(args[1], [int(n) for n in args[2:]])
-        return 0
-    print(__doc__, file=sys.stderr)
-    return 2
+    from nanotron_ext.cli_flags import Float, Int, NumberList, Parser, Text
+
+    parser = Parser(prog="python -m nanotron_ext.bench.netns_hosts.probe", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--serve", action="store_true", help="receive messages and answer each (the far host)")
+    parser.add_argument("--send-to", type=Text(), default=None, help="the serving host's address (the near host)")
+    parser.add_argument("--bytes", type=NumberList(), default="34816,262144",
+                        help="message sizes in bytes, comma-separated (default 34816,262144)")
+    parser.add_argument("--repeats", type=Int(1), default=5, help="messages per size; the median is printed")
+    parser.add_argument("--idle-s", type=Float(0.0), default=0.5, help="silence before each message (s)")
+    parser.add_argument("--port", type=Int(1, 65535), default=PORT, help=f"TCP port (default {PORT})")
+    args = parser.parse_args(argv)
+    if args.serve == (args.send_to is not None):
+        parser.error("give one of --serve and --send-to ADDR")
+    if args.serve:
+        serve(args.port)
+    else:
+        send(args.send_to, [int(n) for n in args.bytes.split(",")], args.repeats, args.idle_s, args.port)
+    return 0
 
 
 if __name__ == "__main__":
