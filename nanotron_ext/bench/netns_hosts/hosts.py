@@ -301,6 +301,8 @@ class Hosts:
         if threading.current_thread() is not threading.main_thread():
             return  # signal handlers can only be set there; atexit and the watchdog still clean up
         for sig in (signal.SIGTERM, signal.SIGINT):
+            if signal.getsignal(sig) == signal.SIG_IGN:
+                continue  # the process ignores it (inherited or chosen): it must not take the hosts down either
             self._previous[sig] = signal.signal(sig, self._on_signal)
 
     def _restore_handlers(self) -> None:
