@@ -15,7 +15,7 @@ import signal
 import sys
 import time
 import traceback
-from typing import Callable, Optional
+from typing import Any, Callable, Optional, Tuple
 
 from nanotron_ext.errors import one_line
 
@@ -78,11 +78,30 @@ def _others(group: object) -> list:
     """The other global ranks of `group` (the peers a collective waits on), [] when they cannot be read."""
     import torch.distributed as torch_dist
 
-    try:
-        ranks = torch_dist.get_process_group_ranks(group) if group is not None else []
+    try:  # None is the default group: a collective on it waits on every other rank of the job
+        ranks = torch_dist.get_process_group_ranks(group if group is not None else torch_dist.group.WORLD)
     except (RuntimeError, ValueError, AttributeError):
         return []
     return [r for r in ranks if r != rank()]
+
+
+def _nanotron_p2p_peer(frame: Any) -> Optional[Tuple[str, object, list]]:
+    """(call, group, [peer]) from a frame of nanotron's P2P (parallel/pipeline_parallel/p2p.py), whose errors surface
+    from a Work's wait() after the torch.distributed call returned: its `self.pg` and its `to_rank` / `from_rank`
+    (ranks of that group); None for any other frame."""
+    import torch.distributed as torch_dist
+
+    if not frame.f_code.co_filename.endswith(os.path.join("pipeline_parallel", "p2p.py")):
+        return None
+    pg = getattr(frame.f_locals.get("self"), "pg", None)
+    if pg is None:
+        return None
+    ends = [frame.f_locals.get(k) for k in ("to_rank", "from_rank")]
+    try:
+        peers = [torch_dist.get_global_rank(pg, e) for e in ends if isinstance(e, int)][:1]
+    except (RuntimeError, ValueError):
+        peers = []
+    return frame.f_code.co_name, pg, peers or _others(pg)
 
 
 def _with(peers: list) -> str:
@@ -108,12 +127,18 @@ def describe_collective_failure(exc: BaseException, group_name: Callable[[object
             isinstance(exc, RuntimeError) and any(m in text for m in _COMM_MARKERS)):
         return None
     call, group, peers = "a collective", None, []
+    found = False
     for frame, _ in traceback.walk_tb(exc.__traceback__):
         code = frame.f_code
         if code.co_filename.endswith("distributed_c10d.py") and not code.co_name.startswith("_"):
             call, group = code.co_name, frame.f_locals.get("group")
             ends = [frame.f_locals.get(k) for k in ("src", "dst") if code.co_name in ("send", "recv", "isend", "irecv")]
             peers = [int(e) for e in ends if isinstance(e, int)][:1] or _others(group)
+            found = True
+        elif not found and (p2p := _nanotron_p2p_peer(frame)) is not None:
+            (call, group, peers), found = p2p, True
+    if not found:  # raised by a Work's wait() away from its call: the default group's peers, when few
+        peers = _others(None)
     where = f"{call} on the {group_name(group)} group" + _with(peers)
     first = re.sub(r"^\[[^\]]*\]\s*", "", " ".join(text.split()))[:200]  # without gloo's "[path/file.cc:78]"
     if "Timed out" in text or "timed out" in text or "Timeout" in text:
