@@ -29,8 +29,9 @@ def small_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(autouse=True)
 def _signal_dispositions_restored() -> Iterator[None]:
     """A test that runs the trainer's way out in-process (failures.report ignores SIGINT and SIGTERM from then on)
-    must not leave its worker ignoring them: every process a later test starts would inherit SIG_IGN (a killed-owner
-    test of netns_hosts then waited 60 s for an owner that never saw its Ctrl-C)."""
+    must not leave its worker ignoring them: every process a later test starts would inherit SIG_IGN, as under a suite
+    started in the background (where a killed-owner test of netns_hosts waited 60 s for an owner that never saw its
+    Ctrl-C)."""
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     yield
     for sig, handler in saved.items():
