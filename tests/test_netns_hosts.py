@@ -358,14 +358,14 @@ def test_a_killed_owner_leaves_no_namespace_and_no_process(netns: None, tmp_path
         started = json.loads(owner.stdout.readline() or "null")
         assert started, owner.communicate(timeout=10)
         owner.send_signal(sig)
-        owner.wait(timeout=60)  # clean-up deletes namespaces: slow while another test makes or deletes some
+        owner.wait(timeout=10)
     finally:
         owner.kill()
         owner.communicate(timeout=10)
     # TERM and INT: cleaned up by the handlers before the signal's default (death by it), so gone when it is gone;
     # KILL: by the watchdog, which sees the owner's pipe close
     assert owner.returncode == -sig, owner.returncode
-    assert _gone(started["names"], started["pids"], within_s=30.0 if sig == signal.SIGKILL else 0.0) == [], sig
+    assert _gone(started["names"], started["pids"], within_s=5.0 if sig == signal.SIGKILL else 0.0) == [], sig
 
 
 def test_an_owner_that_ignores_ctrl_c_keeps_its_hosts_through_it(netns: None, tmp_path: Path) -> None:
