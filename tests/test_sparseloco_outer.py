@@ -162,3 +162,48 @@ def test_simulated_replicas_equal_distributed(extra: dict) -> None:
             assert torch.equal(sim["weights"][r][name], w), (r, name)
     w0, w1 = sim["weights"]
     assert any(not torch.equal(w0[n], w1[n]) for n in w0), "step 5 is an inner step: replicas differ again"
+
+
+def _outer_steps_against_torch_sgd(nesterov: bool, torch_nesterov: bool) -> List[float]:
+    """Three outer steps of SparseLoCoOuter (every entry sent in fp32, no error carried: DiLoCo's dense sync) from
+    two replicas against torch.optim.SGD on a copy of the global weights whose .grad is the mean pseudo-gradient
+    (global - local) computed here; returns the largest difference of each step."""
+    from nanotron_ext.sparseloco.config import SparseLoCoConfig
+    from nanotron_ext.sparseloco.outer import SparseLoCoOuter
+
+    gen = torch.Generator().manual_seed(7)
+    start = [torch.randn(64, 64, generator=gen), torch.randn(100, generator=gen)]
+    cfg = SparseLoCoConfig(chunk=4096, topk=4096, value_dtype="fp32", beta=0.0, outer_lr=0.7, outer_momentum=0.9,
+                           outer_nesterov=nesterov)
+    outer = SparseLoCoOuter(start, cfg)
+    errors = [outer.new_error(), outer.new_error()]
+    ref = [torch.nn.Parameter(t.clone()) for t in start]
+    sgd = torch.optim.SGD(ref, lr=0.7, momentum=0.9, nesterov=torch_nesterov)
+    worst = []
+    for _ in range(3):
+        locals_ = [[g - 0.1 * torch.randn(g.shape, generator=gen) for g in outer.global_params] for _ in errors]
+        for p, l0, l1 in zip(ref, *locals_):
+            p.grad = ((p.detach() - l0) + (p.detach() - l1)) / 2
+        sgd.step()
+        outer.apply([outer.encode(loc, e) for loc, e in zip(locals_, errors)])
+        worst.append(max(float((g - p.detach()).abs().max()) for g, p in zip(outer.global_params, ref)))
+        for g, p in zip(outer.global_params, ref):  # next step from the same point, so errors do not compound
+            g.copy_(p.detach())
+    return worst
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_outer_momentum_is_torch_sgd(nesterov: bool) -> None:
+    """sparseloco.outer_nesterov (DiLoCo's outer Nesterov) and the heavy-ball default are torch.optim.SGD's update
+    on the pseudo-gradient; each differs from the other by far more than rounding."""
+    worst = _outer_steps_against_torch_sgd(nesterov, nesterov)
+    assert max(worst) < 1e-6, worst
+    assert min(_outer_steps_against_torch_sgd(nesterov, not nesterov)) > 1e-2  # the check can tell them apart
+
+
+def test_outer_nesterov_needs_momentum() -> None:
+    from nanotron_ext.config.checks import ConfigError
+    from nanotron_ext.sparseloco.config import SparseLoCoConfig
+
+    with pytest.raises(ConfigError, match="sparseloco.outer_nesterov"):
+        SparseLoCoConfig(outer_nesterov=True)

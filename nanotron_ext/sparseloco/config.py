@@ -72,7 +72,10 @@ class SparseLoCoConfig:
     outer_lr: float = 1.0
     """Outer SGD learning rate (paper: 1.0; 0.8 in tuned runs)."""
     outer_momentum: float = 0.0
-    """Outer SGD momentum (paper: none)."""
+    """Outer SGD momentum (paper: none; DiLoCo, arXiv:2311.08105: 0.9 with Nesterov, outer lr 0.7)."""
+    outer_nesterov: bool = False
+    """Nesterov outer momentum, as torch.optim.SGD(nesterov=True): b = mu b + delta, step lr (delta + mu b)
+    (DiLoCo's outer optimiser); off: heavy ball, step lr b. Needs outer_momentum > 0."""
     aggregate: Literal["all", "senders"] = "all"
     """Average each position over all replicas, or over the replicas that sent it (public code)."""
     compressed_replicas: List[int] = field(default_factory=list)
@@ -125,6 +128,8 @@ class SparseLoCoConfig:
                  f"{self.index_bits} bits cannot address {k}.chunk={self.chunk} positions")
         require(self.outer_lr > 0, f"{k}.outer_lr", f"must be > 0, got {self.outer_lr}")
         require(0 <= self.outer_momentum < 1, f"{k}.outer_momentum", f"must be in [0, 1), got {self.outer_momentum}")
+        require(not self.outer_nesterov or self.outer_momentum > 0, f"{k}.outer_nesterov",
+                f"Nesterov needs a momentum; set {k}.outer_momentum > 0 (DiLoCo: 0.9), got {self.outer_momentum}")
         require(self.grassmann_every >= 0 and self.grassmann_every % self.inner_steps == 0, f"{k}.grassmann_every",
                 f"must be 0 or a multiple of {k}.inner_steps={self.inner_steps} (updates run at outer syncs), "
                 f"got {self.grassmann_every}")

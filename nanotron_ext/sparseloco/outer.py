@@ -123,11 +123,13 @@ class SparseLoCoOuter:
         return out
 
     def apply(self, payloads: Sequence[torch.Tensor]) -> None:
-        """Outer SGD on the global weights: g -= lr * (momentum buffer or the aggregate)."""
+        """Outer SGD on the global weights: g -= lr * (the aggregate, the momentum buffer b = mu b + aggregate, or
+        with outer_nesterov aggregate + mu b: torch.optim.SGD's update, dampening 0)."""
         c = self.cfg
         for i, (g, a) in enumerate(zip(self.global_params, self.aggregate(payloads))):
             if self.momentum:
-                a = self.momentum[i].mul_(c.outer_momentum).add_(a)
+                b = self.momentum[i].mul_(c.outer_momentum).add_(a)
+                a = a.add(b, alpha=c.outer_momentum) if c.outer_nesterov else b
             g.sub_(a * c.outer_lr)
         self.syncs += 1
 
