@@ -5,7 +5,7 @@
 Each published throughput of the five papers (reproduce/paper_scale_rows.py) beside the model clock's prediction for
 the same model, layout, batch and link: the config planned rank by rank (reproduce/paper_scale_plans.py: read from
 reproduce/PLAN.json where plan_table.py plans it, else planned once and cached), priced on the paper's hardware
-(nanotron_ext/bench/hardware.py) and replayed (bench/wan/clock.py). The one fitted quantity is each hardware's
+(nanotron_ext/bench/clock/hardware.py) and replayed (bench/clock/replay.py). The one fitted quantity is each hardware's
 effective throughput, fitted on ONE named baseline row and held for every other row of its group; nothing else is
 tuned. "Ours" is the full-overlap bound (a send does not stop its sender: NCCL's point-to-point on its own stream,
 ProtocolNanoGPT's sender-stamped meter); the no-overlap bound is beside it. A row more than 25% off prints the clock's
@@ -45,7 +45,7 @@ class Model:
         return self.plans[name]
 
     def terms(self, run: str, row: Row, tflops: float) -> Dict[str, Any]:
-        from nanotron_ext.bench.hardware import HARDWARE
+        from nanotron_ext.bench.clock import HARDWARE
         from nanotron_ext.bench.step_time import clock_terms
 
         preset = HARDWARE[row.preset]
@@ -78,9 +78,8 @@ class Model:
     def block_us(self, row: Row, tflops: float, free_tp: bool) -> Dict[str, float]:
         """One block's forward (the two-layer run's less the one-layer run's), microseconds: {"compute_us",
         "tp_us"} (with `free_tp` the TP tier is free and "tp_us" is 0)."""
-        from nanotron_ext.bench.hardware import HARDWARE
+        from nanotron_ext.bench.clock import HARDWARE, links_of, replica_works
         from nanotron_ext.bench.step_time import FREE
-        from nanotron_ext.bench.wan.profile import links_of, replica_works
 
         def forward(free: bool) -> float:
             tiers, stage = links_of(HARDWARE[row.preset], 1)
@@ -109,7 +108,7 @@ class Model:
 
 def compute(model: Model) -> Dict[str, Any]:
     """Fit each group, predict every row, collect the breakdowns of the rows that miss."""
-    from nanotron_ext.bench.hardware import HARDWARE
+    from nanotron_ext.bench.clock import HARDWARE
 
     fits: Dict[str, Dict[str, Any]] = {}
     for row in ROWS:
@@ -154,9 +153,7 @@ def compute(model: Model) -> Dict[str, Any]:
 def curves(model: Model, fits: Dict[str, Any]) -> Dict[str, Any]:
     """The figure's sweeps: ResBM Fig. A.2's gain over bandwidth at the fitted A10G; heterogeneous SparseLoCo
     Fig. 2's utilisation (step on free stage links / step on the link) of each replica kind at the assumed A100."""
-    from nanotron_ext.bench.hardware import HARDWARE
-    from nanotron_ext.bench.wan.clock import step_bounds
-    from nanotron_ext.bench.wan.profile import links_of, replica_works
+    from nanotron_ext.bench.clock import HARDWARE, links_of, replica_works, step_bounds
 
     bws = [50 * 2 ** (i / 2) for i in range(17)]  # 50 Mbit/s .. 12.8 Gbit/s
     resbm: Dict[str, List[float]] = {}
@@ -206,8 +203,8 @@ def render(result: Dict[str, Any]) -> str:
              "figure: `reproduce/PAPER_SCALE.png`). Each published throughput beside the model clock's prediction "
              "for the same model, layout, batch and link: the config planned rank by rank on the meta device "
              "(FLOPs, every message's bytes; `reproduce/paper_scale_plans.py`), priced on the paper's hardware "
-             "(`nanotron_ext/bench/hardware.py`) and replayed with its schedule, bubbles and links "
-             "(`nanotron_ext/bench/wan/clock.py`). One number is fitted per hardware: its effective throughput, "
+             "(`nanotron_ext/bench/clock/hardware.py`) and replayed with its schedule, bubbles and links "
+             "(`nanotron_ext/bench/clock/replay.py`). One number is fitted per hardware: its effective throughput, "
              "on the one row marked **fit**, then held for every other row of the group. **Ours** is the "
              "full-overlap bound (a send does not stop its sender); the no-overlap bound is beside it. One config's "
              "step time on named hardware: `python -m nanotron_ext.bench.step_time --config-file X.yaml --preset "
@@ -331,7 +328,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         stale = [f"{f['preset']}: {f['preset_tflops']:g} vs fitted {f['tflops']:.3g}" for f in result["fits"].values()
                  if f["fitted"] and abs(f["preset_tflops"] / f["tflops"] - 1) > 0.01]
         if stale:
-            print("note: nanotron_ext/bench/hardware.py's throughputs differ from this fit by > 1%: "
+            print("note: nanotron_ext/bench/clock/hardware.py's throughputs differ from this fit by > 1%: "
                   + "; ".join(stale), file=sys.stderr)
     text = render(result)
     writer.write_json(OUT.with_suffix(".json"), result, indent=1)

@@ -1,6 +1,6 @@
 """The planned configs behind reproduce/PAPER_SCALE.md: which layout stands for each paper row, and its plan.
 
-A plan is what the model clock prices (nanotron_ext/bench/wan/profile.py: per rank the FLOPs of one step and the
+A plan is what the model clock prices (nanotron_ext/bench/clock/pricing.py: per rank the FLOPs of one step and the
 comm ledger's bytes and calls). A run that reproduce/plan_table.py plans too (the same config and overrides) is read
 from reproduce/PLAN.json, so the table follows that file when it is regenerated; the others are planned here with
 the planner (one planner at a time; it runs a pipeline's stages side by side) and cached in
@@ -64,7 +64,7 @@ def _from_plan_json(run: Dict[str, Any]) -> Dict[str, Any]:
 
 def plan_of(name: str) -> Dict[str, Any]:
     """The plan of RUNS[name] (module docstring) with "tokens_per_step" (every replica) and "source"."""
-    from nanotron_ext.bench.wan.profile import plan_path, planned
+    from nanotron_ext.bench.clock import plan_path, planned
     from nanotron_ext.config.loader import load_config
 
     config, overrides = RUNS[name]

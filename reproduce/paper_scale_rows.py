@@ -1,7 +1,7 @@
 """The papers' published throughput figures that reproduce/paper_scale.py predicts, one Row each.
 
 A row names the planned runs it reads (reproduce/paper_scale_plans.py), the hardware preset
-(nanotron_ext/bench/hardware.py) and, where the row's link differs from the preset's, its stage link. Kinds:
+(nanotron_ext/bench/clock/hardware.py) and, where the row's link differs from the preset's, its stage link. Kinds:
 "tokens_per_s" and "step_s" of one run; "block_us": one decoder block's forward in microseconds (the two-layer run's
 forward less the one-layer run's, BOOST Table 3); "speedup": tokens/s of runs[0] over runs[1] (same preset and
 link); "best_speedup": the largest speedup over the pairs in `pairs`. One row per hardware has `fit=True`: the device

@@ -102,7 +102,8 @@ def test_bad_tier_settings_fail_at_load_naming_the_key(tmp_path: Path, text: str
 
 
 def test_every_preset_names_its_source() -> None:
-    expected = {"nvlink", "infiniband", "10gbe", "datacenter-wan-1g", "internet-200m-50ms", "internet-80m"}
+    expected = {"nvlink", "nvlink3", "infiniband", "slingshot11", "10gbe", "datacenter-wan-1g", "internet-200m-50ms",
+                "internet-80m"}
     assert set(LINK_PRESETS) == expected
     assert all(len(p.source) > 20 for p in LINK_PRESETS.values())
     assert (LINK_PRESETS["internet-200m-50ms"].bandwidth_mbps,

@@ -12,8 +12,7 @@ from typing import Any, Dict, List
 import pytest
 
 from nanotron_ext.bench import step_time
-from nanotron_ext.bench.hardware import HARDWARE, NONE, all_presets
-from nanotron_ext.bench.wan.presets import ClockPreset
+from nanotron_ext.bench.clock import HARDWARE, NONE, ClockPreset, all_presets
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = str(REPO / "examples" / "config_tiny_llama.yaml")
@@ -24,7 +23,7 @@ def _rank(flops: float, ledger: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def _plan(ranks: List[Dict[str, Any]], m: int, schedule: str = "afab") -> Dict[str, Any]:
-    """A plan in bench/wan/profile.planned's form: one replica, TP 1, the given stages."""
+    """A plan in bench/clock/pricing.planned's form: one replica, TP 1, the given stages."""
     return {"layout": {"dp": 1, "tp": 1, "pp": len(ranks)}, "micro_batches": m, "schedule": schedule,
             "outer_every": 0, "replica_of": {"0": 0}, "inner": [ranks], "outer": None, "tokens_per_step": 1000}
 
@@ -88,7 +87,7 @@ def test_the_report_reads_a_cached_plan_and_prints_bounds_tokens_and_breakdown(
         tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """The tiny config's plan seeded in the cache under its key (nothing planned): one stage of 6e12 FLOPs at the
     preset's 18.6 TFLOP/s is 6 / 18.6 s per step, whatever the tiny config's layout would plan."""
-    from nanotron_ext.bench.wan.profile import plan_path
+    from nanotron_ext.bench.clock import plan_path
     from nanotron_ext.config.loader import load_config
 
     cfg = load_config(TINY, [])

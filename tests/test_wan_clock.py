@@ -1,11 +1,11 @@
-"""The model clock's replay (nanotron_ext/bench/wan/clock.py) against closed forms written here by hand: GPipe's
+"""The model clock's replay (nanotron_ext/bench/clock/replay.py) against closed forms written here by hand: GPipe's
 and 1F1B's bubble (m + p - 1)(f + b), a link-bound pipeline, half duplex, the DP tier's overlap bounds, the outer
 sync's amortisation and the ring forms with a shared uplink."""
 from __future__ import annotations
 
 import pytest
 
-from nanotron_ext.bench.wan.clock import Link, ReplicaWork, Stage, replay, ring_seconds, schedule_order, step_bounds
+from nanotron_ext.bench.clock import Link, ReplicaWork, Stage, replay, ring_seconds, schedule_order, step_bounds
 
 FREE = Link(0.0)
 
@@ -115,7 +115,7 @@ def test_the_outer_steps_stage_broadcast_costs_each_later_stage_a_copy_over_the_
     """Heterogeneous SparseLoCo's embedding fold: after an outer sync the first stage broadcasts N bytes to the p - 1
     later stages on its pipeline group (one per TP rank, all on the node's uplink): (p - 1) tp N 8 / B + calls x
     latency. Only what the outer step sends beyond the inner one counts, and point-to-point sends do not."""
-    from nanotron_ext.bench.wan.profile import stage_broadcast_s
+    from nanotron_ext.bench.clock import stage_broadcast_s
 
     n, p, tp, link = 3e6, 4, 2, Link(200.0, 50.0)
     inner = {"pp": {"send:fwd": {"bytes": 10, "calls": 1}, "broadcast:embedding_fold": {"bytes": 64, "calls": 1}}}

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from nanotron_ext.bench.wan import compute_check
+from nanotron_ext.bench.clock import compute_check
 
 FLOPS, FWD_BYTES, BWD_BYTES = 3e9, 1_000_000, 500_000
 MBPS, LATENCY_MS = 80.0, 20.0

@@ -1,6 +1,6 @@
-"""The model clock's inputs and outputs (nanotron_ext/bench/wan/{profile,model_results,modelled}.py): a system's twin
-at a preset's scale, the planner's ledger priced per stage against hand formulas, bytes per step against the closed
-forms, and time to target on the clock from curves and bounds written here."""
+"""The model clock's inputs and outputs (nanotron_ext/bench/clock/pricing.py, bench/wan/{model_results,modelled}.py): a
+system's twin at a preset's scale, the planner's ledger priced per stage against hand formulas, bytes per step against
+the closed forms, and time to target on the clock from curves and bounds written here."""
 from __future__ import annotations
 
 import argparse
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from nanotron_ext.bench.wan import model_results, profile, systems
-from nanotron_ext.bench.wan.clock import Link
+from nanotron_ext.bench.clock import Link, pricing
+from nanotron_ext.bench.wan import model_results, systems
 from nanotron_ext.bench.wan.systems import run_overrides
 
 SCALE = str(systems.REPO / "reproduce/het_sparseloco/sparseloco_512m.yaml")
@@ -27,7 +27,7 @@ def test_the_twin_takes_the_presets_model_and_batch_and_scales_every_width() -> 
     from nanotron_ext.config import load_config
 
     config = str(systems.system_config("three_tiers", _args()))
-    sets = profile.twin_overrides(config, run_overrides("three_tiers", None, 1, _args()), SCALE)
+    sets = pricing.twin_overrides(config, run_overrides("three_tiers", None, 1, _args()), SCALE)
     cfg = load_config(config, sets)
     m, t, p = cfg.model, cfg.tokens, cfg.parallelism
     assert (m.hidden_size, m.ffn_size, m.num_layers, m.vocab_size) == (1536, 5440, 12, 32000)
@@ -35,7 +35,7 @@ def test_the_twin_takes_the_presets_model_and_batch_and_scales_every_width() -> 
     assert (m.subspace.k, m.low_rank.rank) == (192, 384)
     assert (p.dp, p.tp, p.pp, p.dp_sync, m.tp_strategy) == (2, 2, 2, "sparseloco", "btp")
     assert not p.link.enabled
-    assert profile.twin_overrides(config, ["a=b"], None) == ["a=b", "parallelism.link.enabled=false"]
+    assert pricing.twin_overrides(config, ["a=b"], None) == ["a=b", "parallelism.link.enabled=false"]
 
 
 def _rank(flops: float, ledger: dict) -> dict:
@@ -56,7 +56,7 @@ def test_a_plan_is_priced_per_stage_by_hand() -> None:
     plan = {"layout": {"dp": 2, "tp": 2, "pp": 2}, "micro_batches": m, "schedule": "afab", "outer_every": 5,
             "replica_of": {"0": 0, "1": 0}, "inner": inner, "outer": outer}
     tp_link, dp_link = Link(8000.0, 0.01), Link(80.0, 10.0)
-    works = profile.replica_works(plan, {"tp": tp_link, "dp": dp_link}, [Link(8.0, 5.0), Link(800.0)], thr)
+    works = pricing.replica_works(plan, {"tp": tp_link, "dp": dp_link}, [Link(8.0, 5.0), Link(800.0)], thr)
     assert len(works) == 2 and works[0].links == [Link(8.0, 5.0)] and works[1].links == [Link(800.0)]
     s0, s1 = works[0].stages
     # TP per micro-batch: 2 all-reduces of 500 kB on a ring of 2: 2 x (2 (1/2) 500e3 x 8 / 8e9 + 2 x 1e-5)
@@ -68,7 +68,7 @@ def test_a_plan_is_priced_per_stage_by_hand() -> None:
     assert works[0].control_s == pytest.approx([0.0, 2 * 1 * 0.01 + 4 * 8 / 80e6])
     # outer: an all-gather of N bytes on a ring of 2 = (p-1) N 8 / B + (p-1) lat, two TP rings on one uplink
     assert works[0].outer_s == pytest.approx([2 * 10_000 * 8 / 80e6 + 0.01, 2 * 20_000 * 8 / 80e6 + 0.01])
-    per_step = profile.bytes_per_step(plan)
+    per_step = pricing.bytes_per_step(plan)
     assert per_step["pp"] == 2 * 2 * (4 * 500 + 4 * 500)  # 2 replicas x 2 TP ranks x both directions
     assert per_step["dp"] == pytest.approx(2 * 2 * (10_000 + 20_000) / 5)
 
@@ -82,17 +82,17 @@ def test_planned_bytes_of_the_real_layout_match_the_closed_forms(tmp_path: Path)
 
     for system in ("pipeline", "ddp"):
         config = str(systems.system_config(system, _args()))
-        sets = profile.twin_overrides(config, run_overrides(system, None, 1, _args()), None)
-        plan = profile.planned(config, sets, tmp_path / system)
+        sets = pricing.twin_overrides(config, run_overrides(system, None, 1, _args()), None)
+        plan = pricing.planned(config, sets, tmp_path / system)
         [cached] = (tmp_path / system).glob("plan_*.json")
-        assert json.loads(cached.read_text()) == plan == profile.planned(config, sets, tmp_path / system)
+        assert json.loads(cached.read_text()) == plan == pricing.planned(config, sets, tmp_path / system)
         cfg = load_config(config, sets)
         t, d = cfg.tokens, cfg.model.hidden_size
-        per_step = profile.bytes_per_step(plan)
+        per_step = pricing.bytes_per_step(plan)
         assert per_step["pp"] == pytest.approx(job_bytes_per_step(cfg).get("pp") or 0.0)
         assert per_step["dp"] == pytest.approx(job_bytes_per_step(cfg).get("dp") or 0.0)
         if system == "pipeline":
-            works = profile.replica_works(plan, {"tp": Link(0.0), "dp": Link(0.0)}, [Link(0.0)], 1e9)
+            works = pricing.replica_works(plan, {"tp": Link(0.0), "dp": Link(0.0)}, [Link(0.0)], 1e9)
             assert works[0].stages[0].fwd_bytes == t.micro_batch_size * t.sequence_length * d * 4
             assert per_step["pp"] == 2 * t.batch_accumulation_per_replica * t.micro_batch_size * t.sequence_length \
                 * d * 4
@@ -134,11 +134,11 @@ def test_the_meter_on_the_model_clock_end_to_end(tmp_path: Path, small_corpus: P
     """Two systems, 4 steps, one seed, a preset that times them at the size they train (no scale config): the
     result's rows, curves and clocks; an equal-time run of SparseLoCo sized from the pipeline's time to target;
     the saved result re-rendered."""
-    from nanotron_ext.bench.wan import cli, presets
+    from nanotron_ext.bench.clock import ClockPreset
+    from nanotron_ext.bench.wan import cli
     from tests.conftest import SMALL_VOCAB
 
-    preset = presets.ClockPreset("test", "", "CPU", 0.001, (1e4, 0.1), (100.0, 5.0), (1e4, 0.01), (100.0, 5.0))
-    monkeypatch.setattr(presets, "CLOCK_PRESETS", {"test": preset})
+    preset = ClockPreset("test", "", "CPU", 0.001, (1e4, 0.1), (100.0, 5.0), (1e4, 0.01), (100.0, 5.0))
     monkeypatch.setattr("nanotron_ext.bench.wan.modelled.CLOCK_PRESETS", {"test": preset})
     corpus = [f"data.prepared_dir={small_corpus}", f"tokenizer.path={small_corpus / 'tokenizer.json'}",
               f"tokenizer.vocab_size={SMALL_VOCAB}", f"model.vocab_size={SMALL_VOCAB}"]
@@ -147,7 +147,7 @@ def test_the_meter_on_the_model_clock_end_to_end(tmp_path: Path, small_corpus: P
             "pipeline", "--steps", "4", "--val-every", "2", "--inner-steps", "2", "--seeds", "1", "--jobs", "2",
             "--equal-time", "sparseloco", "--max-steps", "6", "--runs", str(tmp_path / "runs"), "--out", str(out),
             *[x for c in corpus for x in ("--set", c)]]
-    monkeypatch.setattr("nanotron_ext.bench.wan.cli.CLOCK_PRESETS", {"test": preset}, raising=False)
+    monkeypatch.setattr("nanotron_ext.bench.wan.cli.CLOCK_PRESETS", {"test": preset})
     assert cli.main(argv) == 0
     saved = json.loads(out.read_text())
     rows = {(r.get("budget", "tokens"), r["system"]): r for r in saved["rows"]}

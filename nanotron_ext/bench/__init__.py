@@ -18,14 +18,15 @@ JSON the worker wrote, prints and saves the table); under torchrun with `--worke
     slow_link   the slow-link throughput benchmark every boundary codec shares (ResBM Table 3 style)
     report      text and markdown tables, JSON/CSV rows, PNG figures titled with device and date
     paper       PaperClaim: the paper's number beside ours, and whether its ordering held
-    hardware    the papers' named hardware for the model clock (device throughput, links per tier)
+    clock/      the model clock: a step's time replayed from its planned ranks on named hardware (replay, pricing,
+                the WAN meter's and the papers' hardware, the compute check); one public entry, its __init__.py
     step_time   `python -m nanotron_ext.bench.step_time`: a config's step time on named hardware (plan + clock)
     netns_hosts/  hosts on one machine: N network namespaces on a bridge, a shaped link and a disk each
                 (`python -m nanotron_ext.bench.netns_hosts --hosts N ... -- CMD`)
     multi_host  one job over several such hosts (`--nnodes`, per-host checkpoints); its step over the shaped link
                 beside the model clock (`python -m nanotron_ext.bench.multi_host`)
     wan/        the WAN meter (`python -m nanotron_ext.bench.wan`): time to a target loss over a preset's links,
-                measured (real-sleep runs) or by the model clock (wan/clock.py); its own index in wan/__init__.py
+                measured (real-sleep runs) or by the model clock (clock/); its own index in wan/__init__.py
 
 This package is core: it imports no technique package (tests/test_layout.py). Techniques are
 named by strings (`model.tp_strategy=btp`) and built by the techniques that provide them, and a paper's

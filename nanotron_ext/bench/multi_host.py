@@ -5,7 +5,7 @@ per host (torchrun's static rendezvous at host 0), checkpoints.storage=per_host.
     python -m nanotron_ext.bench.multi_host --mbps 20 --steps 20 --out reproduce/wan/results/real_network_2host.json
 
 runs the 2-host pipeline example (a stage per host) over the shaped link, then the same config with the codec off,
-and prints each one's measured step beside (a) the model clock's step for that link (bench/wan/clock.py: the run's
+and prints each one's measured step beside (a) the model clock's step for that link (bench/clock/replay.py: the run's
 plan priced at its ranks' own CPU seconds, its messages over the link's rate; both overlap bounds) and (b) the same
 job on one host through the real-sleep link emulator. The netem delay is not in this machine's kernel, so the link
 has a rate and no added latency (the clock is given the same). tests/test_multi_host.py drives the same functions
@@ -92,10 +92,8 @@ def clock_for(config: Path, sets: Sequence[str], run_dir: Path, mbps: float, cac
     """The model clock's step for this run over a link of `mbps` (no added latency), its compute priced at the
     run's ranks' mean CPU seconds per step (the first step excluded): over a plain pipe of that rate (a preset's
     link) and over the link as tc shapes it (tbf: its bucket passes a burst at line rate)."""
+    from nanotron_ext.bench.clock import Link, bytes_per_step, planned, priced_at_cpu_seconds
     from nanotron_ext.bench.netns_hosts.links import tbf_burst_bytes
-    from nanotron_ext.bench.wan.clock import Link
-    from nanotron_ext.bench.wan.compute_check import priced_at_cpu_seconds
-    from nanotron_ext.bench.wan.profile import bytes_per_step, planned
     from nanotron_ext.metrics.logger import read_metrics
 
     cpus = [r["rank_cpu_s"] for r in read_metrics(run_dir / "metrics.jsonl") if "rank_cpu_s" in r][1:]

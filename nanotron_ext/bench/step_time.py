@@ -5,11 +5,11 @@
 
 The config's real layout is planned rank by rank (nanotron_ext.plan, on the meta device: FLOPs per rank, every
 message's bytes; cached in --plans by the hash of the resolved config), priced on the preset's device throughput and
-links and replayed by the model clock (bench/wan/clock.py): its pipeline schedule with the bubbles, FIFO stage links,
+links and replayed by the model clock (bench/clock/replay.py): its pipeline schedule with the bubbles, FIFO stage links,
 one uplink per node, the DP tier per step or the outer sync every H steps. Printed: the device and its throughput's
 source, each tier's link, the step between its two bounds (full overlap / no overlap) and tokens per second, and
 the breakdown: the slowest stage's compute, the schedule's bubble, then what the TP tier, the stage links and the
-DP tier each add, in that order, to each bound. Presets: nanotron_ext/bench/hardware.py (the papers' hardware) and
+DP tier each add, in that order, to each bound. Presets: nanotron_ext/bench/clock/hardware.py (the papers' hardware) and
 the WAN meter's clock presets; a sibling of `python -m nanotron_ext.plan`, which cannot import the meter (the meter
 imports the planner).
 """
@@ -19,35 +19,36 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from nanotron_ext.bench.wan.clock import Link, StepBounds, step_bounds
-from nanotron_ext.bench.wan.presets import ClockPreset
+from nanotron_ext.bench.clock import (
+    ClockPreset,
+    Link,
+    all_presets,
+    links_of,
+    planned,
+    preset,
+    replica_works,
+    step_bounds_of,
+)
 
 FREE = Link(0.0)
 TERMS = ("tp_s", "stage_link_s", "dp_s")  # the tiers added one after the other to the free-link step
 
 
-def _bounds(plan: Dict[str, Any], tiers: Dict[str, Link], stage: List[Link], flops_per_s: float) -> StepBounds:
-    from nanotron_ext.bench.wan.profile import replica_works
-
-    return step_bounds(replica_works(plan, tiers, stage, flops_per_s), plan["outer_every"])
-
-
 def clock_terms(plan: Dict[str, Any], preset: ClockPreset, tflops: float) -> Dict[str, Any]:
-    """The clock's step of a planned config (bench/wan/profile.planned's form) on `preset` at `tflops` effective
+    """The clock's step of a planned config (bench/clock's `planned` form) on `preset` at `tflops` effective
     TFLOP/s: "lower_s" / "upper_s" (full / no overlap) and the terms that add up to each: "compute_s" (the slowest
     stage's forwards and backwards, links free), "bubble_s" (the schedule's idle time on free links), then each tier's
     link added in turn, [lower, upper]: "tp_s", "stage_link_s", "dp_s" (with the outer sync); "stage_wire_s": seconds
     per step the busiest stage link carries data (both directions on one wire when half duplex)."""
-    from nanotron_ext.bench.wan.profile import links_of, replica_works
-
     f = tflops * 1e12
     dp = plan["layout"]["dp"]
     tiers, stage = links_of(preset, dp)
     free_tiers, free_stage = {"tp": FREE, "dp": FREE}, [FREE] * dp
     works = replica_works(plan, free_tiers, free_stage, f)
     compute = max(w.micro_batches * (st.fwd_s + st.bwd_s) for w in works for st in w.stages)
-    steps = [_bounds(plan, free_tiers, free_stage, f), _bounds(plan, {"tp": tiers["tp"], "dp": FREE}, free_stage, f),
-             _bounds(plan, {"tp": tiers["tp"], "dp": FREE}, stage, f), _bounds(plan, tiers, stage, f)]
+    tp_only = {"tp": tiers["tp"], "dp": FREE}
+    steps = [step_bounds_of(plan, t, s, f) for t, s in
+             ((free_tiers, free_stage), (tp_only, free_stage), (tp_only, stage), (tiers, stage))]
     out: Dict[str, Any] = {"compute_s": compute, "bubble_s": steps[0].upper_s - compute}
     for name, before, after in zip(TERMS, steps, steps[1:]):
         out[name] = [after.lower_s - before.lower_s, after.upper_s - before.upper_s]
@@ -99,7 +100,6 @@ def render(name: str, preset: ClockPreset, tflops: float, plan: Dict[str, Any], 
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from nanotron_ext.bench.hardware import all_presets, preset
     from nanotron_ext.cli_checks import Writer
     from nanotron_ext.cli_flags import Float, OutputFile, OutputFolder, Parser
     from nanotron_ext.config.loader import add_config_args, config_from_args
@@ -126,7 +126,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     except UserFacingError as e:
         print(f"error: {one_line(str(e))}", file=sys.stderr)
         return 2
-    from nanotron_ext.bench.wan.profile import planned
 
     t = cfg.tokens
     plan = {**planned(args.config_file, list(args.overrides), Path(args.plans)),

@@ -220,6 +220,12 @@ LINK_PRESETS: Dict[str, LinkPreset] = {
     "infiniband": LinkPreset(4e5, 0.002, "full",
                              "NVIDIA ConnectX-7 / Quantum-2 NDR InfiniBand: 400 Gbit/s per port; ~2 us end to end "
                              "(order of magnitude, our assumption). ResBM's introduction quotes ~300 Gb/s"),
+    "nvlink3": LinkPreset(2.4e6, 0.002, "full",
+                          "NVIDIA A100 datasheet: NVLink 3 at 600 GB/s bidirectional = 300 GB/s = 2.4 Tbit/s per "
+                          "direction (BOOST's Perlmutter nodes); ~2 us one hop (order of magnitude, our assumption)"),
+    "slingshot11": LinkPreset(2e5, 0.002, "full",
+                              "HPE Slingshot 11 (NERSC Perlmutter, BOOST's testbed between nodes): 200 Gbit/s per NIC; "
+                              "~2 us (order of magnitude, our assumption)"),
     "10gbe": LinkPreset(1e4, 0.05, "full",
                         "IEEE 802.3ae 10 Gbit/s Ethernet, ResBM Table 3's centralised baseline (10 Gbps); 50 us one "
                         "way is a typical same-rack TCP latency (our assumption)"),

@@ -1,5 +1,5 @@
 """The WAN meter: which system reaches a given validation loss soonest over a preset's links
-(`python -m nanotron_ext.bench.wan`; docs/links-and-wan-meter.md).
+(`python -m nanotron_ext.bench.wan`; docs/links-and-wan-meter.md). Its model clock lives in bench/clock/.
 
     systems   the meter's rows: each system's real layout (processes, config keys)
     runs      real-sleep runs (`--clock emulated`): each system trained in its real layout over emulated links
@@ -9,9 +9,6 @@
     cli       the command line
     modelled  the meter with the model clock (`--clock model`): curves, replayed steps, time to target
     losses    the model clock's learning curves, each system in its cheapest equivalent layout
-    profile   what the clock replays for one system: its ranks planned, priced on a preset's hardware
-    clock     the model clock itself: a step's time replayed from its schedule, links and throughput
     model_results   the model clock's table, headline and figure
-    compute_check   each emulated run's link / compute ratio against its preset's
     validate  the model clock against the real-sleep emulator (`--validate-clock`)
 """

@@ -14,7 +14,7 @@ parallel/link.py), and the meter reports per system, mean and standard error ove
   and the headline: wall-clock to reach the target validation loss (default: the reference run's final
   validation loss + 2%; `--reference`, default the uncompressed pipeline). A run that does not reach it
   says so ("not reached": its time is not averaged in).
-- each run's compute check (bench/wan/compute_check.py): its ranks' CPU seconds priced on the model clock over
+- each run's compute check (bench/clock/compute_check.py): its ranks' CPU seconds priced on the model clock over
   its own links; a run whose compute the machine's load stretched (link / compute more than 25% off the
   preset's) is flagged in the notes.
 
@@ -58,14 +58,15 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from nanotron_ext.bench.clock import CLOCK_PRESETS
+from nanotron_ext.bench.clock import note as compute_check_note
 from nanotron_ext.bench.paper import evaluate
 from nanotron_ext.bench.report import help_with_defaults, publish, read_saved, run_meta, script_parser
 from nanotron_ext.bench.wan import runs as emulated
 from nanotron_ext.bench.wan.args import check_numbers, check_runs, saved_calibration, saved_rows
-from nanotron_ext.bench.wan.compute_check import note as compute_check_note
 from nanotron_ext.bench.wan.losses import loss_runs
 from nanotron_ext.bench.wan.modelled import measure_model, publish_model
-from nanotron_ext.bench.wan.presets import ANCHORS, CLOCK_PRESETS
+from nanotron_ext.bench.wan.presets import ANCHORS
 from nanotron_ext.bench.wan.results import CLAIMS, figure, headline, merged_runs, pooled_rows, table
 from nanotron_ext.bench.wan.systems import BASE, DEFAULT_SYSTEMS, REPO, SYSTEMS, run_overrides, system_config
 from nanotron_ext.cli_flags import one_line_refusals
@@ -114,7 +115,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                         "measured (real sleeps; --preset); model: losses from each system's cheapest equivalent "
                         "layout, step times replayed on the model clock at each --clock-preset's scale and hardware")
     p.add_argument("--clock-preset", nargs="+", default=list(CLOCK_PRESETS), choices=list(CLOCK_PRESETS),
-                   help="--clock model: the hardware, links and placement to time on (bench/wan/presets.py)")
+                   help="--clock model: the hardware, links and placement to time on (bench/clock/hardware.py)")
     p.add_argument("--equal-time", nargs="+", default=[], metavar="SYSTEM", choices=list(SYSTEMS),
                    help="--clock model: also train these systems for the reference's time to target on each "
                         "preset's clock (full overlap) at their own step time, their schedule over that length")

@@ -8,10 +8,9 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
+from nanotron_ext.bench.clock import CLOCK_PRESETS, bytes_per_step, links_of, planned, step_bounds_of, twin_overrides
 from nanotron_ext.bench.wan import model_results
 from nanotron_ext.bench.wan.losses import loss_runs, train_all
-from nanotron_ext.bench.wan.presets import CLOCK_PRESETS
-from nanotron_ext.bench.wan.profile import bytes_per_step, links_of, planned, step_bounds_of, twin_overrides
 from nanotron_ext.bench.wan.systems import REPO, run_overrides, system_config
 
 TITLE = "Time to a target validation loss on the model clock (losses: cheapest equivalent layouts; time: replayed)"

@@ -28,6 +28,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Tuple
 
+from nanotron_ext.bench.clock import A100_EFFECTIVE_TFLOPS
+
 REPO = Path(__file__).resolve().parents[3]
 TIERS = ("tp", "pp", "dp")  # the bandwidth tiers, in the order every table prints them
 TIER_KEYS = {"pp": "", "dp": "dp.", "tp": "tp."}  # each tier's prefix under parallelism.link
@@ -76,8 +78,6 @@ class ModelledAnchor:
 
 
 Anchor = MeasuredAnchor | ModelledAnchor
-# A100 bf16 dense peak 312 TFLOP/s at about a third: the assumption reproduce/het_sparseloco/stage_link.py uses
-A100_EFFECTIVE_TFLOPS = 100.0
 
 
 def boost_node(tp_link: str, tp_mbps_ms: Tuple[float, float]) -> ModelledAnchor:
@@ -186,45 +186,3 @@ def describe(preset: str) -> str:
     a = ANCHORS[preset]
     ratios = ", ".join(f"{tier} comm/compute {ta.comm_over_compute:.3g}" for tier, ta in a.tiers().items())
     return f"{preset}: {a.stands_for}; {a.source}; {ratios}"
-
-
-
-# -- the model clock's presets (`--clock model`): hardware, links per tier and where each replica sits ----------
-
-@dataclasses.dataclass(frozen=True)
-class ClockPreset:
-    """Named hardware for the model clock (bench/wan/clock.py): the device's effective throughput, a link per tier,
-    and the placement: replicas listed in `datacenter_replicas` run their stages over `datacenter_stage` (a full
-    replica inside one datacenter), the others over `stage` (a pipeline of poorly connected participants). A node
-    holds one stage's TP group and has one uplink. `scale_config`: the paper-scale YAML whose model and batch each
-    system is timed at (its layout and techniques stay the meter's: bench/wan/profile.py)."""
-
-    source: str
-    scale_config: str
-    device: str
-    tflops: float
-    tp: Tuple[float, float]  # (Mbit/s, one-way ms) of every link below; duplex full unless `duplex` says
-    stage: Tuple[float, float]
-    datacenter_stage: Tuple[float, float]
-    dp: Tuple[float, float]
-    datacenter_replicas: Tuple[int, ...] = (1,)
-    duplex: str = "full"
-    latency_holds_wire: bool = False  # the stage links' latency keeps the wire busy (clock.Link)
-
-
-INFINIBAND = (4e5, 0.002)  # LINK_PRESETS["infiniband"]: one NDR port
-NVLINK3 = (2.4e6, 0.002)  # A100 NVLink 3: 300 GB/s per direction
-SCALE_512M = "reproduce/het_sparseloco/sparseloco_512m.yaml"
-CLOCK_PRESETS: Dict[str, ClockPreset] = {
-    "internet-1g": ClockPreset(
-        "Heterogeneous SparseLoCo (arXiv:2601.02360) Fig. 3(b): 1 Gbit/s stage links between the participants that "
-        "share a replica, the same link and 10 ms between replicas; its placement: the uncompressed replica (1) a "
-        "full replica in a datacenter (InfiniBand between its stages), the compressed one (0) over the internet",
-        SCALE_512M, f"A100 at {A100_EFFECTIVE_TFLOPS:g} effective TFLOP/s (assumed, as stage_link.py)",
-        A100_EFFECTIVE_TFLOPS, NVLINK3, (1000.0, 10.0), INFINIBAND, (1000.0, 10.0)),
-    "protocolnanogpt-200m-50ms": ClockPreset(
-        "ProtocolNanoGPT: 200 Mbit/s and 50 ms per pipeline stage link over the internet, the same between "
-        "replicas; replica 1 a datacenter replica (InfiniBand between its stages), replica 0 over the internet",
-        SCALE_512M, f"A100 at {A100_EFFECTIVE_TFLOPS:g} effective TFLOP/s (assumed, as stage_link.py)",
-        A100_EFFECTIVE_TFLOPS, NVLINK3, (200.0, 50.0), INFINIBAND, (200.0, 50.0)),
-}

@@ -38,9 +38,8 @@ def measure_run(system: str, preset: str, seed: int, args: argparse.Namespace) -
 
 def compute_check_of(system: str, preset: str, seed: int, args: argparse.Namespace,
                      summary: Mapping[str, Any]) -> Dict[str, Any]:
-    """The run's compute check (bench/wan/compute_check.py): its link / compute ratio against the clock's."""
-    from nanotron_ext.bench.wan.compute_check import check, mean_step_s
-    from nanotron_ext.bench.wan.profile import planned, twin_overrides
+    """The run's compute check (bench/clock/compute_check.py): its link / compute ratio against the clock's."""
+    from nanotron_ext.bench.clock import check_compute, mean_step_s, planned, twin_overrides
     from nanotron_ext.config import load_config
 
     if "rank_cpu_step_s" not in summary:  # a run trained before runs recorded their CPU seconds (--reuse)
@@ -49,7 +48,7 @@ def compute_check_of(system: str, preset: str, seed: int, args: argparse.Namespa
     plan = planned(config, twin_overrides(config, run_overrides(system, None, seed, args), None),
                    Path(args.runs) / "plans")
     link = load_config(config, run_overrides(system, preset, seed, args)).parallelism.link
-    return check(plan, link, summary["rank_cpu_step_s"], mean_step_s(Path(summary["run_dir"])))
+    return check_compute(plan, link, summary["rank_cpu_step_s"], mean_step_s(Path(summary["run_dir"])))
 
 
 def closed_forms(system: str, preset: str, seed: int, args: argparse.Namespace) -> Dict[str, Optional[float]]:

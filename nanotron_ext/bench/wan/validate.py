@@ -21,8 +21,15 @@ import os
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
-from nanotron_ext.bench.wan.compute_check import RATIO_TOLERANCE, config_links, mean_step_s
-from nanotron_ext.bench.wan.profile import free_step_s, planned, step_bounds_of, twin_overrides
+from nanotron_ext.bench.clock import (
+    RATIO_TOLERANCE,
+    config_links,
+    free_step_s,
+    mean_step_s,
+    planned,
+    step_bounds_of,
+    twin_overrides,
+)
 from nanotron_ext.bench.wan.systems import SYSTEMS, run_overrides, system_config
 
 VALIDATION_SYSTEMS = ("pipeline", "int4_pipeline", "ddp", "sparseloco")

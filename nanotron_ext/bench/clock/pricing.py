@@ -30,7 +30,7 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from nanotron_ext.bench.wan.clock import Link, ReplicaWork, Stage, ring_seconds
+from nanotron_ext.bench.clock.replay import Link, ReplicaWork, Stage, ring_seconds, step_bounds
 
 SCALE_KEYS = ("model.hidden_size", "model.ffn_size", "model.num_layers", "model.num_heads", "model.num_kv_heads",
               "model.vocab_size", "model.max_seq_len", "model.dtype", "tokenizer.vocab_size",
@@ -69,7 +69,7 @@ def twin_overrides(config_file: str, overrides: Sequence[str], scale_config: Opt
 def plan_path(cfg: Any, cache: Path, device: str = "cpu") -> Path:
     """Where `planned` caches the plan of a loaded config: keyed by the resolved config, the device and the planner's
     version (reproduce/paper_scale_plans.py names the plans its table read by this)."""
-    from nanotron_ext.bench.wan.losses import digest
+    from nanotron_ext.config.digest import digest
     from nanotron_ext.config.loader import config_to_dict
 
     key = digest({"config": config_to_dict(cfg), "device": device, "planner": PLANNER_VERSION}, 16)
@@ -221,6 +221,5 @@ def free_step_s(plan: Dict[str, Any], flops_per_s: float) -> float:
 
 def step_bounds_of(plan: Dict[str, Any], tiers: Dict[str, Link], stage: Sequence[Link], flops_per_s: float) -> Any:
     """The clock's StepBounds of a planned config over these links at this throughput."""
-    from nanotron_ext.bench.wan.clock import step_bounds
 
     return step_bounds(replica_works(plan, tiers, stage, flops_per_s), plan["outer_every"])

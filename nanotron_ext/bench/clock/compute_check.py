@@ -23,7 +23,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from nanotron_ext.bench.wan.clock import Link
+from nanotron_ext.bench.clock.replay import Link
 
 RATIO_TOLERANCE = 0.25
 
@@ -48,7 +48,7 @@ def config_links(link: Any) -> Optional[Tuple[Dict[str, Link], Link]]:
 def job_flops(plan: Dict[str, Any]) -> float:
     """FLOPs of one training step over every rank of the job: each planned rank stands for the TP ranks of its
     stage and the replicas that share its config (as profile.bytes_per_step counts bytes)."""
-    from nanotron_ext.bench.wan.profile import replica_counts
+    from nanotron_ext.bench.clock.pricing import replica_counts
 
     counts = replica_counts(plan)
     return sum(counts[i] * plan["layout"]["tp"] * rank["flops"]
@@ -59,7 +59,7 @@ def _stretch(plan: Dict[str, Any], tiers: Dict[str, Link], stage: Link, flops_pe
              bound: str) -> float:
     """The compute stretch s at which `bound` of the clock's step equals `step_s` (bisection: the step grows with s;
     clamped to [1e-3, 1e3])."""
-    from nanotron_ext.bench.wan.profile import step_bounds_of
+    from nanotron_ext.bench.clock.pricing import step_bounds_of
 
     def step(s: float) -> float:
         return getattr(step_bounds_of(plan, tiers, [stage] * plan["layout"]["dp"], flops_per_s / s), bound)
@@ -75,7 +75,7 @@ def priced_at_cpu_seconds(plan: Dict[str, Any], rank_cpu_s: Sequence[float], tie
                           stage: Link) -> Tuple[float, float, Any]:
     """The clock priced at a run's own CPU seconds: (the throughput at which the job's FLOPs take the ranks' CPU
     seconds, the step over free links at it, the StepBounds over `tiers` and `stage` at it)."""
-    from nanotron_ext.bench.wan.profile import free_step_s, step_bounds_of
+    from nanotron_ext.bench.clock.pricing import free_step_s, step_bounds_of
 
     flops_per_s = job_flops(plan) / sum(rank_cpu_s)
     bounds = step_bounds_of(plan, tiers, [stage] * plan["layout"]["dp"], flops_per_s)

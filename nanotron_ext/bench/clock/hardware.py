@@ -1,21 +1,79 @@
-"""Named hardware of the papers for the model clock (`python -m nanotron_ext.bench.step_time --preset NAME`).
+"""Named hardware for the model clock: the device's effective throughput, a link per tier and where each replica sits.
 
-Each preset is a ClockPreset (bench/wan/presets.py: the device's effective throughput, a link per tier, where each
-replica sits) timed on the config given, as configured (no scale config). A paper's device throughput is the one
-number fitted to it: reproduce/paper_scale.py fits it on ONE named baseline row of the paper's table (the step time
-the clock replays equals the paper's there) and holds it for every other row; the value here is that fit, rounded,
-and the script says when it no longer matches. Links are the papers' stated ones; what a paper leaves out (latency,
-duplex) is said in each source.
+Two families, one type (`ClockPreset`):
+- `CLOCK_PRESETS`, the WAN meter's (`python -m nanotron_ext.bench.wan --clock model --clock-preset NAME`): the
+  heterogeneous SparseLoCo 512M model over an internet stage link, one replica in a datacenter;
+- `HARDWARE`, the papers' (`python -m nanotron_ext.bench.step_time --preset NAME`), each timed on the config given,
+  as configured (no scale config). A paper's device throughput is the one number fitted to it:
+  reproduce/paper_scale.py fits it on ONE named baseline row of the paper's table (the step time the clock replays
+  equals the paper's there) and holds it for every other row; the value here is that fit, rounded, and the script
+  says when it no longer matches.
+
+Every datacenter link is a `parallel/link.py` preset (`LINK_PRESETS`, each with its source), so the emulator and the
+clock read one number; links are the papers' stated ones, and what a paper leaves out (latency, duplex) is said in
+each source.
 """
 from __future__ import annotations
 
-from typing import Dict
+import dataclasses
+from typing import Dict, Tuple
 
-from nanotron_ext.bench.wan.presets import A100_EFFECTIVE_TFLOPS, CLOCK_PRESETS, INFINIBAND, NVLINK3, ClockPreset
 from nanotron_ext.errors import UserFacingError
+from nanotron_ext.parallel.link import LINK_PRESETS
+
+# A100 bf16 dense peak 312 TFLOP/s at about a third: the assumption reproduce/het_sparseloco/stage_link.py uses
+A100_EFFECTIVE_TFLOPS = 100.0
+
+
+def _link(name: str) -> Tuple[float, float]:
+    """A `parallel/link.py` preset as the clock's (Mbit/s, one-way ms)."""
+    p = LINK_PRESETS[name]
+    return (p.bandwidth_mbps, p.latency_ms)
+
+
+# -- the model clock's presets (`--clock model`): hardware, links per tier and where each replica sits ----------
+
+@dataclasses.dataclass(frozen=True)
+class ClockPreset:
+    """Named hardware for the model clock (bench/clock/replay.py): the device's effective throughput, a link per tier,
+    and the placement: replicas listed in `datacenter_replicas` run their stages over `datacenter_stage` (a full
+    replica inside one datacenter), the others over `stage` (a pipeline of poorly connected participants). A node
+    holds one stage's TP group and has one uplink. `scale_config`: the paper-scale YAML whose model and batch each
+    system is timed at (its layout and techniques stay the meter's: bench/clock/pricing.py)."""
+
+    source: str
+    scale_config: str
+    device: str
+    tflops: float
+    tp: Tuple[float, float]  # (Mbit/s, one-way ms) of every link below; duplex full unless `duplex` says
+    stage: Tuple[float, float]
+    datacenter_stage: Tuple[float, float]
+    dp: Tuple[float, float]
+    datacenter_replicas: Tuple[int, ...] = (1,)
+    duplex: str = "full"
+    latency_holds_wire: bool = False  # the stage links' latency keeps the wire busy (clock.Link)
+
+
+INFINIBAND = _link("infiniband")  # one NDR port
+NVLINK3 = _link("nvlink3")  # A100 NVLink 3: 300 GB/s per direction
+SCALE_512M = "reproduce/het_sparseloco/sparseloco_512m.yaml"
+CLOCK_PRESETS: Dict[str, ClockPreset] = {
+    "internet-1g": ClockPreset(
+        "Heterogeneous SparseLoCo (arXiv:2601.02360) Fig. 3(b): 1 Gbit/s stage links between the participants that "
+        "share a replica, the same link and 10 ms between replicas; its placement: the uncompressed replica (1) a "
+        "full replica in a datacenter (InfiniBand between its stages), the compressed one (0) over the internet",
+        SCALE_512M, f"A100 at {A100_EFFECTIVE_TFLOPS:g} effective TFLOP/s (assumed, as stage_link.py)",
+        A100_EFFECTIVE_TFLOPS, NVLINK3, (1000.0, 10.0), INFINIBAND, (1000.0, 10.0)),
+    "protocolnanogpt-200m-50ms": ClockPreset(
+        "ProtocolNanoGPT: 200 Mbit/s and 50 ms per pipeline stage link over the internet, the same between "
+        "replicas; replica 1 a datacenter replica (InfiniBand between its stages), replica 0 over the internet",
+        SCALE_512M, f"A100 at {A100_EFFECTIVE_TFLOPS:g} effective TFLOP/s (assumed, as stage_link.py)",
+        A100_EFFECTIVE_TFLOPS, NVLINK3, (200.0, 50.0), INFINIBAND, (200.0, 50.0)),
+}
+
 
 NONE = (0.0, 0.0)  # a tier the layout does not use (0 Mbit/s = unlimited: the clock charges it nothing)
-SLINGSHOT11 = (2e5, 0.002)  # Perlmutter's Slingshot 11 between nodes: 200 Gbit/s per NIC; latency assumed
+SLINGSHOT11 = _link("slingshot11")  # Perlmutter between nodes
 RESBM = ("ResBM (arXiv:2604.11947) Table 3: 8 x A10G, one block per GPU, GPipe over PyTorch/NCCL, batch 16 x 1024; "
          "the stage link's budget shared by both directions (its 609 tok/s = 80e6 / (2 x 4096 x 16 bit)), "
          "no latency stated; A10G throughput fitted on the centralised row (10 Gbit/s, 7530 tok/s) by "
