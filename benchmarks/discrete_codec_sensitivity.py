@@ -124,7 +124,7 @@ def run_item(item: Dict[str, Any], plan: Dict[str, Any]) -> Dict[str, Any]:
         row["realised_perturbation"] = perturb_(trainer.replica.model, item["perturb"])
     rvq = any(isinstance(m, ResidualQuantizer) for m in trainer.replica.model.modules())
     base_tape = work / "tapes" / f"{item['technique']}_base.pt"
-    tape = CodeTape(torch.load(base_tape)["codes"]) if item.get("replay") else CodeTape()
+    tape = CodeTape(torch.load(base_tape, weights_only=True)["codes"]) if item.get("replay") else CodeTape()
     losses = []
     with tape:
         for _ in range(plan["steps"]):
@@ -138,7 +138,7 @@ def run_item(item: Dict[str, Any], plan: Dict[str, Any]) -> Dict[str, Any]:
             base_tape.parent.mkdir(parents=True, exist_ok=True)
             torch.save(tape.state(), base_tape)
         else:
-            base = torch.load(base_tape)["codes"]
+            base = torch.load(base_tape, weights_only=True)["codes"]
             differ = [int((a != b).sum()) for a, b in zip(tape.codes, base)]
             row["code_flips"] = per_step(differ, sizes, tape.kinds, plan["steps"])
         row["code_decisions_per_step"] = len(tape.kinds) // plan["steps"]

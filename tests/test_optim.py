@@ -258,7 +258,7 @@ def test_state_dict_round_trip_is_bit_exact(name: str) -> None:
     resumed.load_state_dict(init)  # deliberately the wrong weights: the checkpoint must overwrite them
     opt2 = build_optimizer(resumed, cfg, None)
     sched2 = build_scheduler(opt2, cfg, total_steps=8)
-    state = torch.load(io.BytesIO(ckpt), weights_only=False)
+    state = torch.load(io.BytesIO(ckpt), weights_only=True)
     resumed.load_state_dict(state["model"])
     opt2.load_state_dict(state["opt"])
     sched2.load_state_dict(state["sched"])
@@ -451,17 +451,13 @@ def _tp_worker() -> dict:
     model2 = _tp_model(ctx.tp_pg)
     opt2 = build_optimizer(model2, cfg, ctx.tp_pg)
     sched2 = build_scheduler(opt2, cfg, STEPS)
-    state = torch.load(io.BytesIO(ckpt), weights_only=False)
+    state = torch.load(io.BytesIO(ckpt), weights_only=True)
     model2.load_state_dict(state["model"])
     opt2.load_state_dict(state["opt"])
     sched2.load_state_dict(state["sched"])
     _train(model2, opt2, sched2, range(1, STEPS), tp_clip, {})
     out["resume_exact"] = all(torch.equal(a, b) for a, b in zip(model.parameters(), model2.parameters()))
-    # Tensors as bytes: torch's tensor pickling through the result queue shares memory with a
-    # process that is exiting.
-    buf = io.BytesIO()
-    torch.save(out, buf)
-    return buf.getvalue()
+    return out  # run_distributed sends it as pickled bytes (no shared memory with an exiting process)
 
 
 def _assemble(shards_per_rank: list, name: str) -> torch.Tensor:
@@ -475,7 +471,7 @@ def _assemble(shards_per_rank: list, name: str) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def tp_run() -> list:
-    return [torch.load(io.BytesIO(b), weights_only=False) for b in run_distributed(_tp_worker, 2, timeout_s=120)]
+    return run_distributed(_tp_worker, 2, timeout_s=120)
 
 
 def _max_diff_vs_ref(tp_run: list, key: str, step: int) -> float:
