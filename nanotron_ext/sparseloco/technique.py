@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, List, Optional, Tuple
 
 from nanotron_ext.config.checks import ConfigError, check_residual_layout, require
 from nanotron_ext.registry import techniques
@@ -42,22 +42,25 @@ class SparseLoCoTechnique(Technique):
             require(p.dp == 1, "parallelism.dp", f"{p.dp}: with sparseloco.fault_tolerance.enabled each replica is "
                     "its own job (parallelism.dp = 1); start one job per replica with its "
                     "sparseloco.fault_tolerance.replica")
-            require(not s.compressed_replicas, "sparseloco.compressed_replicas",
-                    f"{s.compressed_replicas}: heterogeneous replicas are not supported with "
-                    "sparseloco.fault_tolerance.enabled yet")
+            require(not (s.compressed_replicas and s.grassmann_every), "sparseloco.grassmann_every",
+                    f"{s.grassmann_every}: with sparseloco.fault_tolerance.enabled the shared U would need the "
+                    "compressed replicas' gradient statistics averaged across replica jobs (not built); set it to 0")
+        if s.streaming.delay:  # the streaming sync merges on arrival; these assume replicas take the global weights
+            for key, on in (("fault_tolerance.enabled", s.fault_tolerance.enabled), ("churn.down_syncs", s.churn.down_syncs),
+                            ("compressed_replicas", s.compressed_replicas)):
+                require(not on, f"sparseloco.{key}", f"{on}: not supported with sparseloco.streaming.delay="
+                        f"{s.streaming.delay} yet; set sparseloco.streaming.delay=0 (the blocking outer sync)")
         if s.churn.down_syncs:
             require(not s.fault_tolerance.enabled, "sparseloco.churn.down_syncs",
                     f"{s.churn.down_syncs}: emulated churn is for one job; with sparseloco.fault_tolerance.enabled "
                     "replicas really leave and rejoin (kill one); set sparseloco.churn.down_syncs=0")
             require(p.dp >= 2, "sparseloco.churn.down_syncs", f"{s.churn.down_syncs}: emulated churn drops one of the "
                     f"replicas from some syncs; parallelism.dp={p.dp} has no other to go on with (set dp >= 2)")
-            require(not s.compressed_replicas, "sparseloco.churn.down_syncs",
-                    f"{s.churn.down_syncs}: emulated churn is not supported with sparseloco.compressed_replicas="
-                    f"{s.compressed_replicas} yet")
         if not s.compressed_replicas:
             return
-        bad = [r for r in s.compressed_replicas if r >= p.dp]
-        require(not bad, "sparseloco.compressed_replicas", f"{bad} are not DP ranks (parallelism.dp={p.dp})")
+        n, key = replicas(cfg)
+        bad = [r for r in s.compressed_replicas if r >= n]
+        require(not bad, "sparseloco.compressed_replicas", f"{bad} are not replicas ({key}={n})")
         for key, value, default in (("model.codec.kind", m.codec.kind, "identity"),
                                     ("model.embedding.kind", m.embedding.kind, "standard"),
                                     ("model.output_constraint.kind", m.output_constraint.kind, "none")):
@@ -77,9 +80,9 @@ class SparseLoCoTechnique(Technique):
         table's): a compressed and an uncompressed replica each, so a refusal is one config error here
         rather than a traceback on every rank of the replicas that build it."""
         s = cfg.sparseloco
-        plain = [r for r in range(cfg.parallelism.dp) if r not in s.compressed_replicas]
+        plain = [r for r in range(replicas(cfg)[0]) if r not in s.compressed_replicas]
         for replica in [s.compressed_replicas[0], *plain[:1]]:
-            rc = self.replica_config(cfg, replica)
+            rc = self._replica_model(cfg, replica in s.compressed_replicas)
             try:
                 check_residual_layout(rc.model, rc.parallelism.tp)
                 for t in techniques():
@@ -98,8 +101,14 @@ class SparseLoCoTechnique(Technique):
         s = cfg.sparseloco
         if not s.compressed_replicas:
             return cfg
+        if s.fault_tolerance.enabled:  # one job per replica (dp = 1): this job's is fault_tolerance.replica
+            replica = s.fault_tolerance.replica
+        return self._replica_model(cfg, replica in s.compressed_replicas)
+
+    def _replica_model(self, cfg: "Config", compressed: bool) -> "Config":
+        s = cfg.sparseloco
         out = copy.deepcopy(cfg)
-        heterogeneous_replica(out.model, replica in s.compressed_replicas, reproject=s.weight_projection,
+        heterogeneous_replica(out.model, compressed, reproject=s.weight_projection,
                               modified_adamw=s.modified_adamw, grassmann_every=s.grassmann_every)
         return out
 
@@ -114,7 +123,7 @@ class SparseLoCoTechnique(Technique):
             return []
         out = []
         if s.embedding_adaptation:
-            n = fold_entries_bound(m.vocab_size, m.hidden_size, p.tp, p.dp, s)
+            n = fold_entries_bound(m.vocab_size, m.hidden_size, p.tp, replicas(cfg)[0], s)
             shard = m.vocab_size // p.tp * m.hidden_size * 4
             out.append(GatedWork(
                 "embedding_fold", s.inner_steps, "embedding fold (heterogeneous SparseLoCo)",
@@ -146,6 +155,15 @@ class SparseLoCoTechnique(Technique):
         return TierBytes(payload / s.inner_steps, 0.0,
                          f"top-{s.topk} of every {s.chunk}-chunk ({s.index_bits}-bit indices, {values}): "
                          f"{payload:,} B per outer sync / {s.inner_steps} inner steps{extra}")
+
+
+def replicas(cfg: "Config") -> Tuple[int, str]:
+    """The replicas of the outer loop and the key that sets them: the DP ranks, or with fault tolerance (one job
+    per replica, dp = 1) sparseloco.fault_tolerance.replicas."""
+    ft = cfg.sparseloco.fault_tolerance
+    if ft.enabled:
+        return ft.replicas, "sparseloco.fault_tolerance.replicas"
+    return cfg.parallelism.dp, "parallelism.dp"
 
 
 technique = SparseLoCoTechnique()
