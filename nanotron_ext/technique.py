@@ -104,6 +104,20 @@ class Technique:
     memory_switches: ClassVar[Sequence[str]] = ()
     """Boolean config keys of this technique's sections that trade recomputation for activation memory (BOOST's
     model.boost.lowrank_checkpointing); `python -m nanotron_ext.plan` plans a config with each one flipped too."""
+    resume_keys: ClassVar[Optional[Sequence[str]]] = None
+    """Config keys whose change across a resume the core refuses, naming them (nanotron_ext.train.guard): each a key
+    or a section path covering every key under it. None (the default): every section this technique mounts, since
+    they shape the saved state or define the experiment the run continues."""
+    resume_free: ClassVar[Sequence[str]] = ()
+    """Keys (or section paths) under `resume_keys` that may change across a resume: the same math, or where and how
+    patiently a replica meets the others (SparseLoCo's sparseloco.fault_tolerance.lighthouse)."""
+    widths: ClassVar[Sequence[str]] = ()
+    """Integer keys of this technique's sections holding a width that scales with the hidden size d (SM's k = d/8,
+    BOOST's r = d/4): the model clock's twin at a larger model scales each by the ratio of the hidden sizes."""
+    uncompressed: ClassVar[Sequence[str]] = ()
+    """`--set` overrides ("key=value") beyond the core's (every extension point at its core piece: identity codec,
+    standard embedding, no constraint) that make the uncompressed twin of a config, the base model the papers size
+    (nanotron_ext.models.param_count.uncompressed_overrides; SparseLoCo's "sparseloco.compressed_replicas=[]")."""
     pieces: ClassVar[Union[str, type]] = ""
     """"module:Class" of this technique's `Pieces` subclass, imported when a model is built (or the class itself,
     for a technique registered in-process with nanotron_ext.config.compose.register_technique)."""
@@ -114,6 +128,10 @@ class Technique:
 
     def section_items(self) -> Dict[str, Section]:
         return {path: s if isinstance(s, Section) else Section(s) for path, s in self.sections.items()}
+
+    def resume_defining(self) -> List[str]:
+        """`resume_keys`, or every section this technique mounts when it names none."""
+        return list(self.sections) if self.resume_keys is None else list(self.resume_keys)
 
     def pieces_class(self) -> type:
         if not self.pieces:

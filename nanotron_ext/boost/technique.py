@@ -18,6 +18,7 @@ class BoostTechnique(Technique):
     name = "boost"
     sections = {"model.low_rank": LowRankConfig, "model.boost": BoostConfig}
     provides = {"model.tp_strategy": LOW_RANK_STRATEGIES}
+    widths = ("model.low_rank.rank",)  # r = d/4 in the paper
     shards_residual = ("btp",)  # BTP: each TP rank holds d/tp features of the residual stream
     no_output_projections = ("vanilla",)  # factor pairs, each Megatron-split: no one weight writes the stream
     memory_switches = ("model.boost.lowrank_checkpointing",)  # sec. 4.4: recompute inside chunks (low-rank models)

@@ -19,6 +19,8 @@ class MaplTechnique(Technique):
     name = "mapl"
     sections = {"model.codec.mapl": MaplCodecConfig, "optimizer.spel": SpelConfig}
     provides = {"model.codec.kind": ["mapl"], "optimizer group": [SPEL_TAG]}
+    resume_free = ("optimizer.spel.lr_scale",)  # a step size, free across a resume like the core's optimizer.lr
+    widths = ("model.codec.mapl.rank", "model.codec.mapl.anchor_width")
     pieces = "nanotron_ext.mapl.pieces:MaplPieces"
 
     def check_model(self, model: "ModelConfig") -> None:

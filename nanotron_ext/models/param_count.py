@@ -17,11 +17,18 @@ import re
 from pathlib import Path
 from typing import Any, List, Optional, Tuple
 
+from nanotron_ext.registry import techniques
+
 HEADER = re.compile(r"^# parameters: ([\d,]+) \((uncompressed model|as configured)\); paper: ([\d,.]*\d)([MB]?)",
                     re.MULTILINE)
-# the overrides that turn a technique's config into the base model the papers size
-UNCOMPRESSED = ("model.codec.kind=identity", "model.embedding.kind=standard", "model.output_constraint.kind=none",
-                "sparseloco.compressed_replicas=[]")
+# the core's half of the uncompressed twin: every extension point at the core's own plain piece
+CORE_UNCOMPRESSED = ("model.codec.kind=identity", "model.embedding.kind=standard", "model.output_constraint.kind=none")
+
+
+def uncompressed_overrides() -> List[str]:
+    """The overrides that turn a technique's config into the base model the papers size: the core's, then every
+    registered technique's `Technique.uncompressed` (SparseLoCo: every replica the full model)."""
+    return [*CORE_UNCOMPRESSED, *(o for t in techniques() for o in t.uncompressed)]
 
 
 def param_shapes(cfg: Any) -> List[Tuple[int, ...]]:
@@ -50,10 +57,10 @@ def count_params(cfg: Any) -> int:
 
 
 def count_config_file(path: str | Path, uncompressed: bool = False) -> int:
-    """count_params of a YAML file (with `uncompressed`, of its base model: UNCOMPRESSED overrides)."""
+    """count_params of a YAML file (with `uncompressed`, of its base model: `uncompressed_overrides`)."""
     from nanotron_ext.config.loader import load_config
 
-    return count_params(load_config(path, list(UNCOMPRESSED) if uncompressed else []))
+    return count_params(load_config(path, uncompressed_overrides() if uncompressed else []))
 
 
 def header_line(ours: int, uncompressed: bool, paper: str) -> str:

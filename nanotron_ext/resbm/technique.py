@@ -19,6 +19,7 @@ class ResBMTechnique(Technique):
     name = "resbm"
     sections = {"model.codec.resbm": ResBMConfig}  # (its ratio resolves to 4 without h: ResBMConfig)
     provides = {"model.codec.kind": ["resbm"]}
+    widths = ("model.codec.resbm.h", "model.codec.resbm.m")
     pieces = "nanotron_ext.resbm.pieces:ResBMPieces"
 
     def check_model(self, model: "ModelConfig") -> None:

@@ -22,6 +22,7 @@ SPLIT_EMBEDDINGS = ("subspace", "subspace_adapted")  # T_fixed + a part in span(
 class SubspaceTechnique(Technique):
     name = "subspace"
     sections = {"model.subspace": SubspaceConfig}
+    widths = ("model.subspace.k",)  # k = d/8 in the paper
     provides = {"model.codec.kind": ["subspace"], "model.embedding.kind": list(SPLIT_EMBEDDINGS),
                 "model.output_constraint.kind": ["subspace"], "optimizer group": [SUBSPACE_ADAMW_TAG]}
     pieces = "nanotron_ext.subspace.pieces:SubspacePieces"

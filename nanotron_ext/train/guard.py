@@ -13,10 +13,11 @@ import re
 import signal
 import threading
 from pathlib import Path
-from typing import IO, Any, Callable, Dict, List, Optional, Union
+from typing import IO, Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 from nanotron_ext.errors import TrainingError
 from nanotron_ext.fileio import FolderInUseError, lock_folder
+from nanotron_ext.registry import techniques
 from nanotron_ext.train.checkpoint import list_checkpoints, remove_checkpoint
 from nanotron_ext.train.checkpoint_store import CheckpointMetaError, saved_config
 
@@ -116,22 +117,35 @@ def _flat(d: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
     return out
 
 
-# Keys a resume must not change: they shape the saved state (a change makes the checkpoint unloadable: size
-# mismatch, missing keys) or define what the run continues (the outer loop's state and schedule, the codec):
-# a change there used to give per-rank tracebacks or, worse, continue silently as another experiment.
-_RESUME_PREFIXES = ("model.", "sparseloco.")
-_RESUME_KEYS = {"optimizer.name", "parallelism.dp", "parallelism.tp", "parallelism.pp", "parallelism.layers_per_stage",
-                "parallelism.dp_sync"}
-# the same math by another kernel; where and how patiently a fault-tolerant replica meets the others
-_RESUME_FREE = {"model.attention"} | {f"sparseloco.fault_tolerance.{k}" for k in (
-    "lighthouse", "min_replicas", "timeout_s", "quorum_timeout_s", "max_retries")}
+# The core's keys a resume must not change: they shape the saved state (a change makes the checkpoint unloadable:
+# size mismatch, missing keys) or define what the run continues (the codec, the layout, the DP sync): a change there
+# used to give per-rank tracebacks or, worse, continue silently as another experiment. Each key covers the keys
+# under it. Every registered technique adds its own (Technique.resume_keys: by default, its sections).
+_RESUME_KEYS = ("model", "optimizer.name", "parallelism.dp", "parallelism.tp", "parallelism.pp",
+                "parallelism.layers_per_stage", "parallelism.dp_sync")
+_RESUME_FREE = ("model.attention",)  # the same math by another kernel (techniques add theirs: resume_free)
+
+
+def _under(key: str, paths: Iterable[str]) -> bool:
+    return any(key == p or key.startswith(p + ".") for p in paths)
+
+
+def _resume_rules() -> Tuple[List[str], List[str]]:
+    """(the keys whose change refuses a resume, those under them that may change): the core's and every registered
+    technique's (Technique.resume_defining, Technique.resume_free)."""
+    defining, free = list(_RESUME_KEYS), list(_RESUME_FREE)
+    for technique in techniques():
+        defining += technique.resume_defining()
+        free += technique.resume_free
+    return defining, free
 
 
 def changed_keys(saved: Dict[str, Any], config: Dict[str, Any]) -> List[str]:
     """'key saved -> now' for each resume-defining key of `config` that differs from the `saved` config."""
     a, b = _flat(saved), _flat(config)
+    defining, free = _resume_rules()
     return [f"{k} {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b))
-            if (k.startswith(_RESUME_PREFIXES) or k in _RESUME_KEYS) and k not in _RESUME_FREE and a.get(k) != b.get(k)]
+            if a.get(k) != b.get(k) and _under(k, defining) and not _under(k, free)]
 
 
 def resume_conflict(path: Union[str, Path], config: Dict[str, Any]) -> Optional[str]:

@@ -48,10 +48,10 @@ FIG3B_RATIO = 8  # Table 3(a) / Fig. 3(b) compress at 1/8 (87.5%)
 
 def measure(args: Any) -> Dict[str, Any]:
     from nanotron_ext.config.loader import load_config
-    from nanotron_ext.models.param_count import UNCOMPRESSED, param_shapes
+    from nanotron_ext.models.param_count import param_shapes, uncompressed_overrides
     from nanotron_ext.sparseloco.accounting import collective_time_s, outer_sync_bytes
 
-    cfg = load_config(args.config, list(UNCOMPRESSED))
+    cfg = load_config(args.config, uncompressed_overrides())
     shapes = param_shapes(cfg)
     n = sum(math.prod(s) for s in shapes)
     t, p = cfg.tokens, cfg.parallelism

@@ -17,6 +17,10 @@ class ToyTechnique(Technique):
         "optimizer group": ["toy_sgd"],
         "parallelism.dp_sync": ["toy_average"],
     }
+    # what the core needs to know about the toy, declared here so the core names none of its keys:
+    resume_keys = ("model.codec.toy", "toy_sync")  # (the default, its sections, spelled out): a resume keeps them
+    widths = ("model.codec.toy.width",)  # the wire's width scales with the hidden size in the clock's twin
+    uncompressed = ("toy_sync.every=1",)  # the uncompressed twin averages every step
     pieces = "toy_technique.pieces:ToyPieces"
 
     def check_model(self, model) -> None:
