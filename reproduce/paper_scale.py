@@ -1,16 +1,16 @@
-"""The papers' throughput figures at paper scale, predicted: reproduce/PAPER_SCALE.{md,json,png}.
+"""The papers' throughput figures at paper scale, predicted: reproduce/results/PAPER_SCALE.{md,json,png}.
 
-    .venv/bin/python reproduce/paper_scale.py [--from-json reproduce/PAPER_SCALE.json]
+    .venv/bin/python reproduce/paper_scale.py [--from-json reproduce/results/PAPER_SCALE.json]
 
 Each published throughput of the five papers (reproduce/paper_scale_rows.py) beside the model clock's prediction for
 the same model, layout, batch and link: the config planned rank by rank (reproduce/paper_scale_plans.py: read from
-reproduce/PLAN.json where plan_table.py plans it, else planned once and cached), priced on the paper's hardware
+reproduce/results/PLAN.json where plan_table.py plans it, else planned once and cached), priced on the paper's hardware
 (nanotron_ext/bench/clock/hardware.py) and replayed (bench/clock/replay.py). The one fitted quantity is each hardware's
 effective throughput, fitted on ONE named baseline row and held for every other row of its group; nothing else is
 tuned. "Ours" is the full-overlap bound (a send does not stop its sender: NCCL's point-to-point on its own stream,
 ProtocolNanoGPT's sender-stamped meter); the no-overlap bound is beside it. A row more than 25% off prints the clock's
 breakdown (compute, bubble, and what each tier adds) and the reason (paper_scale_notes.py). Plans change only the
-table's bytes and FLOPs: after reproduce/PLAN.json is regenerated, rerun this one command.
+table's bytes and FLOPs: after reproduce/results/PLAN.json is regenerated, rerun this one command.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 
 from reproduce.paper_scale_rows import NOT_PREDICTED, ROWS, Row  # noqa: E402
 
-OUT = REPO / "reproduce" / "PAPER_SCALE"
+OUT = REPO / "reproduce" / "results" / "PAPER_SCALE"
 TOLERANCE = 0.25  # the issue's goal: every predicted row within 25%
 
 
@@ -199,8 +199,8 @@ def render(result: Dict[str, Any]) -> str:
 
     rows, fits = result["rows"], result["fits"]
     lines = ["# The papers' throughput at paper scale, predicted by the model clock", "",
-             f"{result['date']}; `.venv/bin/python reproduce/paper_scale.py` (JSON: `reproduce/PAPER_SCALE.json`, "
-             "figure: `reproduce/PAPER_SCALE.png`). Each published throughput beside the model clock's prediction "
+             f"{result['date']}; `.venv/bin/python reproduce/paper_scale.py` (JSON: `reproduce/results/PAPER_SCALE.json`, "
+             "figure: `reproduce/results/PAPER_SCALE.png`). Each published throughput beside the model clock's prediction "
              "for the same model, layout, batch and link: the config planned rank by rank on the meta device "
              "(FLOPs, every message's bytes; `reproduce/paper_scale_plans.py`), priced on the paper's hardware "
              "(`nanotron_ext/bench/clock/hardware.py`) and replayed with its schedule, bubbles and links "
@@ -257,11 +257,11 @@ def render(result: Dict[str, Any]) -> str:
               f"{c.get('het_unpriced_pp_bytes_per_outer_step', 0) * 8 / 1e9 * 1e3 / 50:.0f} ms per step amortised "
               "over H = 50).", "",
               "## Rerun", "",
-              "`.venv/bin/python reproduce/paper_scale.py` (after `reproduce/PLAN.json` is regenerated too: the runs "
+              "`.venv/bin/python reproduce/paper_scale.py` (after `reproduce/results/PLAN.json` is regenerated too: the runs "
               "plan_table.py plans are read from it; the others are planned once and cached in "
-              "`reproduce/paper_scale_plans/` by the hash of their resolved config and the planner's version; plans "
+              "`reproduce/results/plans/` by the hash of their resolved config and the planner's version; plans "
               "no run reads any more are removed). `--from-json "
-              "reproduce/PAPER_SCALE.json` re-renders without the plans."]
+              "reproduce/results/PAPER_SCALE.json` re-renders without the plans."]
     return "\n".join(lines) + "\n"
 
 

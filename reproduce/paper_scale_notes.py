@@ -1,4 +1,4 @@
-"""Why a row of reproduce/PAPER_SCALE.md misses by more than 25%: the clock's term that explains it, and whether the
+"""Why a row of reproduce/results/PAPER_SCALE.md misses by more than 25%: the clock's term that explains it, and whether the
 paper states its setting well enough to model. Keyed by (source, label) of reproduce/paper_scale_rows.py; written
 from the breakdowns the script prints beside each note, never used to change a prediction."""
 from __future__ import annotations

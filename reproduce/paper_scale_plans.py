@@ -1,10 +1,10 @@
-"""The planned configs behind reproduce/PAPER_SCALE.md: which layout stands for each paper row, and its plan.
+"""The planned configs behind reproduce/results/PAPER_SCALE.md: which layout stands for each paper row, and its plan.
 
 A plan is what the model clock prices (nanotron_ext/bench/clock/pricing.py: per rank the FLOPs of one step and the
 comm ledger's bytes and calls). A run that reproduce/plan_table.py plans too (the same config and overrides) is read
-from reproduce/PLAN.json, so the table follows that file when it is regenerated; the others are planned here with
+from reproduce/results/PLAN.json, so the table follows that file when it is regenerated; the others are planned here with
 the planner (one planner at a time; it runs a pipeline's stages side by side) and cached in
-reproduce/paper_scale_plans/ under the hash of their resolved config (profile.planned), so a rerun plans only what
+reproduce/results/plans/ under the hash of their resolved config (profile.planned), so a rerun plans only what
 changed.
 """
 from __future__ import annotations
@@ -20,8 +20,8 @@ sys.path.insert(0, str(REPO))
 from reproduce.plan_table import RESBM_TABLE3  # noqa: E402
 from reproduce.plan_table import RUNS as PLAN_RUNS  # noqa: E402
 
-CACHE = REPO / "reproduce" / "paper_scale_plans"
-PLAN_JSON = REPO / "reproduce" / "PLAN.json"
+CACHE = REPO / "reproduce" / "results" / "plans"
+PLAN_JSON = REPO / "reproduce" / "results" / "PLAN.json"
 # BOOST Table 3 times one CoLA 7B decoder block (TP 4, BTP): the planner plans whole models, so a block is the
 # difference between a two-layer and a one-layer model (embedding, head and their collectives cancel), with a
 # 512-token vocabulary to keep the cancelled parts small
@@ -75,10 +75,10 @@ def plan_of(name: str) -> Dict[str, Any]:
     if PLAN_RUNS.get(name) == RUNS[name] and name in saved and cfg.parallelism.dp == 1:
         plan = _from_plan_json(saved[name])
         plan["micro_batches"] = t.batch_accumulation_per_replica
-        source = "reproduce/PLAN.json"
+        source = "reproduce/results/PLAN.json"
     else:
         plan = planned(str(REPO / config), list(overrides), CACHE)
-        source = f"reproduce/paper_scale_plans/{plan_path(cfg, CACHE).name}"
+        source = f"reproduce/results/plans/{plan_path(cfg, CACHE).name}"
     return {**plan, "tokens_per_step": tokens, "source": source}
 
 
@@ -87,10 +87,10 @@ def prune(used: Set[str]) -> List[str]:
     their names. Nothing is removed unless every plan in `used` is there (a cache key computed otherwise than
     profile.planned's would otherwise empty the folder)."""
     cached = sorted(CACHE.glob("plan_*.json"))
-    names = {f"reproduce/paper_scale_plans/{p.name}" for p in cached}
-    if any(u.startswith("reproduce/paper_scale_plans/") and u not in names for u in used):
+    names = {f"reproduce/results/plans/{p.name}" for p in cached}
+    if any(u.startswith("reproduce/results/plans/") and u not in names for u in used):
         return []
-    gone = [p for p in cached if f"reproduce/paper_scale_plans/{p.name}" not in used]
+    gone = [p for p in cached if f"reproduce/results/plans/{p.name}" not in used]
     for p in gone:
         p.unlink()
     return [p.name for p in gone]

@@ -1,4 +1,4 @@
-"""The parts of reproduce/PLAN.md that follow from the planned runs: what fits one 80 GiB GPU, and what changed
+"""The parts of reproduce/results/PLAN.md that follow from the planned runs: what fits one 80 GiB GPU, and what changed
 against the table of 2026-11-27 (reproduce/plan_table.py renders them)."""
 from __future__ import annotations
 

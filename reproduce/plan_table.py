@@ -1,8 +1,8 @@
 """Every paper-scale config of reproduce/ planned on this machine (python -m nanotron_ext.plan), beside the papers.
 
-    .venv/bin/python reproduce/plan_table.py [--only NAME ...] [--from-json reproduce/PLAN.json]
+    .venv/bin/python reproduce/plan_table.py [--only NAME ...] [--from-json reproduce/results/PLAN.json]
 
-Writes reproduce/PLAN.json (each run's full plan: every planned rank, every tier) and reproduce/PLAN.md (per rank
+Writes reproduce/results/PLAN.json (each run's full plan: every planned rank, every tier) and reproduce/results/PLAN.md (per rank
 role: peak memory and its parts, TFLOP per step; bytes per tier per step beside the closed forms; the papers'
 figures where they state one). A run already in the JSON is kept unless named with --only.
 """
@@ -22,7 +22,7 @@ from reproduce.plan_notes import BEFORE_BTP_OVER_VANILLA, verdicts, what_changed
 
 COMMAND = ".venv/bin/python reproduce/plan_table.py --only <every run>"  # how this table was made, 2026-11-28
 
-OUT = REPO / "reproduce" / "PLAN"
+OUT = REPO / "reproduce" / "results" / "PLAN"
 RESBM_TABLE3 = ["parallelism.pp=8", "parallelism.pp_engine=afab", "model.codec.boundaries=stages",
                 "tokens.micro_batch_size=1", "tokens.batch_accumulation_per_replica=16"]  # the YAML header's 8-GPU row
 HET_HALF = ["sparseloco.compressed_replicas=[4,5,6,7]", "model.subspace.k=192"]  # the YAML header's Het-PP-Compress
@@ -210,7 +210,7 @@ def render(saved: Dict[str, Any]) -> str:
     runs = saved["runs"]
     lines = ["# Paper-scale configs planned on one machine", "",
              f"{saved['machine']}, {saved['date']}; `python -m nanotron_ext.plan` on each config "
-             "(`reproduce/plan_table.py`; JSON: `reproduce/PLAN.json`).", "",
+             "(`reproduce/plan_table.py`; JSON: `reproduce/results/PLAN.json`).", "",
              "Each planned rank is rank R of the config's real layout, built in its own process over torch's fake "
              "process group on the meta device, and steps a full training iteration (all micro-batches through the "
              "pipeline engine with its neighbours' real message headers, DP sync, clipping, AdamW/Muon, and the DP "

@@ -77,11 +77,16 @@ RESULT_SUFFIXES = {".json", ".md", ".png"}  # what bench.report.publish writes; 
 def test_results_live_in_results_apart_from_the_scripts() -> None:
     """reproduce/<paper>/ holds scripts, configs and its README; every committed result (a table's JSON, markdown,
     PNG, or a folder of them) lives in reproduce/<paper>/results/, and every listed result is there."""
-    # (paper_scale_plans/ is not a paper's folder: the planner's cache that reproduce/paper_scale.py reads)
-    beside = [str(p.relative_to(R)) for paper in R.iterdir() if paper.is_dir() and paper.name != "__pycache__"
-              and paper.name != "paper_scale_plans" for p in paper.iterdir()
+    # (reproduce/results/ is not a paper's folder: the paper-scale scripts' results and the planner's cache)
+    beside = [str(p.relative_to(R)) for paper in R.iterdir() if paper.is_dir()
+              and paper.name not in ("__pycache__", "results") for p in paper.iterdir()
               if p.name not in ("results", "__pycache__", "README.md") and (p.is_dir() or p.suffix in RESULT_SUFFIXES)]
     assert not beside, "results beside the scripts (move them to <paper>/results/): " + ", ".join(sorted(beside))
+    # and reproduce/'s own top level: scripts and README only, its results in reproduce/results/
+    top = sorted(p.name for p in R.iterdir() if p.is_file() and p.suffix in RESULT_SUFFIXES and p.name != "README.md")
+    assert not top, "results at reproduce/'s top level (move them to reproduce/results/): " + ", ".join(top)
+    stems = [p.stem for p in R.iterdir() if p.name != "__pycache__" and p.name != "__init__.py"]
+    assert len(stems) == len(set(stems)), "two entries of reproduce/ share a stem: " + ", ".join(sorted(stems))
     assert all(result.split("/")[1] == "results" for _, result in SCRIPTS)
 
 

@@ -1,7 +1,7 @@
 """`python -m nanotron_ext.bench.step_time` (a config's step time on named hardware): the clock's terms on plans
 written here by hand against closed forms (one stage: FLOPs / throughput; two stages under AFAB over a link: GPipe's
 bubble plus the link), the command's one-line errors, its report read from a seeded plan cache, and the papers'
-presets against the throughputs reproduce/PAPER_SCALE.json fitted."""
+presets against the throughputs reproduce/results/PAPER_SCALE.json fitted."""
 from __future__ import annotations
 
 import dataclasses
@@ -111,7 +111,7 @@ def test_the_report_reads_a_cached_plan_and_prints_bounds_tokens_and_breakdown(
 def test_every_paper_preset_holds_the_throughput_paper_scale_fitted() -> None:
     """reproduce/paper_scale.py fits each paper's device throughput on one row; the presets carry that fit (or,
     where the row cannot fit one, the stated assumption the table used)."""
-    fits = json.loads((REPO / "reproduce" / "PAPER_SCALE.json").read_text())["fits"]
+    fits = json.loads((REPO / "reproduce" / "results" / "PAPER_SCALE.json").read_text())["fits"]
     for fit in fits.values():
         assert HARDWARE[fit["preset"]].tflops == pytest.approx(fit["tflops"], rel=0.01), fit["preset"]
         siblings = [p for p in HARDWARE.values() if p.source == HARDWARE[fit["preset"]].source]
