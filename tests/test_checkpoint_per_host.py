@@ -16,6 +16,7 @@ from torch import nn
 from nanotron_ext.parallel.context import build_parallel_context
 from nanotron_ext.train.checkpoint import (
     CheckpointError,
+    CheckpointHosts,
     agreed_checkpoint,
     latest_checkpoint,
     list_checkpoints,
@@ -36,12 +37,13 @@ def _host(root: str, scenario: str):
     os.environ["GROUP_RANK"] = str(rank)
     disk = Path(root) / f"host{1 - rank if scenario == 'swapped' else rank}"
     pc = build_parallel_context(dp=2, tp=1, pp=1, backend="gloo")
+    hosts = CheckpointHosts.agree(pc.world_pg, per_host=True)
     torch.manual_seed(rank)
     model = nn.Linear(4, 4)
     out = {"rank": rank}
     if scenario == "save":
         for step in (1, 2):
-            save_checkpoint(disk, step, pc, model=model, extra={"step": step}, keep_last=2, per_host=True)
+            save_checkpoint(disk, step, pc, model=model, extra={"step": step}, keep_last=2, hosts=hosts)
         # step 3: host 1's commit (its rename) fails after host 0's succeeded
         if rank == 1:
             real = os.replace
@@ -52,12 +54,12 @@ def _host(root: str, scenario: str):
                 return real(src, dst)
             os.replace = failing
         try:
-            save_checkpoint(disk, 3, pc, model=model, extra={"step": 3}, keep_last=2, per_host=True)
+            save_checkpoint(disk, 3, pc, model=model, extra={"step": 3}, keep_last=2, hosts=hosts)
         except CheckpointError as e:
             out["error"] = str(e)
         out["steps"] = [s for s, _ in list_checkpoints(disk)]
         out["meta"] = read_meta(disk / "step_2")
-        agreed = agreed_checkpoint(disk, pc, True, lambda: latest_checkpoint(disk))
+        agreed = agreed_checkpoint(disk, pc, hosts, lambda: latest_checkpoint(disk))
         out["agreed"] = agreed.name
         out["extra"] = load_checkpoint(agreed, pc, model=nn.Linear(4, 4))
         return out
@@ -70,7 +72,7 @@ def _host(root: str, scenario: str):
             raise CheckpointError("checkpoints.dir: step_4 is damaged")
         return latest_checkpoint(disk)
     try:
-        agreed = agreed_checkpoint(disk, pc, True, pick)
+        agreed = agreed_checkpoint(disk, pc, hosts, pick)
         load_checkpoint(agreed, pc, model=nn.Linear(4, 4))
     except CheckpointError as e:
         out["error"] = str(e)
@@ -111,11 +113,12 @@ def _two_ranks_per_host(root: str):
     os.environ.update(GROUP_RANK=str(rank // 2), LOCAL_WORLD_SIZE="2", GROUP_WORLD_SIZE="2")
     disk = Path(root) / f"host{rank // 2}"
     pc = build_parallel_context(dp=2, tp=2, pp=1, backend="gloo")
+    hosts = CheckpointHosts.agree(pc.world_pg, per_host=True)
     torch.manual_seed(rank)
     model = nn.Linear(4, 4)
     for step in (1, 2, 3):
-        save_checkpoint(disk, step, pc, model=model, extra={"step": step}, keep_last=1, per_host=True)
-    agreed = agreed_checkpoint(disk, pc, True, lambda: latest_checkpoint(disk))
+        save_checkpoint(disk, step, pc, model=model, extra={"step": step}, keep_last=1, hosts=hosts)
+    agreed = agreed_checkpoint(disk, pc, hosts, lambda: latest_checkpoint(disk))
     extra = load_checkpoint(agreed, pc, model=nn.Linear(4, 4))
     return {"rank": rank, "extra": extra, "meta": read_meta(disk / "step_3"), "dirs": sorted(os.listdir(disk))}
 

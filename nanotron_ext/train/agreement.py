@@ -9,10 +9,15 @@ rank 0's failure reaches every rank, which all stop with the same one-line error
 - `control(flag, weights_sq)`: the one all-reduce per step (tagged `control` in the comm ledger) that carries
   "stop" flags, rank 0's pending write error and the squared norm of all weights (the divergence guard's);
   `control_on_device` is the same all-reduce left on the device, read a step later (the device guard's).
+
+Any rank's error, raised on all: `gather_or_raise(error, group, raise_as)` (checkpoint save and load, the run
+folder's claim, a restored state, the agreed checkpoint, inference's shard reads). And the control messages under
+it: `gather_objects` (every rank's object, outside the comm ledger) and `host_index` (this rank's host).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Tuple, TypeVar
+import os
+from typing import Any, Callable, List, Optional, Tuple, TypeVar
 
 import torch
 import torch.distributed as torch_dist
@@ -21,6 +26,30 @@ from nanotron import distributed as dist
 from nanotron_ext.errors import TrainingError, os_error_line
 
 T = TypeVar("T")
+
+
+def gather_objects(obj: Any, group: Any) -> List[Any]:
+    """Every rank's `obj` (control messages: not training traffic, so not in the comm ledger)."""
+    out: List[Any] = [None] * torch_dist.get_world_size(group)
+    torch_dist.all_gather_object(out, obj, group=group)
+    return out
+
+
+def host_index() -> int:
+    """This process's host: torchrun's node rank (GROUP_RANK; 0 outside torchrun)."""
+    return int(os.environ.get("GROUP_RANK", "0"))
+
+
+def gather_or_raise(error: Optional[str], group: Any, raise_as: Callable[[List[Tuple[int, str]]], BaseException],
+                    *, value: Any = None, cause: Optional[BaseException] = None) -> List[Any]:
+    """Collective over `group` (None: the world): every rank's `value`, unless some rank's `error` is set; then
+    every rank raises `raise_as(failures)` (failures: [(rank, error)], rank order), from `cause` (this rank's own
+    exception, if any), so no rank is left waiting in a later collective for one that left."""
+    seen = gather_objects((value, error), group)
+    failed = [(r, e) for r, (_, e) in enumerate(seen) if e is not None]
+    if failed:
+        raise raise_as(failed) from cause
+    return [v for v, _ in seen]
 
 
 class RankAgreement:

@@ -17,8 +17,9 @@ counts as a checkpoint only if its name is exactly `step_<N>` and its meta.json 
 exist with the recorded sizes, so a crash at any point leaves at most a `.tmp-`/`.old-` folder,
 which the next save removes.
 
-Where `root` is: with `per_host=False` every rank sees the same `root` (one node, or a shared filesystem). With
-`per_host=True` hosts share no disk: `root` is each host's own folder (the same path on each machine). The lowest
+Where `root` is: by default every rank sees the same `root` (one node, or a shared filesystem). With
+`hosts=CheckpointHosts.agree(group, per_host=True)` hosts share no disk: `root` is each host's own folder (the same
+path on each machine). The lowest
 rank of each host (torchrun's GROUP_RANK, its node rank) plays rank 0's part for that host's folder: its temp
 folder, its `meta.json` (its own files, plus `hosts`: every host's file records) and its rename. A step is complete
 when every host's rename succeeded, agreed over the process group; older checkpoints are pruned only after that,
@@ -50,7 +51,7 @@ import shutil
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Protocol, Tuple
+from typing import Any, Callable, Dict, List, Optional, Protocol, Tuple
 
 import torch
 import torch.distributed as torch_dist
@@ -58,13 +59,8 @@ from torch import nn
 
 from nanotron_ext import __version__
 from nanotron_ext.fileio import sha256_file
-from nanotron_ext.train.checkpoint_hosts import (
-    agreed_checkpoint,
-    gather_objects,
-    host_leader,
-    hosts_of_ranks,
-    missing_shard,
-)
+from nanotron_ext.train.agreement import gather_or_raise
+from nanotron_ext.train.checkpoint_hosts import CheckpointHosts, agreed_checkpoint, missing_shard
 from nanotron_ext.train.checkpoint_store import (
     META_NAME,
     CheckpointError,
@@ -82,6 +78,7 @@ from nanotron_ext.train.rng_state import get_rng_state, set_rng_state
 
 __all__ = [
     "CheckpointError",
+    "CheckpointHosts",
     "agreed_checkpoint",
     "Stateful",
     "save_checkpoint",
@@ -127,12 +124,17 @@ def _shard_name(coords: Dict[str, int]) -> str:
     return f"pp{coords['pp']}_dp{coords['dp']}_tp{coords['tp']}.pt"
 
 
-def _raise_if_any(errors: List[Optional[str]], what: str, cause: Optional[BaseException] = None) -> None:
-    """Raise the same error on every rank when any rank failed, so none is left waiting in a collective."""
-    failed = [(r, e) for r, e in enumerate(errors) if e is not None]
-    if failed:  # one line, bounded: torch's load_state_dict lists every missing key on lines of their own
+def _failed_on(what: str) -> Callable[[List[Tuple[int, str]]], CheckpointError]:
+    """`gather_or_raise`'s `raise_as` for checkpoints: one CheckpointError naming every failed rank."""
+    def raise_as(failed: List[Tuple[int, str]]) -> CheckpointError:
+        # one line, bounded: torch's load_state_dict lists every missing key on lines of their own
         detail = "; ".join(f"rank {r}: {' '.join(e.split())[:300]}" for r, e in failed)
-        raise CheckpointError(f"{what} failed on {len(failed)} rank(s): {detail}") from cause
+        return CheckpointError(f"{what} failed on {len(failed)} rank(s): {detail}")
+    return raise_as
+
+
+def _error_line(e: Optional[BaseException]) -> Optional[str]:
+    return None if e is None else f"{type(e).__name__}: {e}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -213,7 +215,7 @@ def save_checkpoint(
     extra: Optional[Dict[str, Any]] = None,
     keep_last: Optional[int] = None,
     config: Optional[Dict[str, Any]] = None,
-    per_host: bool = False,
+    hosts: Optional[CheckpointHosts] = None,
 ) -> Path:
     """Write `root/step_<step>/` atomically; collective: every rank of the world must call it.
 
@@ -223,36 +225,44 @@ def save_checkpoint(
     afterwards (never the one just written), as are leftovers of interrupted saves. Returns the
     checkpoint folder on every rank; raises CheckpointError on every rank if any rank failed.
     `config` (the run configuration as a dict) goes into meta.json, to name what changed if a resume fails.
-    `per_host`: `root` is each host's own disk (module doc).
+    `hosts`: which rank handles which folder (None: one folder every rank sees; per host: module doc).
     """
     if keep_last is not None and keep_last < 1:
         raise ValueError(f"keep_last must be >= 1 or None, got {keep_last}")
     root = Path(root)
     group = parallel_context.world_pg
-    rank = torch_dist.get_rank(group)
+    hosts = hosts if hosts is not None else CheckpointHosts.shared(group)
+    tmp_dir = _open_folder(root, step, group, hosts)
+    records = _write_own_shard(tmp_dir, step, parallel_context, hosts, model=model, optimizer=optimizer,
+                               scheduler=scheduler, extra=extra)
     final = root / f"step_{int(step)}"
-    hosts = hosts_of_ranks(group, per_host)
-    leader_rank = host_leader(hosts, rank)  # the rank that handles this host's folder
-    leader = leader_rank == rank
+    displaced = _commit(root, tmp_dir, final, _meta(step, parallel_context, records, hosts, config), group, hosts)
+    if hosts.is_leader:
+        _prune(root, final, displaced, keep_last)
+    return final
 
-    # 1. Each host's leader creates its temp folder and tells everyone its name (which also orders every write
-    #    after the mkdir). Leftovers of earlier crashes go first, so a full disk gets room.
-    msg: Tuple[Optional[str], Optional[str]] = (None, None)
-    if leader:
+
+def _open_folder(root: Path, step: int, group: Any, hosts: CheckpointHosts) -> Path:
+    """Phase 1: each host's leader creates its temp folder and tells everyone its name (which also orders every
+    write after the mkdir). Leftovers of earlier crashes go first, so a full disk gets room."""
+    folder, error = None, None
+    if hosts.is_leader:
         try:
             root.mkdir(parents=True, exist_ok=True)
             remove_stale(root)
             tmp_dir = root / f"step_{int(step)}.tmp-{uuid.uuid4().hex[:12]}"
             tmp_dir.mkdir()
-            msg = (str(tmp_dir), None)
+            folder = str(tmp_dir)
         except OSError as e:
-            msg = (None, f"{type(e).__name__}: {e}")
-    folders = gather_objects(msg, group)
-    _raise_if_any([error for _, error in folders], f"creating a checkpoint folder under {root}")
-    tmp_dir = Path(folders[leader_rank][0])
+            error = _error_line(e)
+    folders = gather_or_raise(error, group, _failed_on(f"creating a checkpoint folder under {root}"), value=folder)
+    return Path(folders[hosts.leader_rank])
 
-    # 2. Every rank writes its own file.
-    layout = _layout(parallel_context)
+
+def _write_own_shard(tmp_dir: Path, step: int, parallel_context: Any, hosts: CheckpointHosts, *, model: nn.Module,
+                     optimizer: Optional[Stateful], scheduler: Optional[Stateful],
+                     extra: Optional[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Phase 2: every rank writes its own file; every rank's file record (the temp folder goes when one failed)."""
     coords = _coords(parallel_context)
     record: Optional[Dict[str, Any]] = None
     local_error: Optional[BaseException] = None
@@ -262,7 +272,7 @@ def save_checkpoint(
             "step": int(step),
             "rank": torch_dist.get_rank(),
             "coords": coords,
-            "layout": layout,
+            "layout": _layout(parallel_context),
             "model": model.state_dict(),
             "optimizer": optimizer.state_dict() if optimizer is not None else None,
             "scheduler": scheduler.state_dict() if scheduler is not None else None,
@@ -273,44 +283,53 @@ def save_checkpoint(
         record = {**_write_shard(tmp_dir, payload, _shard_name(coords)), "rank": payload["rank"], **coords}
     except Exception as e:  # reported to all ranks below, so no rank waits for a file that never comes
         local_error = e
-    results = gather_objects((record, None if local_error is None else f"{type(local_error).__name__}: {local_error}"),
-                          group)
-    if any(err is not None for _, err in results) and leader:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
-    _raise_if_any([err for _, err in results], f"writing checkpoint step {step}", local_error)
+    try:
+        return gather_or_raise(_error_line(local_error), parallel_context.world_pg,
+                               _failed_on(f"writing checkpoint step {step}"), value=record, cause=local_error)
+    except CheckpointError:
+        if hosts.is_leader:
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+        raise
 
-    # 3. Each host's leader commits its part; everybody learns every host's verdict, so on return the checkpoint
-    #    is complete on every host. Only then is anything pruned.
-    verdict: Optional[str] = None
+
+def _meta(step: int, parallel_context: Any, records: List[Dict[str, Any]], hosts: CheckpointHosts,
+          config: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """A host's meta.json: its own ranks' file records (and, per host, every host's)."""
+    def on(host: int) -> List[Dict[str, Any]]:
+        return sorted((rec for r, rec in enumerate(records) if hosts.hosts[r] == host), key=lambda rec: rec["rank"])
+
+    meta = {
+        "format": FORMAT_VERSION,
+        "step": int(step),
+        "layout": _layout(parallel_context),
+        "world_size": torch_dist.get_world_size(parallel_context.world_pg),
+        "files": on(hosts.host),
+        "nanotron_ext_version": __version__,
+        "torch_version": torch.__version__,
+        "created_unix": time.time(),
+        "config": config,
+    }
+    if hosts.per_host:
+        meta["host"] = hosts.host
+        meta["hosts"] = {str(h): on(h) for h in sorted(set(hosts.hosts))}
+    return meta
+
+
+def _commit(root: Path, tmp_dir: Path, final: Path, meta: Dict[str, Any], group: Any,
+            hosts: CheckpointHosts) -> Optional[Path]:
+    """Phase 3: each host's leader commits its part; everybody learns every host's verdict, so on return the
+    checkpoint is complete on every host (only then is anything pruned). Returns, on a leader, the displaced earlier
+    folder of this step."""
     displaced: Optional[Path] = None
-    if leader:
-        mine = [rec for r, (rec, _) in enumerate(results) if hosts[r] == hosts[rank]]
-        meta = {
-            "format": FORMAT_VERSION,
-            "step": int(step),
-            "layout": layout,
-            "world_size": torch_dist.get_world_size(group),
-            "files": sorted(mine, key=lambda r: r["rank"]),
-            "nanotron_ext_version": __version__,
-            "torch_version": torch.__version__,
-            "created_unix": time.time(),
-            "config": config,
-        }
-        if per_host:
-            meta["host"] = hosts[rank]
-            meta["hosts"] = {str(h): sorted((rec for r, (rec, _) in enumerate(results) if hosts[r] == h),
-                                            key=lambda rec: rec["rank"]) for h in sorted(set(hosts))}
+    local_error: Optional[BaseException] = None
+    if hosts.is_leader:
         try:
             displaced = _finalize(root, tmp_dir, final, meta)
         except Exception as e:
-            verdict = f"{type(e).__name__}: {e}"
             local_error = e
             shutil.rmtree(tmp_dir, ignore_errors=True)
-    verdicts = gather_objects(verdict, group)
-    _raise_if_any(verdicts, f"committing checkpoint {final}", local_error)
-    if leader:
-        _prune(root, final, displaced, keep_last)
-    return final
+    gather_or_raise(_error_line(local_error), group, _failed_on(f"committing checkpoint {final}"), cause=local_error)
+    return displaced
 
 
 # --------------------------------------------------------------------------------------------
@@ -372,9 +391,8 @@ def load_checkpoint(
             scheduler.load_state_dict(payload["scheduler"])
     except Exception as e:
         local_error = e
-    errors = gather_objects(None if local_error is None else f"{type(local_error).__name__}: {local_error}",
-                         parallel_context.world_pg)
-    _raise_if_any(errors, f"loading checkpoint {path}", local_error)
+    gather_or_raise(_error_line(local_error), parallel_context.world_pg, _failed_on(f"loading checkpoint {path}"),
+                    cause=local_error)
     assert payload is not None
     set_rng_state(payload["rng"])
     return payload["extra"]

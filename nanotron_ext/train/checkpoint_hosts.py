@@ -4,59 +4,75 @@ finds no shard of its own on its host's disk. Control messages only (object gath
 comm ledger), as in checkpoint.py."""
 from __future__ import annotations
 
-import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 import torch.distributed as torch_dist
 
+from nanotron_ext.train.agreement import gather_objects, gather_or_raise, host_index
 from nanotron_ext.train.checkpoint_store import META_NAME, CheckpointError, PathLike, list_checkpoints
 
 
-def gather_objects(obj: Any, group: Any) -> List[Any]:
-    """Every rank's `obj` (control messages: not training traffic, so not in the comm ledger)."""
-    out: List[Any] = [None] * torch_dist.get_world_size(group)
-    torch_dist.all_gather_object(out, obj, group=group)
-    return out
+@dataclass(frozen=True)
+class CheckpointHosts:
+    """Where a job's checkpoints go: one folder every rank sees (`per_host` False: every rank counts as host 0,
+    rank 0 handles it), or each host's own disk (checkpoints.storage=per_host). `hosts[r]`: rank r's host."""
+
+    per_host: bool
+    hosts: List[int]
+    rank: int
+
+    @classmethod
+    def shared(cls, group: Any) -> "CheckpointHosts":
+        """One folder for every rank of `group` (no message)."""
+        return cls(False, [0] * torch_dist.get_world_size(group), torch_dist.get_rank(group))
+
+    @classmethod
+    def of(cls, nodes: List[int], per_host: bool, rank: int) -> "CheckpointHosts":
+        """From every rank's node rank, already gathered (`nodes`), and checkpoints.storage."""
+        return cls(per_host, list(nodes) if per_host else [0] * len(nodes), rank)
+
+    @classmethod
+    def agree(cls, group: Any, per_host: bool) -> "CheckpointHosts":
+        """Collective over `group` when `per_host` (every rank's host), else `shared`."""
+        if not per_host:
+            return cls.shared(group)
+        return cls.of(gather_objects(host_index(), group), True, torch_dist.get_rank(group))
+
+    @property
+    def host(self) -> int:
+        return self.hosts[self.rank]
+
+    @property
+    def leader_rank(self) -> int:
+        """The rank that handles the folder of this rank's host: the lowest rank on it."""
+        return min(r for r, h in enumerate(self.hosts) if h == self.host)
+
+    @property
+    def is_leader(self) -> bool:
+        return self.leader_rank == self.rank
 
 
-def host_index() -> int:
-    """This process's host: torchrun's node rank (GROUP_RANK; 0 outside torchrun)."""
-    return int(os.environ.get("GROUP_RANK", "0"))
-
-
-def hosts_of_ranks(group: Any, per_host: bool) -> List[int]:
-    """Every rank's host (collective over `group`; all 0 when checkpoints are on one shared `root`)."""
-    return gather_objects(host_index() if per_host else 0, group)
-
-
-def host_leader(hosts: List[int], rank: int) -> int:
-    """The rank that handles the folder of `rank`'s host: the lowest rank on it."""
-    return min(r for r, h in enumerate(hosts) if h == hosts[rank])
-
-
-def agreed_checkpoint(root: PathLike, parallel_context: Any, per_host: bool, pick: Callable[[], Optional[Path]]
-                      ) -> Optional[Path]:
+def agreed_checkpoint(root: PathLike, parallel_context: Any, hosts: CheckpointHosts,
+                      pick: Callable[[], Optional[Path]]) -> Optional[Path]:
     """The checkpoint every rank resumes from (collective), given `pick`, which returns the one this rank's host
     would pick (or raises CheckpointError: a damaged newer one): on one shared `root`, its answer; per host, the
     newest step complete on every host (a crash between two hosts' renames leaves the newest on some only, and the
     one before on all). A host with none while another has some is a CheckpointError naming it: starting afresh
     would overwrite the others' checkpoints. A host's refusal reaches every rank (none waits in the gather)."""
-    if not per_host:
+    if not hosts.per_host:
         return pick()
     group = parallel_context.world_pg
     try:
         local, refusal = pick(), None
     except CheckpointError as e:
-        local, refusal = None, str(e)
+        local, refusal = None, f"node {host_index()}: {e}"
     steps = sorted(s for s, _ in list_checkpoints(root)) if local is not None else []
     steps = [s for s in steps if local is None or s <= int(local.name.split("_")[1])]  # (a damaged newer: refused)
-    seen = gather_objects((host_index(), steps, refusal), group)
-    refused = next(((host, why) for host, _, why in seen if why is not None), None)
-    if refused is not None:
-        raise CheckpointError(f"node {refused[0]}: {refused[1]}")
+    seen = gather_or_raise(refusal, group, lambda failed: CheckpointError(failed[0][1]), value=(host_index(), steps))
     by_host: Dict[int, set] = {}
-    for host, host_steps, _ in seen:
+    for host, host_steps in seen:
         by_host.setdefault(host, set(host_steps))
     if not any(by_host.values()):
         return None

@@ -20,7 +20,7 @@ import torch.distributed as torch_dist
 from nanotron_ext.config.loader import config_to_dict, save_config
 from nanotron_ext.config.schema import Config
 from nanotron_ext.errors import TrainingError, os_error_line
-from nanotron_ext.train.agreement import RankAgreement
+from nanotron_ext.train.agreement import RankAgreement, gather_objects, gather_or_raise, host_index
 from nanotron_ext.train.checkpoint import (
     CheckpointError,
     latest_checkpoint,
@@ -29,7 +29,7 @@ from nanotron_ext.train.checkpoint import (
     remove_checkpoint,
     save_checkpoint,
 )
-from nanotron_ext.train.checkpoint_hosts import agreed_checkpoint, gather_objects, host_index, host_leader
+from nanotron_ext.train.checkpoint_hosts import CheckpointHosts, agreed_checkpoint
 from nanotron_ext.train.checkpoint_store import damaged_after, kept_note, resume_hint
 from nanotron_ext.train.guard import (
     claim_checkpoint_folder,
@@ -102,8 +102,8 @@ class RunFolder:
         self._saved_here: List[Path] = []  # checkpoints this launch wrote
         # resume=overwrite: the earlier checkpoints are deleted once this run's first one is complete, not before
         self._overwrite_pending = cfg.checkpoints.resume == "overwrite"
-        self.per_host = cfg.checkpoints.storage == "per_host"  # each host's checkpoints.dir is its own disk
-        self.host_leader = False  # the rank that handles this host's checkpoint folder (set by _claim)
+        # which rank handles which checkpoint folder (checkpoints.storage=per_host: each host's own disk; set by _claim)
+        self.hosts: Optional[CheckpointHosts] = None
         self._locks = self._claim()
 
     def _claim(self) -> list:
@@ -113,8 +113,8 @@ class RunFolder:
         locks, error = [], None
         nodes = gather_objects(host_index(), self.agree.world_pg)
         rank = torch_dist.get_rank(self.agree.world_pg)
-        self.host_leader = host_leader(nodes, rank) == rank if self.per_host else self.agree.is_main
-        if self.host_leader and not self.agree.is_main:
+        self.hosts = CheckpointHosts.of(nodes, self.cfg.checkpoints.storage == "per_host", rank)
+        if self.hosts.is_leader and not self.agree.is_main:
             try:
                 locks = claim_checkpoint_folder(Path(self.cfg.checkpoints.dir), self.cfg.checkpoints.resume)
             except TrainingError as e:
@@ -134,10 +134,8 @@ class RunFolder:
                 error = str(e)
             except OSError as e:  # a folder that cannot be created or written: every rank stops with the line
                 error = os_error_line(e)
-        errors = [e for e in gather_objects(error, self.agree.world_pg) if e is not None]
-        if errors:
-            raise TrainingError(errors[0])
-        if not self.per_host and len(set(nodes)) > 1:
+        gather_or_raise(error, self.agree.world_pg, lambda failed: TrainingError(failed[0][1]))
+        if not self.hosts.per_host and len(set(nodes)) > 1:
             self._check_shared(nodes)
         return locks
 
@@ -161,7 +159,7 @@ class RunFolder:
         returns the step). config.yaml is written only once that succeeded and there is training left to do: a
         launch that fails, or finds the run complete, leaves the run folder as it was."""
         step = 0
-        ckpt = agreed_checkpoint(self.cfg.checkpoints.dir, ctx, self.per_host, lambda: checkpoint_to_resume(self.cfg))
+        ckpt = agreed_checkpoint(self.cfg.checkpoints.dir, ctx, self.hosts, lambda: checkpoint_to_resume(self.cfg))
         if ckpt is not None:
             config = config_to_dict(self.cfg)
             conflict = resume_conflict(ckpt, config)  # every rank reads the same meta.json
@@ -185,7 +183,7 @@ class RunFolder:
         path = save_checkpoint(
             self.cfg.checkpoints.dir, step, ctx, model=replica.model, optimizer=replica.optimizer,
             scheduler=replica.scheduler, extra=extra, keep_last=self.cfg.checkpoints.keep_last,
-            config=config_to_dict(self.cfg), per_host=self.per_host,
+            config=config_to_dict(self.cfg), hosts=self.hosts,
         )
         self._saved_here.append(path)
         if self._overwrite_pending:  # this run has a complete checkpoint of its own now
@@ -207,7 +205,7 @@ class RunFolder:
         bad = Path(self.cfg.checkpoints.dir) / f"step_{step}"
         if bad not in self._saved_here:
             return None
-        if self.host_leader:
+        if self.hosts.is_leader:
             target = bad.with_name(f"{bad.name}.diverged")
             if target.exists():
                 remove_checkpoint(target)

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 import torch
-import torch.distributed as torch_dist
 from nanotron import distributed as dist
 from nanotron.parallel import ParallelContext
 
@@ -24,7 +23,7 @@ from nanotron_ext.metrics.step_meter import StepMeter, format_summary
 from nanotron_ext.parallel.comm import get_ledger
 from nanotron_ext.parallel.context import context_for
 from nanotron_ext.parallel.link import install_collective_links, link_emulator_from_config
-from nanotron_ext.train.agreement import RankAgreement
+from nanotron_ext.train.agreement import RankAgreement, gather_or_raise
 from nanotron_ext.train.checkpoint import CheckpointError
 from nanotron_ext.train.divergence import DivergenceGuard, weight_sq_norm
 from nanotron_ext.train.replica import Replica, validation_summary
@@ -90,11 +89,10 @@ class Trainer:
             self.guard.load_state_dict(extra.get("guard", {}))  # the run's first loss (older checkpoints: none)
         except Exception as e:  # noqa: BLE001 - reported on every rank below
             error = f"{type(e).__name__}: {e}"
-        errors: List[Optional[str]] = [None] * self.ctx.world_pg.size()
-        torch_dist.all_gather_object(errors, error, group=self.ctx.world_pg)  # control, not training traffic
-        failed = [f"rank {r}: {e}" for r, e in enumerate(errors) if e is not None]
-        if failed:
-            raise CheckpointError(f"the state saved in {ckpt} does not fit this run ({'; '.join(failed)[:500]})")
+        def raise_as(failed: List[Tuple[int, str]]) -> CheckpointError:
+            detail = "; ".join(f"rank {r}: {e}" for r, e in failed)[:500]
+            return CheckpointError(f"the state saved in {ckpt} does not fit this run ({detail})")
+        gather_or_raise(error, self.ctx.world_pg, raise_as)
         return step
 
     def train_step(self) -> Dict[str, object]:
