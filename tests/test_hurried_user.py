@@ -83,7 +83,7 @@ def test_checkpoints_that_name_one_checkpoint_say_which_folder_to_pass(trained: 
     step = trained / "ckpt" / "step_2"
     got = _cli("nanotron_ext.generate", ["--run", str(trained / "run"), "--checkpoints", str(step), "--prompt", "x"])
     assert _one_line(got) == (
-        f"error: no complete checkpoint in {step} (checkpoints.dir of {trained / 'run' / 'config.yaml'}) (step_2 is "
+        f"error: no complete checkpoint in {step} (--checkpoints {step}) (step_2 is "
         f"one checkpoint: pass its folder, --checkpoints {trained / 'ckpt'}, and --step to choose)")
 
 

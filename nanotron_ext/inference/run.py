@@ -159,7 +159,8 @@ def open_run(run: str | Path, step: Optional[int] = None, checkpoints: Folders =
         if skipped:
             s, p, why = max(skipped)
             hint += f"; {p.name} is damaged ({why})"
-        raise RunError(f"no complete checkpoint in {root} (checkpoints.dir of {config_file}){hint}")
+        given = f"--checkpoints {root}" if checkpoints else f"checkpoints.dir of {config_file}"
+        raise RunError(f"no complete checkpoint in {root} ({given}){hint}")
     steps = {s: p for s, p in found}
     if step is None:
         step = found[-1][0]
@@ -303,6 +304,7 @@ def _gather_rank(job: Dict[str, Any], out: Path) -> None:
     from nanotron_ext.models.build import build_model, replica_config
     from nanotron_ext.models.dense import NoDenseEquivalent, dense_state_dict, full_tensor
     from nanotron_ext.parallel.context import build_parallel_context
+    from nanotron_ext.train.agreement import gather_or_raise
 
     cfg = replica_config(from_dict(Config, job["config"]), job["replica"])
     ctx = build_parallel_context(1, job["tp"], job["pp"], backend="gloo")
@@ -314,10 +316,7 @@ def _gather_rank(job: Dict[str, Any], out: Path) -> None:
         model.load_state_dict(_read_shard(job["shards"], name)["model"])
     except (RunError, OSError, RuntimeError) as e:  # every rank learns, so none waits in a collective below
         error = f"{job['shards'].get(name, (name,))[0]}: {e}"
-    errors: List[Optional[str]] = [None] * torch_dist.get_world_size()
-    torch_dist.all_gather_object(errors, error)
-    if any(errors):
-        raise RunError(next(e for e in errors if e))
+    gather_or_raise(error, None, lambda failed: RunError(failed[0][1]))
 
     raw = {n: full_tensor(p, ctx.tp_pg) for n, p in model.named_parameters()}
     persistent = set(model.state_dict())
