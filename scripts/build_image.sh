@@ -8,24 +8,29 @@
 #   scripts/build_image.sh --stand-in --test    # ... then, inside the image: patches/apply.py --check,
 #                                               # one training step, make test-quick; timings to --result FILE
 #   scripts/build_image.sh --stand-in --smoke   # ... inside the image: patches/apply.py --check, one training step
-#   scripts/build_image.sh --remove             # delete the buildah storage and everything this script left
+#   scripts/build_image.sh --remove             # delete BUILD_DIR (buildah's storage, everything this script
+#                                               # left), only when this script made it (its marker file)
 # --rebuild-base makes the stand-in base again even when buildah's storage has it (it is reused otherwise);
 # --engine docker|buildah chooses the engine (default: docker when its daemon answers, else buildah).
 #
 # Environment: BASE_IMAGE (default: the Dockerfile's), IMAGE_TAG (nanotron_ext), BUILD_DIR (buildah storage and
-# the stand-in's root file system; /var/tmp/nanotron_ext-image), DEBIAN_MIRROR (http://deb.debian.org/debian),
-# DEBIAN_SUITE (bookworm), TORCH_SPEC (torch==2.13.0: the stand-in's torch), TORCH_INDEX_URL (where pip finds it,
+# the stand-in's root file system; /var/tmp/nanotron_ext-image; a new or empty folder, which the script marks as its
+# own with .nanotron_ext-build-dir: a folder holding anything else is refused, never written to or deleted),
+# DEBIAN_MIRROR (default: the first of this machine's apt sources that serves DEBIAN_SUITE, so a local mirror or
+# proxy is used as apt uses it; apt's Acquire::http::Proxy reaches debootstrap as http_proxy), DEBIAN_SUITE
+# (bookworm), TORCH_SPEC (torch==2.13.0: the stand-in's torch), TORCH_INDEX_URL (where pip finds it,
 # e.g. https://download.pytorch.org/whl/cpu for the CPU build; unset: pip's own configuration, which on this
 # project's machines finds the CPU wheel on local disk), MIN_FREE_GB (20), CA_BUNDLE (a CA bundle for a
 # TLS-intercepting proxy, mounted read-only over the base's /etc/ssl/certs/ca-certificates.crt while building;
-# default: pip's own `cert` setting, when set; never copied into the image; buildah only).
+# default: pip's own `cert` setting, when set; never copied into the image; buildah only). Every value is checked
+# as a value (never evaluated): a bad one is refused in one line naming it, exit code 2, before any work.
 # docs/profiling-and-benchmarks.md ("The Docker image") says which bases are supported and how nsys gets in.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 IMAGE_TAG=${IMAGE_TAG:-nanotron_ext}
 BUILD_DIR=${BUILD_DIR:-/var/tmp/nanotron_ext-image}
-DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+DEBIAN_MIRROR=${DEBIAN_MIRROR:-}
 DEBIAN_SUITE=${DEBIAN_SUITE:-bookworm}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 MIN_FREE_GB=${MIN_FREE_GB:-20}
@@ -47,6 +52,30 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
+
+# --- every input, as a value: one line naming it, exit 2, before anything is made ---------------------------------
+refuse() {  # refuse NAME VALUE WHY
+  printf 'build_image.sh: error: %s=%q: %s\n' "$1" "$2" "$3" >&2; exit 2
+}
+check() {  # check NAME VALUE REGEX WHY: bash's =~ matches the text; nothing in it is run or expanded
+  [[ $2 =~ $3 ]] || refuse "$1" "$2" "$4"
+}
+check MIN_FREE_GB "$MIN_FREE_GB" '^(0|[1-9][0-9]{0,6})$' "a whole number of GB, 0 to 9999999"
+check BUILD_DIR "$BUILD_DIR" '^/[^[:cntrl:]]*[^/[:cntrl:]]$' "an absolute path other than /, no control characters"
+check IMAGE_TAG "$IMAGE_TAG" '^[A-Za-z0-9][A-Za-z0-9._/:-]{0,254}$' "an image name: letters, digits and ._/:-"
+check DEBIAN_SUITE "$DEBIAN_SUITE" '^[a-z][a-z0-9-]{0,40}$' "a Debian suite, e.g. bookworm"
+check TORCH_SPEC "$TORCH_SPEC" '^[A-Za-z0-9][A-Za-z0-9._+=<>!~,-]{0,200}$' "a pip requirement, e.g. torch==2.13.0"
+URL='^(https?|file)://[^][:space:][:cntrl:]\\"'"'"'`$;|&<>(){}]+$'
+[ -z "$DEBIAN_MIRROR" ] || check DEBIAN_MIRROR "$DEBIAN_MIRROR" "$URL" "an http(s):// or file:// URL"
+[ -z "${TORCH_INDEX_URL:-}" ] || check TORCH_INDEX_URL "$TORCH_INDEX_URL" "$URL" "an http(s):// or file:// URL"
+[ -z "$RESULT" ] || check --result "$RESULT" '^[^[:cntrl:]]+[^/[:cntrl:]]$' "a file path, no control characters"
+case "$ENGINE" in ''|docker|buildah) ;; *) refuse --engine "$ENGINE" "docker or buildah" ;; esac
+# --result: replaced only when this script wrote it (its "written_by"), never a file it did not write
+RESULT_MARK='"written_by": "scripts/build_image.sh"'
+if [ -n "$RESULT" ] && { [ -e "$RESULT" ] || [ -L "$RESULT" ]; }; then
+  { [ -f "$RESULT" ] && grep -qF "$RESULT_MARK" "$RESULT"; } \
+    || refuse --result "$RESULT" "exists and build_image.sh did not write it (no $RESULT_MARK); name a new file"
+fi
 
 T0=$(date +%s)
 say() { printf '[build_image %4ss] %s\n' "$(( $(date +%s) - T0 ))" "$*"; }
@@ -75,8 +104,20 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
+# BUILD_DIR is the script's own only when it made it (or found it empty) and marked it: the one rule for what it
+# deletes. A folder holding anything else (the header advises a roomier disk: a user's folder) is refused.
+MARKER=.nanotron_ext-build-dir
+own_build_dir() {
+  [ -L "$BUILD_DIR" ] && refuse BUILD_DIR "$BUILD_DIR" "a symbolic link; name the folder itself"
+  [ -f "$BUILD_DIR/$MARKER" ] && [ ! -L "$BUILD_DIR/$MARKER" ] && return 0
+  [ ! -e "$BUILD_DIR" ] || [ -d "$BUILD_DIR" ] || refuse BUILD_DIR "$BUILD_DIR" "not a folder"
+  [ ! -d "$BUILD_DIR" ] || [ -z "$(ls -A "$BUILD_DIR")" ] || refuse BUILD_DIR "$BUILD_DIR" "holds files this script did \
+not make (no $MARKER in it): it is never written to or deleted; name a new or empty folder"
+  return 1
+}
 if [ $REMOVE -eq 1 ]; then
-  [ -d "$BUILD_DIR" ] || { say "nothing to remove at $BUILD_DIR"; exit 0; }
+  [ -e "$BUILD_DIR" ] || [ -L "$BUILD_DIR" ] || { say "nothing to remove at $BUILD_DIR"; exit 0; }
+  own_build_dir || { rmdir "$BUILD_DIR"; say "removed the empty $BUILD_DIR"; exit 0; }
   command -v buildah >/dev/null 2>&1 && "${BUILDAH[@]}" rm --all >/dev/null 2>&1 || true
   command -v buildah >/dev/null 2>&1 && "${BUILDAH[@]}" rmi --all --force >/dev/null 2>&1 || true
   rm -rf --one-file-system "$BUILD_DIR"
@@ -100,7 +141,6 @@ case "$ENGINE" in
   buildah)
     need buildah "apt-get install -y buildah (Debian/Ubuntu), dnf install buildah (Fedora)"
     [ "$(id -u)" -eq 0 ] || die "a daemonless build with --isolation chroot needs root (run it with sudo)" ;;
-  *) die "--engine must be docker or buildah, not $ENGINE" ;;
 esac
 if [ $STAND_IN -eq 1 ]; then
   need debootstrap "apt-get install -y debootstrap"
@@ -108,14 +148,19 @@ fi
 
 # --- space --------------------------------------------------------------------------------------------------------
 if [ "$ENGINE" = buildah ]; then
-  mkdir -p "$BUILD_DIR" || die "cannot create BUILD_DIR=$BUILD_DIR"
+  if ! own_build_dir; then
+    mkdir -p "$BUILD_DIR" || die "cannot create BUILD_DIR=$BUILD_DIR"
+    echo "made by scripts/build_image.sh: --remove deletes this folder and everything in it" >"$BUILD_DIR/$MARKER"
+  fi
   free_kb=$(df -Pk "$BUILD_DIR" | awk 'NR == 2 {print $4}')
   [ "$free_kb" -ge $(( MIN_FREE_GB * 1024 * 1024 )) ] || die "$(( free_kb / 1024 / 1024 )) GB free at $BUILD_DIR," \
     "at least $MIN_FREE_GB GB needed (the vfs driver stores each layer whole); set BUILD_DIR to a roomier disk"
 fi
 
 # --- the proxy's CA bundle (this project's machines reach PyPI through a TLS-intercepting proxy) -------------------
-pip_cert() { python3 -m pip config list 2>/dev/null | sed -n "s/^[^=]*\.cert='\(.*\)'$/\1/p" | head -1; }
+pip_cert() {  # no python3 (a bare host), or pip without the setting: none
+  { python3 -m pip config list 2>/dev/null || true; } | sed -n "/\.cert='/{s/^[^=]*\.cert='\(.*\)'$/\1/p;q}"
+}
 CA_BUNDLE=${CA_BUNDLE-${PIP_CERT:-${SSL_CERT_FILE:-$(pip_cert)}}}
 CA_MOUNT=()
 if [ -n "$CA_BUNDLE" ] && [ "$ENGINE" = buildah ]; then
@@ -124,8 +169,54 @@ if [ -n "$CA_BUNDLE" ] && [ "$ENGINE" = buildah ]; then
 fi
 
 # --- the stand-in base ------------------------------------------------------------------------------------------
+# The mirror apt itself uses for the suite: sources.list, then sources.list.d/*.list and *.sources (deb822) in
+# apt's order; the files are read as text, nothing in them is run.
+APT_LIST=/etc/apt/sources.list APT_PARTS=/etc/apt/sources.list.d/
+apt_setting() {  # apt_setting NAME CONFIG-ITEM: apt-config's value, parsed from `apt-config shell` (never eval'd)
+  command -v apt-config >/dev/null 2>&1 || return 0
+  { apt-config shell "$1" "$2" 2>/dev/null || true; } | sed -n "/^$1='/{s/^$1='\(.*\)'$/\1/p;q}"
+}
+apt_paths() {
+  APT_LIST=$(apt_setting LIST Dir::Etc::sourcelist/f); APT_LIST=${APT_LIST:-/etc/apt/sources.list}
+  APT_PARTS=$(apt_setting PARTS Dir::Etc::sourceparts/d); APT_PARTS=${APT_PARTS:-/etc/apt/sources.list.d/}
+}
+apt_mirror() {
+  local f uri
+  for f in "$APT_LIST" "${APT_PARTS%/}"/*; do
+    [ -f "$f" ] || continue
+    uri=$(case "$f" in
+      "$APT_LIST"|*.list) awk -v suite="$DEBIAN_SUITE" '$1 == "deb" {
+          i = 2; if ($2 ~ /^\[/) { while (i <= NF && $i !~ /\]$/) i++; i++ }
+          if ($(i + 1) == suite) { print $i; exit } }' "$f" ;;
+      *.sources) awk -v suite="$DEBIAN_SUITE" 'BEGIN { RS = ""; FS = "\n" } {
+          types = ""; uris = ""; suites = ""; enabled = "yes"
+          for (j = 1; j <= NF; j++) if ($j !~ /^#/ && match($j, /^[A-Za-z-]+:/)) {
+            key = tolower(substr($j, 1, RLENGTH - 1)); value = substr($j, RLENGTH + 1)
+            if (key == "types") types = value; else if (key == "uris") uris = value
+            else if (key == "suites") suites = value; else if (key == "enabled") enabled = tolower(value) }
+          if (types !~ /(^|[ \t])deb([ \t]|$)/ || enabled ~ /no/) next
+          n = split(suites, s, /[ \t]+/)
+          for (k = 1; k <= n; k++) if (s[k] == suite) { split(uris, u, /[ \t]+/); print (u[1] != "" ? u[1] : u[2]); exit }
+        }' "$f" ;;
+    esac)
+    [ -z "$uri" ] || { printf '%s\n' "$uri"; return 0; }
+  done
+}
+
 make_stand_in() {
   local work rootfs wheels ctr mnt pyver
+  if [ -z "$DEBIAN_MIRROR" ]; then
+    apt_paths
+    DEBIAN_MIRROR=$(apt_mirror)
+    [ -n "$DEBIAN_MIRROR" ] || { printf 'build_image.sh: error: DEBIAN_MIRROR: no apt source of this machine serves %s' \
+      "$DEBIAN_SUITE" >&2; printf ' (read %s and %s); set DEBIAN_MIRROR to a Debian mirror'"'"'s URL\n' "$APT_LIST" \
+      "$APT_PARTS" >&2; exit 2; }
+    check DEBIAN_MIRROR "$DEBIAN_MIRROR" "$URL" "read from $APT_LIST or $APT_PARTS: not an http(s):// or file:// URL"
+  fi
+  if [ -z "${http_proxy:-}" ]; then  # apt's own proxy, if it has one, for debootstrap's downloads
+    http_proxy=$(apt_setting PROXY Acquire::http::Proxy)
+    [ -z "$http_proxy" ] || { check Acquire::http::Proxy "$http_proxy" "$URL" "an http(s):// URL"; export http_proxy; }
+  fi
   work=$(mktemp -d "$BUILD_DIR/stand-in.XXXXXX"); TEMP_DIRS+=("$work")
   rootfs=$work/rootfs wheels=$work/wheels
   say "stage 1/4: debootstrap $DEBIAN_SUITE from $DEBIAN_MIRROR (a few minutes)"

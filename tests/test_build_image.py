@@ -110,9 +110,10 @@ def test_the_nsight_step_says_so_in_one_line_without_nvidias_repository(tmp_path
 
 
 def _script(tmp_path: Path, tools: dict[str, str], *args: str, **env_vars: str) -> subprocess.CompletedProcess:
-    base = {name: "" for name in ("dirname", "date", "sed", "id", "df", "awk", "mktemp", "rm", "mkdir", "cat")}
+    base = {name: "" for name in ("dirname", "date", "sed", "id", "df", "awk", "mktemp", "rm", "mkdir", "cat",
+                                                  "head", "tail", "ls", "find")}
     env = _fake_bin(tmp_path, {**base, **tools})
-    env.update(BUILD_DIR=str(tmp_path / "build"), **env_vars)
+    env.update({"BUILD_DIR": str(tmp_path / "build"), **env_vars})
     return subprocess.run([shutil.which("bash"), str(SCRIPT), *args], capture_output=True, text=True, env=env)
 
 
@@ -148,6 +149,90 @@ def test_the_build_script_refuses_an_unknown_option_in_one_line(tmp_path: Path) 
     (tmp_path / "again").mkdir()
     usage = _script(tmp_path / "again", {}, "--help")
     assert usage.returncode == 0 and "--stand-in" in usage.stdout and "--smoke" in usage.stdout
+
+
+
+# -- issue 53: --remove deletes only a folder it made; the stand-in's mirror comes from this machine's apt sources --
+AS_ROOT = {"id": "echo 0", "buildah": "exit 1", "debootstrap": "exit 0"}  # past the root check, no image to reuse
+
+
+def test_remove_leaves_a_folder_it_did_not_make(tmp_path: Path) -> None:
+    """The script itself advises BUILD_DIR on a roomier disk: a user's folder named that way survives --remove,
+    which refuses in one line (exit 2); so does a build into it."""
+    roomy = tmp_path / "roomy"
+    (roomy / "my_datasets").mkdir(parents=True)
+    (roomy / "my_datasets" / "corpus.txt").write_text("mine\n")
+    for i, args in enumerate([("--remove",), ("--stand-in",)]):
+        (tmp_path / f"run{i}").mkdir()
+        out = _script(tmp_path / f"run{i}", AS_ROOT, *args, BUILD_DIR=str(roomy), MIN_FREE_GB="0")
+        assert out.returncode == 2 and len(out.stderr.splitlines()) == 1, (args, out.stderr)
+        assert out.stderr.startswith(f"build_image.sh: error: BUILD_DIR={roomy}: ") and "did not make" in out.stderr
+        assert sorted(p.name for p in roomy.rglob("*")) == ["corpus.txt", "my_datasets"], args
+    assert (roomy / "my_datasets" / "corpus.txt").read_text() == "mine\n"
+
+
+def test_remove_deletes_the_folder_it_made(tmp_path: Path) -> None:
+    """A build makes BUILD_DIR and marks it (here it stops at the space check); --remove then deletes it."""
+    build = tmp_path / "deep" / "build"
+    (tmp_path / "a").mkdir()
+    made = _script(tmp_path / "a", AS_ROOT, "--stand-in", BUILD_DIR=str(build), MIN_FREE_GB="999999")
+    assert made.returncode == 1 and "at least 999999 GB needed" in made.stderr, made.stderr
+    assert build.is_dir()
+    (tmp_path / "b").mkdir()
+    out = _script(tmp_path / "b", AS_ROOT, "--remove", BUILD_DIR=str(build))
+    assert out.returncode == 0 and out.stderr == "" and not build.exists(), out.stderr
+    assert (tmp_path / "deep").is_dir()  # the folder above it was there before: left alone
+
+
+def _apt_sources(tmp_path: Path, one_line: str, deb822: str) -> dict[str, str]:
+    """A fake apt-config naming sources.list and sources.list.d under tmp_path, as apt-config shell prints them."""
+    etc = tmp_path / "etc_apt"
+    (etc / "sources.list.d").mkdir(parents=True)
+    (etc / "sources.list").write_text(one_line)
+    (etc / "sources.list.d" / "debian.sources").write_text(deb822)
+    return {"apt-config": f"echo \"LIST='{etc}/sources.list'\"; echo \"PARTS='{etc}/sources.list.d/'\""}
+
+
+def _stand_in_mirror(tmp_path: Path, tools: dict[str, str], **env: str) -> tuple[subprocess.CompletedProcess, str]:
+    """Run --stand-in up to debootstrap (a fake that records its arguments and fails): the mirror it was given."""
+    calls = tmp_path / "debootstrap.args"
+    out = _script(tmp_path, {**AS_ROOT, **tools, "debootstrap": f"echo \"$@\" > {calls}; exit 1"}, "--stand-in",
+                  MIN_FREE_GB="0", **env)
+    return out, calls.read_text().split()[-1] if calls.exists() else ""
+
+
+SOURCES = ("Types: deb\n# http://snapshot.debian.org/archive/debian/20250520T000000Z\n"
+           "URIs: http://mirror.local:3142/debian\nSuites: bookworm bookworm-updates\nComponents: main\n\n"
+           "Types: deb\nURIs: http://mirror.local:3142/debian-security\nSuites: bookworm-security\n")
+
+
+def test_the_stand_in_reads_its_debian_mirror_from_apt_sources(tmp_path: Path) -> None:
+    """No host of its own: the apt source that serves the suite (a local mirror or proxy); DEBIAN_MIRROR wins."""
+    apt = _apt_sources(tmp_path, "deb [arch=amd64] http://other.local/ubuntu jammy main\n", SOURCES)
+    out, mirror = _stand_in_mirror(tmp_path, apt)
+    assert out.returncode == 1 and mirror == "http://mirror.local:3142/debian", out.stderr
+    assert out.stderr.splitlines()[-1] == ("build_image.sh: error: debootstrap failed (log above; is "
+                                           "http://mirror.local:3142/debian reachable?)")
+    assert [p.name for p in (tmp_path / "build").iterdir()] == [".nanotron_ext-build-dir"]  # its temp folder: gone
+    (tmp_path / "own").mkdir()
+    out, mirror = _stand_in_mirror(tmp_path / "own", apt, DEBIAN_MIRROR="http://given.local/debian")
+    assert mirror == "http://given.local/debian", out.stderr
+    (tmp_path / "one_line").mkdir()
+    one_line = _apt_sources(tmp_path / "one_line", "# deb http://old.local/debian bookworm main\n"
+                                                   "deb [ signed-by=/k.gpg ] http://list.local/debian bookworm main\n",
+                            SOURCES)
+    assert _stand_in_mirror(tmp_path / "one_line", one_line)[1] == "http://list.local/debian"
+
+
+def test_no_apt_source_for_the_suite_is_one_line_naming_debian_mirror(tmp_path: Path) -> None:
+    apt = _apt_sources(tmp_path, "deb http://other.local/ubuntu jammy main\n", "Types: deb\nURIs: http://x/d\n"
+                       "Suites: trixie\n\nEnabled: no\nTypes: deb\nURIs: http://off.local/debian\nSuites: bookworm\n")
+    out, mirror = _stand_in_mirror(tmp_path, apt)
+    assert out.returncode == 2 and mirror == "", out.stderr
+    assert out.stderr.splitlines() == [
+        "build_image.sh: error: DEBIAN_MIRROR: no apt source of this machine serves bookworm (read "
+        f"{tmp_path}/etc_apt/sources.list and {tmp_path}/etc_apt/sources.list.d/); set DEBIAN_MIRROR to a Debian "
+        "mirror's URL"]
 
 
 @pytest.mark.slow
