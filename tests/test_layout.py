@@ -11,7 +11,10 @@ tests/helpers/imports.py):
 - parallel/ does not import config/ (primitives take plain values, the config layer reads YAML);
 - every technique package is declared as an entry point (its one Technique object), has the one shape
   (ARCHITECTURE.md: __init__.py with the paper map, config.py, technique.py, pieces.py) and maps its paper;
-- no technique's config dataclass lives under nanotron_ext/config/ (techniques own their sections).
+- no technique's config dataclass lives under nanotron_ext/config/ (techniques own their sections);
+- core code names no technique's config key (a string literal starting with a technique's section path, e.g.
+  "sparseloco." or "model.codec.resbm"), but in the paper catalogues (PAPER_CATALOGUES): what the core must know
+  about a technique's keys, the technique declares (Technique.resume_keys, widths, uncompressed).
 
 Which packages are techniques is read from pyproject.toml's entry points (what the registry loads), never listed
 here: a sixth package declared there is checked by every rule (test_a_sixth_technique_is_checked_...).
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
-from typing import List, Set
+from typing import Dict, List, Set
 
 from tests.helpers.imports import (
     ENTRY_POINT_GROUP,
@@ -47,6 +50,14 @@ ALLOWED_TECHNIQUE_IMPORTS = {("sparseloco", "subspace")}
 ALLOWED_FILE_EDGES = {("nanotron_ext.config.compose", "nanotron_ext.config.schema")}
 # the one shape of a technique package (ARCHITECTURE.md, "A technique's object"); tests/toy_technique/ has it too
 TECHNIQUE_FILES = ("__init__.py", "config.py", "technique.py", "pieces.py")
+# The core files that may name a technique's config keys: catalogues of papers' systems and testbeds, whose rows are
+# written as the keys each paper sets (reproduce/, the papers' own folders, is outside nanotron_ext/ and free too).
+PAPER_CATALOGUES = {
+    "nanotron_ext/bench/wan/systems.py",  # the WAN meter's systems: one row per paper's method, with its keys
+    "nanotron_ext/bench/wan/presets.py",  # the meter's anchors: a paper's testbed and the base model it times
+    "nanotron_ext/bench/workload.py",  # the BOOST reproductions' shape flags (--rank is BOOST's r; reproduce/boost/)
+}
+TOY = ROOT / "tests" / "toy_technique" / "toy_technique"
 
 
 # -- the rules, each a list of what breaks it (empty: kept), for this tree or a copy -----------------------------
@@ -148,11 +159,41 @@ def bench_imports_of_techniques(root: Path) -> List[str]:
             for n in all_imports(p, root)[1] if area(n) in names]
 
 
+def technique_sections(root: Path) -> Dict[str, str]:
+    """Section path -> technique, read from the `sections = {...}` of each technique's technique.py (the declared
+    ones and the toy, which registers in its own tests' processes)."""
+    files = {name: root / "nanotron_ext" / name / "technique.py" for name in techniques(root)} | {
+        "toy": TOY / "technique.py"}
+    out: Dict[str, str] = {}
+    for name, path in files.items():
+        for node in ast.walk(ast.parse(path.read_text())) if path.exists() else ():
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict) and \
+                    any(isinstance(t, ast.Name) and t.id == "sections" for t in node.targets):
+                out.update({k.value: name for k in node.value.keys if isinstance(k, ast.Constant)})
+    return out
+
+
+def core_names_of_technique_keys(root: Path) -> List[str]:
+    """A string literal in core code (outside PAPER_CATALOGUES) that starts with a technique's section path and a
+    dot, or is a dotted section path itself ("sparseloco" alone is also the DP sync's name, so it is not)."""
+    sections, names, bad = technique_sections(root), techniques(root), []
+    for module, path in sorted(modules(root).items()):
+        where = path.relative_to(root).as_posix()
+        if area(module) in names or where in PAPER_CATALOGUES:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            text = node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+            hit = next((s for s in sections if text and (text.startswith(s + ".") or ("." in s and text == s))), None)
+            if hit:
+                bad.append(f"{where}:{node.lineno} names {sections[hit]}'s key {text!r}: declare it on the Technique")
+    return bad
+
+
 def every_rule(root: Path) -> List[str]:
     graph = package_graph(root)
     return (file_loops(root, ALLOWED_FILE_EDGES) + [describe_cycle(c, graph) for c in cycles(graph)]
             + core_imports_of_techniques(root) + undeclared_requires(root) + entry_point_problems(root)
-            + technique_configs_in_core(root) + bench_imports_of_techniques(root))
+            + technique_configs_in_core(root) + bench_imports_of_techniques(root) + core_names_of_technique_keys(root))
 
 
 # -- this tree keeps them -----------------------------------------------------------------------------------------
@@ -219,7 +260,19 @@ def test_the_bench_harness_is_core_and_imports_no_technique() -> None:
     assert not bad, "\n".join(bad)
 
 
-def test_no_python_file_over_400_lines() -> None:
+def test_core_code_names_no_technique_key_but_in_the_paper_catalogues() -> None:
+    """The core learns what it needs about a technique's keys from the Technique (the resume check, the model
+    clock's widths, the uncompressed twin); the sections read here are the ones the registry mounts."""
+    from nanotron_ext.registry import techniques as registered
+
+    read = technique_sections(ROOT)
+    assert {p for p, name in read.items() if name != "toy"} == {path for t in registered() for path in t.sections}
+    assert {p for p, name in read.items() if name == "toy"} == {"model.codec.toy", "toy_sync"}
+    bad = core_names_of_technique_keys(ROOT)
+    assert not bad, "\n".join(bad)
+
+
+def test_no_python_file_over_450_lines() -> None:
     long = [f"{p.relative_to(ROOT)}: {n}" for p in list(PKG.rglob("*.py")) + list((ROOT / "reproduce").rglob("*.py"))
             if (n := len(p.read_text().splitlines())) > 450]
     assert not long, "split these files: " + ", ".join(long)
@@ -264,8 +317,10 @@ SIXTH = {
     "__init__.py": '"""Sixth: a technique added in a test.\n\nPaper -> code: (none) the codec -> pieces.Sixth\n"""\n'
                    "from nanotron_ext.sixth.technique import technique  # noqa: F401\n",
     "config.py": "import dataclasses\n\n\n@dataclasses.dataclass\nclass SixthConfig:\n    width: int = 4\n",
-    "technique.py": "from nanotron_ext.technique import Technique\n\n\nclass SixthTechnique(Technique):\n"
-                    "    name = 'sixth'\n\n\ntechnique = SixthTechnique()\n",
+    "technique.py": "from nanotron_ext.sixth.config import SixthConfig\n"
+                    "from nanotron_ext.technique import Technique\n\n\nclass SixthTechnique(Technique):\n"
+                    "    name = 'sixth'\n    sections = {'model.codec.sixth': SixthConfig}\n\n\n"
+                    "technique = SixthTechnique()\n",
     "pieces.py": "from nanotron_ext.technique import Pieces\n\n\nclass SixthPieces(Pieces):\n    pass\n",
 }
 
@@ -286,13 +341,15 @@ def _tree_with_a_sixth(tmp: Path) -> Path:
 def test_a_sixth_technique_is_checked_by_every_rule_without_editing_a_test(tmp_path: Path) -> None:
     """A sixth in-tree technique, declared in (a copy of) pyproject.toml, is a technique to every rule: well
     formed it passes; the core importing it, it importing another technique undeclared, a section of it in the
-    core's config, a file of its shape missing, or a seventh package without its entry point, each is named."""
+    core's config, core code naming its key, a file of its shape missing, or a seventh package without its entry
+    point, each is named."""
     root = _tree_with_a_sixth(tmp_path)
     assert "sixth" in techniques(root) and every_rule(root) == []
     _write(root, {
         "nanotron_ext/models/bad.py": "def build():\n    from nanotron_ext.sixth import pieces\n",
         "nanotron_ext/sixth/extra.py": "def f():\n    from nanotron_ext.subspace import basis\n",
         "nanotron_ext/config/leak.py": "class SixthConfig:\n    pass\n",
+        "nanotron_ext/train/knows.py": "WIDTH = 'model.codec.sixth.width'\n",
         "nanotron_ext/seventh/__init__.py": "", "nanotron_ext/seventh/technique.py": "",
     })
     (root / "nanotron_ext" / "sixth" / "pieces.py").unlink()
@@ -303,6 +360,7 @@ def test_a_sixth_technique_is_checked_by_every_rule_without_editing_a_test(tmp_p
                      "list 'subspace' in `requires`",
                      "sixth's section SixthConfig also lives in nanotron_ext/config/leak.py",
                      "nanotron_ext/sixth: no pieces.py",
+                     "nanotron_ext/train/knows.py:1 names sixth's key 'model.codec.sixth.width'",
                      "nanotron_ext/seventh is not declared in pyproject.toml"):
         assert expected in found, found
 

@@ -60,11 +60,12 @@ def test_the_in_tree_declarations_keep_the_resume_rules_and_the_twin() -> None:
 TOY_SCRIPT = '''
 import json, sys
 from pathlib import Path
+from nanotron_ext.bench.clock import twin_overrides
 from nanotron_ext.config.loader import config_to_dict, load_config
 from nanotron_ext.models.param_count import uncompressed_overrides
 from nanotron_ext.train.guard import resume_conflict
 
-tiny, ckpt = sys.argv[1], Path(sys.argv[2])
+tiny, ckpt, wide = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
 ckpt.mkdir(parents=True)
 saved = config_to_dict(load_config(tiny, ["toy_sync.every=2"]))
 (ckpt / "meta.json").write_text(json.dumps({"step": 4, "config": saved}))
@@ -72,7 +73,9 @@ twin = load_config(tiny, ["model.codec.kind=toy_trunc", "model.codec.boundaries=
                           *uncompressed_overrides()])
 print(json.dumps({"refused": resume_conflict(ckpt, config_to_dict(load_config(tiny, ["toy_sync.every=3"]))),
                   "same": resume_conflict(ckpt, saved), "overrides": uncompressed_overrides(),
-                  "twin": [twin.model.codec.kind, twin.toy_sync.every]}))
+                  "twin": [twin.model.codec.kind, twin.toy_sync.every],
+                  "scaled": twin_overrides(tiny, ["model.codec.kind=toy_trunc", "model.codec.boundaries=every_layer",
+                                                  "model.codec.toy.width=8"], wide)}))
 '''
 
 
@@ -86,11 +89,17 @@ def _run_with_the_toy(script: str, *args: str) -> Dict[str, Any]:
     return json.loads(out.stdout.splitlines()[-1])
 
 
-def test_the_toy_declares_its_resume_keys_and_its_uncompressed_twin(tmp_path: Path) -> None:
+def test_the_toy_declares_its_resume_keys_widths_and_uncompressed_twin(tmp_path: Path) -> None:
     """The toy (outside the repository) changes toy_sync.every across a resume: refused, naming the key; its
-    `uncompressed` override joins the core's in the twin, which syncs every step with the identity codec."""
-    got = _run_with_the_toy(TOY_SCRIPT, str(REPO / TINY), str(tmp_path / "step_4"))
+    `uncompressed` override joins the core's in the twin, which syncs every step with the identity codec; the model
+    clock's twin at twice the hidden size (128 -> 256) doubles its declared width (8 -> 16)."""
+    text = (REPO / TINY).read_text()
+    assert text.count("hidden_size: 128") == 1
+    wide = tmp_path / "wide.yaml"
+    wide.write_text(text.replace("hidden_size: 128", "hidden_size: 256"))
+    got = _run_with_the_toy(TOY_SCRIPT, str(REPO / TINY), str(tmp_path / "step_4"), str(wide))
     assert got["refused"] is not None and "toy_sync.every 2 -> 3" in got["refused"], got
     assert got["same"] is None
     assert got["overrides"][-1] == "toy_sync.every=1" and "sparseloco.compressed_replicas=[]" in got["overrides"]
     assert got["twin"] == ["identity", 1]
+    assert "model.codec.toy.width=16" in got["scaled"] and "model.hidden_size=256" in got["scaled"], got["scaled"]

@@ -33,7 +33,6 @@ from nanotron_ext.bench.clock.pricing import (
                                                     CONTROL_BYTES,
                                                     PLANNER_VERSION,
                                                     SCALE_KEYS,
-                                                    WIDTH_KEYS,
                                                     bytes_per_step,
                                                     free_step_s,
                                                     links_of,
@@ -44,6 +43,7 @@ from nanotron_ext.bench.clock.pricing import (
                                                     stage_broadcast_s,
                                                     step_bounds_of,
                                                     twin_overrides,
+                                                    width_keys,
 )
 from nanotron_ext.bench.clock.replay import (
                                                     Link,
@@ -60,9 +60,9 @@ from nanotron_ext.bench.clock.replay import (
 
 __all__ = [
     "A100_EFFECTIVE_TFLOPS", "CLOCK_PRESETS", "CONTROL_BYTES", "HARDWARE", "INFINIBAND", "NONE", "NVLINK3",
-    "PLANNER_VERSION", "RATIO_TOLERANCE", "SCALE_KEYS", "WIDTH_KEYS", "ClockPreset", "Link", "ReplicaWork", "Stage",
+    "PLANNER_VERSION", "RATIO_TOLERANCE", "SCALE_KEYS", "ClockPreset", "Link", "ReplicaWork", "Stage",
     "StepBounds", "Timeline", "all_presets", "bytes_per_step", "check_compute", "config_links", "free_step_s",
     "job_flops", "links_of", "mean_step_s", "note", "plan_path", "planned", "preset", "priced_at_cpu_seconds",
     "replay", "replica_counts", "replica_works", "ring_seconds", "schedule_order", "stage_broadcast_s", "step_bounds",
-    "step_bounds_of", "time_to_target", "twin_overrides",
+    "step_bounds_of", "time_to_target", "twin_overrides", "width_keys",
 ]

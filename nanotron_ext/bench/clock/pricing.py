@@ -31,12 +31,11 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from nanotron_ext.bench.clock.replay import Link, ReplicaWork, Stage, ring_seconds, step_bounds
+from nanotron_ext.registry import techniques
 
 SCALE_KEYS = ("model.hidden_size", "model.ffn_size", "model.num_layers", "model.num_heads", "model.num_kv_heads",
               "model.vocab_size", "model.max_seq_len", "model.dtype", "tokenizer.vocab_size",
               "tokens.sequence_length", "tokens.micro_batch_size", "tokens.batch_accumulation_per_replica")
-WIDTH_KEYS = ("model.subspace.k", "model.codec.resbm.h", "model.codec.resbm.m", "model.low_rank.rank",
-              "model.codec.mapl.rank", "model.codec.mapl.anchor_width")
 TIERS = ("tp", "pp", "dp")
 CONTROL_BYTES = 64  # per call: an agreement flag, a loss or a gradient norm, not a tensor the step moves
 # in plan caches: 2 = step-gated work tagged apart and the embedding fold at its bound (issue 39); plans of 1 are stale
@@ -49,6 +48,11 @@ def _get(cfg: Any, key: str) -> Any:
     return cfg
 
 
+def width_keys() -> List[str]:
+    """The widths that scale with the hidden size: every registered technique's `Technique.widths`."""
+    return [key for t in techniques() for key in t.widths]
+
+
 def twin_overrides(config_file: str, overrides: Sequence[str], scale_config: Optional[str]) -> List[str]:
     """The overrides that time `config_file` + `overrides` at `scale_config`'s model and batch (module docstring)."""
     from nanotron_ext.config.loader import load_config
@@ -59,7 +63,7 @@ def twin_overrides(config_file: str, overrides: Sequence[str], scale_config: Opt
     small, big = load_config(config_file, list(overrides)), load_config(scale_config, [])
     factor = big.model.hidden_size / small.model.hidden_size
     sets += [f"{k}={_get(big, k)}" for k in SCALE_KEYS]
-    for key in WIDTH_KEYS:
+    for key in width_keys():
         value = _get(small, key)
         if isinstance(value, int) and not isinstance(value, bool):
             sets.append(f"{key}={max(1, round(value * factor))}")
