@@ -22,8 +22,9 @@ here: a sixth package declared there is checked by every rule (test_a_sixth_tech
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
-from typing import Dict, List, Set
+from typing import Dict, List, Optional, Set
 
 from tests.helpers.imports import (
     ENTRY_POINT_GROUP,
@@ -36,6 +37,7 @@ from tests.helpers.imports import (
     file_loops,
     modules,
     package_graph,
+    resolve,
     technique_folders,
     techniques,
 )
@@ -270,6 +272,42 @@ def test_core_code_names_no_technique_key_but_in_the_paper_catalogues() -> None:
     assert {p for p, name in read.items() if name == "toy"} == {"model.codec.toy", "toy_sync"}
     bad = core_names_of_technique_keys(ROOT)
     assert not bad, "\n".join(bad)
+
+
+def floor_problems(root: Path, architecture: str) -> List[str]:
+    """ARCHITECTURE.md's floors hold: no running import (inside functions too) reaches a higher floor, and every
+    package of the core is on one (a top-level module that is not is a command line: the top floor)."""
+    para = " ".join(architecture[architecture.index("**The floors**"):].split(". ")[0].split())
+    floors = [re.findall(r"`([^`]+)`", f) for f in para.split("(each imports only below it):")[1].split(";")]
+    level = {unit: i for i, floor in enumerate(floors) for unit in floor}
+    known, names = modules(root), techniques(root)
+
+    def unit(module: str) -> Optional[str]:
+        parts = module.split(".")
+        if len(parts) < 2 or parts[1] == "__init__" or parts[1] in names:
+            return None
+        return parts[1] + "/" if (root / "nanotron_ext" / parts[1]).is_dir() else parts[1] + ".py"
+
+    bad = {f"{u} is on no floor of ARCHITECTURE.md" for m in known if (u := unit(m)) and u.endswith("/")
+           and u not in level}
+    for module, path in known.items():
+        src = unit(module)
+        for name in all_imports(path, root)[2] if src else ():
+            dst = unit(resolve(name, known))
+            if dst and level.get(dst, len(floors)) > level.get(src, len(floors)):
+                bad.add(f"{module} imports {name}: {dst} is on a floor above {src} (ARCHITECTURE.md)")
+    return sorted(bad)
+
+
+def test_the_floors_of_architecture_md_hold() -> None:
+    """The floors are read from ARCHITECTURE.md, so the map and the code cannot drift apart (config/ once sat
+    below cli_flags.py there, and a function-level import hid the climb)."""
+    bad = floor_problems(ROOT, (ROOT / "ARCHITECTURE.md").read_text())
+    assert not bad, "\n".join(bad)
+    climbing = (ROOT / "ARCHITECTURE.md").read_text().replace("`cli_checks.py`, `cli_flags.py`; `config/`",
+                                                              "`config/`; `cli_checks.py`, `cli_flags.py`")
+    assert "nanotron_ext.config.loader imports nanotron_ext.cli_flags: cli_flags.py is on a floor above config/ " \
+           "(ARCHITECTURE.md)" in floor_problems(ROOT, climbing)
 
 
 def test_no_python_file_over_450_lines() -> None:

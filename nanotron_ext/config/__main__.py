@@ -15,6 +15,7 @@ import textwrap
 import typing
 from typing import TYPE_CHECKING, Any, Iterator, List, Optional, Sequence, Tuple
 
+from nanotron_ext.cli_flags import Parser
 from nanotron_ext.config.compose import composed
 from nanotron_ext.config.loader import (
     add_config_args,
@@ -139,8 +140,6 @@ def render_tiers(config: Config) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from nanotron_ext.cli_flags import Parser
-
     parser = Parser(prog="python -m nanotron_ext.config", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     show = sub.add_parser("show", help="print the resolved config as YAML")

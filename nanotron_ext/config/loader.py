@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, TypeVar,
 
 import yaml
 
+from nanotron_ext.cli_flags import InputFile, KeyValue
 from nanotron_ext.config.compose import composed, core_class
 from nanotron_ext.config.schema import Config, ConfigError
 from nanotron_ext.config.yaml_io import EXP_FLOAT, ConfigLoader, dump_yaml, read_yaml, yaml_problem
@@ -364,8 +365,6 @@ def save_config(config: Config, path: str | Path) -> None:
 
 def add_config_args(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
     """Add `--config-file FILE` and repeatable `--set KEY=VALUE` (read by `config_from_args`)."""
-    from nanotron_ext.cli_flags import InputFile, KeyValue  # (cli_flags sits above config/)
-
     parser.add_argument("--config-file", required=required, metavar="FILE", type=InputFile(format="yaml"),
                         help="YAML run configuration" + ("" if required else " (default: every default)"))
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", type=KeyValue(),
