@@ -412,3 +412,28 @@ def test_the_cli_prefixes_each_host_and_returns_the_first_failure(netns: None, t
     assert _netns_names() - before == set()
     assert sorted(p.name for p in (tmp_path / "disks").iterdir()) == ["host0", "host1"]
     assert os.listdir(tmp_path / "disks" / "host0") == []
+
+
+def test_relative_paths_under_disk_at_land_on_each_hosts_own_disk(netns: None, tmp_path: Path) -> None:
+    """Run from inside --disk-at, a command's relative paths are on its host's disk (they went to the machine's real
+    folder there, shared by every host)."""
+    disk_at, disks = tmp_path / "disk", tmp_path / "disks"
+    disk_at.mkdir()
+    done = subprocess.run([PY, "-m", "nanotron_ext.bench.netns_hosts", "--hosts", "2", "--disk-root", str(disks),
+                           "--disk-at", str(disk_at), "--", "sh", "-c", "echo {host} > mine.txt"], cwd=disk_at,
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr
+    assert [(disks / f"host{i}" / "mine.txt").read_text() for i in range(2)] == ["0\n", "1\n"]
+    assert not (disk_at / "mine.txt").exists()
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--disk-at", "/"], "--disk-at /"),  # bound over the root, it changed nothing: every host wrote the real disk
+    (["--rate", "1bit"], "--rate 1bit"),  # tc takes whole bytes per second: it printed its usage, exit 1
+    (["--rate", "10tbit"], "--rate 10tbit"),  # tbf's bucket (4 ms at that rate) past tc's 32-bit burst
+])
+def test_what_the_hosts_cannot_take_is_refused_at_the_flag(netns: None, tmp_path: Path, flags: List[str],
+                                                           named: str) -> None:
+    done = _cli(tmp_path, "--hosts", "2", "--disk-root", str(tmp_path / "disks"), *flags, "--", "true")
+    assert done.returncode == 2 and done.stderr.startswith(f"error: {named}:") and done.stderr.count("\n") == 1, \
+        (done.returncode, done.stderr)

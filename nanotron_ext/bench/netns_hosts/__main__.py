@@ -6,10 +6,11 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import IO, Any, List, Optional, Sequence, Tuple
 
 from nanotron_ext.bench.netns_hosts import __doc__ as PACKAGE_DOC
-from nanotron_ext.bench.netns_hosts.hosts import Hosts
+from nanotron_ext.bench.netns_hosts.hosts import ROOT_REFUSAL, Hosts
 from nanotron_ext.bench.netns_hosts.links import (
     MAX_HOSTS,
     HostsError,
@@ -121,6 +122,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     check(value)
                 except ValueError as e:
                     raise ArgumentError(f"{flag} {e}") from None
+        if args.disk_at is not None and args.disk_at.resolve() == Path("/"):
+            raise ArgumentError(f"--disk-at {args.disk_at}: {ROOT_REFUSAL}")
         if not cmd:
             raise ArgumentError(f"no command: give it after `--` ({USAGE})")
         reason = available(netem=bool(args.delay or args.loss))

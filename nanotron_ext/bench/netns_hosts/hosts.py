@@ -29,6 +29,9 @@ from nanotron_ext.bench.netns_hosts.links import (
     tbf_burst_bytes,
 )
 
+# a bind mount over / is not seen by a process whose root is the old / (every command): the hosts would share it
+ROOT_REFUSAL = "the root folder cannot be a host's disk (a command would still write the machine's own); give a folder"
+
 
 # -- the hosts ------------------------------------------------------------------------------------------------------
 class Hosts:
@@ -46,6 +49,8 @@ class Hosts:
         self.n, self.rate, self.delay, self.loss = n, rate, delay, loss
         self.disk_root = Path(disk_root).resolve()
         self.disk_at = Path(disk_at).resolve() if disk_at is not None else None
+        if self.disk_at == Path("/"):
+            raise ValueError(f"disk_at={disk_at}: {ROOT_REFUSAL}")
         self.id = secrets.token_hex(3)
         self.switch_namespace = f"sw-{self.id}"
         self._made: List[str] = []  # namespaces that exist because of this object (deleted at clean-up)

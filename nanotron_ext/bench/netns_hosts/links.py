@@ -19,8 +19,12 @@ TBF_TICK_S = 0.004  # the bucket also holds one timer tick of traffic (HZ=250)
 TBF_LATENCY = "200ms"
 NETEM_LIMIT = 100000  # packets in netem's delay line; its default 1000 caps delay x rate far below a real link's
 _IP_TIMEOUT_S = 30.0
-# a command on a host with a disk: bind its folder at disk_at inside the command's own mount namespace, then become it
-MOUNT_SH = 'mount --bind -- "$1" "$2" || exit 125; shift 2; exec "$@"'
+# a command on a host with a disk: bind its folder at disk_at inside the command's own mount namespace, enter its
+# working folder again (one at or under disk_at was the machine's real folder, opened before the mount: now it is
+# the host's disk), then become the command
+MOUNT_SH = ('here=$(pwd -P) || exit 125; mount --bind -- "$1" "$2" || exit 125; '
+            'cd -- "$here" 2>/dev/null || { echo "netns_hosts: $here is under --disk-at $2, and this host'"'"'s disk '
+            '$1 has no such folder" >&2; exit 125; }; shift 2; exec "$@"')
 # the watchdog: block until the owner's pipe closes (the owner exited, however), then kill and delete
 WATCHDOG_SH = ('read -r _ignored; for ns in "$@"; do for p in $(ip netns pids "$ns" 2>/dev/null); do '
                 'kill -9 "$p" 2>/dev/null; done; ip netns del "$ns" 2>/dev/null; done; exit 0')
@@ -35,7 +39,10 @@ class HostsError(RuntimeError):
 
 
 # -- link parameters, checked before anything is made ----------------------------------------------------------------
-_RATE = re.compile(r"(\d+(?:\.\d+)?)([kmgt]i?)?(bit|bps)", re.IGNORECASE)
+_RATE = re.compile(r"(\d+(?:\.\d+)?(?:e[+-]?\d+)?)([kmgt]i?)?(bit|bps)", re.IGNORECASE)
+# tc's range for tbf: whole bytes per second, and a bucket (4 ms at the rate, TBF_TICK_S) of at most 2^32 - 1 bytes
+MIN_RATE_BITS = 8.0
+MAX_RATE_BITS = 8e12
 _DELAY = re.compile(r"(\d+(?:\.\d+)?)(s|secs?|ms|msecs?|us|usecs?)", re.IGNORECASE)
 _LOSS = re.compile(r"(\d+(?:\.\d+)?)%")
 _PREFIX = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
@@ -47,8 +54,10 @@ def rate_bits_per_s(text: str) -> float:
     if not m or float(m.group(1)) <= 0:
         raise ValueError(f"{text}: not a rate; give a number > 0 and a unit as tc takes it, e.g. 200mbit, 1gbit, "
                          "10mbps (bytes/s)")
-    bits = float(m.group(1)) * _PREFIX[(m.group(2) or "").lower()]
-    return bits * (8 if m.group(3).lower() == "bps" else 1)
+    bits = float(m.group(1)) * _PREFIX[(m.group(2) or "").lower()] * (8 if m.group(3).lower() == "bps" else 1)
+    if not MIN_RATE_BITS <= bits <= MAX_RATE_BITS:
+        raise ValueError(f"{text}: out of tc's range for a link; give 8bit (1 byte/s) to 8tbit")
+    return bits
 
 
 def delay_seconds(text: str) -> float:
