@@ -23,11 +23,16 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from nanotron_ext.bench.netns_hosts import Hosts, rate_bits_per_s
+from nanotron_ext.bench.netns_hosts.links import MAX_RATE_BITS, MIN_RATE_BITS
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "config_tiny_two_hosts.yaml"
 PORT = 29500
 CODECS = ("subspace", "identity")
+
+
+class JobFailed(RuntimeError):
+    """A run of the benchmark failed or outlived --timeout-s; the message is the one line to print."""
 
 
 def launcher_argv(config: Path, node: int, nnodes: int, master: str, sets: Sequence[str], nproc: int = 1,
@@ -64,7 +69,7 @@ def start_job(hosts: Hosts, config: Path, sets: Sequence[str], logs: Path) -> Li
 
 
 def wait_job(procs: Sequence[subprocess.Popen], timeout_s: float) -> List[int]:
-    """Every launcher's exit code (killed after `timeout_s`)."""
+    """Every launcher's exit code (killed after `timeout_s`: its `timed_out` is then True)."""
     deadline = time.monotonic() + timeout_s
     codes = []
     for p in procs:
@@ -72,6 +77,7 @@ def wait_job(procs: Sequence[subprocess.Popen], timeout_s: float) -> List[int]:
             codes.append(p.wait(max(1.0, deadline - time.monotonic())))
         except subprocess.TimeoutExpired:
             p.kill()
+            p.timed_out = True  # type: ignore[attr-defined]
             codes.append(p.wait())
         p.log.close()  # type: ignore[attr-defined]
     return codes
@@ -143,7 +149,11 @@ def emulated_run(config: Path, sets: Sequence[str], mbps: float, out: Path, time
               "parallelism.link.enabled=true", f"parallelism.link.bandwidth_mbps={mbps:g}",
               "parallelism.link.latency_ms=0", "logging.progress_bar=false", "checkpoints.interval=0"]:
         argv += ["--set", s]
-    subprocess.run(argv, cwd=REPO, check=True, timeout=timeout_s, stdout=subprocess.DEVNULL)
+    try:
+        subprocess.run(argv, cwd=REPO, check=True, timeout=timeout_s, stdout=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise JobFailed(f"the one-host emulated run outlived --timeout-s {timeout_s:g} and was stopped; give it "
+                        "more time (--timeout-s) or fewer --steps") from None
     return out / run
 
 
@@ -159,9 +169,12 @@ def measure(rate: str, steps: int, work: Path, codecs: Sequence[str], timeout_s:
         with Hosts(2, rate=rate, disk_root=disks, disk_at=disk_at) as hosts:
             procs = start_job(hosts, EXAMPLE, [*sets, *disk_sets(disk_at)], work / f"logs_{codec}")
             codes = wait_job(procs, timeout_s)
+            if any(getattr(p, "timed_out", False) for p in procs):
+                raise JobFailed(f"the 2-host job ({codec}) outlived --timeout-s {timeout_s:g} and was stopped; give "
+                                f"it more time (--timeout-s) or fewer --steps (its logs: {work / f'logs_{codec}'})")
             if any(codes):
                 log = work / f"logs_{codec}" / "host0.log"
-                raise RuntimeError(f"the 2-host job ({codec}) failed: {last_line(log)}")
+                raise JobFailed(f"the 2-host job ({codec}) failed: {last_line(log)}")
             run_dir = hosts.disk(0) / "runs" / "tiny_two_hosts"
             real = step_times(run_dir)[1:]
             clock = clock_for(EXAMPLE, sets, run_dir, mbps, work / "plans")
@@ -197,8 +210,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     parser = Parser(prog="python -m nanotron_ext.bench.multi_host", description=__doc__,
                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mbps", type=Float(0.0, low_open=True), default=20.0,
-                        help="each host's link rate in Mbit/s (tc tbf on its uplink and downlink), default 20")
+    parser.add_argument("--mbps", type=Float(MIN_RATE_BITS / 1e6, MAX_RATE_BITS / 1e6), default=20.0,
+                        help="each host's link rate in Mbit/s (tc tbf on its uplink and downlink; tc takes 8e-06 to "
+                             "8e+06), default 20")
     parser.add_argument("--steps", type=Int(3), default=20, help="training steps per run (the first is not timed)")
     parser.add_argument("--codecs", type=Names(CODECS), default=",".join(CODECS),
                         help="the pipeline boundary's codec(s), comma-separated: " + ", ".join(CODECS))
@@ -215,7 +229,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: {why}", file=sys.stderr)
         return 2
     rate, work = f"{args.mbps:g}mbit", Path(args.work).resolve()
-    rows = measure(rate, args.steps, work, args.codecs.split(","), args.timeout_s)
+    try:
+        rows = measure(rate, args.steps, work, args.codecs.split(","), args.timeout_s)
+    except JobFailed as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 1
     probe = probe_link(rate, work, sorted({int(r["message_bytes"]) for r in rows}))
     meta = run_meta({"processes": 2, "command": "python -m nanotron_ext.bench.multi_host "
                      + " ".join(argv if argv is not None else sys.argv[1:])})
