@@ -51,6 +51,21 @@ class ChurnConfig:
 
 
 @dataclasses.dataclass(kw_only=True)
+class StreamingConfig:
+    """Streaming outer sync (sparseloco.streaming; "Streaming DiLoCo with overlapping communication", arXiv:2501.18512,
+    one fragment: the whole model): the outer sync's all_gather runs on a side thread over its own DP group behind
+    the next `delay` inner steps; on arrival the outer step is taken from the global weights and each replica merges
+    it into the weights it trained meanwhile. Same payload, same bytes as the blocking sync."""
+
+    delay: int = 0
+    """tau: inner steps between sending the pseudo-gradient (at every multiple of inner_steps) and applying the outer
+    step it gives (0: the blocking sync, today's algorithm bit for bit; must be < inner_steps, as in torchft)."""
+    alpha: float = 0.5
+    """Mixing on arrival: local = alpha * local + (1 - alpha) * global_new (the paper's 0.5; torchft's
+    fragment_update_alpha, 0 there: the local steps made during the delay are dropped). Unused at delay 0."""
+
+
+@dataclasses.dataclass(kw_only=True)
 class SparseLoCoConfig:
     """SparseLoCo outer loop (parallelism.dp_sync=sparseloco; "Heterogeneous Low-Bandwidth Pre-Training
     of LLMs"): H inner steps with no DP traffic, then compressed pseudo-gradients are exchanged."""
@@ -92,6 +107,8 @@ class SparseLoCoConfig:
     """Replicas that leave and rejoin, on torchft (sparseloco.fault_tolerance.*)."""
     churn: ChurnConfig = field(default_factory=ChurnConfig)
     """Emulated churn: one replica misses some outer syncs (sparseloco.churn.*; the WAN meter's churn rows)."""
+    streaming: StreamingConfig = field(default_factory=StreamingConfig)
+    """Overlap the outer sync with the next inner steps (sparseloco.streaming.delay, .alpha; off by default)."""
     grassmann_every: int = 0
     """Heterogeneous: Grassmann updates of the one U all replicas share, every N inner steps (a multiple of
     inner_steps: the update runs at an outer sync, from A averaged over the compressed replicas; step size
@@ -130,6 +147,11 @@ class SparseLoCoConfig:
         require(0 <= self.outer_momentum < 1, f"{k}.outer_momentum", f"must be in [0, 1), got {self.outer_momentum}")
         require(not self.outer_nesterov or self.outer_momentum > 0, f"{k}.outer_nesterov",
                 f"Nesterov needs a momentum; set {k}.outer_momentum > 0 (DiLoCo: 0.9), got {self.outer_momentum}")
+        st = self.streaming
+        require(0 <= st.delay < self.inner_steps, f"{k}.streaming.delay",
+                f"must be in [0, {k}.inner_steps={self.inner_steps}) (an outer step lands before the next is sent), "
+                f"got {st.delay}")
+        require(0 <= st.alpha <= 1, f"{k}.streaming.alpha", f"must be in [0, 1], got {st.alpha}")
         require(self.grassmann_every >= 0 and self.grassmann_every % self.inner_steps == 0, f"{k}.grassmann_every",
                 f"must be 0 or a multiple of {k}.inner_steps={self.inner_steps} (updates run at outer syncs), "
                 f"got {self.grassmann_every}")

@@ -212,6 +212,9 @@ class SparseLoCoSync(DataParallelSync):
             self.error = self.outer.new_error()
             self._global_loaded()
             return
+        if state.get("in_flight") is not None:  # saved by streaming.StreamingSparseLoCoSync mid-sync
+            raise ValueError("the checkpoint holds an outer sync in flight (saved with sparseloco.streaming.delay > "
+                             "0); resume with the run's sparseloco.streaming.delay")
         missing = set(self.names) - set(state["global"])
         if missing:
             raise ValueError(f"sparseloco checkpoint state lacks parameters {sorted(missing)[:5]}")

@@ -17,4 +17,8 @@ class SparseLoCoPieces(Pieces):
             from nanotron_ext.sparseloco.fault import FaultTolerantSparseLoCoSync
 
             return FaultTolerantSparseLoCoSync(model, ctx, cfg)
+        if cfg.sparseloco.streaming.delay:  # delay 0: the blocking sync, unchanged
+            from nanotron_ext.sparseloco.streaming import StreamingSparseLoCoSync
+
+            return StreamingSparseLoCoSync(model, ctx, cfg)
         return SparseLoCoSync(model, ctx, cfg)

@@ -16,6 +16,7 @@ from nanotron_ext.config.schema import Config
 from nanotron_ext.sparseloco.config import SparseLoCoConfig
 from nanotron_ext.sparseloco.hetero import hetero_hook
 from nanotron_ext.sparseloco.outer import ReplicaHook, SparseLoCoOuter
+from nanotron_ext.sparseloco.streaming import merge_
 from nanotron_ext.train.replica import Replica
 from nanotron_ext.train.simulated import run_replicas, trainable
 
@@ -36,25 +37,46 @@ class SimulatedReplicas:
         self.errors = [self.outer.new_error() for _ in models]
         self.sent_bytes: List[int] = []  # per sync: bytes each replica would send (its payload)
         self.hooks: List[ReplicaHook] = []
+        self.pending: Optional[List[torch.Tensor]] = None  # streaming: the payloads sent, not yet applied
 
     def after_step(self, step: int) -> None:
-        """Call once every replica has taken inner step `step` (1-based)."""
-        if step % self.cfg.inner_steps == 0:
-            self.sync()
+        """Call once every replica has taken inner step `step` (1-based). With sparseloco.streaming.delay = tau > 0
+        the payloads sent at a multiple of H are applied (and merged) tau steps later, as the distributed
+        streaming.StreamingSparseLoCoSync does."""
+        h, tau = self.cfg.inner_steps, self.cfg.streaming.delay
+        if tau and step % h == tau and self.pending is not None:
+            self.arrive(self.pending)
+            self.pending = None
+        if step % h == 0:
+            if tau:
+                self.pending = self.send()
+            else:
+                self.sync()
 
     def sync(self) -> None:
+        self.arrive(self.send())
+
+    def send(self) -> List[torch.Tensor]:
+        """Every replica's payload (updating its error feedback), in replica order."""
         payloads = []
         for r, (ps, e) in enumerate(zip(self.params, self.errors)):
             for hook in self.hooks:
                 hook(r, ps, "before_encode")
             payloads.append(self.outer.encode(ps, e))
         self.sent_bytes.append(payloads[0].numel())
+        return payloads
+
+    def arrive(self, payloads: List[torch.Tensor]) -> None:
+        """The outer step from `payloads`; every replica takes the global weights (streaming: merges them)."""
         self.outer.drop_absent(payloads, dict(enumerate(self.errors)))
         self.outer.apply(payloads)
         for hook in self.hooks:
             hook(-1, self.outer.global_params, "after_apply")
         for r, ps in enumerate(self.params):
-            self.outer.load_into(ps)
+            if self.cfg.streaming.delay:
+                merge_(ps, self.outer.global_params, self.cfg.streaming.alpha)
+            else:
+                self.outer.load_into(ps)
             for hook in self.hooks:
                 hook(r, ps, "after_sync")
 

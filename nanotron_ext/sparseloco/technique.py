@@ -49,6 +49,11 @@ class SparseLoCoTechnique(Technique):
             require(not (s.compressed_replicas and s.grassmann_every), "sparseloco.grassmann_every",
                     f"{s.grassmann_every}: with sparseloco.fault_tolerance.enabled the shared U would need the "
                     "compressed replicas' gradient statistics averaged across replica jobs (not built); set it to 0")
+        if s.streaming.delay:  # the streaming sync merges on arrival; these assume replicas take the global weights
+            for key, on in (("fault_tolerance.enabled", s.fault_tolerance.enabled),
+                            ("churn.down_syncs", s.churn.down_syncs), ("compressed_replicas", s.compressed_replicas)):
+                require(not on, f"sparseloco.{key}", f"{on}: not supported with sparseloco.streaming.delay="
+                        f"{s.streaming.delay} yet; set sparseloco.streaming.delay=0 (the blocking outer sync)")
         if s.churn.down_syncs:
             require(not s.fault_tolerance.enabled, "sparseloco.churn.down_syncs",
                     f"{s.churn.down_syncs}: emulated churn is for one job; with sparseloco.fault_tolerance.enabled "
