@@ -3,11 +3,12 @@ in one process (nanotron_ext.sparseloco.simulate.run_simulated, equal to the tra
 
     python reproduce/het_sparseloco/sim_sweep.py --config-file examples/config_tiny_sparseloco.yaml \
         --replicas 4 --set tokens.train_steps=100 \
-        --variant dense --variant topk=32 --variant topk=4096,value_dtype=fp32 --out reproduce/het_sparseloco/cpu_sweep
+        --variant dense --variant topk=32 --variant topk=4096,value_dtype=fp32 --out runs/het_sparseloco/cpu_sweep
 
 A variant is "dense" (gradients averaged every step: the paper's AdamW rows) or comma-separated
 `sparseloco.*` overrides. Writes <out>.json (per-step mean train loss, final validation loss, bytes per
-replica per sync) and <out>.png (train loss curves). No paper number sits beside these sweeps (a
+replica per sync), <out>.md and <out>.png (train loss curves); the committed sweeps are
+reproduce/het_sparseloco/results/cpu_sweep_m4{,_senders}.{json,md,png}. No paper number sits beside these sweeps (a
 harness check: SparseLoCo variants against dense replicas); `--from-json` re-renders one.
 """
 from __future__ import annotations
