@@ -106,12 +106,18 @@ def test_the_resbm_bound_is_a_memory_estimate_not_a_cap_on_m() -> None:
 
 def test_what_still_loads() -> None:
     """The rules do not catch the settings the repository relies on: the codec placed inside one stage at
-    pp = 1, the sparseloco section dropped for a dense baseline, links between neighbours."""
-    load_config(TINY, ["model.codec.kind=resbm", "model.codec.boundaries=every_layer"])
-    load_config(REPO / "examples" / "config_tiny_sparseloco.yaml", ["parallelism.dp_sync=allreduce", "sparseloco=null"])
-    load_config(REPO / "examples" / "config_tiny_het_sparseloco.yaml")
-    load_config(TINY, ["parallelism.pp=2", "model.tie_embeddings=false",
-                       'parallelism.link.per_stage_pair={"1-0": {latency_ms: 5}}', "optimizer.lr=10"])
+    pp = 1, the sparseloco section dropped for a dense baseline, links between neighbours; each keeps its values."""
+    one = load_config(TINY, ["model.codec.kind=resbm", "model.codec.boundaries=every_layer"])
+    assert (one.model.codec.kind, one.model.codec.boundaries, one.parallelism.pp) == ("resbm", "every_layer", 1)
+    dense = load_config(REPO / "examples" / "config_tiny_sparseloco.yaml", ["parallelism.dp_sync=allreduce",
+                                                                            "sparseloco=null"])
+    assert dense.parallelism.dp_sync == "allreduce" and dense.sparseloco.inner_steps == 50  # the file's 10 dropped
+    het = load_config(REPO / "examples" / "config_tiny_het_sparseloco.yaml")
+    assert (het.parallelism.dp_sync, het.parallelism.dp, het.sparseloco.compressed_replicas) == ("sparseloco", 2, [0])
+    linked = load_config(TINY, ["parallelism.pp=2", "model.tie_embeddings=false",
+                                'parallelism.link.per_stage_pair={"1-0": {latency_ms: 5}}', "optimizer.lr=10"])
+    assert (linked.parallelism.pp, linked.optimizer.lr) == (2, 10.0)
+    assert linked.parallelism.link.per_stage_pair == {"1-0": {"latency_ms": 5.0}}
 
 
 def test_the_removed_boost_tp_strategy_key_is_refused_by_name() -> None:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from nanotron_ext.config.loader import load_config
+from nanotron_ext.config.loader import config_to_dict, load_config
+from nanotron_ext.config.yaml_io import read_yaml
 from tests.helpers.dist import run_distributed
 
 REPO = Path(__file__).resolve().parent.parent
@@ -18,9 +19,22 @@ CONFIGS = EXAMPLES + sorted((REPO / "reproduce").glob("**/*.yaml"))
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(REPO)))
 def test_config_loads_and_validates(path: Path) -> None:
+    """It loads and validates at its own world size, and every key the file sets keeps the file's value (a
+    loader that dropped or defaulted a key would pass on loading alone); keys set to null are resolved."""
     cfg = load_config(path)
     p = cfg.parallelism
     cfg.validate(world_size=p.dp * p.tp * p.pp)
+    written, loaded = _flat(read_yaml(path)), _flat(config_to_dict(cfg))
+    changed = {k: (v, loaded.get(k, "missing")) for k, v in written.items() if v is not None and loaded.get(k) != v}
+    assert not changed, changed
+    assert written, "an empty example"
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out: dict = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) and v else {f"{prefix}{k}": v})
+    return out
 
 
 def _one_step_worker(path: Path, overrides: list) -> dict:

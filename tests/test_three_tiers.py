@@ -66,8 +66,9 @@ def test_every_combination_loads_or_fails_at_load_naming_both_keys(strategy: str
 def test_the_sharded_residual_rule_leaves_tp_1_alone() -> None:
     """At tp = 1 BTP's shard is the whole residual stream: the rule does not refuse (the layout BOOST's own
     tests and the het example with a low-rank model use)."""
-    load_config(HET, overrides("btp", "identity", "het_sparseloco", tp=1))
-    load_config(HET, overrides("btp", "resbm", "allreduce", tp=1))
+    for codec, sync in (("identity", "het_sparseloco"), ("resbm", "allreduce")):
+        cfg = load_config(HET, overrides("btp", codec, sync, tp=1))
+        assert (cfg.model.tp_strategy, cfg.parallelism.tp, cfg.model.codec.kind) == ("btp", 1, codec)
 
 
 GRASSMANN = ["model.subspace.grassmann_every=2"]
