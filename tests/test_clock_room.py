@@ -1,12 +1,14 @@
 """The model clock's room (nanotron_ext/bench/clock/): everything outside it imports the clock from the package, never
-from its modules, and the clock's datacenter links are the emulator's presets (one number for both)."""
+from its modules, and the clock's datacenter links are parallel/link.py's NCCL collective models (one number)."""
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
+import pytest
+
 from nanotron_ext.bench.clock import CLOCK_PRESETS, HARDWARE, INFINIBAND, NVLINK3
-from nanotron_ext.parallel.link import LINK_PRESETS
+from nanotron_ext.parallel.link import COLLECTIVE_MODELS
 
 REPO = Path(__file__).resolve().parents[1]
 CONSUMERS = ("nanotron_ext", "reproduce", "benchmarks", "scripts")
@@ -36,14 +38,16 @@ def test_the_old_homes_are_gone() -> None:
         assert not (REPO / "nanotron_ext" / old).exists(), old
 
 
-def _mbps_ms(name: str) -> tuple:
-    return (LINK_PRESETS[name].bandwidth_mbps, LINK_PRESETS[name].latency_ms)
+def _nccl(name: str) -> tuple:
+    m = COLLECTIVE_MODELS[name]
+    return (m.bus_gbytes_s * 8e3, m.step_us / 1e3, m.base_us / 1e3)
 
 
-def test_datacenter_links_are_the_emulators_presets() -> None:
-    assert INFINIBAND == _mbps_ms("infiniband") == (4e5, 0.002)
-    assert NVLINK3 == _mbps_ms("nvlink3") == (2.4e6, 0.002)  # A100 NVLink 3: 300 GB/s = 2.4 Tbit/s per direction
+def test_datacenter_links_are_the_collective_models() -> None:
+    """The clock's datacenter tiers are parallel/link.py's NCCL collective models (one number for every user)."""
+    assert INFINIBAND == pytest.approx(_nccl("infiniband")) and INFINIBAND == pytest.approx((4e5, 0.014, 0.0084))
+    assert NVLINK3 == pytest.approx(_nccl("nvlink3")) and NVLINK3 == pytest.approx((1.92e6, 0.0034, 0.0084))
     for p in CLOCK_PRESETS.values():
         assert p.tp == NVLINK3 and p.datacenter_stage == INFINIBAND
     assert HARDWARE["boost-a100-nvlink"].tp == NVLINK3
-    assert HARDWARE["boost-a100-nvlink"].stage == _mbps_ms("slingshot11") == (2e5, 0.002)
+    assert HARDWARE["boost-a100-nvlink"].stage == _nccl("slingshot11")

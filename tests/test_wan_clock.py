@@ -1,11 +1,21 @@
 """The model clock's replay (nanotron_ext/bench/clock/replay.py) against closed forms written here by hand: GPipe's
 and 1F1B's bubble (m + p - 1)(f + b), a link-bound pipeline, half duplex, the DP tier's overlap bounds, the outer
-sync's amortisation and the ring forms with a shared uplink."""
+sync's amortisation and the ring forms with a shared uplink; the steady state, a once-per-step update and NCCL's
+collective model (issue 54)."""
 from __future__ import annotations
 
 import pytest
 
-from nanotron_ext.bench.clock import Link, ReplicaWork, Stage, replay, ring_seconds, schedule_order, step_bounds
+from nanotron_ext.bench.clock import (
+    Link,
+    ReplicaWork,
+    Stage,
+    replay,
+    ring_seconds,
+    schedule_order,
+    steady_bounds,
+    step_bounds,
+)
 
 FREE = Link(0.0)
 
@@ -142,3 +152,59 @@ def test_a_token_bucket_lets_its_depth_through_at_line_rate_then_the_rate_holds(
     assert replay(work(Link(8.0)), False).end_s == pytest.approx(m * f + small / rate)
     with pytest.raises(ValueError, match="full-duplex"):
         Link(8.0, 0.0, "half", burst_bytes=b)
+
+
+# -- issue 54: the steady state, once-per-step updates, NCCL's collective model ------------------------------------
+
+def test_steady_state_of_a_link_bound_half_duplex_pipeline_is_the_links_rate() -> None:
+    """ResBM Table 3's accounting: p stages over half-duplex links, each micro-batch sends `n` bytes each way. In
+    steady state the step is m micro-batches x the busiest resource: here the link, 2 n 8 / B per micro-batch (both
+    directions share it), so tokens/s = tokens per micro-batch x B / (2 n 8): 80e6 / (2 x 4096 x 16) per token of
+    4096 bf16 activations (610.35 tok/s), with no fill or drain. The flushed step of the same pipeline is longer
+    (GPipe's fill and drain over p - 1 links)."""
+    p, m, tokens, d = 8, 16, 1024, 4096
+    n = tokens * d * 2  # one micro-batch's bf16 activations (and gradients)
+    work = _pipe(p, m, 0.01, 0.02, "afab", Link(80.0, 0.0, "half"), n)
+    steady = steady_bounds([work])
+    assert steady.lower_s == pytest.approx(m * 2 * n * 8 / 80e6)
+    assert m * tokens / steady.lower_s == pytest.approx(80e6 / (2 * d * 16))
+    assert step_bounds([work]).lower_s > 1.2 * steady.lower_s
+
+
+def test_steady_state_of_a_compute_bound_pipeline_is_its_slowest_stage() -> None:
+    """Free links: the steady step is m (f + b) of the slowest stage, not GPipe's (m + p - 1)(f + b); the no-overlap
+    bound adds a stage's own sends (transfer and latency, each direction) per micro-batch."""
+    p, m, f, b = 4, 8, 1.0, 2.0
+    assert steady_bounds([_pipe(p, m, f, b, "afab")]).lower_s == pytest.approx(m * (f + b))
+    slow = ReplicaWork([Stage(f, b)] * 3 + [Stage(2 * f, 2 * b)], [FREE] * 3, m)
+    assert steady_bounds([slow]).lower_s == pytest.approx(m * 2 * (f + b))
+    linked = _pipe(3, m, f, b, "afab", Link(8.0, 100.0), 1e6)  # 1 s per message, 0.1 s latency
+    bounds = steady_bounds([linked])
+    assert bounds.lower_s == pytest.approx(m * (f + b))  # a link busy 1 s per micro-batch each way: not the bottleneck
+    assert bounds.upper_s == pytest.approx(m * (f + b + 2 * (1.0 + 0.1)))  # the middle stage sends both ways
+
+
+def test_a_once_per_step_update_is_priced_once_not_per_micro_batch() -> None:
+    """Each stage's update (Muon's Newton-Schulz) runs once after its last backward: a flushed GPipe step over free
+    links is (m + p - 1)(f + b) + u, not (m + p - 1)(f + b + u / m), which is what spreading u over the micro-batches
+    gives (the bubble then carries u too); the steady state is m (f + b) + u."""
+    p, m, f, b, u = 8, 16, 0.03, 0.06, 0.5
+    work = _pipe(p, m, f, b, "afab", update_s=[u] * p)
+    assert step_bounds([work]).lower_s == pytest.approx((m + p - 1) * (f + b) + u)
+    assert step_bounds([work]).upper_s == pytest.approx((m + p - 1) * (f + b) + u)
+    spread = _pipe(p, m, f + u / m / 3, b + 2 * u / m / 3, "afab")
+    assert step_bounds([spread]).lower_s == pytest.approx((m + p - 1) * (f + b + u / m))
+    assert steady_bounds([work]).lower_s == pytest.approx(m * (f + b) + u)
+
+
+def test_a_collective_pays_nccls_base_per_call_and_latency_per_step() -> None:
+    """The clock's datacenter tier under NCCL's model (parallel/link.py CollectiveModel): all-reduce of N bytes on
+    p ranks = base + 2 (p - 1) step + 2 (p - 1)/p N / busbw, per call; numbers written out: A100 NVLink 3, 240 GB/s,
+    8.4 us per call, 3.4 us per step; 8 MiB on 4 ranks: 8.4 + 6 x 3.4 + 1.5 x 8,388,608 / 240e9 s."""
+    link = Link(240e9 * 8 / 1e6, 0.0034, call_ms=0.0084)
+    n, p = 8 * 2 ** 20, 4
+    expected = 8.4e-6 + 6 * 3.4e-6 + 1.5 * n / 240e9
+    assert ring_seconds({"all_reduce": (n, 1)}, p, link) == pytest.approx(expected)
+    assert ring_seconds({"all_reduce": (2 * n, 2)}, p, link) == pytest.approx(2 * expected)
+    # a small message is latency-bound: 1 KiB costs 28.8 us, not its 6.4 ns of bytes
+    assert ring_seconds({"all_reduce": (1024, 1)}, p, link) == pytest.approx(28.8e-6 + 1.5 * 1024 / 240e9)

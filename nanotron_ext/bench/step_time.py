@@ -34,26 +34,31 @@ FREE = Link(0.0)
 TERMS = ("tp_s", "stage_link_s", "dp_s")  # the tiers added one after the other to the free-link step
 
 
-def clock_terms(plan: Dict[str, Any], preset: ClockPreset, tflops: float) -> Dict[str, Any]:
+def clock_terms(plan: Dict[str, Any], preset: ClockPreset, tflops: float, steady: bool = False) -> Dict[str, Any]:
     """The clock's step of a planned config (bench/clock's `planned` form) on `preset` at `tflops` effective
-    TFLOP/s: "lower_s" / "upper_s" (full / no overlap) and the terms that add up to each: "compute_s" (the slowest
-    stage's forwards and backwards, links free), "bubble_s" (the schedule's idle time on free links), then each tier's
-    link added in turn, [lower, upper]: "tp_s", "stage_link_s", "dp_s" (with the outer sync); "stage_wire_s": seconds
-    per step the busiest stage link carries data (both directions on one wire when half duplex)."""
-    f = tflops * 1e12
+    TFLOP/s, one flushed step or with `steady` the pipeline's steady state (bench/clock replay.steady_bounds):
+    "lower_s" / "upper_s" (full / no overlap) and the terms that add up to each: "compute_s" (the slowest stage's
+    forwards and backwards and its once-per-step update, links free; "update_s" the update alone, priced at the
+    preset's `update_tflops`), "bubble_s" (the schedule's idle time on free links), then each tier's link added in
+    turn, [lower, upper]: "tp_s", "stage_link_s", "dp_s" (with the outer sync); "stage_wire_s": seconds per step the
+    busiest stage link carries data (both directions on one wire when half duplex)."""
+    f, u = tflops * 1e12, preset.update_tflops * 1e12
     dp = plan["layout"]["dp"]
     tiers, stage = links_of(preset, dp)
     free_tiers, free_stage = {"tp": FREE, "dp": FREE}, [FREE] * dp
-    works = replica_works(plan, free_tiers, free_stage, f)
-    compute = max(w.micro_batches * (st.fwd_s + st.bwd_s) for w in works for st in w.stages)
+    works = replica_works(plan, free_tiers, free_stage, f, u)
+    busy = [(w.micro_batches * (st.fwd_s + st.bwd_s) + (list(w.update_s) or [0.0] * len(w.stages))[s],
+             (list(w.update_s) or [0.0] * len(w.stages))[s]) for w in works for s, st in enumerate(w.stages)]
+    compute, update = max(busy)
     tp_only = {"tp": tiers["tp"], "dp": FREE}
-    steps = [step_bounds_of(plan, t, s, f) for t, s in
+    steps = [step_bounds_of(plan, t, s, f, steady, u) for t, s in
              ((free_tiers, free_stage), (tp_only, free_stage), (tp_only, stage), (tiers, stage))]
-    out: Dict[str, Any] = {"compute_s": compute, "bubble_s": steps[0].upper_s - compute}
+    out: Dict[str, Any] = {"compute_s": compute, "update_s": update, "bubble_s": steps[0].upper_s - compute,
+                           "steady": steady}
     for name, before, after in zip(TERMS, steps, steps[1:]):
         out[name] = [after.lower_s - before.lower_s, after.upper_s - before.upper_s]
     wire = 0.0
-    for w, link in zip(replica_works(plan, tiers, stage, f), stage):
+    for w, link in zip(replica_works(plan, tiers, stage, f, u), stage):
         for a, b in zip(w.stages, w.stages[1:]):  # the link between a and b: a's activations, b's gradients
             fwd, bwd = link.transmit_s(a.fwd_bytes), link.transmit_s(b.bwd_bytes)
             wire = max(wire, w.micro_batches * ((fwd + bwd) if link.duplex == "half" else max(fwd, bwd)))
@@ -64,11 +69,14 @@ def clock_terms(plan: Dict[str, Any], preset: ClockPreset, tflops: float) -> Dic
 
 def describe_links(preset: ClockPreset) -> List[str]:
     """One line per tier: bandwidth, latency, duplex (0 Mbit/s: unlimited, the tier not charged)."""
-    def one(mbps_ms: Any, held: bool = False) -> str:
-        mbps, ms = mbps_ms
+    def one(spec: Any, held: bool = False) -> str:
+        mbps, ms = spec[0], spec[1]
         if not mbps:
             return "unlimited (not charged)"
         bw = f"{mbps / 1e3:g} Gbit/s" if mbps >= 1e3 else f"{mbps:g} Mbit/s"
+        if len(spec) > 2:  # NCCL's collective model (parallel/link.py COLLECTIVE_MODELS)
+            return (f"{bw} bus bandwidth, {ms * 1e3:g} us per ring step + {spec[2] * 1e3:g} us per collective call "
+                    f"(NCCL's model), {preset.duplex} duplex")
         return f"{bw}, {ms:g} ms one way, {preset.duplex} duplex" + (", latency holds the wire" if held else "")
 
     lines = [f"TP tier: {one(preset.tp)}", f"stage links: {one(preset.stage, preset.latency_holds_wire)}"]

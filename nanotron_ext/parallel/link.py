@@ -243,6 +243,61 @@ LINK_PRESETS: Dict[str, LinkPreset] = {
 }
 
 
+# -- collective cost model of the datacenter tiers (the model clock's TP / DP tiers and stage hops) ----------------
+
+@dataclasses.dataclass(frozen=True)
+class CollectiveModel:
+    """NCCL's own cost model of a ring collective (NVIDIA/nccl src/graph/tuning.cc, ncclTopoTuneModel, Ring/Simple):
+    T = base + steps x step latency + volume / bus bandwidth, with steps = 2(p-1) for all-reduce and p-1 for
+    reduce-scatter / all-gather, and volume / bus bandwidth the nccl-tests busbw definition (doc/PERFORMANCE.md:
+    busbw = algbw x 2(p-1)/p for all-reduce, x (p-1)/p for reduce-scatter and all-gather), i.e. the ring forms of
+    `ring_collective_s` at the bus bandwidth. Message size matters through the fixed terms: a small call pays
+    base + steps x step latency whatever its bytes."""
+
+    bus_gbytes_s: float  # GB/s per direction a ring moves (nccl-tests' busbw)
+    base_us: float  # per call (NCCL baseLat, Ring/Simple)
+    step_us: float  # per ring step (NCCL hwLat of the hardware, Ring/Simple)
+    source: str
+
+    @property
+    def bus_mbps(self) -> float:
+        return self.bus_gbytes_s * 8e3
+
+    @property
+    def step_ms(self) -> float:
+        return self.step_us / 1e3
+
+    @property
+    def base_ms(self) -> float:
+        return self.base_us / 1e3
+
+
+_NCCL = ("NCCL src/graph/tuning.cc (v2.19-2.23): Ring/Simple baseLat 8.4 us per call, hwLat {} us per step; "
+         "src/graph/topo.h: {}")
+COLLECTIVE_MODELS: Dict[str, CollectiveModel] = {
+    "nvlink3": CollectiveModel(240.0, 8.4, 3.4, _NCCL.format(
+        "NVLink 3.4", "SM80_NVLINK_BW = 20 GB/s per NVLink 3 link as NCCL's ring search counts it, x the A100's 12 "
+        "links = 240 GB/s bus bandwidth when the rings use every link (below the datasheet's 300 GB/s = 12 x 25)")),
+    "nvlink": CollectiveModel(370.8, 8.4, 3.4, _NCCL.format(
+        "NVLink 3.4", "SM90_NVLINK_BW = 20.6 GB/s per NVLink 4 link x the H100 SXM's 18 links = 370.8 GB/s")),
+    "infiniband": CollectiveModel(50.0, 8.4, 14.0, _NCCL.format(
+        "NET 14.0", "a NIC at its line rate: ConnectX-7 NDR 400 Gbit/s = 50 GB/s")),
+    "slingshot11": CollectiveModel(25.0, 8.4, 14.0, _NCCL.format(
+        "NET 14.0", "a NIC at its line rate: HPE Slingshot 11, 200 Gbit/s = 25 GB/s per NIC (Perlmutter)")),
+}
+RING_OPS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast")
+
+
+def collective_s(op: str, nbytes: float, group_size: int, model: CollectiveModel) -> float:
+    """Seconds of one collective call `op` of `nbytes` (this rank's payload, as the ledger counts it) on a ring of
+    `group_size` ranks under `model`: the call's base, each ring step's latency, and the ring's volume at the bus
+    bandwidth (CollectiveModel); 0 for a group of one or an op that is not a ring collective."""
+    if group_size <= 1 or op.split(":")[0] not in RING_OPS:
+        return 0.0
+    return model.base_ms / 1e3 + ring_collective_s(op, nbytes, group_size,  # type: ignore[arg-type]
+                                                    LinkSpec(model.bus_mbps, model.step_ms))
+
+
 def link_preset(name: str) -> LinkPreset:
     """The preset `name`; ValueError listing the known ones otherwise."""
     try:

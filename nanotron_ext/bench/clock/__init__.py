@@ -3,7 +3,8 @@
 One public entry for everything that prices a step (the WAN meter's `--clock model`, `bench/step_time.py`,
 `bench/multi_host.py`, `reproduce/paper_scale*.py`): import from `nanotron_ext.bench.clock`, not its modules.
 
-- `replay.py`: the schedule replayed over FIFO links, two bounds (`step_bounds`), ring collectives, time to target;
+- `replay.py`: the schedule replayed over FIFO links, two bounds of a flushed step (`step_bounds`) or of the steady
+  state (`steady_bounds`), ring collectives, time to target;
 - `pricing.py`: a config's twin planned rank by rank (`planned`), priced into the replay's work (`replica_works`),
   one `step_bounds_of` a plan over given links;
 - `hardware.py`: the named hardware (`ClockPreset`): the WAN meter's `CLOCK_PRESETS` and the papers' `HARDWARE`;
@@ -42,8 +43,10 @@ from nanotron_ext.bench.clock.pricing import (
                                                     replica_works,
                                                     stage_broadcast_s,
                                                     step_bounds_of,
+                                                    tier_link,
                                                     twin_overrides,
                                                     width_keys,
+                                                    with_update_flops,
 )
 from nanotron_ext.bench.clock.replay import (
                                                     Link,
@@ -54,6 +57,7 @@ from nanotron_ext.bench.clock.replay import (
                                                     replay,
                                                     ring_seconds,
                                                     schedule_order,
+                                                    steady_bounds,
                                                     step_bounds,
                                                     time_to_target,
 )
@@ -63,6 +67,6 @@ __all__ = [
     "PLANNER_VERSION", "RATIO_TOLERANCE", "SCALE_KEYS", "ClockPreset", "Link", "ReplicaWork", "Stage",
     "StepBounds", "Timeline", "all_presets", "bytes_per_step", "check_compute", "config_links", "free_step_s",
     "job_flops", "links_of", "mean_step_s", "note", "plan_path", "planned", "preset", "priced_at_cpu_seconds",
-    "replay", "replica_counts", "replica_works", "ring_seconds", "schedule_order", "stage_broadcast_s", "step_bounds",
-    "step_bounds_of", "time_to_target", "twin_overrides", "width_keys",
+    "replay", "replica_counts", "replica_works", "ring_seconds", "schedule_order", "stage_broadcast_s", "steady_bounds",
+    "step_bounds", "step_bounds_of", "tier_link", "time_to_target", "twin_overrides", "with_update_flops", "width_keys",
 ]

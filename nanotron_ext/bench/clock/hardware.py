@@ -9,9 +9,10 @@ Two families, one type (`ClockPreset`):
   equals the paper's there) and holds it for every other row; the value here is that fit, rounded, and the script
   says when it no longer matches.
 
-Every datacenter link is a `parallel/link.py` preset (`LINK_PRESETS`, each with its source), so the emulator and the
-clock read one number; links are the papers' stated ones, and what a paper leaves out (latency, duplex) is said in
-each source.
+Every datacenter tier is a `parallel/link.py` collective model (`COLLECTIVE_MODELS`: NCCL's own latency and bus
+bandwidth model, each constant with its source): a collective pays a base per call, a latency per ring step and its
+volume at the bus bandwidth, so a small message costs more than its bytes. The internet links are the papers' stated
+ones, and what a paper leaves out (latency, duplex) is said in each source.
 """
 from __future__ import annotations
 
@@ -19,16 +20,18 @@ import dataclasses
 from typing import Dict, Tuple
 
 from nanotron_ext.errors import UserFacingError
-from nanotron_ext.parallel.link import LINK_PRESETS
+from nanotron_ext.parallel.link import COLLECTIVE_MODELS
 
 # A100 bf16 dense peak 312 TFLOP/s at about a third: the assumption reproduce/het_sparseloco/stage_link.py uses
 A100_EFFECTIVE_TFLOPS = 100.0
 
 
-def _link(name: str) -> Tuple[float, float]:
-    """A `parallel/link.py` preset as the clock's (Mbit/s, one-way ms)."""
-    p = LINK_PRESETS[name]
-    return (p.bandwidth_mbps, p.latency_ms)
+def _collective(name: str) -> Tuple[float, float, float]:
+    """A `parallel/link.py` collective model (NCCL's: COLLECTIVE_MODELS) as the clock's (bus Mbit/s, ms per ring
+    step, ms per call): the TP / DP tiers' collectives pay all three (replay.ring_seconds), a stage hop the first
+    two."""
+    m = COLLECTIVE_MODELS[name]
+    return (m.bus_mbps, m.step_ms, m.base_ms)
 
 
 # -- the model clock's presets (`--clock model`): hardware, links per tier and where each replica sits ----------
@@ -45,17 +48,20 @@ class ClockPreset:
     scale_config: str
     device: str
     tflops: float
-    tp: Tuple[float, float]  # (Mbit/s, one-way ms) of every link below; duplex full unless `duplex` says
-    stage: Tuple[float, float]
-    datacenter_stage: Tuple[float, float]
-    dp: Tuple[float, float]
+    tp: Tuple[float, ...]  # (Mbit/s, one-way ms[, ms per collective call]) of every link below; duplex full unless
+    stage: Tuple[float, ...]  # `duplex` says; a datacenter tier is NCCL's collective model (`_collective`)
+    datacenter_stage: Tuple[float, ...]
+    dp: Tuple[float, ...]
     datacenter_replicas: Tuple[int, ...] = (1,)
     duplex: str = "full"
     latency_holds_wire: bool = False  # the stage links' latency keeps the wire busy (clock.Link)
+    # TFLOP/s of the work an optimiser does once per step (Muon's Newton-Schulz: large square bf16 GEMMs), from a
+    # stated source, not fitted; 0: the device's effective throughput `tflops`
+    update_tflops: float = 0.0
 
 
-INFINIBAND = _link("infiniband")  # one NDR port
-NVLINK3 = _link("nvlink3")  # A100 NVLink 3: 300 GB/s per direction
+INFINIBAND = _collective("infiniband")  # one NDR port under NCCL's model
+NVLINK3 = _collective("nvlink3")  # A100 NVLink 3 under NCCL's model: 240 GB/s bus bandwidth
 SCALE_512M = "reproduce/het_sparseloco/sparseloco_512m.yaml"
 CLOCK_PRESETS: Dict[str, ClockPreset] = {
     "internet-1g": ClockPreset(
@@ -73,13 +79,17 @@ CLOCK_PRESETS: Dict[str, ClockPreset] = {
 
 
 NONE = (0.0, 0.0)  # a tier the layout does not use (0 Mbit/s = unlimited: the clock charges it nothing)
-SLINGSHOT11 = _link("slingshot11")  # Perlmutter between nodes
-RESBM = ("ResBM (arXiv:2604.11947) Table 3: 8 x A10G, one block per GPU, GPipe over PyTorch/NCCL, batch 16 x 1024; "
-         "the stage link's budget shared by both directions (its 609 tok/s = 80e6 / (2 x 4096 x 16 bit)), "
-         "no latency stated; A10G throughput fitted on the centralised row (10 Gbit/s, 7530 tok/s) by "
-         "reproduce/paper_scale.py")
-SM = ("Protocol Models (arXiv:2506.01260) Table 1: 8 x A10G, one layer per GPU, 2B model; duplex and latency "
-      "not stated (full duplex, none), batch and schedule lost in the text (our sm_2b_*.yaml CHOICEs); A10G "
+SLINGSHOT11 = _collective("slingshot11")  # Perlmutter between nodes
+RESBM = ("ResBM (arXiv:2604.11947) Table 3: 8 x A10G, one block per GPU, GPipe over PyTorch/NCCL, batch 16 x 1024, "
+         "'designed to measure steady-state throughput' (sec. 4.3): the clock's steady state; the stage link's budget "
+         "shared by both directions (its 609 tok/s = 80e6 / (2 x 4096 x 16 bit)), no latency stated; A10G "
+         "throughput fitted on the centralised row (10 Gbit/s, 7530 tok/s) by reproduce/paper_scale.py; Muon's "
+         "Newton-Schulz, once per step, at the bf16 dense tensor peak of NVIDIA's A10 datasheet (125 TFLOP/s; the "
+         "A10G is AWS's A10 and has no datasheet of its own): a peak, so the Muon rows' update time is a lower bound")
+A10_BF16_PEAK = 125.0
+SM = ("Protocol Models (arXiv:2506.01260) Table 1: 8 x A10G, one layer per GPU, 2B model, 'GPipe ... via "
+      "torch.distributed.pipelining' (sec. 7; a flushed step); duplex and latency not stated (full duplex, none), "
+      "context length, batch and k lost in the text (our sm_2b_*.yaml CHOICEs); A10G "
       "throughput fitted on the centralised row (100 Gbit/s, 602.57 tok/s) by reproduce/paper_scale.py")
 PNG = ("ProtocolNanoGPT (github.com/PluralisResearch/ProtocolNanoGPT, records 20260917/20260918): one 8 x H100 "
        "machine, one stage per GPU, every stage link simulated as 200 Mbit/s + 50 ms by a receiver-side meter that "
@@ -88,8 +98,9 @@ PNG = ("ProtocolNanoGPT (github.com/PluralisResearch/ProtocolNanoGPT, records 20
        "(100.475 s/step) cannot fit a throughput: its compute is < 1% of the step and the links alone replay to "
        "100.97 s; H100 at 307 effective TFLOP/s instead, our 125M model's measured 31.0% MFU of the 989 TFLOP/s "
        "dense bf16 peak (flash + compile, 1 x H200, whose compute is the H100 SXM's; gpu-check 2026-11-27)")
-BOOST = ("BOOST (arXiv:2512.12131) sec. 5.2: NERSC Perlmutter, 4 x A100-80GB per node on NVLink 3 (300 GB/s per "
-         "direction), Slingshot 11 between nodes (stages), pure bf16, seq 4096, batch 4, TP 4; latencies assumed; "
+BOOST = ("BOOST (arXiv:2512.12131) sec. 5.2: NERSC Perlmutter, 4 x A100-80GB per node on NVLink 3, Slingshot 11 "
+         "between nodes (stages), pure bf16, seq 4096, batch 4, TP 4; both tiers under NCCL's collective model "
+         "(parallel/link.py COLLECTIVE_MODELS: 240 GB/s bus bandwidth on NVLink 3, 8.4 us per call, 3.4 us per step); "
          "A100 throughput fitted on Table 3's per-block time (CoLA 7B, ungrouped, bz = 4: 7577 us, taken as the "
          "forward) by reproduce/paper_scale.py")
 HET = ("Heterogeneous SparseLoCo (arXiv:2601.02360) Fig. 2 / 3(b): 1 Gbit/s stage links for the compressed "
@@ -98,8 +109,10 @@ HET = ("Heterogeneous SparseLoCo (arXiv:2601.02360) Fig. 2 / 3(b): 1 Gbit/s stag
        f"{A100_EFFECTIVE_TFLOPS:g} effective TFLOP/s assumed (not fitted: the figure gives no time to fit on)")
 
 HARDWARE: Dict[str, ClockPreset] = {
-    "resbm-a10g-10g": ClockPreset(RESBM, "", "8 x A10G (fitted)", 23.0, NONE, (1e4, 0.0), NONE, NONE, (), "half"),
-    "resbm-a10g-80m": ClockPreset(RESBM, "", "8 x A10G (fitted)", 23.0, NONE, (80.0, 0.0), NONE, NONE, (), "half"),
+    "resbm-a10g-10g": ClockPreset(RESBM, "", "8 x A10G (fitted)", 23.0, NONE, (1e4, 0.0), NONE, NONE, (), "half",
+                                  update_tflops=A10_BF16_PEAK),
+    "resbm-a10g-80m": ClockPreset(RESBM, "", "8 x A10G (fitted)", 23.0, NONE, (80.0, 0.0), NONE, NONE, (), "half",
+                                  update_tflops=A10_BF16_PEAK),
     "sm-a10g-100g": ClockPreset(SM, "", "8 x A10G (fitted)", 1.68, NONE, (1e5, 0.0), NONE, NONE, ()),
     "sm-a10g-80m": ClockPreset(SM, "", "8 x A10G (fitted)", 1.68, NONE, (80.0, 0.0), NONE, NONE, ()),
     "protocolnanogpt-h100": ClockPreset(PNG, "", "8 x H100 (its throughput measured on an H200)", 307.0, NONE,

@@ -30,7 +30,7 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from nanotron_ext.bench.clock.replay import Link, ReplicaWork, Stage, ring_seconds, step_bounds
+from nanotron_ext.bench.clock.replay import Link, ReplicaWork, Stage, ring_seconds, steady_bounds, step_bounds
 from nanotron_ext.registry import techniques
 
 SCALE_KEYS = ("model.hidden_size", "model.ffn_size", "model.num_layers", "model.num_heads", "model.num_kv_heads",
@@ -154,9 +154,11 @@ def stage_broadcast_s(outer: Dict[str, Any], inner: Dict[str, Any], stages: int,
 
 
 def replica_works(plan: Dict[str, Any], links: Dict[str, Link], stage_link: Sequence[Link],
-                  flops_per_s: float) -> List[ReplicaWork]:
+                  flops_per_s: float, update_flops_per_s: float = 0.0) -> List[ReplicaWork]:
     """One ReplicaWork per DP replica (module docstring, 3.): `links` the "tp" and "dp" tiers' links, `stage_link[r]`
-    replica r's link between its stages, `flops_per_s` the device's effective throughput."""
+    replica r's link between its stages, `flops_per_s` the device's effective throughput. A rank's "update_flops"
+    (`with_update_flops`: work done once per optimiser step) leave its micro-batches and become the stage's
+    `update_s`, priced at `update_flops_per_s` (0: at `flops_per_s`)."""
     lay, m = plan["layout"], plan["micro_batches"]
     tp, dp = lay["tp"], lay["dp"]
     works = []
@@ -164,11 +166,13 @@ def replica_works(plan: Dict[str, Any], links: Dict[str, Link], stage_link: Sequ
         index = plan["replica_of"][str(r)]
         inner = plan["inner"][index]
         outer = plan["outer"][index] if plan["outer"] else None
-        stages, dp_s, outer_s, control_s = [], [], [], []
+        stages, dp_s, outer_s, control_s, update_s = [], [], [], [], []
         for s, rank in enumerate(inner):
             tp_s = ring_seconds({op: (b / m, c / m) for op, (b, c) in _ops(rank["ledger"], "tp").items()}, tp,
                                 links["tp"])
-            compute = rank["flops"] / m / flops_per_s
+            update = float(rank.get("update_flops", 0.0))
+            update_s.append(update / (update_flops_per_s or flops_per_s))
+            compute = (rank["flops"] - update) / m / flops_per_s
             stages.append(Stage(compute / 3 + tp_s / 2, 2 * compute / 3 + tp_s / 2,
                                 tp * _sent(rank["ledger"], "fwd") / m, tp * _sent(rank["ledger"], "bwd") / m))
             dp_s.append(ring_seconds(_ops(rank["ledger"], "dp"), dp, links["dp"], sharing=tp))
@@ -180,8 +184,27 @@ def replica_works(plan: Dict[str, Any], links: Dict[str, Link], stage_link: Sequ
             fold_s = stage_broadcast_s(outer[0]["ledger"], inner[0]["ledger"], len(inner), tp, stage_link[r])
             outer_s = [t + fold_s for t in outer_s]
         works.append(ReplicaWork(stages, [stage_link[r]] * (len(stages) - 1), m, plan["schedule"], dp_s, outer_s,
-                                 control_s))
+                                 control_s, update_s))
     return works
+
+
+def with_update_flops(plan: Dict[str, Any], twin: Dict[str, Any]) -> Dict[str, Any]:
+    """`plan` with each rank's "update_flops": its FLOPs less those of the same rank of `twin`, the same model,
+    layout and batch under an optimiser whose update FlopCounterMode counts as nothing (AdamW's elementwise update):
+    what `plan`'s optimiser adds once per step (Muon's Newton-Schulz), which the clock then prices once per step,
+    outside the micro-batch schedule. ValueError when the two differ in layout or the difference is negative."""
+    if plan["layout"] != twin["layout"] or len(plan["inner"]) != len(twin["inner"]):
+        raise ValueError(f"the twin's layout {twin['layout']} is not the plan's {plan['layout']}")
+    inner = []
+    for column, base in zip(plan["inner"], twin["inner"]):
+        ranks = []
+        for rank, other in zip(column, base):
+            extra = rank["flops"] - other["flops"]
+            if extra < 0:
+                raise ValueError(f"rank {rank['rank']}: the twin computes more than the plan ({extra} FLOPs)")
+            ranks.append({**rank, "update_flops": extra})
+        inner.append(ranks)
+    return {**plan, "inner": inner}
 
 
 def bytes_per_step(plan: Dict[str, Any]) -> Dict[str, float]:
@@ -202,13 +225,18 @@ def bytes_per_step(plan: Dict[str, Any]) -> Dict[str, float]:
     return out
 
 
+def tier_link(spec: Sequence[float], duplex: str, held: bool = False) -> Link:
+    """A preset's (Mbit/s, one-way ms) or, for a datacenter tier under NCCL's collective model, (bus Mbit/s, ms per
+    ring step, ms per call: hardware.py's `_collective`) as the clock's Link."""
+    return Link(spec[0], spec[1], duplex, held, call_ms=spec[2] if len(spec) > 2 else 0.0)
+
+
 def links_of(preset: Any, dp: int) -> Tuple[Dict[str, Link], List[Link]]:
     """A ClockPreset's tier links and each of `dp` replicas' stage link (its placement)."""
-    link = lambda mbps_ms: Link(*mbps_ms, preset.duplex)  # noqa: E731
     held = getattr(preset, "latency_holds_wire", False)
-    stage = [Link(*preset.datacenter_stage, preset.duplex) if r in preset.datacenter_replicas
-             else Link(*preset.stage, preset.duplex, held) for r in range(dp)]
-    return {"tp": link(preset.tp), "dp": link(preset.dp)}, stage
+    stage = [tier_link(preset.datacenter_stage, preset.duplex) if r in preset.datacenter_replicas
+             else tier_link(preset.stage, preset.duplex, held) for r in range(dp)]
+    return {"tp": tier_link(preset.tp, preset.duplex), "dp": tier_link(preset.dp, preset.duplex)}, stage
 
 
 def replica_counts(plan: Dict[str, Any]) -> List[int]:
@@ -223,7 +251,9 @@ def free_step_s(plan: Dict[str, Any], flops_per_s: float) -> float:
     return step_bounds_of(plan, {"tp": free, "dp": free}, [free] * plan["layout"]["dp"], flops_per_s).upper_s
 
 
-def step_bounds_of(plan: Dict[str, Any], tiers: Dict[str, Link], stage: Sequence[Link], flops_per_s: float) -> Any:
-    """The clock's StepBounds of a planned config over these links at this throughput."""
-
-    return step_bounds(replica_works(plan, tiers, stage, flops_per_s), plan["outer_every"])
+def step_bounds_of(plan: Dict[str, Any], tiers: Dict[str, Link], stage: Sequence[Link], flops_per_s: float,
+                   steady: bool = False, update_flops_per_s: float = 0.0) -> Any:
+    """The clock's StepBounds of a planned config over these links at this throughput: one flushed step, or with
+    `steady` the pipeline's steady state (replay.steady_bounds)."""
+    works = replica_works(plan, tiers, stage, flops_per_s, update_flops_per_s)
+    return (steady_bounds if steady else step_bounds)(works, plan["outer_every"])

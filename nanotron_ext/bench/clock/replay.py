@@ -60,6 +60,10 @@ class Link:
         if self.burst_bytes and (self.duplex == "half" or self.mbps == 0):
             raise ValueError("a token bucket needs a full-duplex link with a rate (one sender per queue)")
 
+    # a collective call's fixed cost on this link, paid once per call besides the per-step latency (NCCL's
+    # baseLat: parallel/link.py's COLLECTIVE_MODELS); point-to-point messages do not pay it
+    call_ms: float = 0.0
+
     def transmit_s(self, nbytes: float) -> float:
         return 0.0 if self.mbps == 0 or nbytes <= 0 else nbytes * 8 / (self.mbps * 1e6)
 
@@ -91,14 +95,19 @@ class ReplicaWork:
     dp_s: Sequence[float] = ()
     outer_s: Sequence[float] = ()
     control_s: Sequence[float] = ()  # per stage: per-step agreements on the DP tier (a logged loss), no-overlap only
+    # per stage: work done once per optimiser step, outside the micro-batch schedule (Muon's Newton-Schulz): it starts
+    # when the stage's last backward and its DP all-reduce are done
+    update_s: Sequence[float] = ()
 
 
 @dataclasses.dataclass(frozen=True)
 class Timeline:
-    """A replayed pipeline: when it ended, and when each stage's last backward started."""
+    """A replayed pipeline: when it ended, when each stage's last backward started, and when each stage's last op
+    ended."""
 
     end_s: float
     last_backward_start_s: Tuple[float, ...]
+    stage_end_s: Tuple[float, ...] = ()
 
 
 class _Wire:
@@ -203,7 +212,7 @@ def replay(work: ReplicaWork, blocking: bool) -> Timeline:
                 progressed = True
         if not progressed:
             raise RuntimeError(f"the {work.schedule} schedule deadlocked (a bug in schedule_order)")
-    return Timeline(max(free), tuple(last_b))
+    return Timeline(max(free), tuple(last_b), tuple(free))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,23 +224,69 @@ class StepBounds:
 
 
 def step_bounds(replicas: Sequence[ReplicaWork], outer_every: int = 0) -> StepBounds:
-    """The job's step time (the slowest replica paces it), with the per-step DP tier and, every `outer_every`
-    steps, the outer sync amortised over its cycle."""
+    """The job's step time as a flushed step (the slowest replica paces it), with the per-step DP tier, each stage's
+    once-per-step update after its last backward (and its DP all-reduce), and, every `outer_every` steps, the outer
+    sync amortised over its cycle."""
     lows, highs = [], []
     for work in replicas:
+        n = len(work.stages)
+        update, dp = list(work.update_s) or [0.0] * n, list(work.dp_s) or [0.0] * n
         for blocking, out in ((False, lows), (True, highs)):
             t = replay(work, blocking)
-            dp = list(work.dp_s) or [0.0]
             if blocking:
-                out.append(t.end_s + max(dp) + max(list(work.control_s) or [0.0]))
-            else:
-                out.append(max([t.end_s] + [b + d for b, d in zip(t.last_backward_start_s, dp)]))
-    lower, upper = max(lows), max(highs)
+                out.append(t.end_s + max(dp) + max(update) + max(list(work.control_s) or [0.0]))
+            else:  # each stage: its all-reduce from its last backward's start, then its update
+                out.append(max([t.end_s] + [max(e, b + d) + u for e, b, d, u in
+                                            zip(t.stage_end_s, t.last_backward_start_s, dp, update)]))
+    return _with_outer(replicas, outer_every, max(lows), max(highs))
+
+
+def _with_outer(replicas: Sequence[ReplicaWork], outer_every: int, lower: float, upper: float) -> StepBounds:
+    """Per-step bounds with the outer sync amortised over its cycle (hidden behind the H inner steps when it
+    overlaps, added when it stops every replica)."""
     if outer_every:
         outer = max((max(w.outer_s or [0.0]) for w in replicas), default=0.0)
         lower = max(outer_every * lower, outer) / outer_every
         upper = upper + outer / outer_every
     return StepBounds(lower, upper)
+
+
+def link_busy_s(work: ReplicaWork, s: int, blocking: bool = False) -> float:
+    """Seconds per micro-batch the link between stages s and s + 1 is busy: s's activations and s + 1's gradients on
+    one wire when half duplex, the busier direction when full; a latency that holds the wire counts too."""
+    link = work.links[s]
+    held = link.latency_s if link.latency_holds_wire else 0.0
+    fwd = link.transmit_s(work.stages[s].fwd_bytes) + held
+    bwd = link.transmit_s(work.stages[s + 1].bwd_bytes) + held
+    return fwd + bwd if link.duplex == "half" else max(fwd, bwd)
+
+
+def steady_bounds(replicas: Sequence[ReplicaWork], outer_every: int = 0) -> StepBounds:
+    """The job's step time in steady state: a pipeline kept full across steps (no fill, no drain), so a step takes
+    its micro-batches times the busiest resource's time per micro-batch, a stage's compute or a link's wire, plus
+    the stage's once-per-step update (its Newton-Schulz: nothing else runs on that stage meanwhile). The
+    full-overlap bound: stage s is busy m (F + B) + update per step; the no-overlap bound adds to each stage its
+    own sends' transfer and latency per micro-batch (a synchronous send) and its DP all-reduce and agreements. A
+    link is busy m times `link_busy_s` per step in both. What a tokens/s meter reads over a window of a long run
+    (ResBM Table 3: 'designed to measure steady-state throughput'); `step_bounds` is one flushed step's."""
+    lows, highs = [], []
+    for work in replicas:
+        n, m = len(work.stages), work.micro_batches
+        update = list(work.update_s) or [0.0] * n
+        dp, control = list(work.dp_s) or [0.0] * n, list(work.control_s) or [0.0] * n
+        wires = [m * link_busy_s(work, s) for s in range(n - 1)]
+        low, high = list(wires), list(wires)
+        for s, st in enumerate(work.stages):
+            low.append(m * (st.fwd_s + st.bwd_s) + update[s])
+            sends = 0.0
+            if s + 1 < n:
+                sends += work.links[s].transmit_s(st.fwd_bytes) + work.links[s].latency_s
+            if s > 0:
+                sends += work.links[s - 1].transmit_s(st.bwd_bytes) + work.links[s - 1].latency_s
+            high.append(m * (st.fwd_s + st.bwd_s + sends) + update[s] + dp[s] + control[s])
+        lows.append(max(low))
+        highs.append(max(high))
+    return _with_outer(replicas, outer_every, max(lows), max(highs))
 
 
 def ring_seconds(ops: Dict[str, Tuple[float, float]], group: int, link: Link, sharing: int = 1) -> float:
@@ -247,7 +302,8 @@ def ring_seconds(ops: Dict[str, Tuple[float, float]], group: int, link: Link, sh
         per_call = nbytes / calls
         bw = ring_collective_s(op, per_call, group, LinkSpec(link.mbps, 0.0), link.duplex) * sharing
         lat = ring_collective_s(op, 0, group, LinkSpec(0.0, link.latency_ms), link.duplex)
-        total += calls * (bw + lat)
+        fixed = link.call_ms / 1e3 if group > 1 and lat + bw > 0 else 0.0
+        total += calls * (bw + lat + fixed)
     return total
 
 
