@@ -18,6 +18,13 @@ Paper -> code:
   decode_payload, its size in closed form: payload_nbytes
 - aggregation (mean over all replicas, or over the senders of each position) and outer SGD (lr 1.0,
   optional momentum): outer.SparseLoCoOuter.aggregate / apply; exchange: one all_gather in SparseLoCoSync.sync
+- outer Nesterov momentum (DiLoCo, arXiv:2311.08105: lr 0.7, momentum 0.9; sparseloco.outer_nesterov; dense DiLoCo
+  is top-k = chunk): outer.SparseLoCoOuter.apply, torch.optim.SGD's update
+- streaming outer sync (not in the paper; "Streaming DiLoCo with overlapping communication", arXiv:2501.18512, one
+  fragment; sparseloco.streaming.delay = tau, .alpha): the all_gather on a side thread over a copy of the DP group
+  (streaming.side_dp_group, InFlightGather) behind the next tau inner steps, then the outer step and the merge
+  alpha * local + (1 - alpha) * global (streaming.merge_): streaming.StreamingSparseLoCoSync (send / arrive; the
+  in-flight payloads in its checkpoint state), in the simulated driver SimulatedReplicas.send / arrive
 - simulated replicas (M replicas in one process, same math): simulate.SimulatedReplicas; a whole run of
   M replicas with the trainer's inner step: simulate.run_simulated (sweeps: reproduce/het_sparseloco/sim_sweep.py)
 - communication accounting and compute utilisation over a bandwidth (figs. 2, 3b): accounting
