@@ -2,17 +2,17 @@
 
 A plan is what the model clock prices (nanotron_ext/bench/clock/pricing.py: per rank the FLOPs of one step and the
 comm ledger's bytes and calls). A run that reproduce/plan_table.py plans too (the same config and overrides) is read
-from reproduce/results/PLAN.json, so the table follows that file when it is regenerated; the others are planned here with
-the planner (one planner at a time; it runs a pipeline's stages side by side) and cached in
-reproduce/results/plans/ under the hash of their resolved config (profile.planned), so a rerun plans only what
-changed.
+from reproduce/results/PLAN.json, so the table follows that file when it is regenerated; the others are planned
+here with the planner (one planner at a time; it runs a pipeline's stages side by side) and cached in
+reproduce/results/plans/ under the hash of the part of their config a plan depends on (nanotron_ext.plan.cache_key),
+so a rerun plans only what changed and a key added elsewhere (checkpoints, logging) replans nothing.
 """
 from __future__ import annotations
 
-import json
+import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Set, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -62,6 +62,35 @@ def _from_plan_json(run: Dict[str, Any]) -> Dict[str, Any]:
             "schedule": lay["pp_engine"], "outer_every": 0, "replica_of": {"0": 0}, "inner": [ranks], "outer": None}
 
 
+def _saved_runs() -> Dict[str, Any]:
+    """PLAN.json's runs, each checked as the clock reads it (layout, finite FLOPs and ledger per rank); a damaged
+    file is refused by name (exit 2): it is committed, so restore or regenerate it rather than plan around it."""
+    from nanotron_ext.cli_checks import ArgumentError, JsonFile, refuse
+    from nanotron_ext.plan.cached import check_rank, first_non_finite
+
+    if not PLAN_JSON.exists():
+        return {}
+    f = JsonFile(PLAN_JSON, "the plan table", advice="restore it (git checkout -- reproduce/results/PLAN.json) or "
+                 "regenerate it (python reproduce/plan_table.py)")
+    try:
+        runs = f.table(f.read_object(), "runs", dict)
+        bad = first_non_finite(runs, "runs")
+        if bad:
+            f.fail(f"{bad}, not a finite number")
+        for name, run in runs.items():
+            for key in ("dp", "tp", "pp"):
+                f.number(f.table(run, "layout", (int, str), f"runs.{name}"), key, f"runs.{name}.layout", low=1)
+            f.need(run["layout"], "pp_engine", str, f"runs.{name}.layout")
+            ranks = f.need(run, "ranks", list, f"runs.{name}")
+            for i, rank in enumerate(ranks):
+                if not isinstance(rank, dict):
+                    f.fail(f"runs.{name}.ranks[{i}] is not an object")
+                check_rank(f, rank, f"runs.{name}.ranks[{i}]")
+    except ArgumentError as e:
+        refuse(e)
+    return runs
+
+
 def plan_of(name: str) -> Dict[str, Any]:
     """The plan of RUNS[name] (module docstring) with "tokens_per_step" (every replica) and "source"."""
     from nanotron_ext.bench.clock import plan_path, planned
@@ -71,8 +100,8 @@ def plan_of(name: str) -> Dict[str, Any]:
     cfg = load_config(REPO / config, list(overrides))
     t = cfg.tokens
     tokens = t.sequence_length * t.micro_batch_size * t.batch_accumulation_per_replica * cfg.parallelism.dp
-    saved = json.loads(PLAN_JSON.read_text())["runs"] if PLAN_JSON.exists() else {}
-    if PLAN_RUNS.get(name) == RUNS[name] and name in saved and cfg.parallelism.dp == 1:
+    saved = _saved_runs() if PLAN_RUNS.get(name) == RUNS[name] else {}
+    if name in saved and cfg.parallelism.dp == 1:
         plan = _from_plan_json(saved[name])
         plan["micro_batches"] = t.batch_accumulation_per_replica
         source = "reproduce/results/PLAN.json"
@@ -82,16 +111,31 @@ def plan_of(name: str) -> Dict[str, Any]:
     return {**plan, "tokens_per_step": tokens, "source": source}
 
 
-def prune(used: Set[str]) -> List[str]:
+def _tracked(folder: Path) -> Optional[Set[str]]:
+    """Names of the files git tracks in `folder`, or None where git cannot say (no checkout, no git)."""
+    try:
+        out = subprocess.run(["git", "ls-files", "-z", "--", "."], cwd=folder, capture_output=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    return {Path(line).name for line in out.stdout.decode().split("\0") if line}
+
+
+def prune(used: Set[str], cache: Path = CACHE) -> List[str]:
     """Remove the cached plans no run reads any more (a config or the planner changed: the old plan is orphaned);
     their names. Nothing is removed unless every plan in `used` is there (a cache key computed otherwise than
-    profile.planned's would otherwise empty the folder)."""
-    cached = sorted(CACHE.glob("plan_*.json"))
-    names = {f"reproduce/results/plans/{p.name}" for p in cached}
-    if any(u.startswith("reproduce/results/plans/") and u not in names for u in used):
+    profile.planned's would otherwise empty the folder), and never a plan git tracks (a committed plan goes with a
+    commit that says why, not as a side effect of a run), nor any where git cannot say which are tracked."""
+    rel = cache.relative_to(REPO).as_posix() if cache.is_relative_to(REPO) else str(cache)
+    cached = sorted(cache.glob("plan_*.json"))
+    names = {f"{rel}/{p.name}" for p in cached}
+    if any(u.startswith(f"{rel}/") and u not in names for u in used):
         return []
-    gone = [p for p in cached if f"reproduce/results/plans/{p.name}" not in used]
+    tracked = _tracked(cache)
+    if tracked is None:
+        return []
+    gone = [p for p in cached if f"{rel}/{p.name}" not in used and p.name not in tracked]
     for p in gone:
         p.unlink()
     return [p.name for p in gone]
-

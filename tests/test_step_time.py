@@ -93,6 +93,8 @@ def test_the_report_reads_a_cached_plan_and_prints_bounds_tokens_and_breakdown(
     cfg = load_config(TINY, [])
     plan = _plan([_rank(6e12, {})], m=cfg.tokens.batch_accumulation_per_replica)
     del plan["tokens_per_step"]
+    dp = cfg.parallelism.dp  # the cache refuses a plan of another layout than its config's (plan/cached.py)
+    plan.update(layout={**plan["layout"], "dp": dp}, replica_of={str(r): 0 for r in range(dp)})
     plan_path(cfg, tmp_path).write_text(json.dumps(plan))
     out_json = tmp_path / "t.json"
     assert step_time.main(["--config-file", TINY, "--preset", "resbm-a10g-80m", "--plans", str(tmp_path),

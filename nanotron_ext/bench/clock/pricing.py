@@ -71,12 +71,14 @@ def twin_overrides(config_file: str, overrides: Sequence[str], scale_config: Opt
 
 
 def plan_path(cfg: Any, cache: Path, device: str = "cpu") -> Path:
-    """Where `planned` caches the plan of a loaded config: keyed by the resolved config, the device and the planner's
-    version (reproduce/paper_scale_plans.py names the plans its table read by this)."""
+    """Where `planned` caches the plan of a loaded config: keyed by the part of the resolved config a plan depends on
+    (nanotron_ext.plan.cache_key states the rule), the device and the planner's version
+    (reproduce/paper_scale_plans.py names the plans its table read by this)."""
     from nanotron_ext.config.digest import digest
     from nanotron_ext.config.loader import config_to_dict
+    from nanotron_ext.plan.cache_key import plan_defining
 
-    key = digest({"config": config_to_dict(cfg), "device": device, "planner": PLANNER_VERSION}, 16)
+    key = digest({"plan": plan_defining(config_to_dict(cfg)), "device": device, "planner": PLANNER_VERSION}, 16)
     return cache / f"plan_{key}.json"
 
 
@@ -84,20 +86,23 @@ def planned(config_file: str, overrides: Sequence[str], cache: Path, device: str
     """The plan of one config (module docstring, 2.), read back from `cache` when a plan of the same resolved config,
     device and planner version is there: {"layout", "micro_batches", "schedule", "outer_every", "replica_of" (dp rank
     -> planned replica), "inner": [per planned replica, per stage: rank plan], "outer": the same for the outer step
-    or None}. `device` "cpu" (the default): FLOPs as the CPU kernels count them, the runs the meter trains and the
-    model clock's committed results; "cuda" differs only for fp32 attention with grouped KV heads (CUDA's math
-    fallback, nanotron_ext.plan.kernels), by about 1.5% of the FLOPs at the meter's model."""
+    or None}; a cached plan not of that form (damaged, NaN) is planned again, said in one line
+    (nanotron_ext.plan.cached). `device` "cpu" (the default): FLOPs as the CPU kernels count them, the runs the meter
+    trains and the model clock's committed results; "cuda" differs only for fp32 attention with grouped KV heads
+    (CUDA's math fallback, nanotron_ext.plan.kernels), by about 1.5% of the FLOPs at the meter's model."""
     from nanotron_ext.config.loader import load_config
     from nanotron_ext.config.tiers import replica_codecs
     from nanotron_ext.fileio import write_text_atomic
+    from nanotron_ext.plan.cached import read_cached_plan
     from nanotron_ext.plan.run import column, default_ranks, plan_ranks, rank_of
     from nanotron_ext.registry import DP_SYNCS
 
     cfg = load_config(config_file, list(overrides))
     path = plan_path(cfg, cache, device)
-    if path.exists():
-        return json.loads(path.read_text())
     p = cfg.parallelism
+    saved = read_cached_plan(path, {"dp": p.dp, "tp": p.tp, "pp": p.pp})  # a damaged one: one line, planned again
+    if saved is not None:
+        return saved
     groups = [replicas for replicas, _ in replica_codecs(cfg).values()]
     firsts = sorted(replicas[0] for replicas in groups)
     replica_of = {r: replicas[0] for replicas in groups for r in replicas}

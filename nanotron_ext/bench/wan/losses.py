@@ -14,21 +14,24 @@ real layout (dp x tp x pp over emulated links) is replaced by one process that c
 
 Each equivalence is a test (tests/test_wan_losses.py: the real layout's first steps against the cheap one's).
 Runs train `--jobs` at a time (at most the cores: one intra-op thread each), each writes its curve to
-`<runs>/<system>_seed<seed>_<key>.json`; a finished file of the same resolved config is read back, so systems whose
-cheap layouts coincide (three tiers and its dense-TP twin differ only in TP) train once, and an interrupted batch
-resumes where it stopped.
+`<runs>/<system>_seed<seed>_<key>.json`; a finished file of the same resolved config is read back (checked: a
+damaged one is said in one line and trained again), so systems whose cheap layouts coincide (three tiers and its
+dense-TP twin differ only in TP) train once, and an interrupted batch resumes where it stopped.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from nanotron_ext.cli_checks import JsonFile
 from nanotron_ext.config.digest import digest
+from nanotron_ext.errors import UserFacingError
 
 CHEAP_KEYS = ("parallelism.dp=1", "parallelism.tp=1", "parallelism.pp=1", "parallelism.link.enabled=false")
 
@@ -97,14 +100,43 @@ def _file(folder: Path, run: LossRun, key: str) -> Path:
     return folder / f"{run.system}_seed{run.seed}_{key}.json"
 
 
-def _finished(folder: Path, key: str, seed: int) -> Path | None:
-    """A finished curve of the same resolved config and seed, whichever system trained it."""
+class DamagedLossRun(UserFacingError):
+    """A loss-run file that is not what `train` writes."""
+
+
+def read_finished(path: Path, key: str) -> Optional[Dict[str, Any]]:
+    """The curve `train` wrote at `path` for `key`, checked (every number finite, the keys the meter reads of their
+    kinds), or None when it is another config's or damaged: a damaged one is said in one line on stderr and
+    trained again (written over)."""
+    from nanotron_ext.plan.cached import first_non_finite
+
+    f = JsonFile(path, "loss-run cache", DamagedLossRun, "training it again")
+    try:
+        record = f.read_object()
+        if record.get("key") != key:
+            return None  # a file of another config whose name shares the key's prefix (or a foreign file)
+        bad = first_non_finite(record, "")
+        if bad:
+            f.fail(f"{bad}, not a finite number")
+        f.number(record, "final_val_loss")
+        f.number(record, "seed")
+        curve = f.need(record, "val_curve", list)
+        if not curve or any(not isinstance(p, list) or len(p) != 2 or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in p) for p in curve):
+            f.fail("val_curve is not a non-empty list of [step, loss] pairs")
+        f.need(record, "train_loss", list)
+        return record
+    except DamagedLossRun as e:
+        print(e, file=sys.stderr)
+        return None
+
+
+def _finished(folder: Path, key: str, seed: int) -> Optional[Dict[str, Any]]:
+    """A finished curve of the same resolved config and seed, whichever system trained it (read_finished)."""
     for path in sorted(folder.glob(f"*_seed{seed}_{key}.json")):
-        try:
-            if json.loads(path.read_text()).get("key") == key:
-                return path
-        except (OSError, ValueError):
-            continue  # a torn or foreign file: trained again
+        record = read_finished(path, key)
+        if record is not None:
+            return record
     return None
 
 
@@ -120,7 +152,7 @@ def train_all(runs: Sequence[LossRun], folder: Path, jobs: int) -> List[Dict[str
     for i, (run, key) in enumerate(zip(runs, keys)):
         done = _finished(folder, key, run.seed)
         if done is not None:
-            results[i] = {**json.loads(done.read_text()), "system": run.system}
+            results[i] = {**done, "system": run.system}
         else:
             todo.setdefault((key, run.seed), []).append(i)
     workers = max(1, min(jobs, os.cpu_count() or 1, len(todo) or 1))
