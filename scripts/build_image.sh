@@ -28,12 +28,12 @@
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
-IMAGE_TAG=${IMAGE_TAG:-nanotron_ext}
-BUILD_DIR=${BUILD_DIR:-/var/tmp/nanotron_ext-image}
+IMAGE_TAG=${IMAGE_TAG-nanotron_ext}  # unset: the default; set empty: refused below
+BUILD_DIR=${BUILD_DIR-/var/tmp/nanotron_ext-image}
 DEBIAN_MIRROR=${DEBIAN_MIRROR:-}
-DEBIAN_SUITE=${DEBIAN_SUITE:-bookworm}
-TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
-MIN_FREE_GB=${MIN_FREE_GB:-20}
+DEBIAN_SUITE=${DEBIAN_SUITE-bookworm}
+TORCH_SPEC=${TORCH_SPEC-torch==2.13.0}
+MIN_FREE_GB=${MIN_FREE_GB-20}
 STAND_IN_TAG=localhost/nanotron_ext-stand-in:${DEBIAN_SUITE}
 
 BASE_S=null STAND_IN=0 TEST=0 SMOKE=0 REMOVE=0 REBUILD_BASE=0 ENGINE="" RESULT=""
@@ -61,19 +61,23 @@ check() {  # check NAME VALUE REGEX WHY: bash's =~ matches the text; nothing in 
   [[ $2 =~ $3 ]] || refuse "$1" "$2" "$4"
 }
 check MIN_FREE_GB "$MIN_FREE_GB" '^(0|[1-9][0-9]{0,6})$' "a whole number of GB, 0 to 9999999"
-check BUILD_DIR "$BUILD_DIR" '^/[^[:cntrl:]]*[^/[:cntrl:]]$' "an absolute path other than /, no control characters"
+# a path: no control characters, none of the shell's own ($ ` ; | & < > \ ' "): a file name never needs them
+SAFE='[^[:cntrl:]$`;|&<>\\"'"'"']'
+check BUILD_DIR "$BUILD_DIR" "^/$SAFE*[^/[:cntrl:]]\$" "an absolute path other than /, none of the shell's characters"
 check IMAGE_TAG "$IMAGE_TAG" '^[A-Za-z0-9][A-Za-z0-9._/:-]{0,254}$' "an image name: letters, digits and ._/:-"
 check DEBIAN_SUITE "$DEBIAN_SUITE" '^[a-z][a-z0-9-]{0,40}$' "a Debian suite, e.g. bookworm"
 check TORCH_SPEC "$TORCH_SPEC" '^[A-Za-z0-9][A-Za-z0-9._+=<>!~,-]{0,200}$' "a pip requirement, e.g. torch==2.13.0"
 URL='^(https?|file)://[^][:space:][:cntrl:]\\"'"'"'`$;|&<>(){}]+$'
 [ -z "$DEBIAN_MIRROR" ] || check DEBIAN_MIRROR "$DEBIAN_MIRROR" "$URL" "an http(s):// or file:// URL"
 [ -z "${TORCH_INDEX_URL:-}" ] || check TORCH_INDEX_URL "$TORCH_INDEX_URL" "$URL" "an http(s):// or file:// URL"
-[ -z "$RESULT" ] || check --result "$RESULT" '^[^[:cntrl:]]+[^/[:cntrl:]]$' "a file path, no control characters"
+[ -z "$RESULT" ] || check --result "$RESULT" "^$SAFE*[^/[:cntrl:]]\$" "a file path without the shell's characters"
+[ -z "${CA_BUNDLE:-}" ] || check CA_BUNDLE "$CA_BUNDLE" "^$SAFE+\$" "a file path without the shell's characters"
 case "$ENGINE" in ''|docker|buildah) ;; *) refuse --engine "$ENGINE" "docker or buildah" ;; esac
-# --result: replaced only when this script wrote it (its "written_by"), never a file it did not write
+# --result: replaced only when this script wrote it (its "written_by"; results from before the marker by their
+# "image_build_s"), never a file it did not write
 RESULT_MARK='"written_by": "scripts/build_image.sh"'
 if [ -n "$RESULT" ] && { [ -e "$RESULT" ] || [ -L "$RESULT" ]; }; then
-  { [ -f "$RESULT" ] && grep -qF "$RESULT_MARK" "$RESULT"; } \
+  { [ -f "$RESULT" ] && [ ! -L "$RESULT" ] && grep -qF -e "$RESULT_MARK" -e '"image_build_s":' "$RESULT"; } \
     || refuse --result "$RESULT" "exists and build_image.sh did not write it (no $RESULT_MARK); name a new file"
 fi
 
@@ -332,7 +336,8 @@ e = os.environ
 py, torch = e["VERSIONS"].split()
 counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|failed|skipped|deselected|errors?)", e["SUMMARY"])}
 gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-json.dump({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "engine": e["ENGINE"],
+json.dump({"written_by": "scripts/build_image.sh",  # the marker: --result replaces only a file it wrote
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "engine": e["ENGINE"],
            "machine": f"{os.cpu_count()} cores, {platform.machine()}, {gib:.0f} GiB, {platform.system()} "
                       f"{platform.release()}",
            "base_image": e["BASE"], "image": e["TAG"], "image_python": py, "image_torch": torch,

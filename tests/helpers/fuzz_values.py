@@ -130,3 +130,17 @@ def bad_for_type(t: Any, box: Path) -> Values:
 def good_for_type(t: Any, box: Path) -> List[str]:
     """Values a flag of type `t` must accept."""
     return GOOD[type(t)](t, box) if type(t) in GOOD else []
+
+
+# -- shell and make entry points (tests/test_shell_fuzz.py): values a shell runs if a script or a Makefile pastes,
+# evaluates or expands them; each would `touch mark`
+def shell_hostile(mark: Path) -> Values:
+    return [("command substitution", f"$(touch {mark})"), ("backquotes", f"`touch {mark}`"),
+            ("a ;", f"bogus;touch {mark};true"), ("a newline", f"x\ntouch {mark}"), ("a pipe", f"x|touch {mark}"),
+            ("arithmetic evaluation", f"BASH_VERSINFO[$(touch {mark})0]"), ("make's shell", f"$(shell touch {mark})"),
+            ("a quote", f"x'; touch {mark}; '")]
+
+
+# a count given to a shell or make variable: what bash's $(( )) or [ -eq ] would misread or overflow
+COUNT_HOSTILE: Values = [("negative", "-1"), ("huge", "99999999999999999999"), ("empty", ""), ("text", "abc"),
+                         ("a fraction", "1.5"), ("a leading zero (octal to bash)", "08")]
