@@ -42,6 +42,9 @@ SYSTEMS: Dict[str, System] = {
     "ddp": System("DP all-reduce every step (dp=2)", 2, DATA),
     "sparseloco": System("SparseLoCo (dp=2; --inner-steps)", 2, DATA + ("parallelism.dp_sync=sparseloco",)),
     # opt-in rows (not in DEFAULT_SYSTEMS; resolved by tests/test_wan_meter.py, not yet in a committed result)
+    # the streaming outer sync (sparseloco.streaming: the all_gather behind tau = 1 inner step, merged with alpha 0.5)
+    "sparseloco_streaming": System("SparseLoCo, streaming outer sync (tau = 1, alpha = 0.5; dp=2; --inner-steps)", 2,
+                                   DATA + ("parallelism.dp_sync=sparseloco", "sparseloco.streaming.delay=1")),
     "topk_pipeline": System("lossy top-k 8x (pp=2)", 2, PIPE + ("model.codec.kind=topk", "model.codec.ratio=8")),
     "int4_pipeline": System("lossy int4 (pp=2)", 2, PIPE + ("model.codec.kind=int4",)),
     "lowrank_pipeline": System("lossy low-rank 8x (pp=2)", 2,
