@@ -261,3 +261,45 @@ def test_make_train_tiny_passes_nproc_and_config_as_they_are(tmp_path: Path) -> 
     assert out.returncode == 0, out.stderr
     args = (box.root / "torchrun.args").read_text().splitlines()
     assert "--nproc_per_node=3" in args and args[-2:] == ["--config-file", str(config)]
+
+
+# -- the files a script reads, damaged (tests/test_read_file_fuzz.py's rule for the shell entry points) ---------------
+def test_damaged_apt_sources_are_one_line_naming_debian_mirror(tmp_path: Path) -> None:
+    """build_image.sh --stand-in reads the Debian mirror from apt's sources: garbage, binary, empty or a deb822
+    stanza without URIs gives no mirror, refused in one line naming DEBIAN_MIRROR; nothing in them runs."""
+    from tests.helpers.file_fuzz import BINARY
+
+    for i, content in enumerate([b"deb $(touch MARK) bookworm main\n", BINARY, b"",
+                                 b"Types: deb\nSuites: bookworm\n", b"deb [unclosed http://x.local/debian bookworm\n"]):
+        box = Box(tmp_path / f"case{i}")
+        etc = box.root / "keep" / "apt"
+        (etc / "sources.list.d").mkdir(parents=True)
+        (etc / "sources.list").write_bytes(content.replace(b"MARK", str(box.mark).encode()))
+        (etc / "sources.list.d" / "debian.sources").write_bytes(content)
+        box.stub("apt-config", f"echo \"LIST='{etc}/sources.list'\"; echo \"PARTS='{etc}/sources.list.d/'\"")
+        box.before = box.listing()
+        out = subprocess.run(["bash", str(REPO / "scripts" / "build_image.sh"), "--stand-in"], capture_output=True,
+                             text=True, env=box.env(MIN_FREE_GB="0", BUILD_DIR=str(box.root / "keep" / "build")),
+                             cwd=box.root, timeout=60)
+        assert out.returncode == 2 and out.stderr.count("\n") == 1, (content, out.stderr)
+        assert "DEBIAN_MIRROR" in out.stderr and str(etc / "sources.list") in out.stderr, out.stderr
+        assert not box.mark.exists() and "debootstrap" not in box.log.read_text(), (content, box.log.read_text())
+
+
+def test_a_result_file_the_script_did_not_write_is_never_replaced(tmp_path: Path) -> None:
+    """build_image.sh --result replaces only its own JSON (its written_by): a user's JSON, a binary file, a folder, a
+    FIFO (never opened: it would block) and a symbolic link to its own result are refused before any work."""
+    box = Box(tmp_path)
+    ours = box.root / "keep" / "ours.json"
+    ours.write_text('{"written_by": "scripts/build_image.sh", "engine": "buildah"}\n')
+    (box.root / "keep" / "user.json").write_text('{"rows": []}\n')
+    (box.root / "keep" / "binary.json").write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff")
+    (box.root / "keep" / "folder").mkdir()
+    os.mkfifo(box.root / "keep" / "fifo.json")
+    (box.root / "keep" / "link.json").symlink_to(ours)
+    box.before = box.listing()
+    for name in ("user.json", "binary.json", "folder", "fifo.json", "link.json"):
+        out = subprocess.run(["bash", str(REPO / "scripts" / "build_image.sh"), "--stand-in", "--result",
+                              str(box.root / "keep" / name)], capture_output=True, text=True,
+                             env=box.env(MIN_FREE_GB="0", BUILD_DIR=str(box.root / "build")), timeout=60)
+        assert box.refusal_problem(out, "--result") is None, (name, box.refusal_problem(out, "--result"))
