@@ -74,7 +74,7 @@ def dp_sync_outer(cfg: Config, reps: List[Replica]) -> Optional[OuterLoop]:
 
 
 def run_replicas(cfg: Config, replicas: int, config_file: Optional[str] = None, val_every: int = 0,
-                 outer: OuterFactory = dp_sync_outer) -> Dict[str, Any]:
+                 outer: OuterFactory = dp_sync_outer, stop_after: Optional[int] = None) -> Dict[str, Any]:
     """Train `replicas` replicas of `cfg` in this process (the module docstring); `outer(cfg, replicas)` builds
     the outer loop, or returns None for a per-step gradient average. Returns the per-step mean train loss, the
     final validation loss, with `val_every` > 0 a curve [[step, val_loss]] (the last step's included), the bytes
@@ -87,7 +87,8 @@ def run_replicas(cfg: Config, replicas: int, config_file: Optional[str] = None, 
     loop = outer(cfg, reps)
     losses: List[float] = []
     curve: List[List[float]] = []
-    for step in range(1, cfg.tokens.train_steps + 1):
+    last = min(cfg.tokens.train_steps, stop_after or cfg.tokens.train_steps)  # stop_after: the schedule's first steps
+    for step in range(1, last + 1):
         step_losses = [rep.backward([next(loaders[r]) for _ in range(cfg.tokens.batch_accumulation_per_replica)])
                        for r, rep in enumerate(reps)]
         loss = replica_mean(step_losses).item()
@@ -98,9 +99,9 @@ def run_replicas(cfg: Config, replicas: int, config_file: Optional[str] = None, 
         if loop is not None:
             loop.after_step(step)
         losses.append(loss)
-        if val_every and step % val_every == 0 and step < cfg.tokens.train_steps:
+        if val_every and step % val_every == 0 and step < last:
             curve.append([step, validate(cfg, reps, config_file)])
     val = validate(cfg, reps, config_file)
-    curve.append([cfg.tokens.train_steps, val])
+    curve.append([last, val])
     return {"train_loss": losses, "val_loss": val, "val_curve": curve, "sync_bytes": loop.sent_bytes if loop else [],
             "weights": [{n_: p.detach().clone() for n_, p in m.named_parameters()} for m in models], "models": models}

@@ -11,4 +11,7 @@
     losses    the model clock's learning curves, each system in its cheapest equivalent layout
     model_results   the model clock's table, headline and figure
     validate  the model clock against the real-sleep emulator (`--validate-clock`)
+    scales    loss runs at more than one model size: the per-token penalty against dense 3D by size
+              (`python -m nanotron_ext.bench.wan.scales`; results/loss_scales.md)
+    scales_report   the papers' published penalties at their scale and the loss-scale Markdown
 """

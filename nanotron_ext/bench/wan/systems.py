@@ -35,6 +35,8 @@ LOW_RANK = ("model.low_rank.kind=svd", "model.low_rank.rank=32")  # d/4 at cpu_b
 DENSE_TP = ("model.low_rank.kind=none", "model.tp_strategy=megatron")  # the three-tier file's TP made dense
 ALLREDUCE = ("parallelism.dp_sync=allreduce", "sparseloco=null")  # its DP tier made a per-step all-reduce
 DENSE_3D = DENSE_TP + ALLREDUCE
+DENSE_OUTER = ("sparseloco.compressed_replicas=[]", "sparseloco.topk=4096")  # top-k of all 4,096: every entry sent
+DILOCO_OUTER = ("sparseloco.outer_lr=0.7", "sparseloco.outer_momentum=0.9", "sparseloco.outer_nesterov=true")
 SYSTEMS: Dict[str, System] = {
     "pipeline": System("uncompressed pipeline (pp=2)", 2, PIPE),
     "subspace_pipeline": System("SM subspace codec k=d/8 (pp=2)", 2, PIPE + tuple(SM)),
@@ -84,8 +86,11 @@ SYSTEMS: Dict[str, System] = {
          DENSE_TP),
         ("3d_btp_sm", "3D, TP + pipeline: BTP + SM", ALLREDUCE + tuple(SM)),
         ("3d_btp_sparseloco", "3D, TP + DP: BTP + SparseLoCo", ("sparseloco.compressed_replicas=[]",)),
-        ("3d_diloco", "3D, DP: dense DiLoCo (SparseLoCo's outer loop, every entry sent in bf16)",
-         DENSE_TP + ("sparseloco.compressed_replicas=[]", "sparseloco.topk=4096")),
+        ("3d_diloco", "3D, DP: dense periodic averaging (SparseLoCo's outer loop, every entry sent in bf16, outer SGD "
+         "lr 1, no momentum)", DENSE_TP + DENSE_OUTER),
+        # DiLoCo's own outer step (arXiv:2311.08105: Nesterov momentum 0.9, outer lr 0.7) on the same dense sync
+        ("3d_diloco_nesterov", "3D, DP: dense DiLoCo (outer Nesterov, lr 0.7, momentum 0.9; every entry in bf16)",
+         DENSE_TP + DENSE_OUTER + DILOCO_OUTER),
     ]},
     # the churn scenario: 4 replicas, one of them absent from 1 outer sync in 5 (sparseloco.churn), beside no churn
     "sparseloco_dp4": System("SparseLoCo (dp=4)", 4, DATA4 + ("parallelism.dp_sync=sparseloco",)),
