@@ -47,6 +47,7 @@ from torch import nn
 
 from nanotron_ext.errors import TrainingError
 from nanotron_ext.parallel.comm import get_ledger
+from nanotron_ext.sparseloco.hetero import FOLD_TAG, HeteroHook
 from nanotron_ext.sparseloco.lighthouse import LighthouseWatch, gone, unreachable
 from nanotron_ext.sparseloco.outer import SparseLoCoSync
 
@@ -94,6 +95,8 @@ class FaultTolerantSparseLoCoSync(SparseLoCoSync):
                 quorum_retries=max(1, int(ft.quorum_timeout_s)),
             )
         self.healed = False  # set by torchft's recovery during a quorum
+        self.hetero = next((h for h in self.hooks if isinstance(h, HeteroHook)), None)
+        self._fixed_from_peer = False  # T_fixed taken in a heal: a compressed pipeline's later stages take stage 0's
         self.attempts: List[int] = []  # attempts each committed sync took (tests, logs)
 
     @property
@@ -126,6 +129,8 @@ class FaultTolerantSparseLoCoSync(SparseLoCoSync):
             if self.manager.should_commit():
                 self.error = error
                 self.attempts.append(attempt + 1)
+                if self._fixed_from_peer:
+                    self._share_fixed_over_pipeline()
                 senders = [p[1:] for p in payloads if p[0] == SENDS] if payloads is not None else []
                 if senders:
                     self._apply(senders)
@@ -185,6 +190,18 @@ class FaultTolerantSparseLoCoSync(SparseLoCoSync):
         self.ledger.record("all_gather", payload.numel(), self.pg)
         return gathered
 
+    def _share_fixed_over_pipeline(self) -> None:
+        """After a committed heal: T_fixed, taken from the peer's rank of the same stage, is right on the
+        embedding's stage (every replica folds it there), but a plain peer's later stages never fold it; a
+        compressed pipeline's later stages decode with it, so they take stage 0's (as at start, hetero.HeteroHook)."""
+        self._fixed_from_peer = False
+        h = self.hetero
+        pp = h.pp_pg
+        if pp is None or pp.size() == 1 or self.replica not in self.scfg.compressed_replicas:
+            return
+        with self.ledger.tag(FOLD_TAG):
+            dist.broadcast(h.hubs[self.replica].fixed, src=dist.get_global_rank(pp, 0), group=pp)
+
     def _apply(self, senders: List[torch.Tensor]) -> None:
         self.outer.apply(senders)
         for hook in self.hooks:
@@ -202,7 +219,10 @@ class FaultTolerantSparseLoCoSync(SparseLoCoSync):
         """Staged by torchft for the replicas it heals from this one (served over HTTP once per healed replica)."""
         o = self.outer
         state = {"global": list(o.global_params), "momentum": list(o.momentum), "syncs": o.syncs}
-        self.ledger.record("send:recovery", _nbytes(state["global"] + state["momentum"]), self.pg)
+        if self.hetero is not None:  # heterogeneous: T_fixed, equal on every replica after each sync (sec. 2.4)
+            state["fixed"] = [self.hetero.hubs[self.replica].fixed]
+        self.ledger.record("send:recovery", _nbytes(state["global"] + state["momentum"] + state.get("fixed", [])),
+                           self.pg)
         return state
 
     def _vet_peer_state(self, state: Dict[str, Any], step: int, source: str) -> None:
@@ -211,8 +231,9 @@ class FaultTolerantSparseLoCoSync(SparseLoCoSync):
         from nanotron_ext.sparseloco.ft_peer import PeerRefused, peer_state_problem
 
         o = self.outer
+        fixed = [self.hetero.hubs[self.replica].fixed] if self.hetero is not None else None
         problem = peer_state_problem(state, step, [(g.shape, g.dtype) for g in o.global_params], bool(o.momentum),
-                                     self.max_syncs)
+                                     self.max_syncs, [(f.shape, f.dtype) for f in fixed] if fixed else None)
         if problem:
             raise PeerRefused(f"refused to heal from the peer at {source} (quorum step {step}): {problem}")
 
@@ -222,13 +243,17 @@ class FaultTolerantSparseLoCoSync(SparseLoCoSync):
         for dst, src in zip(o.global_params + o.momentum, state["global"] + state["momentum"]):
             dst.copy_(src)
         o.syncs = int(state["syncs"])
+        if self.hetero is not None:  # the codec's state: T_fixed as the peer holds it; U is rebuilt from its seed
+            self.hetero.hubs[self.replica].fixed.copy_(state["fixed"][0])
+            self._fixed_from_peer = True
         for e in self.error:
             e.zero_()
         o.load_into(self.params)
         self.healed = True
         self._say(f"sparseloco.fault_tolerance: replica {self.replica} took the global weights and outer state of "
                   f"outer sync {o.syncs} from a live peer")
-        self.ledger.record("recv:recovery", _nbytes(state["global"] + state["momentum"]), self.pg)
+        self.ledger.record("recv:recovery", _nbytes(state["global"] + state["momentum"] + state.get("fixed", [])),
+                           self.pg)
         self._global_loaded()
 
     # -- checkpoints: the outer state, plus torchft's committed step -----------------------------------

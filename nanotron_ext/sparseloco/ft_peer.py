@@ -118,17 +118,21 @@ class TensorsOnlyTransport(HTTPTransport):
 
 
 def peer_state_problem(state: object, step: int, shapes: List[Tuple[torch.Size, torch.dtype]], momentum_too: bool,
-                       max_syncs: Optional[int]) -> Optional[str]:
+                       max_syncs: Optional[int],
+                       fixed_shapes: Optional[List[Tuple[torch.Size, torch.dtype]]] = None) -> Optional[str]:
     """Why `state` (torchft's {"user": {"default": ...}, "torchft": ...} from the peer at quorum step `step`) is not
     one this run could have produced, or None: the step it carries is the one the quorum announced, its outer sync
     count is a whole number no larger than that step nor than the run's outer syncs, its global weights (and outer
-    momentum, where this run has one) are ours in count, shape and dtype, and finite."""
+    momentum, where this run has one; and heterogeneous SparseLoCo's T_fixed, `fixed_shapes`) are ours in count,
+    shape and dtype, and finite."""
     try:
         ours, ft = state["user"]["default"], state["torchft"]
         weights, momentum, syncs = ours["global"], ours["momentum"], ours["syncs"]
+        fixed = ours["fixed"] if fixed_shapes is not None else []
         peer_step = ft["step"]
     except (TypeError, KeyError):
-        return "it is not a SparseLoCo healing state (global, momentum, syncs; torchft step)"
+        return "it is not a SparseLoCo healing state (global, momentum, syncs" + \
+            (", fixed" if fixed_shapes is not None else "") + "; torchft step)"
     if type(peer_step) is not int or peer_step != step:
         return f"it carries step {peer_step!r}, the quorum announced {step}"
     if type(syncs) is not int or not 0 <= syncs <= step or (max_syncs is not None and syncs > max_syncs):
@@ -140,7 +144,9 @@ def peer_state_problem(state: object, step: int, shapes: List[Tuple[torch.Size, 
             or len(weights) != len(shapes):
         return f"it has {_count(weights)} weight and {_count(momentum)} momentum tensors, this replica " \
                f"{len(shapes)} and {len(expected) - len(shapes)}"
-    for i, (t, (shape, dtype)) in enumerate(zip(weights + momentum, expected)):
+    if fixed_shapes is not None and (not isinstance(fixed, list) or len(fixed) != len(fixed_shapes)):
+        return f"it has {_count(fixed)} T_fixed tensors, this replica {len(fixed_shapes)}"
+    for i, (t, (shape, dtype)) in enumerate(zip(weights + momentum + fixed, expected + (fixed_shapes or []))):
         if not isinstance(t, torch.Tensor) or t.shape != shape or t.dtype != dtype:
             got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
             return f"tensor {i} is {got}, this replica's is {tuple(shape)} {dtype}"
