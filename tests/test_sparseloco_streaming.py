@@ -238,3 +238,20 @@ def test_resume_with_the_sync_in_flight_is_bit_exact(small_corpus: Path, tmp_pat
     assert la == lb
     for k in straight[0]:
         assert torch.equal(straight[0][k], resumed[0][k]), k
+
+
+def test_config_rules() -> None:
+    from nanotron_ext.config.checks import ConfigError
+    from nanotron_ext.config.loader import load_config
+    from nanotron_ext.sparseloco.outer import SparseLoCoSync
+
+    with pytest.raises(ConfigError, match=r"sparseloco.streaming.delay: must be in \[0, sparseloco.inner_steps=3\)"):
+        _cfg(SPARSE, 3)
+    with pytest.raises(ConfigError, match="sparseloco.streaming.alpha"):
+        _cfg(SPARSE, 1, alpha=1.5)
+    example = Path(__file__).resolve().parent.parent / "examples" / "config_tiny_sparseloco.yaml"
+    with pytest.raises(ConfigError, match="sparseloco.churn.down_syncs: 1: not supported with sparseloco.streaming"):
+        load_config(example, ["sparseloco.streaming.delay=1", "sparseloco.churn.down_syncs=1"])
+    assert load_config(example, ["sparseloco.streaming.delay=1"]).sparseloco.streaming.alpha == 0.5
+    with pytest.raises(ValueError, match="resume with the run's sparseloco.streaming.delay"):  # the blocking sync
+        SparseLoCoSync.load_state_dict(object.__new__(SparseLoCoSync), {"global": {}, "in_flight": [torch.zeros(4)]})
