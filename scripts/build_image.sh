@@ -36,7 +36,7 @@ TORCH_SPEC=${TORCH_SPEC-torch==2.13.0}
 MIN_FREE_GB=${MIN_FREE_GB-20}
 STAND_IN_TAG=localhost/nanotron_ext-stand-in:${DEBIAN_SUITE}
 
-BASE_S=null STAND_IN=0 TEST=0 SMOKE=0 REMOVE=0 REBUILD_BASE=0 ENGINE="" RESULT=""
+BASE_S=null STAND_IN=0 TEST=0 SMOKE=0 REMOVE=0 REBUILD_BASE=0 ENGINE="" RESULT="" ENGINE_GIVEN=0 RESULT_GIVEN=0
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -45,8 +45,9 @@ while [ $# -gt 0 ]; do
     --smoke) SMOKE=1 ;;
     --remove) REMOVE=1 ;;
     --rebuild-base) REBUILD_BASE=1 ;;
-    --engine) ENGINE=${2:?--engine needs docker or buildah}; shift ;;
-    --result) RESULT=${2:?--result needs a file}; shift ;;
+    --engine|--result)  # a value must follow (else one line naming the flag, exit 2; checked below)
+      [ $# -ge 2 ] || { echo "build_image.sh: error: $1 needs a value" >&2; exit 2; }
+      if [ "$1" = --engine ]; then ENGINE=$2 ENGINE_GIVEN=1; else RESULT=$2 RESULT_GIVEN=1; fi; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "build_image.sh: unknown option $1 (--help lists them)" >&2; exit 2 ;;
   esac
@@ -70,9 +71,9 @@ check TORCH_SPEC "$TORCH_SPEC" '^[A-Za-z0-9][A-Za-z0-9._+=<>!~,-]{0,200}$' "a pi
 URL='^(https?|file)://[^][:space:][:cntrl:]\\"'"'"'`$;|&<>(){}]+$'
 [ -z "$DEBIAN_MIRROR" ] || check DEBIAN_MIRROR "$DEBIAN_MIRROR" "$URL" "an http(s):// or file:// URL"
 [ -z "${TORCH_INDEX_URL:-}" ] || check TORCH_INDEX_URL "$TORCH_INDEX_URL" "$URL" "an http(s):// or file:// URL"
-[ -z "$RESULT" ] || check --result "$RESULT" "^$SAFE*[^/[:cntrl:]]\$" "a file path without the shell's characters"
+[ $RESULT_GIVEN -eq 0 ] || check --result "$RESULT" "^$SAFE*[^/[:cntrl:]]\$" "a file path without the shell's characters"
 [ -z "${CA_BUNDLE:-}" ] || check CA_BUNDLE "$CA_BUNDLE" "^$SAFE+\$" "a file path without the shell's characters"
-case "$ENGINE" in ''|docker|buildah) ;; *) refuse --engine "$ENGINE" "docker or buildah" ;; esac
+[ $ENGINE_GIVEN -eq 0 ] || [[ $ENGINE =~ ^(docker|buildah)$ ]] || refuse --engine "$ENGINE" "docker or buildah"
 # --result: replaced only when this script wrote it (its "written_by"; results from before the marker by their
 # "image_build_s"), never a file it did not write
 RESULT_MARK='"written_by": "scripts/build_image.sh"'

@@ -303,3 +303,15 @@ def test_a_result_file_the_script_did_not_write_is_never_replaced(tmp_path: Path
                               str(box.root / "keep" / name)], capture_output=True, text=True,
                              env=box.env(MIN_FREE_GB="0", BUILD_DIR=str(box.root / "build")), timeout=60)
         assert box.refusal_problem(out, "--result") is None, (name, box.refusal_problem(out, "--result"))
+
+
+@pytest.mark.parametrize("script, flag", [("build_image.sh", "--engine"), ("build_image.sh", "--result"),
+                                          ("netns_pipeline.sh", "--rate"), ("netns_pipeline.sh", "--burst"),
+                                          ("netns_pipeline.sh", "--mtu"), ("netns_pipeline.sh", "--port")])
+def test_a_flag_without_its_value_is_one_line_naming_it(script: str, flag: str, tmp_path: Path) -> None:
+    """The probe: bash's own `${2:?}` message (its line number, exit 1) where a value was missing."""
+    box = Box(tmp_path)
+    out = subprocess.run(["bash", str(REPO / "scripts" / script), flag], capture_output=True, text=True,
+                         env=box.env(), cwd=box.root, timeout=60)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and flag in out.stderr, out.stderr
+    assert ": line " not in out.stderr and not box.log.exists(), out.stderr
