@@ -255,3 +255,14 @@ def test_config_rules() -> None:
     assert load_config(example, ["sparseloco.streaming.delay=1"]).sparseloco.streaming.alpha == 0.5
     with pytest.raises(ValueError, match="resume with the run's sparseloco.streaming.delay"):  # the blocking sync
         SparseLoCoSync.load_state_dict(object.__new__(SparseLoCoSync), {"global": {}, "in_flight": [torch.zeros(4)]})
+
+
+def test_utilisation_with_the_sync_behind_delay_steps() -> None:
+    """Closed form: 1 s steps, H = 10, an all_gather of 1 MB over 2 replicas at 2 Mbit/s = 4 s: blocking 10 / 14;
+    behind 3 steps 1 s stalls (10 / 11); behind 5 steps none (1.0)."""
+    from nanotron_ext.sparseloco.accounting import compute_utilisation
+
+    args = (1.0, 10, 1e6, 2, 2e6)
+    assert compute_utilisation(*args) == pytest.approx(10 / 14)
+    assert compute_utilisation(*args, delay_steps=3) == pytest.approx(10 / 11)
+    assert compute_utilisation(*args, delay_steps=5) == 1.0

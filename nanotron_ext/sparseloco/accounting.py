@@ -5,7 +5,8 @@ paper's figures: uncompressed vs subspace-compressed stage boundaries).
 
 Bytes are payload bytes as the comm ledger counts them (what one replica hands to the collective).
 Time model (documented choices, not the paper's; the paper does not give its formula):
-- the sync blocks compute (no overlap); each replica has its own link of `bandwidth_bps` bits/s, full duplex;
+- the sync blocks compute (no overlap; the streaming sync: behind `delay_steps` inner steps); each replica has its
+  own link of `bandwidth_bps` bits/s, full duplex;
 - SparseLoCo's all_gather of a P-byte payload as a ring: each replica receives (and forwards) (M-1) P bytes
   in M-1 hops: t = (M-1) (8 P / B + latency);
 - dense DP's ring all-reduce of N bytes: 2 (M-1) hops of N / M bytes: t = 2 (M-1) (8 N / (M B) + latency);
@@ -53,11 +54,14 @@ def collective_time_s(
 
 def compute_utilisation(
     step_time_s: float, inner_steps: int, nbytes: float, replicas: int, bandwidth_bps: float,
-    collective: Literal["all_gather", "all_reduce"] = "all_gather", latency_s: float = 0.0,
+    collective: Literal["all_gather", "all_reduce"] = "all_gather", latency_s: float = 0.0, delay_steps: int = 0,
 ) -> float:
-    """Share of wall time spent computing: H steps of `step_time_s`, then one blocking collective."""
+    """Share of wall time spent computing: H steps of `step_time_s`, then one blocking collective; with the streaming
+    sync (sparseloco.streaming.delay = `delay_steps`) the collective runs behind the next `delay_steps` inner steps
+    and only what outlasts them stalls compute (encoding and the outer step are not modelled, as before)."""
     compute = inner_steps * step_time_s
-    return compute / (compute + collective_time_s(nbytes, replicas, bandwidth_bps, collective, latency_s))
+    comm = collective_time_s(nbytes, replicas, bandwidth_bps, collective, latency_s)
+    return compute / (compute + max(0.0, comm - delay_steps * step_time_s))
 
 
 def utilisation_curve(
