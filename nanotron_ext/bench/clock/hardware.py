@@ -109,15 +109,15 @@ HET = ("Heterogeneous SparseLoCo (arXiv:2601.02360) Fig. 2 / 3(b): 1 Gbit/s stag
        f"{A100_EFFECTIVE_TFLOPS:g} effective TFLOP/s assumed (not fitted: the figure gives no time to fit on)")
 
 HARDWARE: Dict[str, ClockPreset] = {
-    "resbm-a10g-10g": ClockPreset(RESBM, "", "8 x A10G (fitted)", 23.0, NONE, (1e4, 0.0), NONE, NONE, (), "half",
+    "resbm-a10g-10g": ClockPreset(RESBM, "", "8 x A10G (fitted)", 18.1, NONE, (1e4, 0.0), NONE, NONE, (), "half",
                                   update_tflops=A10_BF16_PEAK),
-    "resbm-a10g-80m": ClockPreset(RESBM, "", "8 x A10G (fitted)", 23.0, NONE, (80.0, 0.0), NONE, NONE, (), "half",
+    "resbm-a10g-80m": ClockPreset(RESBM, "", "8 x A10G (fitted)", 18.1, NONE, (80.0, 0.0), NONE, NONE, (), "half",
                                   update_tflops=A10_BF16_PEAK),
     "sm-a10g-100g": ClockPreset(SM, "", "8 x A10G (fitted)", 1.68, NONE, (1e5, 0.0), NONE, NONE, ()),
     "sm-a10g-80m": ClockPreset(SM, "", "8 x A10G (fitted)", 1.68, NONE, (80.0, 0.0), NONE, NONE, ()),
     "protocolnanogpt-h100": ClockPreset(PNG, "", "8 x H100 (its throughput measured on an H200)", 307.0, NONE,
                                         (200.0, 50.0), NONE, NONE, (), "half", latency_holds_wire=True),
-    "boost-a100-nvlink": ClockPreset(BOOST, "", "4 x A100-80GB per node (fitted)", 154.0, NVLINK3, SLINGSHOT11,
+    "boost-a100-nvlink": ClockPreset(BOOST, "", "4 x A100-80GB per node (fitted)", 165.0, NVLINK3, SLINGSHOT11,
                                      NONE, NONE, ()),
     "het-sparseloco-a100-1g": ClockPreset(HET, "", f"A100 at {A100_EFFECTIVE_TFLOPS:g} TFLOP/s (assumed)",
                                           A100_EFFECTIVE_TFLOPS, NVLINK3, (1000.0, 10.0), INFINIBAND, (1000.0, 10.0),
