@@ -1,0 +1,120 @@
+"""Which layouts each system may take on a hardware, and where its ranks sit.
+
+A layout counts only where a loss run has its math:
+- a per-step all-reduce system computes the same function at every dp x tp x pp with the same global batch (TP and
+  pipelining are exact re-shardings: tests/test_parallel_parity.py), so any layout counts;
+- a codec system's math is its compressed boundaries: the loss runs put one at the middle of the model (pp = 2), so
+  pp = 2 only;
+- an outer-loop system's math is its replica count M and inner steps H: the loss runs have M = 2, so dp = 2 only;
+  the heterogeneous ones also fix which replica is compressed (replica 0, placed over the internet).
+TP is always a whole node (`gpus_per_node` GPUs: a node is one TP group, as the model clock prices it), and a
+layout uses dp x pp nodes: any subset of the hardware's nodes, the datacenter's first; pp a power of two dividing
+the layers (`PIPELINE_DEPTHS`: one plan per depth). Micro-batches: the loss runs'
+global batch split into micro-batches of the scale config's size, or 1/2 or 1/4 of it.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, Optional, Tuple
+
+from nanotron_ext.advise.hardware import Hardware
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """A system's layouts that have its loss runs' math: fixed dp / pp (None: any), the replica it compresses."""
+
+    label: str
+    dp: Optional[int] = None
+    pp: Optional[int] = None
+    compressed_replica: Optional[int] = None  # a heterogeneous system: this replica's pipeline is compressed
+    outer_loop: bool = False
+    plan_as: Optional[str] = None  # a system whose step is another's (DiLoCo's Nesterov: elementwise outer math)
+    bf16_gradients: bool = False  # the DP all-reduce in bf16 (the plan's fp32 payload halved)
+    steps_as: Optional[str] = None  # a system whose loss runs are another's (bf16 gradient reduction: not loss-run)
+
+
+# the WAN meter's systems (nanotron_ext/bench/wan/systems.py) advise compares; the dense baseline twice, once with
+# bf16 gradient reduction (what its best user would pick where the DP link binds)
+RULES: Dict[str, Rule] = {
+    "dense_3d": Rule("dense (Megatron TP, all-reduce every step, fp32 gradients)"),
+    "dense_3d@bf16": Rule("dense (Megatron TP, all-reduce every step, bf16 gradients)", plan_as="dense_3d",
+                          bf16_gradients=True, steps_as="dense_3d"),
+    "3d_btp": Rule("BOOST BTP (SVD r = d/4), all-reduce every step"),
+    "3d_sm": Rule("SM k = d/8 on the stage link, all-reduce every step", pp=2),
+    "3d_int4": Rule("lossy int4 on the stage link, all-reduce every step", pp=2),
+    "3d_mapl": Rule("MAPL on the stage link, all-reduce every step", pp=2),
+    "3d_diloco": Rule("dense DiLoCo, plain averaging (outer SGD lr 1, no momentum)", dp=2, outer_loop=True),
+    "3d_diloco_nesterov": Rule("dense DiLoCo, outer Nesterov (lr 0.7, momentum 0.9)", dp=2, outer_loop=True,
+                               plan_as="3d_diloco"),
+    "3d_sparseloco": Rule("SparseLoCo (top-k outer sync)", dp=2, outer_loop=True),
+    "3d_btp_sparseloco": Rule("BTP + SparseLoCo", dp=2, outer_loop=True),
+    "3d_sm_sparseloco": Rule("heterogeneous SparseLoCo (SM on replica 0)", dp=2, pp=2, compressed_replica=0,
+                             outer_loop=True),
+    "three_tiers": Rule("three tiers: BTP + SM on replica 0 + heterogeneous SparseLoCo", dp=2, pp=2,
+                        compressed_replica=0, outer_loop=True),
+}
+PIPELINE_DEPTHS = (1, 2, 4, 8, 16)  # pp searched: powers of two that divide the layers (a plan per depth)
+COMPOSED = ("three_tiers", "3d_sm_sparseloco", "3d_btp_sparseloco")  # the composed jobs the headline is about
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """One placement: dp x tp x pp, the micro-batch size and count, each replica's nodes (stage s on nodes[r][s])."""
+
+    dp: int
+    tp: int
+    pp: int
+    micro_batch_size: int
+    micro_batches: int
+    nodes: Tuple[Tuple[int, ...], ...]
+
+    @property
+    def used_nodes(self) -> int:
+        return self.dp * self.pp
+
+    def describe(self, hw: Hardware) -> str:
+        dc = sum(1 for r in self.nodes for n in r if n < hw.datacenter_nodes)
+        where = ("datacenter only" if dc == self.used_nodes else "internet only" if dc == 0
+                 else f"{dc} of {self.used_nodes} nodes in the datacenter")
+        return (f"dp {self.dp} x tp {self.tp} x pp {self.pp}, {self.micro_batches} x {self.micro_batch_size} "
+                f"sequences per replica, {self.used_nodes} of {hw.nodes} nodes ({where})")
+
+
+def place(hw: Hardware, dp: int, pp: int, compressed: Optional[int]) -> Tuple[Tuple[int, ...], ...]:
+    """Each replica's nodes: the datacenter's nodes first, to the uncompressed replicas first (a compressed replica
+    is the one built to cross the internet), each replica's stages on consecutive nodes."""
+    order = sorted(range(dp), key=lambda r: r == compressed)
+    out: Dict[int, Tuple[int, ...]] = {}
+    for i, r in enumerate(order):
+        out[r] = tuple(range(i * pp, (i + 1) * pp))
+    return tuple(out[r] for r in range(dp))
+
+
+def layouts(hw: Hardware, rule: Rule, global_sequences: int, micro_batch_size: int, num_layers: int) -> List[Layout]:
+    """Every layout of `rule` on `hw` for a step of `global_sequences` sequences."""
+    out = []
+    tp = hw.gpus_per_node
+    dps = [rule.dp] if rule.dp else range(1, hw.nodes + 1)
+    pps = [rule.pp] if rule.pp else [p for p in PIPELINE_DEPTHS if num_layers % p == 0]
+    sizes = sorted({max(1, micro_batch_size // f) for f in (1, 2, 4)}, reverse=True)
+    for dp in dps:
+        for pp in pps:
+            if dp * pp > hw.nodes or global_sequences % dp:
+                continue
+            for mbs in sizes:
+                per_replica = global_sequences // dp
+                if per_replica % mbs:
+                    continue
+                out.append(Layout(dp, tp, pp, mbs, per_replica // mbs, place(hw, dp, pp, rule.compressed_replica)))
+    return out
+
+
+def stage_links(hw: Hardware, layout: Layout) -> List[Tuple[float, float]]:
+    """Each replica's link between its stages (its nodes' span)."""
+    return [hw.span_link(nodes) for nodes in layout.nodes]
+
+
+def dp_link(hw: Hardware, layout: Layout) -> Tuple[float, float]:
+    """The DP tier's link: the span of every used node (one uplink per node)."""
+    return hw.span_link(tuple(n for nodes in layout.nodes for n in nodes))

@@ -1,0 +1,101 @@
+"""Steps to target per system: where the losses come from.
+
+A system's time to target is its steps to the target times its step. Steps come from loss runs, never from the clock:
+- `reproduce/wan/results/loss_scales.json` (the WAN meter's loss runs at more than one model size: per size, each
+  system's steps to dense's final loss x 1.02, and its penalty = those steps / dense's), the largest size that has
+  the system; else
+- `reproduce/wan/results/model_clock.json` (d = 128: the equal-token rows, and the equal-time rows for the systems
+  that needed longer to reach the target);
+- `papers=True`: the papers' published penalties listed in loss_scales.json's "papers" (the second map), dense = 1.
+A system no run brought to the target has only a lower bound (the run's length / dense's steps): it is ranked at
+that bound, which favours it, and marked so.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+REPO = Path(__file__).resolve().parents[2]
+SCALES = REPO / "reproduce" / "wan" / "results" / "loss_scales.json"
+MODEL_CLOCK = REPO / "reproduce" / "wan" / "results" / "model_clock.json"
+DENSE = "dense_3d"
+
+
+@dataclasses.dataclass(frozen=True)
+class Steps:
+    """A system's steps to target relative to dense (`penalty`), dense's own steps, and where they come from."""
+
+    penalty: float
+    dense_steps: float
+    source: str
+    lower_bound: bool = False  # not reached: `penalty` is at least this
+
+
+def _mean(xs: Any) -> Optional[float]:
+    vals = [x for x in (xs or []) if isinstance(x, (int, float)) and math.isfinite(x)]
+    return sum(vals) / len(vals) if vals else None
+
+
+def from_model_clock(path: Path = MODEL_CLOCK) -> Dict[str, Steps]:
+    """d = 128's penalties from the committed model clock (one preset's rows: losses do not depend on links)."""
+    rows = json.loads(path.read_text())["rows"]
+    preset = rows[0]["preset"]
+    rows = [r for r in rows if r["preset"] == preset]
+    dense = next(r for r in rows if r["system"] == DENSE and r.get("budget", "tokens") == "tokens")
+    d_steps = dense["steps_to_target"][0]
+    budget = max(step for step, _ in dense["curves"][0])
+    out: Dict[str, Steps] = {}
+    for r in sorted(rows, key=lambda r: r.get("budget", "tokens") == "time"):  # an equal-time row wins
+        reached, runs = (int(x) for x in r["reached"].split("/"))
+        src = f"our loss runs, d = 128 ({r.get('budget', 'tokens')} budget, {r['reached']} seeds reached)"
+        if reached == runs and r["steps_to_target"][0]:
+            out[r["system"]] = Steps(r["steps_to_target"][0] / d_steps, d_steps, src)
+        elif r["system"] not in out or out[r["system"]].lower_bound:
+            steps = r.get("budget_steps", budget)
+            out[r["system"]] = Steps(steps / d_steps, d_steps, src + f": not reached by all in {steps} steps",
+                                     lower_bound=True)
+    return out
+
+
+def from_scales(path: Path = SCALES, size: Optional[str] = None) -> Dict[str, Steps]:
+    """Penalties from loss_scales.json: per system, the largest size (or `size`) whose runs all reached it."""
+    sizes = sorted(json.loads(path.read_text())["sizes"], key=lambda s: s["non_embedding_params"])
+    out: Dict[str, Steps] = {}
+    for s in sizes:
+        if size and s["name"] != size:
+            continue
+        dense = _mean(s["systems"].get(DENSE, {}).get("steps_to_target"))
+        if dense is None:
+            continue
+        for name, row in s["systems"].items():
+            reached, runs = (int(x) for x in str(row.get("reached", "0/1")).split("/"))
+            mean = _mean(row.get("steps_to_target"))
+            src = f"our loss runs, {s['name']} ({row.get('reached')} seeds reached)"
+            if reached == runs and mean is not None:
+                out[name] = Steps(mean / dense, dense, src)
+            elif name not in out:
+                out[name] = Steps(s["steps"] / dense, dense, src + f": not reached in {s['steps']} steps", True)
+    return out
+
+
+def from_papers(path: Path = SCALES) -> Dict[str, Steps]:
+    """The papers' published penalties (loss_scales.json "papers"), the one per system with the largest scale."""
+    out: Dict[str, Steps] = {DENSE: Steps(1.0, 1.0, "dense: the reference")}
+    for p in json.loads(path.read_text()).get("papers", []):
+        pen = p.get("penalty")
+        if isinstance(pen, (int, float)) and math.isfinite(pen) and pen > 0 and p.get("system"):
+            out[p["system"]] = Steps(float(pen), 1.0, f"{p['paper']} {p['table']} ({p['scale']}): {p['how']}")
+    return out
+
+
+def penalties(papers: bool = False) -> Dict[str, Steps]:
+    """The steps to target `advise` uses (module docstring)."""
+    if papers:
+        return from_papers() if SCALES.exists() else {DENSE: Steps(1.0, 1.0, "dense: the reference")}
+    out = from_model_clock() if MODEL_CLOCK.exists() else {}
+    if SCALES.exists():
+        out.update(from_scales())
+    return out

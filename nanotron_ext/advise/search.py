@@ -1,0 +1,156 @@
+"""Each system at its best layout on a hardware: planned once per (system, tp, pp), reshaped per layout, replayed.
+
+A plan (nanotron_ext.bench.clock: the config's ranks stepped on the meta device) is made per system and (tp, pp) at
+a reference dp and micro-batch split, then reshaped to each layout without planning again, since per micro-batch a
+rank's FLOPs, TP and stage bytes scale with the tokens in it, and its DP payload (the gradients, or the outer sync)
+does not depend on dp or the micro-batches (`reshape`; tests/test_advise.py holds a reshaped plan to a planned one).
+
+Three bounds per layout, from the clock's replay: `upper` (no overlap: how this project's trainer runs, blocking
+sends, the DP all-reduce after the flush, a blocking outer sync), `ddp` (blocking sends, the per-step DP all-reduce
+bucketed behind the backward as torch DDP does it) and `lower` (full overlap). The headline is the bound the system's
+best trainer achieves: `ddp` for a per-step all-reduce (torch DDP is what its best user runs), `upper` for an outer
+loop (its sync blocks; a streaming sync would earn `lower`, with loss runs of its own).
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from nanotron_ext.advise.hardware import Hardware, clock_link
+from nanotron_ext.advise.layouts import RULES, Layout, Rule, dp_link, layouts, stage_links
+from nanotron_ext.bench.clock import ReplicaWork, planned, replay, replica_works, step_bounds, twin_overrides
+
+GIB = 2 ** 30
+PER_MICRO_GROUPS = ("tp", "pp")  # ledger groups whose traffic is per micro-batch (DP's is per step)
+
+
+@dataclasses.dataclass(frozen=True)
+class Priced:
+    """One layout of one system, priced: its step bounds (s), the headline's, the peak memory of its ranks."""
+
+    system: str
+    layout: Layout
+    lower_s: float
+    ddp_s: float
+    upper_s: float
+    headline: str  # "ddp" | "upper"
+    peak_gib: float
+    fits: bool
+
+    @property
+    def step_s(self) -> float:
+        return getattr(self, f"{self.headline}_s")
+
+
+def _scale_ops(ledger: Dict[str, Any], f_bytes: float, f_calls: float) -> None:
+    for group in PER_MICRO_GROUPS:
+        for v in ledger.get(group, {}).values():
+            v["bytes"] = v["bytes"] * f_bytes
+            v["calls"] = v["calls"] * f_calls
+
+
+def reshape(plan: Dict[str, Any], layout: Layout, bf16_gradients: bool = False) -> Dict[str, Any]:
+    """`plan` (made at some dp, micro-batch size and count) as `layout` would run it (module docstring): FLOPs and
+    TP / stage traffic per step scaled by the tokens per replica step and the micro-batches, the DP payload kept
+    (none at dp = 1; halved for bf16 gradients), every replica on planned replica 0 unless the plan has as many."""
+    out = copy.deepcopy(plan)
+    m0, mbs0 = plan["micro_batches"], plan["micro_batch_size"]
+    f_tokens = layout.micro_batches * layout.micro_batch_size / (m0 * mbs0)
+    f_calls = layout.micro_batches / m0
+    for column in out["inner"] + (out["outer"] or []):
+        for rank in column:
+            rank["flops"] *= f_tokens
+            _scale_ops(rank["ledger"], f_tokens, f_calls)
+            peak = rank["peak"]
+            per_micro = (peak.get("Activation", 0) + peak.get("Temp", 0)) * (layout.micro_batch_size / mbs0 - 1)
+            peak["Total"] = peak["Total"] + per_micro
+            dp_ops = rank["ledger"].get("dp", {})
+            if layout.dp == 1:
+                rank["ledger"]["dp"] = {}
+            elif bf16_gradients:
+                for op, v in dp_ops.items():
+                    if op == "all_reduce":  # the gradients (fp32 in the plan); control ops are tagged apart
+                        v["bytes"] = v["bytes"] / 2
+    out["layout"] = {"dp": layout.dp, "tp": layout.tp, "pp": layout.pp}
+    out["micro_batches"] = layout.micro_batches
+    out["micro_batch_size"] = layout.micro_batch_size
+    if len(out["inner"]) == 1:
+        out["replica_of"] = {str(r): 0 for r in range(layout.dp)}
+    return out
+
+
+def ddp_step_s(works: Sequence[ReplicaWork], outer_every: int) -> float:
+    """Blocking sends (nanotron's point-to-point), each stage's per-step DP all-reduce bucketed behind its backward
+    from its last backward's start (torch DDP), then its once-per-step update; the outer sync, if any, blocking."""
+    step = 0.0
+    for w in works:
+        t = replay(w, True)
+        n = len(w.stages)
+        dp, update = list(w.dp_s) or [0.0] * n, list(getattr(w, "update_s", ())) or [0.0] * n
+        ends = list(getattr(t, "stage_end_s", ())) or [t.end_s] * n
+        step = max(step, max([t.end_s] + [max(e, b + d) + u for e, b, d, u in
+                                          zip(ends, t.last_backward_start_s, dp, update)])
+                   + max(list(w.control_s) or [0.0]))
+    if outer_every:
+        step += max((max(w.outer_s or [0.0]) for w in works), default=0.0) / outer_every
+    return step
+
+
+def bounds(plan: Dict[str, Any], hw: Hardware, layout: Layout) -> Dict[str, float]:
+    """The three bounds of a reshaped plan on `hw` at `layout`'s placement."""
+    tiers = {"tp": clock_link(hw.node_link, hw.duplex), "dp": clock_link(dp_link(hw, layout), hw.duplex)}
+    stage = [clock_link(link, hw.duplex, hw.latency_holds_wire and link == hw.internet_link)
+             for link in stage_links(hw, layout)]
+    works = replica_works(plan, tiers, stage, hw.tflops * 1e12)
+    b = step_bounds(works, plan["outer_every"])
+    return {"lower_s": b.lower_s, "ddp_s": max(ddp_step_s(works, plan["outer_every"]), b.lower_s),
+            "upper_s": b.upper_s}
+
+
+@dataclasses.dataclass
+class Planner:
+    """Plans per (system, tp, pp), cached in `cache` (a plan is the same on every hardware: links do not change
+    it). `config`/`overrides_of` give a system's YAML and keys (the WAN meter's), `scale` the model and batch."""
+
+    scale: str
+    cache: Path
+    config_of: Any  # system -> (config file, overrides)
+    made: Dict[Any, Dict[str, Any]] = dataclasses.field(default_factory=dict)
+
+    def plan(self, system: str, rule: Rule, tp: int, pp: int, reference: Dict[str, int]) -> Dict[str, Any]:
+        name = rule.plan_as or system
+        key = (name, tp, pp)
+        if key not in self.made:
+            config, overrides = self.config_of(name)
+            dp = rule.dp or 2  # a per-step system is planned at dp 2 (its DP payload is per rank, any dp >= 2)
+            m = max(reference["micro_batches"], pp)
+            layout = [f"parallelism.dp={dp}", f"parallelism.tp={tp}", f"parallelism.pp={pp}",
+                      f"tokens.micro_batch_size={reference['micro_batch_size']}",
+                      f"tokens.batch_accumulation_per_replica={m}"]
+            twin = twin_overrides(config, overrides, self.scale) + layout
+            plan = planned(config, twin, self.cache)
+            self.made[key] = {**plan, "micro_batch_size": reference["micro_batch_size"]}
+        return self.made[key]
+
+
+def price(planner: Planner, hw: Hardware, system: str, layout: Layout, reference: Dict[str, int]) -> Priced:
+    rule = RULES[system]
+    plan = planner.plan(system, rule, layout.tp, layout.pp, reference)
+    shaped = reshape(plan, layout, bf16_gradients=rule.bf16_gradients)
+    b = bounds(shaped, hw, layout)
+    peak = max(rank["peak"]["Total"] for column in shaped["inner"] + (shaped["outer"] or []) for rank in column)
+    return Priced(system, layout, b["lower_s"], b["ddp_s"], b["upper_s"], "upper" if rule.outer_loop else "ddp",
+                  peak / GIB, peak <= hw.device_gib * GIB)
+
+
+def best(planner: Planner, hw: Hardware, system: str, reference: Dict[str, int], num_layers: int,
+         candidates: Optional[Sequence[Layout]] = None) -> List[Priced]:
+    """Every layout of `system` that fits, fastest headline step first (the first is its best layout)."""
+    rule = RULES[system]
+    global_sequences = reference["dp"] * reference["micro_batches"] * reference["micro_batch_size"]
+    todo = candidates if candidates is not None else layouts(hw, rule, global_sequences,
+                                                             reference["micro_batch_size"], num_layers)
+    priced = [price(planner, hw, system, lay, reference) for lay in todo]
+    return sorted((p for p in priced if p.fits), key=lambda p: p.step_s)

@@ -1,0 +1,149 @@
+"""`python -m nanotron_ext.advise` (nanotron_ext/advise/): a reshaped plan against a plan made at that layout, the DDP
+bound against its closed form, the layouts each system's loss runs allow, the penalties read from the committed
+model clock, the hardware file's refusals, and the ranking on internet-1g from the committed plans (datacenter-only
+dense above the committed dense 3D layout)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from nanotron_ext.advise import layouts as L
+from nanotron_ext.advise.hardware import Hardware, load, presets
+from nanotron_ext.advise.penalties import MODEL_CLOCK, from_model_clock
+from nanotron_ext.advise.search import ddp_step_s, reshape
+from nanotron_ext.bench.clock import Link, ReplicaWork, Stage, planned, step_bounds
+from nanotron_ext.errors import UserFacingError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _hw(**kw) -> Hardware:  # type: ignore[no-untyped-def]
+    base = dict(name="t", source="test", nodes=4, gpus_per_node=2, device_gib=80.0, tflops=100.0, datacenter_nodes=2,
+                node_link=(2.4e6, 0.002), datacenter_link=(4e5, 0.002), internet_link=(1000.0, 10.0))
+    return Hardware(**{**base, **kw})
+
+
+def test_layouts_keep_the_loss_runs_math() -> None:
+    hw = _hw()
+    dense = L.layouts(hw, L.RULES["dense_3d"], 64, 8, 12)
+    assert {(x.dp, x.pp) for x in dense} == {(1, 1), (2, 1), (3, 1), (4, 1), (1, 2), (2, 2), (1, 4)} - {(3, 1)}
+    assert {x.pp for x in L.layouts(hw, L.RULES["3d_sm"], 64, 8, 12)} == {2}  # one compressed boundary
+    assert {x.dp for x in L.layouts(hw, L.RULES["3d_diloco"], 64, 8, 12)} == {2}  # M = 2 replicas
+    het = L.layouts(hw, L.RULES["three_tiers"], 64, 8, 12)[0]
+    assert het.nodes == ((2, 3), (0, 1))  # the compressed replica 0 over the internet, replica 1 in the datacenter
+    assert L.stage_links(hw, het) == [hw.internet_link, hw.datacenter_link]
+    assert L.dp_link(hw, het) == hw.internet_link
+    alone = next(x for x in dense if (x.dp, x.pp) == (2, 1))
+    assert alone.nodes == ((0,), (1,)) and L.dp_link(hw, alone) == hw.datacenter_link  # the datacenter alone
+    assert {(x.micro_batch_size, x.micro_batches) for x in dense if (x.dp, x.pp) == (2, 1)} == {(8, 4), (4, 8),
+                                                                                                 (2, 16)}
+
+
+def test_the_ddp_bound_is_its_closed_form() -> None:
+    """One stage, m micro-batches of forward f and backward b, a DP all-reduce of d seconds: DDP starts it with the
+    last backward, m f + (m - 1) b, so the step is max(m (f + b), m f + (m - 1) b + d); no overlap adds d."""
+    f, b, d, m = 1.0, 2.0, 5.0, 3
+    work = ReplicaWork([Stage(f, b)], [], m, "1f1b", dp_s=[d])
+    assert ddp_step_s([work], 0) == pytest.approx(max(m * (f + b), m * f + (m - 1) * b + d))
+    assert step_bounds([work]).upper_s == pytest.approx(m * (f + b) + d)
+    two = ReplicaWork([Stage(f, b, 1e6, 1e6), Stage(f, b, 1e6, 1e6)], [Link(8.0)], m, "1f1b", dp_s=[d, d])
+    lo, hi = step_bounds([two]).lower_s, step_bounds([two]).upper_s
+    assert lo <= ddp_step_s([two], 0) <= hi
+
+
+@pytest.mark.slow
+def test_a_reshaped_plan_is_the_plan_made_at_that_layout(tmp_path: Path, small_corpus: Path) -> None:
+    """Plan dense 3D at dp 2 x pp 2 with 4 micro-batches of 4, reshape it to dp 4 with 2 micro-batches of 8 (and to
+    dp 1), and hold FLOPs, every TP / stage / DP payload and the calls to a plan made at that layout."""
+    from tests.conftest import SMALL_VOCAB
+
+    base = REPO / "reproduce/wan/cpu_base.yaml"
+    sets = [f"data.prepared_dir={small_corpus}", f"tokenizer.path={small_corpus / 'tokenizer.json'}",
+            f"tokenizer.vocab_size={SMALL_VOCAB}", f"model.vocab_size={SMALL_VOCAB}", "parallelism.link.enabled=false",
+            "parallelism.tp=2", "parallelism.pp=2"]
+
+    def plan(dp: int, mbs: int, m: int) -> dict:
+        keys = sets + [f"parallelism.dp={dp}", f"tokens.micro_batch_size={mbs}",
+                       f"tokens.batch_accumulation_per_replica={m}"]
+        return {**planned(str(base), keys, tmp_path), "micro_batch_size": mbs}
+
+    made = plan(2, 4, 4)
+    for dp, mbs, m in ((4, 8, 2), (1, 4, 4)):
+        want = plan(dp, mbs, m)
+        got = reshape(made, L.Layout(dp, 2, 2, mbs, m, ()))
+        for s, (g, w) in enumerate(zip(got["inner"][0], want["inner"][0])):
+            assert g["flops"] == pytest.approx(w["flops"], rel=1e-9), s
+            for group in ("tp", "pp", "dp"):
+                for op, v in w["ledger"].get(group, {}).items():
+                    if op.endswith(":meta") or "control" in op:
+                        continue  # headers and few-byte agreements: not what the clock prices
+                    assert g["ledger"][group][op]["bytes"] == pytest.approx(v["bytes"], rel=0.01), (group, op)
+            assert set(g["ledger"].get("dp", {})) == set(w["ledger"].get("dp", {})) - {"all_reduce:control"}
+
+
+def test_penalties_from_the_committed_model_clock() -> None:
+    steps = from_model_clock(MODEL_CLOCK)
+    rows = json.loads(MODEL_CLOCK.read_text())["rows"]
+    dense = next(r for r in rows if r["system"] == "dense_3d")["steps_to_target"][0]
+    three = next(r for r in rows if r["system"] == "three_tiers" and r.get("budget") == "time")
+    assert steps["dense_3d"].penalty == 1.0 and steps["dense_3d"].dense_steps == dense == 780.0
+    assert steps["three_tiers"].penalty == pytest.approx(three["steps_to_target"][0] / dense)
+    assert not steps["three_tiers"].lower_bound and steps["3d_sparseloco"].lower_bound  # never reached: a bound
+
+
+def test_hardware_files_are_checked(tmp_path: Path) -> None:
+    good = {"nodes": 4, "gpus_per_node": 2, "device_gib": 24, "tflops": 23, "datacenter_nodes": 0,
+            "node_link": [2.56e5, 0.005], "datacenter_link": [4e5, 0.002], "internet_link": [200, 50]}
+    path = tmp_path / "hw.yaml"
+    path.write_text(json.dumps(good))
+    assert load(path).internet_link == (200, 50)
+    for key, value, says in (("nodes", 0, "nodes"), ("internet_link", [0, 1], "internet_link"),
+                             ("datacenter_nodes", 5, "datacenter_nodes"), ("colour", 1, "unknown key 'colour'")):
+        path.write_text(json.dumps({**good, key: value}))
+        with pytest.raises(UserFacingError, match=says):
+            load(path)
+    path.write_text(json.dumps({k: v for k, v in good.items() if k != "tflops"}))
+    with pytest.raises(UserFacingError, match="missing key 'tflops'"):
+        load(path)
+
+
+def test_internet_1g_ranks_datacenter_dense_above_the_committed_dense_3d(tmp_path: Path, capsys) -> None:
+    """From the committed plans (no planning here): on internet-1g's hardware dense on the datacenter's 4 GPUs
+    (dp 2 x tp 2) reaches the target sooner than the committed dense 3D layout, and its YAML loads."""
+    from nanotron_ext.advise.__main__ import main
+    from nanotron_ext.config.loader import load_config
+
+    out, cfg = tmp_path / "rank.json", tmp_path / "best.yaml"
+    assert main(["--preset", "internet-1g", "--systems", "dense_3d", "--json", str(out),
+                 "--write-config", str(cfg)]) == 0
+    rows = json.loads(out.read_text())["ranking"]
+    names = [r["system"] for r in rows]
+    assert names.index("dense_3d") < names.index("dense_3d (committed layout)")
+    best = rows[names.index("dense_3d")]
+    assert best["layout_keys"]["dp"] == 2 and best["layout_keys"]["pp"] == 1
+    assert "datacenter only" in best["layout"]
+    assert best["time_to_target_s"] < rows[names.index("dense_3d (committed layout)")]["time_to_target_s"] / 5
+    loaded = load_config(cfg, [])
+    assert (loaded.parallelism.dp, loaded.parallelism.tp, loaded.parallelism.pp) == (2, 2, 1)
+    assert main(["--preset", "internet-1g", "--systems", "dense_3d", "--write-config", str(cfg)]) == 0  # ours: kept
+    assert "advice: dense" in capsys.readouterr().out
+    assert presets()["internet-1g"].datacenter_nodes == 2
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--hardware", "{hw}"], "--hardware needs --config-file"),
+    (["--preset", "nowhere"], "--preset"),
+    (["--preset", "internet-1g", "--systems", "bogus"], "--systems"),
+])
+def test_bad_flags_are_one_line(tmp_path: Path, argv: list, says: str, capsys) -> None:
+    from nanotron_ext.advise.__main__ import main
+
+    hw = tmp_path / "hw.yaml"
+    hw.write_text("nodes: 1\n")
+    with pytest.raises(SystemExit) as e:
+        main([a.replace("{hw}", str(hw)) for a in argv])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and len(err.splitlines()) == 1
