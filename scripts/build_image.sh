@@ -80,6 +80,8 @@ RESULT_MARK='"written_by": "scripts/build_image.sh"'
 if [ -n "$RESULT" ] && { [ -e "$RESULT" ] || [ -L "$RESULT" ]; }; then
   { [ -f "$RESULT" ] && [ ! -L "$RESULT" ] && grep -qF -e "$RESULT_MARK" -e '"image_build_s":' "$RESULT"; } \
     || refuse --result "$RESULT" "exists and build_image.sh did not write it (no $RESULT_MARK); name a new file"
+elif [ -n "$RESULT" ] && { [ -e "${RESULT%.json}-test-quick.log" ] || [ -L "${RESULT%.json}-test-quick.log" ]; }; then
+  refuse --result "$RESULT" "${RESULT%.json}-test-quick.log (its log) exists without its result: not this script's"
 fi
 
 T0=$(date +%s)
@@ -120,6 +122,11 @@ own_build_dir() {
 not make (no $MARKER in it): it is never written to or deleted; name a new or empty folder"
   return 1
 }
+claim_build_dir() {  # BUILD_DIR, made and marked unless it is the script's already
+  own_build_dir && return 0
+  mkdir -p "$BUILD_DIR" || die "cannot create BUILD_DIR=$BUILD_DIR"
+  echo "made by scripts/build_image.sh: --remove deletes this folder and everything in it" >"$BUILD_DIR/$MARKER"
+}
 if [ $REMOVE -eq 1 ]; then
   [ -e "$BUILD_DIR" ] || [ -L "$BUILD_DIR" ] || { say "nothing to remove at $BUILD_DIR"; exit 0; }
   own_build_dir || { rmdir "$BUILD_DIR"; say "removed the empty $BUILD_DIR"; exit 0; }
@@ -153,10 +160,7 @@ fi
 
 # --- space --------------------------------------------------------------------------------------------------------
 if [ "$ENGINE" = buildah ]; then
-  if ! own_build_dir; then
-    mkdir -p "$BUILD_DIR" || die "cannot create BUILD_DIR=$BUILD_DIR"
-    echo "made by scripts/build_image.sh: --remove deletes this folder and everything in it" >"$BUILD_DIR/$MARKER"
-  fi
+  claim_build_dir
   free_kb=$(df -Pk "$BUILD_DIR" | awk 'NR == 2 {print $4}')
   [ "$free_kb" -ge $(( MIN_FREE_GB * 1024 * 1024 )) ] || die "$(( free_kb / 1024 / 1024 )) GB free at $BUILD_DIR," \
     "at least $MIN_FREE_GB GB needed (the vfs driver stores each layer whole); set BUILD_DIR to a roomier disk"
@@ -319,7 +323,7 @@ say "one training step inside the image: ${STEP_S} s"
 if [ $TEST -eq 0 ]; then exit 0; fi
 T_TEST=$(date +%s)
 LOG=${RESULT:+${RESULT%.json}-test-quick.log}
-LOG=${LOG:-$BUILD_DIR/test-quick.log}
+[ -n "$LOG" ] || { claim_build_dir; LOG=$BUILD_DIR/test-quick.log; }  # (docker: BUILD_DIR holds only this log)
 set +e
 in_image 'make test-quick' >"$LOG" 2>&1
 TEST_RC=$?

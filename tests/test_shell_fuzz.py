@@ -288,7 +288,8 @@ def test_damaged_apt_sources_are_one_line_naming_debian_mirror(tmp_path: Path) -
 
 def test_a_result_file_the_script_did_not_write_is_never_replaced(tmp_path: Path) -> None:
     """build_image.sh --result replaces only its own JSON (its written_by): a user's JSON, a binary file, a folder, a
-    FIFO (never opened: it would block) and a symbolic link to its own result are refused before any work."""
+    FIFO (never opened: it would block), a symbolic link to its own result, and a new result whose log
+    (<result>-test-quick.log) exists already are refused before any work."""
     box = Box(tmp_path)
     ours = box.root / "keep" / "ours.json"
     ours.write_text('{"written_by": "scripts/build_image.sh", "engine": "buildah"}\n')
@@ -297,8 +298,9 @@ def test_a_result_file_the_script_did_not_write_is_never_replaced(tmp_path: Path
     (box.root / "keep" / "folder").mkdir()
     os.mkfifo(box.root / "keep" / "fifo.json")
     (box.root / "keep" / "link.json").symlink_to(ours)
+    (box.root / "keep" / "new-test-quick.log").write_text("a user's log\n")  # the log a new.json would name
     box.before = box.listing()
-    for name in ("user.json", "binary.json", "folder", "fifo.json", "link.json"):
+    for name in ("user.json", "binary.json", "folder", "fifo.json", "link.json", "new.json"):
         out = subprocess.run(["bash", str(REPO / "scripts" / "build_image.sh"), "--stand-in", "--result",
                               str(box.root / "keep" / name)], capture_output=True, text=True,
                              env=box.env(MIN_FREE_GB="0", BUILD_DIR=str(box.root / "build")), timeout=60)
