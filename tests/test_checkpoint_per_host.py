@@ -59,7 +59,7 @@ def _host(root: str, scenario: str):
             out["error"] = str(e)
         out["steps"] = [s for s, _ in list_checkpoints(disk)]
         out["meta"] = read_meta(disk / "step_2")
-        agreed = agreed_checkpoint(disk, pc, hosts, lambda: latest_checkpoint(disk))
+        agreed = agreed_checkpoint(disk, pc.world_pg, hosts, lambda: latest_checkpoint(disk))
         out["agreed"] = agreed.name
         out["extra"] = load_checkpoint(agreed, pc, model=nn.Linear(4, 4))
         return out
@@ -72,7 +72,7 @@ def _host(root: str, scenario: str):
             raise CheckpointError("checkpoints.dir: step_4 is damaged")
         return latest_checkpoint(disk)
     try:
-        agreed = agreed_checkpoint(disk, pc, hosts, pick)
+        agreed = agreed_checkpoint(disk, pc.world_pg, hosts, pick)
         load_checkpoint(agreed, pc, model=nn.Linear(4, 4))
     except CheckpointError as e:
         out["error"] = str(e)
@@ -118,7 +118,7 @@ def _two_ranks_per_host(root: str):
     model = nn.Linear(4, 4)
     for step in (1, 2, 3):
         save_checkpoint(disk, step, pc, model=model, extra={"step": step}, keep_last=1, hosts=hosts)
-    agreed = agreed_checkpoint(disk, pc, hosts, lambda: latest_checkpoint(disk))
+    agreed = agreed_checkpoint(disk, pc.world_pg, hosts, lambda: latest_checkpoint(disk))
     extra = load_checkpoint(agreed, pc, model=nn.Linear(4, 4))
     return {"rank": rank, "extra": extra, "meta": read_meta(disk / "step_3"), "dirs": sorted(os.listdir(disk))}
 

@@ -275,8 +275,8 @@ def test_the_launcher_refuses_a_bad_job_before_starting_any_worker(small_corpus:
         assert err.count("\n") == 1 and err.startswith(expected), err
     for overrides, torchrun, module in [
         (["parallelism.dp_sync=sparseloco"], (), "nanotron_ext.train"),  # resumes with the same settings
-        (["parallelism.dp=1", f"checkpoints.dir={tmp_path / 'fresh'}"], ("--nnodes=1:2", "--nproc_per_node=2"),
-         "nanotron_ext.train"),  # elastic: the world size is not known before the rendezvous
+        ([f"checkpoints.dir={tmp_path / 'fresh'}"], ("--nnodes=1:2", "--nproc_per_node=2"),
+         "nanotron_ext.train"),  # elastic: the world size (2 or 4) is not known before the rendezvous; 2 fits
         (["model.hiden_size=64"], (), "nanotron_ext.data"),  # not the trainer: its own checks
     ]:
         assert launch_with(base + overrides, *torchrun, module=module) == 0 and len(started) == 1, overrides

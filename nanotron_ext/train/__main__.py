@@ -120,12 +120,15 @@ def check_job_start(cfg: "Config") -> None:
     output_folder("checkpoints.dir", cfg.checkpoints.dir)
 
 
-def preflight(argv: List[str], world_size: Optional[int]) -> None:
+def preflight(argv: List[str], world_size: Optional[int], several_hosts: bool = False) -> "Config":
     """The job's start-up checks that need neither a process group nor a model, run once by the launcher
     (python -m nanotron_ext.launch) before it starts any worker: a bad config or layout, an unwritable output
     folder, unprepared or mismatched data, or a resume with changed settings ends in about a second with the line
     each worker would print, not after N workers have imported torch and met. Raises what the worker raises (a
-    UserFacingError, an OSError); the workers check everything again. `world_size` None: not known yet (elastic)."""
+    UserFacingError, an OSError); the workers check everything again. `world_size` None: not known yet (elastic).
+    `several_hosts` with checkpoints.storage=per_host: this host's checkpoints are left to the workers, which agree
+    on them over every host (refused here, on one host, the other hosts would wait in the rendezvous). Returns the
+    config."""
     from nanotron_ext.config.loader import config_from_args
     from nanotron_ext.data.loader import read_manifest
     from nanotron_ext.train.checkpoint import CheckpointError
@@ -137,9 +140,12 @@ def preflight(argv: List[str], world_size: Optional[int]) -> None:
         cfg.validate(world_size=world_size)
     check_job_start(cfg)
     read_manifest(cfg, args.config_file)
+    if several_hosts and cfg.checkpoints.storage == "per_host":
+        return cfg
     refusal = resume_refusal(cfg)
     if refusal:
         raise CheckpointError(refusal)
+    return cfg
 
 
 def _collective_failure(e: Exception, cfg: object) -> Optional[str]:

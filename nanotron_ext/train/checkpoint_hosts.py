@@ -54,16 +54,16 @@ class CheckpointHosts:
         return self.leader_rank == self.rank
 
 
-def agreed_checkpoint(root: PathLike, parallel_context: Any, hosts: CheckpointHosts,
+def agreed_checkpoint(root: PathLike, group: Any, hosts: CheckpointHosts,
                       pick: Callable[[], Optional[Path]]) -> Optional[Path]:
-    """The checkpoint every rank resumes from (collective), given `pick`, which returns the one this rank's host
-    would pick (or raises CheckpointError: a damaged newer one): on one shared `root`, its answer; per host, the
-    newest step complete on every host (a crash between two hosts' renames leaves the newest on some only, and the
-    one before on all). A host with none while another has some is a CheckpointError naming it: starting afresh
-    would overwrite the others' checkpoints. A host's refusal reaches every rank (none waits in the gather)."""
+    """The checkpoint every rank of `group` (the world) resumes from (collective), given `pick`, which returns the
+    one this rank's host would pick (or raises CheckpointError: a damaged newer one): on one shared `root`, its
+    answer; per host, the newest step complete on every host (a crash between two hosts' renames leaves the newest
+    on some only, and the one before on all). A host with none while another has some is a CheckpointError naming
+    it: starting afresh would overwrite the others' checkpoints. A host's refusal reaches every rank (none waits in
+    the gather)."""
     if not hosts.per_host:
         return pick()
-    group = parallel_context.world_pg
     try:
         local, refusal = pick(), None
     except CheckpointError as e:

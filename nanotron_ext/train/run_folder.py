@@ -105,6 +105,8 @@ class RunFolder:
         # which rank handles which checkpoint folder (checkpoints.storage=per_host: each host's own disk; set by _claim)
         self.hosts: Optional[CheckpointHosts] = None
         self._locks = self._claim()
+        # agreed before the model is built: a host's refusal reaches every host within seconds (collective)
+        self._resume_from = self._agreed_resume()
 
     def _claim(self) -> list:
         """Rank 0 locks the run and checkpoint folders for this process's life (with checkpoints.storage=per_host
@@ -152,6 +154,19 @@ class RunFolder:
                                 "storage=shared); mount one file system on every host, or set checkpoints.storage="
                                 "per_host (each host keeps its own ranks' shards)")
 
+    def _agreed_resume(self) -> Optional[Path]:
+        """The checkpoint every rank resumes from (collective), its settings checked on every rank: with
+        checkpoints.storage=per_host each host reads its own copy, and one host's refusal is every host's."""
+        ckpt = agreed_checkpoint(self.cfg.checkpoints.dir, self.agree.world_pg, self.hosts,
+                                 lambda: checkpoint_to_resume(self.cfg))
+        if ckpt is None:
+            return None
+        conflict = resume_conflict(ckpt, config_to_dict(self.cfg))
+        if conflict and self.hosts.per_host:
+            conflict = f"node {self.hosts.host}: {conflict}"
+        gather_or_raise(conflict, self.agree.world_pg, lambda failed: CheckpointError(failed[0][1]))
+        return ckpt
+
     def start(self, ctx: "ParallelContext", replica: "Replica",
               restore: Callable[[Path, Dict[str, object]], int]) -> int:
         """The step this launch starts from (collective): 0, or that of the checkpoint to resume from, loaded
@@ -159,12 +174,9 @@ class RunFolder:
         returns the step). config.yaml is written only once that succeeded and there is training left to do: a
         launch that fails, or finds the run complete, leaves the run folder as it was."""
         step = 0
-        ckpt = agreed_checkpoint(self.cfg.checkpoints.dir, ctx, self.hosts, lambda: checkpoint_to_resume(self.cfg))
+        ckpt = self._resume_from
         if ckpt is not None:
             config = config_to_dict(self.cfg)
-            conflict = resume_conflict(ckpt, config)  # every rank reads the same meta.json
-            if conflict:
-                raise CheckpointError(conflict)
             try:
                 extra = load_checkpoint(ckpt, ctx, model=replica.model, optimizer=replica.optimizer,
                                         scheduler=replica.scheduler)

@@ -1,0 +1,128 @@
+"""A launch over several hosts that cannot form, refused by name within a bounded time (issue 53): an elastic
+--nnodes range that never fits the layout (refused by the workers after 35 s), node 0 on a host that is not
+--master-addr, a node waiting for a rendezvous nobody hosts (node ranks swapped: both were silent past 130 s), and
+one host's per-host checkpoint refused while the other host waited in silence."""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import List
+
+import pytest
+
+from tests.conftest import SMALL_VOCAB
+from tests.helpers.runs import REPO, TINY
+
+TWO_HOSTS = REPO / "examples" / "config_tiny_two_hosts.yaml"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def stub_run(monkeypatch: pytest.MonkeyPatch) -> List[object]:
+    """torchrun's `run` replaced: what would have started (nothing may, for a refused launch)."""
+    import torch.distributed.run as torch_run
+    from torch.distributed.launcher import api as launcher_api
+
+    from nanotron_ext.train.failures import LAUNCHER_ENV
+
+    started: List[object] = []
+    monkeypatch.setattr(torch_run, "run", lambda args: started.append(args))
+    monkeypatch.setenv(LAUNCHER_ENV, "0")
+    monkeypatch.delenv(LAUNCHER_ENV)
+    monkeypatch.setattr(launcher_api, "LocalElasticAgent", launcher_api.LocalElasticAgent)
+    return started
+
+
+def test_an_elastic_node_range_that_never_fits_the_layout_is_refused_at_once(stub_run: List[object], capsys) -> None:
+    from nanotron_ext.launch import main
+
+    code = main(["--nnodes=1:2", "--nproc-per-node=2", "-m", "nanotron_ext.train", "--config-file", str(TINY),
+                 "--set", "parallelism.dp=1"])
+    err = capsys.readouterr().err
+    assert code == 2 and not stub_run, (code, err)
+    assert err.count("\n") == 1 and err.startswith("error: --nnodes 1:2: ") and "1 rank" in err, err
+
+
+def test_node_zero_on_a_host_that_is_not_the_master_address_is_refused_at_once(stub_run: List[object],
+                                                                                capsys) -> None:
+    from nanotron_ext.launch import main
+
+    code = main(["--nnodes=2", "--node-rank=0", "--nproc-per-node=1", "--rdzv-backend=static",
+                 "--master-addr=192.0.2.1", f"--master-port={_free_port()}", "-m", "nanotron_ext.train",
+                 "--config-file", str(TINY), "--set", "parallelism.dp=2"])
+    err = capsys.readouterr().err
+    assert code == 2 and not stub_run, (code, err)
+    assert err.count("\n") == 1 and "--node-rank 0" in err and "--master-addr 192.0.2.1" in err, err
+
+
+def _data(corpus: Path) -> List[str]:
+    return [f"data.prepared_dir={corpus}", f"tokenizer.path={corpus / 'tokenizer.json'}",
+            f"tokenizer.vocab_size={SMALL_VOCAB}", f"model.vocab_size={SMALL_VOCAB}"]
+
+
+def _host_argv(node: int, port: int, root: Path, corpus: Path, *rdzv: str) -> List[str]:
+    argv = [sys.executable, "-m", "nanotron_ext.launch", "--nnodes=2", f"--node-rank={node}", "--nproc-per-node=1",
+            "--rdzv-backend=static", "--master-addr=127.0.0.1", f"--master-port={port}", *rdzv,
+            "-m", "nanotron_ext.train", "--config-file", str(TWO_HOSTS)]
+    for s in [*_data(corpus), f"checkpoints.dir={root / f'host{node}' / 'ckpt'}", "logging.progress_bar=false",
+              f"general.output_dir={root / f'host{node}' / 'runs'}", "tokens.train_steps=4"]:
+        argv += ["--set", s]
+    return argv
+
+
+@pytest.mark.slow
+def test_a_node_waiting_for_a_rendezvous_nobody_hosts_names_the_addresses(tmp_path: Path,
+                                                                          small_corpus: Path) -> None:
+    """Node 1 alone, --master-addr an address of its own host where nothing listens (node ranks swapped: the host
+    with node rank 0 is elsewhere): refused after the rendezvous's timeout, naming both flags."""
+    t0 = time.monotonic()
+    done = subprocess.run(_host_argv(1, _free_port(), tmp_path, small_corpus, "--rdzv-conf=timeout=3"), cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and time.monotonic() - t0 < 60, (done.returncode, done.stderr[-2000:])
+    line = done.stderr.strip().splitlines()[-1]
+    assert "--node-rank 1" in line and "--master-addr 127.0.0.1" in line, done.stderr[-2000:]
+
+
+def _checkpoint(folder: Path, meta: str) -> None:
+    """A complete-looking step folder (its meta.json lists one file of the recorded size), or a damaged one."""
+    folder.mkdir(parents=True)
+    (folder / "pp0_dp0_tp0.pt").write_bytes(b"xyz")
+    (folder / "meta.json").write_text(meta)
+
+
+@pytest.mark.slow
+def test_one_hosts_damaged_checkpoint_is_refused_on_every_host(tmp_path: Path, small_corpus: Path) -> None:
+    """Host 1's newest meta.json is damaged: host 1 refused at once, host 0 waited with no output. Now both
+    print the refusal, naming node 1, within seconds of each other."""
+    good = json.dumps({"step": 2, "layout": {"dp": 1, "tp": 1, "pp": 2},
+                       "files": [{"name": "pp0_dp0_tp0.pt", "bytes": 3, "sha256": "0"}]})
+    _checkpoint(tmp_path / "host0" / "ckpt" / "step_2", good)
+    _checkpoint(tmp_path / "host1" / "ckpt" / "step_2", "{ not json")
+    port = _free_port()
+    procs = [subprocess.Popen(_host_argv(i, port, tmp_path, small_corpus), cwd=REPO, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env={**__import__("os").environ,
+                                                                      "OMP_NUM_THREADS": "1"}) for i in (0, 1)]
+    ended = []
+    try:
+        for p in procs:
+            p.wait(timeout=90)
+            ended.append(time.monotonic())
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    outs = [p.communicate()[1] for p in procs]
+    assert [p.returncode for p in procs] == [2, 2], outs
+    assert abs(ended[1] - ended[0]) < 30, outs
+    for err in outs:
+        line = err.strip().splitlines()[-1]
+        assert line.startswith("error: ") and "node 1" in line and "step_2" in line, err[-2000:]
