@@ -50,7 +50,8 @@ def test_a_damaged_manifest_is_one_line_from_the_launchers_preflight(tmp_path: P
     line = _launch(capsys, _folders(tmp_path))
     sep = "" if problem.startswith(":") else " "
     assert line == (f"error: the data manifest {manifest}{sep}{problem}; re-run `python -m nanotron_ext.data prepare "
-                    f"--config-file {TINY}` (it writes the manifest again)")
+                    f"--config-file {TINY} --set data.prepared_dir={tmp_path / 'prepared'} "
+                    f"--set tokenizer.path={tmp_path / 'prepared' / 'tok.json'}` (it writes the manifest again)")
 
 
 def test_prepare_writes_a_damaged_manifest_again(small_corpus: Path, tmp_path: Path) -> None:

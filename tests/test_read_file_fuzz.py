@@ -186,3 +186,146 @@ def test_a_meter_result_of_the_wrong_shape_or_with_a_nan(box: ff.Sandbox, flag: 
         if problem:
             problems.append(f"{what}: {problem}")
     assert not problems, "\n".join(problems)
+
+
+# -- caches the tools read back (issue 53): a damaged entry is recomputed with one line, a committed one refused -----
+def _plan_damages() -> List[Tuple[str, bytes]]:
+    """Every generic damage, and a plan of the planner's form with one part wrong."""
+    good = {"layout": {"dp": 1, "tp": 1, "pp": 1}, "micro_batches": 2, "schedule": "afab", "outer_every": 0,
+            "replica_of": {"0": 0}, "outer": None,
+            "inner": [[{"rank": 0, "flops": 1e9, "ledger": {"tp": {"all_reduce": {"bytes": 8, "calls": 1}}}}]]}
+
+    def bent(change) -> bytes:  # noqa: ANN001
+        plan = json.loads(json.dumps(good))
+        change(plan)
+        return json.dumps(plan, allow_nan=True).encode()
+
+    return [*_cases("json"),
+            ("NaN FLOPs", bent(lambda p: p["inner"][0][0].update(flops=float("nan")))),
+            ("infinite bytes", bent(lambda p: p["inner"][0][0]["ledger"]["tp"]["all_reduce"].update(bytes=1e999))),
+            ("negative calls", bent(lambda p: p["inner"][0][0]["ledger"]["tp"]["all_reduce"].update(calls=-1))),
+            ("another layout", bent(lambda p: p["layout"].update(pp=2))),
+            ("a stage missing", bent(lambda p: p.update(inner=[[]]))),
+            ("no ledger", bent(lambda p: p["inner"][0][0].pop("ledger"))),
+            ("a bool for a count", bent(lambda p: p.update(micro_batches=True))),
+            ("an outer step without outer_every", bent(lambda p: p.update(outer=p["inner"]))),
+            ("a replica planned nowhere", bent(lambda p: p.update(replica_of={"0": 3})))]
+
+
+@pytest.mark.parametrize("what, content", _plan_damages(), ids=[w for w, _ in _plan_damages()])
+def test_a_damaged_plan_cache_entry_is_planned_again_with_one_line(tmp_path: Path, what: str, content: bytes,
+                                                                   capsys: pytest.CaptureFixture) -> None:
+    from nanotron_ext.plan.cached import read_cached_plan
+
+    path = tmp_path / "plan_0123456789abcdef.json"
+    path.write_bytes(content)
+    assert read_cached_plan(path, {"dp": 1, "tp": 1, "pp": 1}) is None
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(path) in err[0] and err[0].endswith("planning it again"), err
+
+
+def test_a_good_plan_cache_entry_is_read_back(tmp_path: Path) -> None:
+    from nanotron_ext.plan.cached import read_cached_plan
+
+    plan = {"layout": {"dp": 2, "tp": 1, "pp": 1}, "micro_batches": 2, "schedule": "1f1b", "outer_every": 0,
+            "replica_of": {"0": 0, "1": 0}, "outer": None, "inner": [[{"flops": 5, "ledger": {}}]]}
+    (tmp_path / "p.json").write_text(json.dumps(plan))
+    assert read_cached_plan(tmp_path / "p.json", {"dp": 2, "tp": 1, "pp": 1}) == plan
+    assert read_cached_plan(tmp_path / "absent.json", {"dp": 2, "tp": 1, "pp": 1}) is None
+
+
+@pytest.mark.slow
+def test_step_time_plans_again_over_a_cached_plan_holding_nan(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """End to end (plans the tiny config once, ~15 s): was a table of `nan` with exit 0."""
+    from nanotron_ext.bench import step_time
+    from nanotron_ext.bench.clock import plan_path
+    from nanotron_ext.config.loader import load_config
+
+    sets = ["parallelism.dp=1"]
+    path = plan_path(load_config(ff.TINY, sets), tmp_path)
+    path.write_text('{"layout": {"dp": 1, "tp": 1, "pp": 1}, "micro_batches": NaN}')
+    argv = ["--config-file", str(ff.TINY), "--set", sets[0], "--preset", "resbm-a10g-80m", "--plans", str(tmp_path)]
+    assert step_time.main(argv) == 0
+    out, err = capsys.readouterr()
+    assert "nan" not in out.lower() and len(err.strip().splitlines()) == 1 and str(path) in err
+    assert json.loads(path.read_text())["micro_batches"] >= 1
+
+
+def _loss_record(key: str) -> Dict:
+    return {"system": "pipeline", "seed": 1, "key": key, "config_file": "c.yaml", "overrides": [], "replicas": 1,
+            "mode": "dense", "steps": 4, "val_every": 2, "train_loss": [5.0, 4.0, 3.5, 3.0],
+            "val_curve": [[2, 4.0], [4, 3.2]], "final_val_loss": 3.2, "sync_payload_bytes": [], "train_s": 1.0}
+
+
+def _loss_damages() -> List[Tuple[str, bytes]]:
+    def bent(change) -> bytes:  # noqa: ANN001
+        record = _loss_record("k" * 12)
+        change(record)
+        return json.dumps(record, allow_nan=True).encode()
+
+    return [*_cases("json"),
+            ("a NaN validation loss", bent(lambda r: r["val_curve"][1].__setitem__(1, float("nan")))),
+            ("a NaN final loss", bent(lambda r: r.update(final_val_loss=float("nan")))),
+            ("an infinite training loss", bent(lambda r: r["train_loss"].append(float("inf")))),
+            ("no curve", bent(lambda r: r.update(val_curve=[]))),
+            ("a curve of numbers", bent(lambda r: r.update(val_curve=[2, 4.0]))),
+            ("no final loss", bent(lambda r: r.pop("final_val_loss")))]
+
+
+@pytest.mark.parametrize("what, content", _loss_damages(), ids=[w for w, _ in _loss_damages()])
+def test_a_damaged_loss_run_cache_entry_is_trained_again_with_one_line(tmp_path: Path, what: str, content: bytes,
+                                                                       capsys: pytest.CaptureFixture) -> None:
+    """bench.wan --clock model reads `<runs>/<system>_seed<seed>_<key>.json` back: a damaged one is not read (a
+    traceback, or a table of `nan` with exit 0), it is said in one line and trained again; an intact file of
+    another system with the same key is read instead."""
+    from nanotron_ext.bench.wan import losses
+
+    key = "k" * 12
+    damaged = tmp_path / f"a_system_seed1_{key}.json"
+    damaged.write_bytes(content)
+    assert losses._finished(tmp_path, key, 1) is None
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(damaged) in err[0] and err[0].endswith("training it again"), err
+    (tmp_path / f"b_system_seed1_{key}.json").write_text(json.dumps(_loss_record(key)))
+    assert losses._finished(tmp_path, key, 1) == _loss_record(key)
+
+
+def test_a_loss_run_of_another_config_is_not_read_and_not_reported(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture) -> None:
+    from nanotron_ext.bench.wan import losses
+
+    (tmp_path / "pipeline_seed1_kkkkkkkkkkkk.json").write_text(json.dumps(_loss_record("another_key")))
+    assert losses._finished(tmp_path, "kkkkkkkkkkkk", 1) is None and capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("what, content", [*_cases("json"), ("a NaN FLOP count", json.dumps(
+    {"runs": {"r": {"layout": {"dp": 1, "tp": 1, "pp": 1, "pp_engine": "afab"},
+                    "ranks": [{"flops": float("nan"), "ledger": {}}]}}}).encode())],
+    ids=[w for w, _ in _cases("json")] + ["a NaN FLOP count"])
+def test_a_damaged_plan_table_is_refused_by_name(tmp_path: Path, what: str, content: bytes, monkeypatch,
+                                                 capsys: pytest.CaptureFixture) -> None:
+    """reproduce/paper_scale.py reads the committed reproduce/results/PLAN.json back: damaged, it is refused in one
+    line naming it (restore or regenerate it), exit 2."""
+    import sys
+
+    sys.path.insert(0, str(REPO))
+    from reproduce import paper_scale_plans as psp
+
+    monkeypatch.setattr(psp, "PLAN_JSON", tmp_path / "PLAN.json")
+    psp.PLAN_JSON.write_bytes(content)
+    with pytest.raises(SystemExit) as stop:
+        psp._saved_runs()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1 and str(psp.PLAN_JSON) in err[0] and "plan_table.py" in err[0]
+
+
+def test_the_prepare_command_printed_for_a_damaged_manifest_carries_the_runs_sets(box: ff.Sandbox) -> None:
+    """As printed it must rebuild the folder the run reads (it dropped `--set data.prepared_dir=...`)."""
+    root = box / "manifest_advice"
+    (root / "prepared").mkdir(parents=True, exist_ok=True)
+    (root / "prepared" / "manifest.json").write_bytes(b'{"rows": [1, 2,,')
+    outcome = _launch(box, _folders(root))
+    _refused(outcome, "manifest.json")
+    assert f"--set data.prepared_dir={root / 'prepared'}" in outcome.err, outcome.err
+    assert f"--set tokenizer.path={root / 'prepared' / 'tok.json'}" in outcome.err, outcome.err
+    assert "general.output_dir" not in outcome.err.split("prepare", 1)[-1]  # prepare does not read it

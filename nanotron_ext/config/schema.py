@@ -40,6 +40,7 @@ from nanotron_ext.parallel.link import link_preset
 from nanotron_ext.registry import DP_SYNCS, techniques
 
 MAX_LR = 10.0  # a peak learning rate above this diverges in any optimiser we ship; larger values are typos
+MAX_RUN_NAME_BYTES = 200  # a folder name: file systems allow 255 bytes; files named after the run add suffixes
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -76,6 +77,10 @@ class GeneralConfig(Extensible, path="general"):
                  and "\\" not in self.run, "general.run",
                  f"{self.run!r} must be a plain name inside general.output_dir (no absolute path, no '..'), "
                  "e.g. 'tiny_llama'")
+        # a folder name over the file system's 255 bytes failed only when the run started, blaming output_dir
+        longest = max((len(p.encode()) for p in parts), default=0)
+        require(longest <= MAX_RUN_NAME_BYTES, "general.run", f"a name of {longest} bytes is longer than a folder "
+                f"name may be ({MAX_RUN_NAME_BYTES} bytes here, 255 on most file systems): shorten general.run")
         require(self.collective_timeout_s > 0, "general.collective_timeout_s", "must be > 0")
         require_seed(self.seed, "general.seed")
         for key in ("max_loss_ratio", "max_weight_growth"):

@@ -12,8 +12,9 @@ fill one step for every replica). The state is (epoch, position), so resuming is
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
-from typing import Dict, Iterator, Mapping, Optional
+from typing import Callable, Dict, Iterator, Mapping, Optional
 
 import numpy as np
 import torch
@@ -27,8 +28,40 @@ _ORDER_STREAM = 2  # SeedSequence tag: the epoch permutations draw from their ow
 Batch = Dict[str, torch.Tensor]
 
 
-def _prepare_hint(config_file: Optional[str]) -> str:
-    return f"run `python -m nanotron_ext.data prepare --config-file {config_file or '<your config.yaml>'}` first"
+# what prepare reads (nanotron_ext.data.prepare): a printed prepare command carries the run's values of these
+PREPARE_KEYS = ("data", "tokenizer", "general.seed")
+
+
+def prepare_command(config: Config, config_file: Optional[str], verify: bool = False) -> str:
+    """The `prepare` command that rebuilds `config`'s data: its config file plus a `--set` for every key prepare
+    reads whose value differs from the file's own (without them, a run's `--set data.prepared_dir=...` was
+    dropped and the printed command rebuilt another folder). Without a config file: data.prepared_dir only."""
+    from nanotron_ext.config.loader import config_to_dict, load_config
+
+    words = ["python -m nanotron_ext.data prepare", *(["--verify"] if verify else []),
+             "--config-file", shlex.quote(config_file) if config_file else "<your config.yaml>"]
+    mine = config_to_dict(config)
+    keys = [f"{section}.{k}" for section in PREPARE_KEYS if "." not in section for k in mine.get(section, {})]
+    keys += [k for k in PREPARE_KEYS if "." in k]
+    try:
+        base = config_to_dict(load_config(config_file, [])) if config_file else None
+    except Exception:  # noqa: BLE001 - the file alone does not load (a --set made it valid): carry every key
+        base = {}
+
+    def value(tree: Dict, key: str) -> object:
+        section, name = key.split(".", 1)
+        return tree.get(section, {}).get(name, ...)
+
+    for key in keys if base is not None else ["data.prepared_dir"]:
+        v = value(mine, key)
+        if base is None or value(base, key) != v:
+            text = json.dumps(v) if isinstance(v, (list, dict)) else str(v)
+            words.append(f"--set {shlex.quote(f'{key}={text}')}")
+    return " ".join(words)
+
+
+def _prepare_hint(config: Config, config_file: Optional[str]) -> str:
+    return f"run `{prepare_command(config, config_file)}` first"
 
 
 def read_manifest(config: Config, config_file: Optional[str] = None) -> dict:
@@ -37,13 +70,13 @@ def read_manifest(config: Config, config_file: Optional[str] = None) -> dict:
     path = out / MANIFEST
     if not path.exists():
         what = "does not exist" if not out.exists() else f"has no {MANIFEST} (not prepared, or prepare was interrupted)"
-        raise DataNotPreparedError(f"data.prepared_dir {out} {what}: {_prepare_hint(config_file)}")
-    manifest = read_manifest_file(out, f"re-run `python -m nanotron_ext.data prepare --config-file "
-                                       f"{config_file or '<your config.yaml>'}` (it writes the manifest again)")
+        raise DataNotPreparedError(f"data.prepared_dir {out} {what}: {_prepare_hint(config, config_file)}")
+    manifest = read_manifest_file(out, f"re-run `{prepare_command(config, config_file)}` (it writes the manifest "
+                                       "again)")
     tok_path = Path(config.tokenizer.path)
     if not tok_path.exists():
         raise DataNotPreparedError(f"tokenizer.path {tok_path} does not exist but {out} was tokenized with "
-                                   f"{manifest['tokenizer']['path']}: {_prepare_hint(config_file)}")
+                                   f"{manifest['tokenizer']['path']}: {_prepare_hint(config, config_file)}")
     vocab = load_tokenizer(tok_path).get_vocab_size()
     if vocab != manifest["vocab_size"]:
         raise DataError(f"tokenizer {tok_path} has vocab {vocab} but {path} says the shards were made with "
@@ -203,14 +236,14 @@ def open_split(config: Config, split: str, *, config_file: Optional[str] = None)
     split_dir = Path(config.data.prepared_dir) / split
     if not split_dir.is_dir():
         raise DataNotPreparedError(f"{split_dir} is missing although the manifest lists it: "
-                                   f"{_prepare_hint(config_file)}")
+                                   f"{_prepare_hint(config, config_file)}")
     dataset = TokenShardDataset(split_dir, config.tokens.sequence_length, token_size=manifest["token_size"],
                                 expected_tokens=info["shard_tokens"])  # sizes, always
-    _verify_once(split_dir, info.get("shard_sha256", {}), config_file)
+    _verify_once(split_dir, info.get("shard_sha256", {}), lambda: prepare_command(config, config_file, verify=True))
     return dataset
 
 
-def _verify_once(split_dir: Path, digests: Dict[str, str], config_file: Optional[str]) -> None:
+def _verify_once(split_dir: Path, digests: Dict[str, str], rebuild: Callable[[], str]) -> None:
     """Check the shards' sha256 on their first load. A stamp beside the split records the (size, mtime) of what
     was verified, so later loads only stat; any write to a shard changes its mtime and brings the hash back."""
     stamp = split_dir.with_name(f".verified-{split_dir.name}.json")
@@ -223,8 +256,7 @@ def _verify_once(split_dir: Path, digests: Dict[str, str], config_file: Optional
     for name, digest in sorted(digests.items()):
         if sha256_file(split_dir / name) != digest:
             raise DataError(f"shard {split_dir / name} does not match its sha256 in the manifest (it changed after "
-                            f"prepare): rebuild it with `python -m nanotron_ext.data prepare --verify --config-file "
-                            f"{config_file or '<your config.yaml>'}`")
+                            f"prepare): rebuild it with `{rebuild()}`")
     try:
         write_text_atomic(stamp, json.dumps(seen))  # ranks may verify at once: unique temp files
     except OSError:

@@ -113,8 +113,8 @@ def read_finished(path: Path, key: str) -> Optional[Dict[str, Any]]:
     f = JsonFile(path, "loss-run cache", DamagedLossRun, "training it again")
     try:
         record = f.read_object()
-        if record.get("key") != key:
-            return None  # a file of another config whose name shares the key's prefix (or a foreign file)
+        if f.need(record, "key", str) != key:
+            return None  # a file of another config whose name holds this key as a part
         bad = first_non_finite(record, "")
         if bad:
             f.fail(f"{bad}, not a finite number")
