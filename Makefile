@@ -81,8 +81,13 @@ test: setup
 test-quick: setup
 	$(PYTEST) -m "not slow"
 
+# deletes only a folder make setup made (its .installed stamp): VENV=<your folder> is refused, not emptied
+ifneq ($(filter clean-venv,$(MAKECMDGOALS)),)
+$(call check,VENV,[ ! -e "$$v" ] || { set -- "$$v"/.installed*; [ -e "$$1" ]; } || echo bad,no .installed stamp \
+of make setup in it: clean-venv deletes only a folder make setup made)
+endif
 clean-venv:
-	rm -rf $(VENV)
+	rm -rf -- $(call sq,$(value VENV))
 
 # GPU check (benchmarks/gpu_check.py; README "GPU check"). Here, with network: fill .whl/ for a GPU machine that
 # has none. There: make gpu-check [STAGES=throughput,profile,throughput_1b,memory,techniques,codecs,boost]

@@ -337,3 +337,13 @@ def test_gpu_wheels_fill_replaces_only_the_wheels_it_wrote(tmp_path: Path, capsy
     assert mine.read_bytes() == b"a user's own build"
     (dest / gpu_wheels.MANIFEST).write_text(f"{mine.name}\n")  # written by an earlier fill: replaceable
     assert gpu_wheels.replaceable(dest) == [mine]
+
+
+def test_make_clean_venv_deletes_only_a_venv_make_setup_made(tmp_path: Path) -> None:
+    box = Box(tmp_path)
+    out = subprocess.run(["make", "-s", "-C", str(REPO), "clean-venv", f"VENV={box.root / 'keep'}"],
+                         capture_output=True, text=True, env=box.env(), timeout=60)
+    assert box.refusal_problem(out, "VENV") is None, box.refusal_problem(out, "VENV")
+    made = subprocess.run(["make", "-s", "-C", str(REPO), "clean-venv", f"VENV={box.root / 'venv'}"],
+                          capture_output=True, text=True, env=box.env(), timeout=60)
+    assert made.returncode == 0 and not (box.root / "venv").exists(), made.stderr  # its .installed stamp: make's
