@@ -181,3 +181,15 @@ def test_heterogeneous_replicas_leave_rejoin_and_heal_equal_the_simulated_refere
     # recovery traffic: the healed replica received the fp32 global weights and T_fixed (V x d), no momentum
     done = {x["replica"]: x["ledger"] for x in records if x["event"] == "done"}
     assert done[VICTIM]["recv:recovery"]["bytes"] == (ref["params"] + V * 32) * 4, done[VICTIM]
+
+
+def test_emulated_churn_and_fault_tolerance_load_with_compressed_replicas() -> None:
+    """Both used to be refused with compressed replicas; now only Grassmann updates under fault tolerance are."""
+    from nanotron_ext.config.loader import load_config
+    from nanotron_ext.config.schema import ConfigError
+
+    load_config(TINY, SETS + ["parallelism.dp=3", "sparseloco.churn.down_syncs=1"]).validate(world_size=3)
+    ft = SETS + ["parallelism.dp=1", "sparseloco.fault_tolerance.enabled=true", "sparseloco.fault_tolerance.replicas=3"]
+    load_config(TINY, ft).validate(world_size=1)
+    with pytest.raises(ConfigError, match=r"sparseloco\.grassmann_every"):
+        load_config(TINY, ft + ["sparseloco.grassmann_every=4"]).validate(world_size=1)

@@ -19,6 +19,12 @@ Semantics (tests/test_sparseloco_fault.py):
   global ones; it takes part in that same sync without a payload, so after it all replicas hold the same bits;
 - a (re)starting replica joins once before its first inner step (`start`, after its own checkpoint is loaded),
   so it trains from the current global weights;
+- heterogeneous replicas (sparseloco.compressed_replicas; tests/test_sparseloco_hetero_ft.py): each job builds its
+  own replica's model (SparseLoCoTechnique.replica_config reads fault_tolerance.replica). The healing state also
+  carries T_fixed (identical on every replica after every sync, sec. 2.4), so a replica of either kind heals from
+  a peer of either kind; U comes from its seed; a compressed pipeline's later stages then take T_fixed from stage 0
+  (`_share_fixed_over_pipeline`). torchft's step-0 heal (init_sync) gives every replica the lowest one's weights,
+  as the DP and simulated drivers give replica 0's;
 - the ledger counts, under group "ft": the payload all_gather (bytes, flag byte included), "quorum" and
   "commit" calls (torchft's gRPC messages: calls only, their bytes are not visible from Python), "send:recovery"
   on the live peer (the state it staged, once per heal) and "recv:recovery" on the healed replica (bytes of
