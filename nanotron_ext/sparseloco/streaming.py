@@ -56,6 +56,8 @@ class InFlightGather:
 
     def _run(self, payload: torch.Tensor, group: dist.ProcessGroup) -> None:
         try:
+            if payload.is_cuda:  # a new thread starts on device 0; NCCL then waits on this thread's current stream,
+                torch.cuda.set_device(payload.device)  # the device's default one, where the payload was encoded
             dist.all_gather(self.gathered, payload, group=group)
         except BaseException as e:  # noqa: BLE001 - raised on the training thread by result()
             self.error = e
