@@ -21,13 +21,14 @@ import torch
 
 from tests.helpers.dist import run_distributed
 from tests.helpers.one_step import micro_batches, one_step, small_config
+from tests.helpers.references import scalar_map
 from tests.test_parallel_parity import MB, MODEL, N_MICRO, SEQ, _global_batch
 
 R, M = 8, 4
 
 
 def test_polar_express_is_the_scalar_polynomial_on_the_singular_values() -> None:
-    from nanotron_ext.optim.polar_express import EPS, SAFETY, polar_express, scalar_map
+    from nanotron_ext.optim.polar_express import EPS, SAFETY, polar_express
 
     x = torch.randn(24, 40, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     u, s, vh = torch.linalg.svd(x, full_matrices=False)
@@ -44,7 +45,7 @@ def test_polar_express_is_the_scalar_polynomial_on_the_singular_values() -> None
 def test_polar_express_beyond_the_published_steps_converges_to_the_svd_polar_factor(steps: int) -> None:
     """More steps than the five published ones must approach U V^T (torch.linalg.svd), not the last published
     polynomial's fixed point (~1.035 U V^T): float64, a well- and an ill-conditioned input; fp32 to its precision."""
-    from nanotron_ext.optim.polar_express import polar_express, scalar_map
+    from nanotron_ext.optim.polar_express import polar_express
 
     gen = torch.Generator().manual_seed(0)
     for x in (torch.randn(24, 40, generator=gen, dtype=torch.float64),  # condition ~7

@@ -6,11 +6,9 @@ import pytest
 from nanotron_ext.sparseloco.accounting import (
     collective_time_s,
     compute_utilisation,
-    dense_allreduce_bytes,
     outer_sync_bytes,
     pipeline_utilisation,
     stage_link_bytes,
-    utilisation_curve,
 )
 from nanotron_ext.sparseloco.config import SparseLoCoConfig
 
@@ -23,7 +21,6 @@ def test_sync_bytes_by_hand() -> None:
     # fp32 values: 640 + 240; 2-bit codes: 40 B + two 4-entry fp32 tables (32 B)
     assert outer_sync_bytes(shapes, SparseLoCoConfig(value_dtype="fp32")) == 880
     assert outer_sync_bytes(shapes, SparseLoCoConfig(quant_bits=2)) == 240 + 40 + 32
-    assert dense_allreduce_bytes(shapes) == (16384 + 64) * 4
 
 
 def test_utilisation_by_hand() -> None:
@@ -35,7 +32,11 @@ def test_utilisation_by_hand() -> None:
     # latency counts once per hop: 1000 B over 8 kbit/s = 1 s + 0.5 s, one hop, after one 1.5 s step
     assert compute_utilisation(1.5, 1, 1000, 2, 8e3, "all_gather", latency_s=0.5) == pytest.approx(0.5)
     assert compute_utilisation(1.0, 1, 1e9, 1, 1.0) == 1.0  # one replica sends nothing
-    curve = utilisation_curve(0.5, [(128, 128), (64,)], SparseLoCoConfig(inner_steps=10), 2, [1e3, 1e6])
+    # the curve of a model's shapes, bytes by the closed forms: 2 replicas, H = 10 steps of 0.5 s
+    shapes, cfg = [(128, 128), (64,)], SparseLoCoConfig(inner_steps=10)
+    sparse, dense = outer_sync_bytes(shapes, cfg), (128 * 128 + 64) * 4  # dense: every fp32 gradient
+    curve = [(b, compute_utilisation(0.5, 10, sparse, 2, b, "all_gather"),
+              compute_utilisation(0.5, 1, dense, 2, b, "all_reduce")) for b in (1e3, 1e6)]
     # 560 B over 1 kbit/s: 4.48 s after 5 s of compute; dense 65792 B: 2 hops of 32896 B = 526.336 s
     assert curve[0][1] == pytest.approx(5 / 9.48) and curve[0][2] == pytest.approx(0.5 / 526.836)
     assert curve[1][1] > curve[0][1] and curve[1][2] > curve[0][2]

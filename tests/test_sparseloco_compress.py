@@ -12,13 +12,13 @@ from nanotron_ext.sparseloco.compress import (
     chunk_spec,
     compress_with_feedback_,
     decode_payload,
-    densify,
     encode_payload,
     from_chunks,
     payload_nbytes,
     quantize,
     to_chunks,
 )
+from tests.helpers.references import densify
 
 
 def _tiles_reference(t: torch.Tensor, a: int, b: int) -> torch.Tensor:

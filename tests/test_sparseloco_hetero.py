@@ -11,6 +11,7 @@ import torch
 from nanotron_ext.config.loader import load_config
 from nanotron_ext.config.schema import ConfigError
 from tests.helpers.dist import run_distributed
+from tests.helpers.references import adapt_
 from tests.test_trainer import TINY, _small_overrides
 
 HET = ["parallelism.dp_sync=sparseloco", "sparseloco.inner_steps=2", "sparseloco.topk=8",
@@ -36,7 +37,7 @@ def _adapted(compressed: bool = True):
 
 
 def test_initial_split_and_adaptation_match_reference() -> None:
-    from nanotron_ext.sparseloco.hetero import adapt_, split_
+    from nanotron_ext.sparseloco.hetero import split_
 
     emb = _adapted()
     u = emb.hub.basis.double()
@@ -58,8 +59,6 @@ def test_initial_split_and_adaptation_match_reference() -> None:
 
 
 def test_compressed_and_uncompressed_embeddings_agree_on_an_adapted_table() -> None:
-    from nanotron_ext.sparseloco.hetero import adapt_
-
     comp, plain = _adapted(True), _adapted(False)
     ids = torch.randint(0, 64, (2, 5), generator=torch.Generator().manual_seed(5))
     assert not torch.allclose(comp(ids), plain(ids), atol=1e-3)  # T_S off span(U): the two forms differ

@@ -57,10 +57,3 @@ def polar_express(x: torch.Tensor, steps: int = 5, dtype: torch.dtype | None = N
         y = a * y + (b * gram + c * gram @ gram) @ y
     y = y.T if tall else y
     return y.to(x.dtype)
-
-
-def scalar_map(s: torch.Tensor, steps: int = 5) -> torch.Tensor:
-    """What `steps` iterations do to normalised singular values `s` (the scalar composition)."""
-    for a, b, c in step_coefficients(steps):
-        s = a * s + b * s**3 + c * s**5
-    return s

@@ -21,16 +21,10 @@ Pipeline-stage links (`stage_link_bytes`, `pipeline_utilisation`; also our choic
 """
 from __future__ import annotations
 
-import math
 from typing import Iterable, Literal, Sequence, Tuple
 
 from nanotron_ext.sparseloco.compress import chunk_spec, payload_nbytes
 from nanotron_ext.sparseloco.config import SparseLoCoConfig
-
-
-def dense_allreduce_bytes(shapes: Iterable[Sequence[int]], bytes_per_element: int = 4) -> int:
-    """Bytes one replica hands to a dense gradient all-reduce (fp32 gradients)."""
-    return sum(math.prod(s) for s in shapes) * bytes_per_element
 
 
 def outer_sync_bytes(shapes: Iterable[Sequence[int]], cfg: SparseLoCoConfig) -> int:
@@ -62,17 +56,6 @@ def compute_utilisation(
     compute = inner_steps * step_time_s
     comm = collective_time_s(nbytes, replicas, bandwidth_bps, collective, latency_s)
     return compute / (compute + max(0.0, comm - delay_steps * step_time_s))
-
-
-def utilisation_curve(
-    step_time_s: float, shapes: Sequence[Sequence[int]], cfg: SparseLoCoConfig, replicas: int,
-    bandwidths_bps: Sequence[float], latency_s: float = 0.0,
-) -> Sequence[Tuple[float, float, float]]:
-    """(bandwidth, SparseLoCo utilisation, dense-DP utilisation) per bandwidth, from a measured inner
-    step time and the model's shapes (bytes from the closed form the ledger is tested against)."""
-    sparse, dense = outer_sync_bytes(shapes, cfg), dense_allreduce_bytes(shapes)
-    return [(b, compute_utilisation(step_time_s, cfg.inner_steps, sparse, replicas, b, "all_gather", latency_s),
-             compute_utilisation(step_time_s, 1, dense, replicas, b, "all_reduce", latency_s)) for b in bandwidths_bps]
 
 
 def stage_link_bytes(tokens: int, width: int, value_bytes: int = 2, id_bytes: int = 0) -> Tuple[int, int]:

@@ -195,13 +195,6 @@ def compress_with_feedback_(
     return Compressed(idx, wire, table, transmitted)
 
 
-def densify(indices: torch.Tensor, values: torch.Tensor, spec: ChunkSpec) -> torch.Tensor:
-    """Sparse chunks -> a dense tensor of `spec.shape` (zeros where nothing was sent)."""
-    dense = torch.zeros(spec.n_chunks, spec.chunk_size, dtype=torch.float32, device=values.device)
-    dense.scatter_(1, indices, values.reshape(indices.shape).float())
-    return from_chunks(dense, spec)
-
-
 # -- the payload: everything one replica sends in one outer sync, as one uint8 tensor -----------------
 def payload_nbytes(specs: Sequence[ChunkSpec], index_bits: int, quant_bits: int = 0, value_dtype: str = "fp32") -> int:
     """Closed form of `encode_payload`'s size: packed indices (of the tensors not kept whole) + values (or codes +

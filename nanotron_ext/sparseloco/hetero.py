@@ -88,16 +88,6 @@ def split_(emb: AdaptedSplitEmbedding, adaptation: bool) -> None:
     t.copy_(in_span)
 
 
-@torch.no_grad()
-def adapt_(emb: AdaptedSplitEmbedding) -> None:
-    """T_fixed += T_S - T_S U U^T; T_S <- T_S U U^T (eq. 3-4) on one replica's table, every row."""
-    t = emb.table.weight
-    u = emb.hub.basis.to(t.dtype)
-    in_span = (t @ u) @ u.T
-    emb.hub.fixed.add_(_gather_rows(t - in_span, emb.tp_pg))
-    t.copy_(in_span)
-
-
 def changed_rows(step: torch.Tensor) -> torch.Tensor:
     """Rows of an outer step [V, d] with a nonzero entry."""
     return step.ne(0).any(dim=1).nonzero().squeeze(1)

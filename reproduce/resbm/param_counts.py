@@ -19,7 +19,7 @@ from typing import Dict, Optional, Sequence
 
 from nanotron_ext.cli_checks import Writer
 from nanotron_ext.cli_flags import OutputFile, Parser, one_line_refusals
-from nanotron_ext.models.param_count import count_params  # noqa: F401 - tests load it from here
+from nanotron_ext.models.param_count import count_config_file, count_params  # noqa: F401 - tests load count_params
 
 HERE = Path(__file__).resolve().parent
 # --json replaces only counts this script wrote (cli_checks.Writer); results/param_counts.json has one key per config
@@ -32,12 +32,10 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Dict[str, int]]:
     ap = Parser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", default=None, type=OutputFile(COUNTS), help="also write the counts to this JSON file")
     args = ap.parse_args(argv)
-    from nanotron_ext.config.loader import load_config
-
     rows: Dict[str, Dict[str, int]] = {}
     for path in sorted(HERE.glob("resbm_2b_*.yaml")):
         name = path.stem.replace("resbm_2b_", "")
-        ours = count_params(load_config(path))
+        ours = count_config_file(path)
         rows[name] = {"ours": ours, "paper": PAPER.get(name)}
     base = rows["baseline"]["ours"]
     print(f"{'config':<12} {'ours':>15} {'paper':>15} {'ours - baseline':>16}")
