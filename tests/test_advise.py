@@ -147,3 +147,27 @@ def test_bad_flags_are_one_line(tmp_path: Path, argv: list, says: str, capsys) -
     assert e.value.code == 2
     err = capsys.readouterr().err.strip()
     assert says in err and len(err.splitlines()) == 1
+
+
+def test_a_regime_cell_needs_a_measured_penalty_to_win(monkeypatch) -> None:
+    """A system no run brought to the target cannot win a cell; where its lower-bound time beats the winner the
+    cell says it is not resolved; the margin is the runner-up's time over the winner's."""
+    from nanotron_ext.advise import regime
+    from nanotron_ext.advise.layouts import Layout
+    from nanotron_ext.advise.penalties import Steps
+    from nanotron_ext.advise.ranking import Ranked
+    from nanotron_ext.advise.search import Priced
+
+    def row(name: str, step: float, penalty: float, bound: bool = False) -> Ranked:
+        lay = Layout(1, 2, 1, 8, 4, ((0,),))
+        return Ranked(name, name, Priced(name, lay, step, step, step, "ddp", 1.0, True),
+                      Steps(penalty, 100.0, "test", bound), 100.0)
+
+    rows = [row("3d_sparseloco", 1.0, 1.3, bound=True), row("three_tiers", 1.0, 2.0), row("dense_3d", 3.0, 1.0)]
+    monkeypatch.setattr(regime, "rank", lambda *a, **k: rows)
+    monkeypatch.setattr(regime, "Planner", lambda *a, **k: None)
+    steps = {r.name: r.steps for r in rows}
+    (cell,) = regime.cells(steps, Path("unused"), sizes=["512M"], links=[100], shares=[0.0])
+    assert cell.winner.name == "three_tiers" and cell.runner_up.name == "dense_3d"
+    assert cell.margin == pytest.approx(300.0 / 200.0)
+    assert cell.unresolved == ("3d_sparseloco",) and cell.as_dict()["composed_wins"]

@@ -17,6 +17,7 @@ from nanotron_ext.advise.hardware import Hardware, load, presets
 from nanotron_ext.advise.layouts import RULES
 from nanotron_ext.advise.penalties import REPO, penalties
 from nanotron_ext.advise.ranking import meter_config, rank, render
+from nanotron_ext.advise.search import Planner
 from nanotron_ext.cli_checks import Writer
 from nanotron_ext.cli_flags import InputFile, OutputFile, Parser, one_line_refusals
 from nanotron_ext.errors import UserFacingError
@@ -91,11 +92,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser().parse_args(argv)
     scale = _scale(args)
     hw = _hardware(args)
-    rows = rank(hw, scale, Path(args.cache), penalties(papers=args.papers), args.systems)
+    planner = Planner(scale, Path(args.cache), meter_config)
+    rows = rank(hw, scale, Path(args.cache), penalties(papers=args.papers), args.systems, planner)
     print(render(hw, rows))
     if args.json:
         ADVISE.write_json(args.json, {"hardware": hw.__dict__, "scale": scale, "papers": args.papers,
-                                      "ranking": [r.as_dict(hw) for r in rows]}, indent=1)
+                                      "ranking": [r.as_dict(hw) for r in rows], "plans": sorted(planner.used)},
+                          indent=1)
     winner = next((r for r in rows if r.time_s is not None and "(committed" not in r.name), None)
     if winner is not None:
         print(f"\nadvice: {winner.label}, {winner.priced.layout.describe(hw)}")

@@ -54,7 +54,7 @@ RULES: Dict[str, Rule] = {
     "three_tiers": Rule("three tiers: BTP + SM on replica 0 + heterogeneous SparseLoCo", dp=2, pp=2,
                         compressed_replica=0, outer_loop=True),
 }
-PIPELINE_DEPTHS = (1, 2, 4, 8, 16)  # pp searched: powers of two that divide the layers (a plan per depth)
+PIPELINE_DEPTHS = (1, 2, 4, 8)  # pp searched: powers of two that divide the layers (a plan per depth)
 COMPOSED = ("three_tiers", "3d_sm_sparseloco", "3d_btp_sparseloco")  # the composed jobs the headline is about
 
 

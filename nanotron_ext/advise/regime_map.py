@@ -25,13 +25,14 @@ def table(cells: Sequence[Cell], source: str) -> List[str]:
         def name(x: Any) -> str:
             if x is None:
                 return "-"
-            bound = " (penalty a lower bound)" if x.steps.lower_bound else ""
-            return f"{SHORT.get(x.name, x.name)}{bound}: {x.priced.layout.dp}x{x.priced.layout.tp}x{x.priced.layout.pp}"
+            lay = x.priced.layout
+            return f"{SHORT.get(x.name, x.name)}: {lay.dp}x{lay.tp}x{lay.pp}"
 
         hours = lambda x: f"{x.time_s / 3600:.2f}" if x else "-"  # noqa: E731
         margin = f"{c.margin:.2f}x" if c.margin else "-"
         bold = "**" if w is not None and w.name in COMPOSED else ""
-        out.append(f"| {c.size} | {c.mbps:g} Mbit/s | {c.share:.0%} | {bold}{name(w)}{bold} | {hours(w)} | "
+        open_ = f" (not resolved: {', '.join(SHORT.get(u, u) for u in c.unresolved)} might win)" if c.unresolved else ""
+        out.append(f"| {c.size} | {c.mbps:g} Mbit/s | {c.share:.0%} | {bold}{name(w)}{bold}{open_} | {hours(w)} | "
                    f"{name(r)} | {hours(r)} | {margin} |")
     return out
 
@@ -91,12 +92,13 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     args = parser().parse_args(argv)
     cache = Path(args.cache) if args.cache else CACHE
-    maps = {"our loss runs": regime(False, cache, sizes=args.sizes),
-            "papers' penalties": regime(True, cache, sizes=args.sizes)}
+    used: set = set()
+    maps = {"our loss runs": regime(False, cache, sizes=args.sizes, used=used),
+            "papers' penalties": regime(True, cache, sizes=args.sizes, used=used)}
     out = Path(args.out)
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     device = f"clock replayed on {platform.machine()} CPU ({date})"
-    ADVISE.write_json(out.with_suffix(".json"), {"date": date, "device": device,
+    ADVISE.write_json(out.with_suffix(".json"), {"date": date, "device": device, "plans": sorted(used),
                                                  "maps": {k: [c.as_dict() for c in v] for k, v in maps.items()}})
     lines = [ADVISE.markdown_marker, f"# The regime map ({device})", ""]
     for source, cells in maps.items():

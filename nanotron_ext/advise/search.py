@@ -118,21 +118,40 @@ class Planner:
     cache: Path
     config_of: Any  # system -> (config file, overrides)
     made: Dict[Any, Dict[str, Any]] = dataclasses.field(default_factory=dict)
+    used: set = dataclasses.field(default_factory=set)  # the cache's file names the plans came from
+
+    def _twin(self, system: str, rule: Rule, tp: int, pp: int, reference: Dict[str, int]) -> Any:
+        config, overrides = self.config_of(rule.plan_as or system)
+        dp = rule.dp or 2  # a per-step system is planned at dp 2 (its DP payload is per rank, any dp >= 2)
+        m = max(reference["micro_batches"], pp)
+        layout = [f"parallelism.dp={dp}", f"parallelism.tp={tp}", f"parallelism.pp={pp}",
+                  f"tokens.micro_batch_size={reference['micro_batch_size']}",
+                  f"tokens.batch_accumulation_per_replica={m}"]
+        return config, twin_overrides(config, overrides, self.scale) + layout
 
     def plan(self, system: str, rule: Rule, tp: int, pp: int, reference: Dict[str, int]) -> Dict[str, Any]:
-        name = rule.plan_as or system
-        key = (name, tp, pp)
+        key = (rule.plan_as or system, tp, pp)
         if key not in self.made:
-            config, overrides = self.config_of(name)
-            dp = rule.dp or 2  # a per-step system is planned at dp 2 (its DP payload is per rank, any dp >= 2)
-            m = max(reference["micro_batches"], pp)
-            layout = [f"parallelism.dp={dp}", f"parallelism.tp={tp}", f"parallelism.pp={pp}",
-                      f"tokens.micro_batch_size={reference['micro_batch_size']}",
-                      f"tokens.batch_accumulation_per_replica={m}"]
-            twin = twin_overrides(config, overrides, self.scale) + layout
-            plan = planned(config, twin, self.cache)
-            self.made[key] = {**plan, "micro_batch_size": reference["micro_batch_size"]}
+            from nanotron_ext.bench.clock import plan_path
+            from nanotron_ext.config.loader import load_config
+
+            config, twin = self._twin(system, rule, tp, pp, reference)
+            self.made[key] = {**planned(config, twin, self.cache), "micro_batch_size": reference["micro_batch_size"]}
+            self.used.add(plan_path(load_config(config, twin), self.cache).name)
         return self.made[key]
+
+    def state_floor_bytes(self, system: str, rule: Rule, tp: int, pp: int, reference: Dict[str, int]) -> float:
+        """A floor under the busiest rank's memory, without planning: AdamW's 16 bytes per parameter (fp32
+        weights, gradients and two moments, as the planner counts them) over tp x pp ranks (the busiest rank holds
+        at least the average)."""
+        key = ("params", rule.plan_as or system)
+        if key not in self.made:
+            from nanotron_ext.config.loader import load_config
+            from nanotron_ext.models.param_count import count_params
+
+            config, twin = self._twin(system, rule, tp, 1, reference)
+            self.made[key] = {"n": count_params(load_config(config, twin))}
+        return 16.0 * self.made[key]["n"] / (tp * pp)
 
 
 def price(planner: Planner, hw: Hardware, system: str, layout: Layout, reference: Dict[str, int]) -> Priced:
@@ -152,5 +171,6 @@ def best(planner: Planner, hw: Hardware, system: str, reference: Dict[str, int],
     global_sequences = reference["dp"] * reference["micro_batches"] * reference["micro_batch_size"]
     todo = candidates if candidates is not None else layouts(hw, rule, global_sequences,
                                                              reference["micro_batch_size"], num_layers)
-    priced = [price(planner, hw, system, lay, reference) for lay in todo]
+    floor = lambda lay: planner.state_floor_bytes(system, rule, lay.tp, lay.pp, reference)  # noqa: E731
+    priced = [price(planner, hw, system, lay, reference) for lay in todo if floor(lay) <= hw.device_gib * GIB]
     return sorted((p for p in priced if p.fits), key=lambda p: p.step_s)
