@@ -50,6 +50,9 @@ boost       BOOST's single-GPU parts on Table 8's LLaMA-1B (its Table 8 layout i
             time and FLOP/s, full rank vs vanilla low rank vs BTP, utilisation; here also against the datasheet
             peak) and reproduce/boost/table3_grouping.py (grouped vs ungrouped linears, paper: 1.16x / 1.04x), plus
             Figure 7 on one unsharded LLaMA-7B layer (Table 8 runs 7B at TP=4: these GEMMs are 4x its shards').
+gemm        benchmarks/gpu_check_gemm.py: the GEMM shapes of BOOST's Table 3 / Fig. 6 configs (full rank, vanilla, BTP;
+            batch 1-4) and Muon's Newton-Schulz squares, bf16, each one's efficiency of the datasheet peak, written as
+            gemm_efficiency.json for the model clock's --gemm-efficiency (issue 54).
 
 CUDA-vs-CPU tolerance (relative difference of each step's training loss, worst step):
     fp32  1e-3. Both sides compute the same math in IEEE fp32; kernels differ in summation order (cuBLAS vs
@@ -95,12 +98,15 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import gpu_check_gemm  # noqa: E402
 import gpu_check_memory as memory  # noqa: E402
 import gpu_check_report as report  # noqa: E402
 from gpu_check_plan import (  # noqa: E402,F401
+    BUDGET_S,
     CODECS,
     CONFIG_1B,
     DISCRETE_CHECKS,
+    DRY_BUDGET_S,
     PROFILED,
     STAGES,
     TARGETS,
@@ -252,6 +258,10 @@ def stage_boost(run: Run, deadline: float) -> Dict[str, Any]:
 STAGE_FUNCS: Dict[str, Callable[[Run, float], Dict[str, Any]]] = {
     "techniques": stage_techniques, "throughput": stage_throughput, "codecs": stage_codecs, "boost": stage_boost,
     "profile": stage_profile, "throughput_1b": stage_throughput_1b, "memory": stage_memory}
+# issue 54: the GEMM shapes' efficiency table the model clock reads (--gemm-efficiency), the last stage; a call of
+# its own (STAGES=gemm, ~25 s): the default run's stages already fill one 540 s command
+DEFAULT_STAGES = STAGES
+STAGES = gpu_check_gemm.register(STAGES, STAGE_FUNCS, BUDGET_S, DRY_BUDGET_S)  # noqa: F811
 
 
 # ------------------------------------------------------------------------------------------------
@@ -330,7 +340,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     known = tuple(dict.fromkeys([it["name"] for it in technique_items()] + list(CODECS)))
     p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dry-run", action="store_true", help="the same plan on CPU/gloo with tiny shapes (no GPU needed)")
-    p.add_argument("--stages", default=",".join(STAGES), type=Names(STAGES),
+    p.add_argument("--stages", default=",".join(DEFAULT_STAGES), type=Names(STAGES),
                    help=f"comma-separated, in this order: {','.join(STAGES)}")
     p.add_argument("--out", type=OutputFolder(),
                    help="result folder (default benchmarks/results/gpu; dry run: runs/gpu_check_dry/results)")

@@ -35,6 +35,11 @@ def checked(saved: Any, result: Dict[str, Any]) -> Dict[str, Any]:
     for key in ("median_abs_error", "within_25", "predicted"):
         saved.number(cpu, key, "cpu", low=0.0)
     saved.need(result, "date", str)
+    gemm = saved.need(result, "gemm_efficiency", dict, optional=True)
+    if gemm is not None:
+        for key in ("device", "path"):
+            saved.need(gemm, key, str, "gemm_efficiency")
+        saved.number(gemm, "peak_tflops", "gemm_efficiency", low=0.0, low_open=True)
     for i, row in enumerate(saved.need(result, "rows", list)):
         _row(saved, row, f"rows[{i}]")
     for name, keys in (("measured", ("source", "measured", "why")), ("not_predicted", ("source", "what", "why"))):

@@ -1,7 +1,8 @@
 """A config's step time on named hardware, from its plan and the model clock.
 
     python -m nanotron_ext.bench.step_time --config-file X.yaml [--set key=value ...] --preset NAME
-                                           [--tflops T] [--plans DIR] [--json OUT]
+                                           [--tflops T] [--steady-state] [--gemm-efficiency TABLE.json]
+                                           [--plans DIR] [--json OUT]
 
 The config's real layout is planned rank by rank (nanotron_ext.plan, on the meta device: FLOPs per rank, every
 message's bytes; cached in --plans by the hash of the resolved config), priced on the preset's device throughput and
@@ -9,12 +10,16 @@ links and replayed by the model clock (bench/clock/replay.py): its pipeline sche
 one uplink per node, the DP tier per step or the outer sync every H steps. Printed: the device and its throughput's
 source, each tier's link, the step between its two bounds (full overlap / no overlap) and tokens per second, and
 the breakdown: the slowest stage's compute, the schedule's bubble, then what the TP tier, the stage links and the
-DP tier each add, in that order, to each bound. Presets: nanotron_ext/bench/clock/hardware.py (the papers' hardware) and
+DP tier each add, in that order, to each bound. A non-AdamW optimiser's update (Muon's Newton-Schulz) is the plan less
+its AdamW twin's FLOPs (planned too), priced once per step at the preset's `update_tflops`. `--steady-state`: the
+pipeline kept full across steps (bench/clock replay.steady_bounds). `--gemm-efficiency`: the throughput from a
+measured per-GEMM-shape table (bench/clock/kernels.py). Presets: nanotron_ext/bench/clock/hardware.py (the papers' hardware) and
 the WAN meter's clock presets; a sibling of `python -m nanotron_ext.plan`, which cannot import the meter (the meter
 imports the planner).
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -28,6 +33,7 @@ from nanotron_ext.bench.clock import (
     preset,
     replica_works,
     step_bounds_of,
+    with_update_flops,
 )
 
 FREE = Link(0.0)
@@ -96,7 +102,8 @@ def render(name: str, preset: ClockPreset, tflops: float, plan: Dict[str, Any], 
              f"layout: dp {lay['dp']} x tp {lay['tp']} x pp {lay['pp']}, {plan['schedule']}, "
              f"{plan['micro_batches']} micro-batches, {tokens:,} tokens per step"
              + (f", outer sync every {plan['outer_every']} steps" if plan["outer_every"] else ""),
-             f"step: {terms['lower_s']:.4g} s (full overlap) .. {terms['upper_s']:.4g} s (no overlap); "
+             f"{'steady-state ' if terms.get('steady') else ''}step: {terms['lower_s']:.4g} s (full overlap) .. "
+             f"{terms['upper_s']:.4g} s (no overlap); "
              f"tokens/s {tokens / terms['lower_s']:,.0f} .. {tokens / terms['upper_s']:,.0f}",
              "breakdown (full overlap / no overlap):",
              f"  compute (slowest stage)  {terms['compute_s']:.4g} s",
@@ -108,8 +115,9 @@ def render(name: str, preset: ClockPreset, tflops: float, plan: Dict[str, Any], 
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    from nanotron_ext.bench.clock import layer_gemms, load_table, mix_efficiency
     from nanotron_ext.cli_checks import Writer
-    from nanotron_ext.cli_flags import Float, OutputFile, OutputFolder, Parser
+    from nanotron_ext.cli_flags import Float, InputFile, OutputFile, OutputFolder, Parser
     from nanotron_ext.config.loader import add_config_args, config_from_args
     from nanotron_ext.errors import UserFacingError, one_line
 
@@ -120,6 +128,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help=f"named hardware: {', '.join(all_presets())}")
     parser.add_argument("--tflops", type=Float(0.0, low_open=True), default=None,
                         help="the device's effective TFLOP/s instead of the preset's")
+    parser.add_argument("--steady-state", action="store_true",
+                        help="the pipeline's steady state (no fill or drain: what a tokens/s meter reads over a long "
+                             "run) instead of one flushed step")
+    parser.add_argument("--gemm-efficiency", default=None, type=InputFile(format="json"),
+                        help="a per-GEMM-shape efficiency table (`make gpu-check STAGES=gemm`): the device's "
+                             "throughput is its peak x this config's decoder GEMMs' measured efficiency (not the "
+                             "preset's; --tflops still wins)")
     parser.add_argument("--plans", default="runs/plans", type=OutputFolder(),
                         help="plan cache folder (default: %(default)s)")
     parser.add_argument("--json", default=None, type=OutputFile(writer),  # checked when parsed, before the plan
@@ -131,14 +146,23 @@ def main(argv: Optional[List[str]] = None) -> int:
         cfg = config_from_args(args)
         p = cfg.parallelism
         cfg.validate(world_size=p.dp * p.tp * p.pp)
+        if args.gemm_efficiency and args.tflops is None:
+            table = load_table(Path(args.gemm_efficiency))
+            tflops = table["peak_tflops"] * mix_efficiency(table, layer_gemms(cfg))
+            hw = dataclasses.replace(hw, tflops=tflops, source=f"--gemm-efficiency {args.gemm_efficiency}: "
+                                     f"{table['device']}'s peak {table['peak_tflops']:g} TFLOP/s x this config's "
+                                     "decoder GEMMs' measured efficiency")
     except UserFacingError as e:
         print(f"error: {one_line(str(e))}", file=sys.stderr)
         return 2
 
     t = cfg.tokens
-    plan = {**planned(args.config_file, list(args.overrides), Path(args.plans)),
-            "tokens_per_step": t.sequence_length * t.micro_batch_size * t.batch_accumulation_per_replica * p.dp}
-    terms = clock_terms(plan, hw, tflops)
+    plan = planned(args.config_file, list(args.overrides), Path(args.plans))
+    if cfg.optimizer.name != "adamw":  # its update's FLOPs (Muon's Newton-Schulz) priced once per step: less the twin's
+        plan = with_update_flops(plan, planned(args.config_file, [*args.overrides, "optimizer.name=adamw"],
+                                               Path(args.plans)))
+    plan["tokens_per_step"] = t.sequence_length * t.micro_batch_size * t.batch_accumulation_per_replica * p.dp
+    terms = clock_terms(plan, hw, tflops, steady=args.steady_state)
     title = " ".join([args.config_file, *(f"--set {o}" for o in args.overrides)])
     sys.stdout.write(render(args.preset, hw, tflops, plan, terms, title))
     if args.json:

@@ -8,7 +8,8 @@ One public entry for everything that prices a step (the WAN meter's `--clock mod
 - `pricing.py`: a config's twin planned rank by rank (`planned`), priced into the replay's work (`replica_works`),
   one `step_bounds_of` a plan over given links;
 - `hardware.py`: the named hardware (`ClockPreset`): the WAN meter's `CLOCK_PRESETS` and the papers' `HARDWARE`;
-- `compute_check.py`: a CPU run's measured ranks priced on the clock, to hold the clock to a run.
+- `compute_check.py`: a CPU run's measured ranks priced on the clock, to hold the clock to a run;
+- `kernels.py`: GPU kernel efficiency per GEMM shape (`make gpu-check STAGES=gemm`'s table, `--gemm-efficiency`).
 """
 from nanotron_ext.bench.clock.compute_check import (
                                                     RATIO_TOLERANCE,
@@ -30,6 +31,7 @@ from nanotron_ext.bench.clock.hardware import (
                                                     all_presets,
                                                     preset,
 )
+from nanotron_ext.bench.clock.kernels import layer_gemms, load_table, mix_efficiency, newton_schulz_gemms
 from nanotron_ext.bench.clock.pricing import (
                                                     CONTROL_BYTES,
                                                     PLANNER_VERSION,
@@ -66,7 +68,8 @@ __all__ = [
     "A100_EFFECTIVE_TFLOPS", "CLOCK_PRESETS", "CONTROL_BYTES", "HARDWARE", "INFINIBAND", "NONE", "NVLINK3",
     "PLANNER_VERSION", "RATIO_TOLERANCE", "SCALE_KEYS", "ClockPreset", "Link", "ReplicaWork", "Stage",
     "StepBounds", "Timeline", "all_presets", "bytes_per_step", "check_compute", "config_links", "free_step_s",
-    "job_flops", "links_of", "mean_step_s", "note", "plan_path", "planned", "preset", "priced_at_cpu_seconds",
+    "job_flops", "layer_gemms", "links_of", "load_table", "mean_step_s", "mix_efficiency", "newton_schulz_gemms",
+    "note", "plan_path", "planned", "preset", "priced_at_cpu_seconds",
     "replay", "replica_counts", "replica_works", "ring_seconds", "schedule_order", "stage_broadcast_s", "steady_bounds",
     "step_bounds", "step_bounds_of", "tier_link", "time_to_target", "twin_overrides", "with_update_flops", "width_keys",
 ]
