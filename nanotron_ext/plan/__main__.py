@@ -10,7 +10,8 @@ gradients, optimizer state, a DP sync's own state, activations at peak, the peak
 `python -m nanotron_ext.config show`. A config whose techniques have recompute switches (BOOST's low-rank
 checkpointing) is planned with them flipped too. Exit 2 with one line when a rank's peak exceeds --gpu-memory.
 Memory is planned as --device allocates it (default cuda, the GPU of the --gpu-memory verdict; cpu to compare with a
-CPU run); the plan records which.
+CPU run); the plan records which. A model whose weights alone exceed --gpu-memory on every rank is refused before
+anything is planned (nanotron_ext.plan.size_check).
 """
 from __future__ import annotations
 
@@ -47,6 +48,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         p = cfg.parallelism
         world = p.dp * p.tp * p.pp
         cfg.validate(world_size=world)
+        from nanotron_ext.plan.size_check import too_large
+
+        problem = too_large(cfg, args.gpu_memory)  # before the planner's minutes: the weights alone do not fit
+        if problem:
+            raise UserFacingError(problem)
         from nanotron_ext.plan.run import default_ranks
 
         if args.rank is None:
