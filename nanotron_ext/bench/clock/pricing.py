@@ -15,7 +15,9 @@
    link with the node's tp rings sharing its uplink; the outer step's broadcast from the first stage to the later
    ones (heterogeneous SparseLoCo's embedding fold) on the replica's stage link, added to its outer sync
    (`stage_broadcast_s`); the DP tier's few-byte agreements (CONTROL_BYTES or fewer per
-   call: the logged loss) as latency in the no-overlap bound. Left out, and said: the world and pipeline groups'
+   call: the logged loss) as latency in the no-overlap bound; a rank's "update_flops" (`with_update_flops`: what an
+   optimiser such as Muon adds once per step, the plan less its AdamW twin) as the stage's once-per-step update, at
+   the preset's update rate, outside the micro-batches. Left out, and said: the world and pipeline groups'
    agreements (not delayed by the emulator either), pipeline headers (they travel just ahead of their tensor) and
    compute that FlopCounterMode does not count (elementwise work: norms, optimiser, SparseLoCo's top-k).
 
