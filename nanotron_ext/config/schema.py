@@ -323,8 +323,10 @@ class CheckpointsConfig(Extensible, path="checkpoints"):
     keep_last: int = 2
     """Checkpoints kept; older ones are deleted after a new one is complete."""
     resume: Literal["auto", "never", "overwrite"] = "auto"
-    """auto: continue from the latest complete checkpoint in `dir` when there is one; never: start afresh, and
-    refuse a `dir` that holds checkpoints; overwrite: start afresh, leaving the earlier run's checkpoints and records
+    """auto: continue from the latest complete checkpoint in `dir` when there is one, refusing one saved with other
+    resume-defining keys (model.*, the layout, parallelism.dp_sync, optimizer.name and every technique's sections:
+    Technique.resume_keys), each named with its saved and current value; never: start afresh, and refuse a `dir`
+    that holds checkpoints; overwrite: start afresh, leaving the earlier run's checkpoints and records
     (config.yaml, metrics.jsonl, summary, plot, TensorBoard) untouched while the new records go to
     `<run>/.overwrite/`; at the new run's first complete checkpoint both replace the earlier run's together. A
     launch stopped before that checkpoint leaves the earlier run whole (the next launch discards its staged
