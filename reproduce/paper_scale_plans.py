@@ -63,32 +63,17 @@ def _from_plan_json(run: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def _saved_runs() -> Dict[str, Any]:
-    """PLAN.json's runs, each checked as the clock reads it (layout, finite FLOPs and ledger per rank); a damaged
-    file is refused by name (exit 2): it is committed, so restore or regenerate it rather than plan around it."""
-    from nanotron_ext.cli_checks import ArgumentError, JsonFile, refuse
-    from nanotron_ext.plan.cached import check_rank, first_non_finite
+    """PLAN.json's runs, checked (nanotron_ext.plan.cached.read_plan_table); a damaged file is refused by name, exit
+    2: it is committed, so restore or regenerate it rather than plan around it."""
+    from nanotron_ext.cli_checks import ArgumentError, refuse
+    from nanotron_ext.plan.cached import read_plan_table
 
     if not PLAN_JSON.exists():
         return {}
-    f = JsonFile(PLAN_JSON, "the plan table", advice="restore it (git checkout -- reproduce/results/PLAN.json) or "
-                 "regenerate it (python reproduce/plan_table.py)")
     try:
-        runs = f.table(f.read_object(), "runs", dict)
-        bad = first_non_finite(runs, "runs")
-        if bad:
-            f.fail(f"{bad}, not a finite number")
-        for name, run in runs.items():
-            for key in ("dp", "tp", "pp"):
-                f.number(f.table(run, "layout", (int, str), f"runs.{name}"), key, f"runs.{name}.layout", low=1)
-            f.need(run["layout"], "pp_engine", str, f"runs.{name}.layout")
-            ranks = f.need(run, "ranks", list, f"runs.{name}")
-            for i, rank in enumerate(ranks):
-                if not isinstance(rank, dict):
-                    f.fail(f"runs.{name}.ranks[{i}] is not an object")
-                check_rank(f, rank, f"runs.{name}.ranks[{i}]")
+        return read_plan_table(PLAN_JSON)["runs"]
     except ArgumentError as e:
         refuse(e)
-    return runs
 
 
 def plan_of(name: str) -> Dict[str, Any]:

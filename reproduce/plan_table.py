@@ -2,14 +2,13 @@
 
     .venv/bin/python reproduce/plan_table.py [--only NAME ...] [--from-json reproduce/results/PLAN.json]
 
-Writes reproduce/results/PLAN.json (each run's full plan: every planned rank, every tier) and reproduce/results/PLAN.md (per rank
-role: peak memory and its parts, TFLOP per step; bytes per tier per step beside the closed forms; the papers'
-figures where they state one). A run already in the JSON is kept unless named with --only.
+Writes reproduce/results/PLAN.json (each run's full plan: every planned rank, every tier) and
+reproduce/results/PLAN.md (per rank role: peak memory and its parts, TFLOP per step; bytes per tier per step beside
+the closed forms; the papers' figures where they state one). A run already in the JSON is kept unless named with --only.
 """
 from __future__ import annotations
 
 import datetime
-import json
 import platform
 import sys
 import time
@@ -265,13 +264,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     path = OUT.with_suffix(".json")
     from nanotron_ext.cli_checks import ArgumentError, Writer, output_files, refuse
+    from nanotron_ext.plan.cached import read_plan_table
 
     table = Writer("reproduce/plan_table.py", legacy_keys=("date", "machine", "runs"))
     try:  # replaced only when this script wrote them (cli_checks.Writer)
         output_files("output", path, table, [OUT.with_suffix(".md")])
     except ArgumentError as e:
         refuse(e)
-    saved = json.loads(path.read_text()) if path.exists() else {"runs": {}}
+    try:  # a damaged table: refused by name (nanotron_ext.plan.cached), not a traceback
+        saved = read_plan_table(path) if path.exists() else {"runs": {}}
+    except ArgumentError as e:
+        refuse(e)
     if not args.from_json:
         todo = args.only or [n for n in RUNS if n not in saved["runs"]]
         for name in todo:

@@ -298,25 +298,41 @@ def test_a_loss_run_of_another_config_is_not_read_and_not_reported(tmp_path: Pat
     assert losses._finished(tmp_path, "kkkkkkkkkkkk", 1) is None and capsys.readouterr().err == ""
 
 
-@pytest.mark.parametrize("what, content", [*_cases("json"), ("a NaN FLOP count", json.dumps(
-    {"runs": {"r": {"layout": {"dp": 1, "tp": 1, "pp": 1, "pp_engine": "afab"},
-                    "ranks": [{"flops": float("nan"), "ledger": {}}]}}}).encode())],
-    ids=[w for w, _ in _cases("json")] + ["a NaN FLOP count"])
-def test_a_damaged_plan_table_is_refused_by_name(tmp_path: Path, what: str, content: bytes, monkeypatch,
+def _plan_table_damages() -> List[Tuple[str, bytes]]:
+    run = {"layout": {"dp": 1, "tp": 1, "pp": 1, "pp_engine": "afab"}, "ranks": [{"flops": 1.0, "ledger": {}}]}
+
+    def bent(change) -> bytes:  # noqa: ANN001
+        table = {"written_by": "reproduce/plan_table.py", "runs": {"r": json.loads(json.dumps(run))}}
+        change(table["runs"]["r"])
+        return json.dumps(table, allow_nan=True).encode()
+
+    return [*_cases("json"), ("a NaN FLOP count", bent(lambda r: r["ranks"][0].update(flops=float("nan")))),
+            ("no layout", bent(lambda r: r.pop("layout"))), ("a rank without ledger", bent(
+                lambda r: r["ranks"][0].pop("ledger")))]
+
+
+@pytest.mark.parametrize("reader", ["paper_scale_plans", "plan_table"])
+@pytest.mark.parametrize("what, content", _plan_table_damages(), ids=[w for w, _ in _plan_table_damages()])
+def test_a_damaged_plan_table_is_refused_by_name(tmp_path: Path, what: str, content: bytes, reader: str, monkeypatch,
                                                  capsys: pytest.CaptureFixture) -> None:
-    """reproduce/paper_scale.py reads the committed reproduce/results/PLAN.json back: damaged, it is refused in one
-    line naming it (restore or regenerate it), exit 2."""
+    """reproduce/paper_scale.py (through paper_scale_plans) and reproduce/plan_table.py read the committed
+    reproduce/results/PLAN.json back: damaged, it is refused in one line naming it, exit 2, nothing planned."""
     import sys
 
     sys.path.insert(0, str(REPO))
     from reproduce import paper_scale_plans as psp
+    from reproduce import plan_table
 
-    monkeypatch.setattr(psp, "PLAN_JSON", tmp_path / "PLAN.json")
-    psp.PLAN_JSON.write_bytes(content)
+    table = tmp_path / "PLAN.json"
+    table.write_bytes(content)
+    monkeypatch.setattr(psp, "PLAN_JSON", table)
+    monkeypatch.setattr(plan_table, "OUT", tmp_path / "PLAN")
+    monkeypatch.setattr(plan_table, "plan_run", lambda name: pytest.fail(f"{name} planned"))
     with pytest.raises(SystemExit) as stop:
-        psp._saved_runs()
+        psp._saved_runs() if reader == "paper_scale_plans" else plan_table.main(["--from-json"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert stop.value.code == 2 and len(err) == 1 and str(psp.PLAN_JSON) in err[0] and "plan_table.py" in err[0]
+    assert stop.value.code == 2 and len(err) == 1 and str(table) in err[0], err
+    assert table.read_bytes() == content
 
 
 def test_the_prepare_command_printed_for_a_damaged_manifest_carries_the_runs_sets(box: ff.Sandbox) -> None:

@@ -92,3 +92,29 @@ def read_cached_plan(path: Path, layout: Mapping[str, int]) -> Optional[Dict[str
     except DamagedPlan as e:
         print(e, file=sys.stderr)
         return None
+
+
+def read_plan_table(path: Path) -> Dict[str, Any]:
+    """A saved table of plans (reproduce/results/PLAN.json: {"runs": {name: python -m nanotron_ext.plan's summary}}),
+    every run checked as the model clock reads it (layout, per rank finite FLOPs and ledger); a damaged one is
+    refused by name (cli_checks.ArgumentError): it is committed, so restore or regenerate it rather than plan around
+    it."""
+    f = JsonFile(path, "the plan table", advice="restore it (git checkout -- reproduce/results/PLAN.json) or "
+                 "regenerate it (python reproduce/plan_table.py)")
+    saved = f.read_object()
+    runs = f.table(saved, "runs", dict)
+    bad = first_non_finite(runs, "runs")
+    if bad:
+        f.fail(f"{bad}, not a finite number")
+    for name, run in runs.items():
+        where = f"runs.{name}"
+        layout = f.need(run, "layout", dict, where)
+        for key in ("dp", "tp", "pp"):
+            f.number(layout, key, f"{where}.layout", low=1)
+        f.need(layout, "pp_engine", str, f"{where}.layout")
+        for i, rank in enumerate(f.need(run, "ranks", list, where)):
+            if not isinstance(rank, dict):
+                f.fail(f"{where}.ranks[{i}] is not an object")
+            check_rank(f, rank, f"{where}.ranks[{i}]")
+    return saved
+
