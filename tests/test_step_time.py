@@ -133,3 +133,20 @@ def test_json_never_replaces_a_file_it_did_not_write(tmp_path: Path, capsys: pyt
     assert _exit_code(["--config-file", TINY, "--preset", "resbm-a10g-80m", "--json", str(mine)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: --json") and mine.read_text() == '{"mine": 1}\n'
+
+
+def test_steady_state_has_no_bubble_and_an_update_is_priced_once_per_step() -> None:
+    """Two stages of 6e12 FLOPs a step at 1 TFLOP/s, 3e12 of them a once-per-step update (Muon's Newton-Schulz: the
+    plan less its AdamW twin), 4 micro-batches over free links: each micro-batch 0.75 s. A flushed AFAB step is
+    (m + p - 1) 0.75 + 3 = 6.75 s (its bubble one micro-batch, 0.75 s); the steady state m 0.75 + 3 = 6 s, no bubble.
+    Spread over the micro-batches instead, the update would be charged in the bubble too: 5 x 1.5 = 7.5 s."""
+    ranks = [{**_rank(6e12, {}), "update_flops": 3e12} for _ in range(2)]
+    flushed = step_time.clock_terms(_plan(ranks, m=4), _preset(), 1.0)
+    assert flushed["lower_s"] == pytest.approx(6.75) and flushed["bubble_s"] == pytest.approx(0.75)
+    assert flushed["update_s"] == pytest.approx(3.0) and flushed["compute_s"] == pytest.approx(6.0)
+    steady = step_time.clock_terms(_plan(ranks, m=4), _preset(), 1.0, steady=True)
+    assert steady["lower_s"] == pytest.approx(6.0) and steady["bubble_s"] == pytest.approx(0.0)
+    spread = step_time.clock_terms(_plan([_rank(6e12, {})] * 2, m=4), _preset(), 1.0)
+    assert spread["lower_s"] == pytest.approx(7.5)
+    faster = dataclasses.replace(_preset(), update_tflops=3.0)  # a stated rate for the update: 1 s
+    assert step_time.clock_terms(_plan(ranks, m=4), faster, 1.0)["lower_s"] == pytest.approx(4.75)
