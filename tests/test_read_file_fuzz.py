@@ -345,3 +345,36 @@ def test_the_prepare_command_printed_for_a_damaged_manifest_carries_the_runs_set
     assert f"--set data.prepared_dir={root / 'prepared'}" in outcome.err, outcome.err
     assert f"--set tokenizer.path={root / 'prepared' / 'tok.json'}" in outcome.err, outcome.err
     assert "general.output_dir" not in outcome.err.split("prepare", 1)[-1]  # prepare does not read it
+
+
+def _sweep_damages() -> List[Tuple[str, bytes]]:
+    run = {"mode": "sparseloco", "overrides": ["general.seed=1"], "val_loss": 3.2, "train_loss": [4.0, 3.5]}
+
+    def bent(change) -> bytes:  # noqa: ANN001
+        saved = {"meta": {}, "summary": {}, "runs": {"het | seed 1": dict(run)}}
+        change(saved["runs"]["het | seed 1"])
+        return json.dumps(saved, allow_nan=True).encode()
+
+    return [*_cases("json"), ("a NaN validation loss", bent(lambda r: r.update(val_loss=float("nan")))),
+            ("no overrides", bent(lambda r: r.pop("overrides"))),
+            ("a text loss", bent(lambda r: r.update(val_loss="3")))]
+
+
+@pytest.mark.parametrize("what, content", _sweep_damages(), ids=[w for w, _ in _sweep_damages()])
+def test_a_damaged_sweep_a_het_sparseloco_table_resumes_from_is_refused_by_name(tmp_path: Path, what: str,
+                                                                                  content: bytes) -> None:
+    """reproduce/het_sparseloco's tables resume a stopped sweep from their <out>.json: a damaged one was a traceback
+    (or its NaN a table of nan); now one line naming --out and the file (the scripts' one_line_refusals)."""
+    import sys
+
+    from nanotron_ext.cli_checks import ArgumentError
+
+    sys.path.insert(0, str(REPO))
+    from reproduce.het_sparseloco.common import done_runs
+
+    path = tmp_path / "table1.json"
+    path.write_bytes(content)
+    with pytest.raises(ArgumentError) as refused:
+        done_runs(path)
+    line = str(refused.value)
+    assert "\n" not in line and line.startswith(f"--out {path}") and "--fresh" in line, line

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import time
 from pathlib import Path
@@ -128,7 +129,7 @@ def run_table(args: argparse.Namespace, rows: Mapping[str, Row], paper: Mapping[
                          for name, (mode, extra) in rows.items() if name in (args.rows or rows) for seed in args.seeds})
         raise SystemExit(0)
     path = args.out.with_suffix(".json")
-    done = json.loads(path.read_text()).get("runs", {}) if path.exists() and not args.fresh else {}
+    done = done_runs(path) if path.exists() and not args.fresh else {}
     # the same run in another row or table here is reused (Table 1's rows in Tables 2 and 4)
     known = {} if args.fresh else _runs_of_other_tables(path)
     known.update({(r["mode"], tuple(r["overrides"])): r for r in done.values()})
@@ -150,6 +151,21 @@ def run_table(args: argparse.Namespace, rows: Mapping[str, Row], paper: Mapping[
     return summary
 
 
+def done_runs(path: Path) -> Dict[str, Dict[str, object]]:
+    """The runs a stopped sweep left in <out>.json, read back to resume it: each with its mode, overrides and a
+    finite validation loss, or the file is refused by name (an ArgumentError: one line, exit 2), never a traceback
+    or a table of nan."""
+    from nanotron_ext.cli_checks import JsonFile
+
+    f = JsonFile(path, "--out", advice="move it away, or give --fresh to train every run again")
+    runs = f.table(f.read_object(), "runs", dict)
+    for key, run in runs.items():
+        f.need(run, "mode", str, f"runs.{key}")
+        f.need(run, "overrides", list, f"runs.{key}")
+        f.number(run, "val_loss", f"runs.{key}")
+    return runs
+
+
 def _runs_of_other_tables(path: Path) -> Dict[Tuple[str, Tuple[str, ...]], Dict[str, object]]:
     """Runs already stored by the other tables of this folder, by (mode, overrides)."""
     found: Dict[Tuple[str, Tuple[str, ...]], Dict[str, object]] = {}
@@ -161,7 +177,9 @@ def _runs_of_other_tables(path: Path) -> Dict[Tuple[str, Tuple[str, ...]], Dict[
         except (json.JSONDecodeError, AttributeError):
             continue
         for run in runs.values() if isinstance(runs, dict) else ():
-            if isinstance(run, dict) and "overrides" in run and "mode" in run:
+            loss = run.get("val_loss") if isinstance(run, dict) else None
+            if isinstance(run, dict) and "overrides" in run and "mode" in run and isinstance(loss, (int, float)) \
+                    and math.isfinite(loss):  # a NaN another table holds is not reused here
                 found[(run["mode"], tuple(run["overrides"]))] = run
     return found
 
