@@ -158,4 +158,13 @@ NOT_PREDICTED = [
      "100 Mbit/s - 1 Gbit/s", "a bound, not a value, and no device or time to fit a throughput on; ours at an "
      "assumed A100 (100 TFLOP/s) is drawn beside it in the figure and listed below"),
     ("BOOST Fig. 6 (left)", "40B at PP 8", "no 40B config here (Table 8's sizes stop at 30B in reproduce/boost)"),
+    ("BOOST Table 3", "per-kernel rows (MLP1 / QKV compute and communication at bz 1 and 4)", "the clock prices a "
+     "decoder block, not its kernels; the comm rows (bz 1 QKV + MLP1: 672 us) are quoted in the bz 1 row's note and "
+     "nothing is fitted to them"),
+    ("BOOST sec. 5.5 / Fig. 8", "TP communication time per block per pass: 'up to 8% faster than FullRank-TP and "
+     "5.3x faster than Vanilla-TP'", "a communication time, not a throughput; ours is each BOOST breakdown's TP "
+     "term (2026-12-07, 7B bz 4, the whole step's TP tier: 1.6x under FullRank-TP's, 4.8x under Vanilla-TP's: the "
+     "first far from 8%; not investigated here)"),
+    ("BOOST Fig. 7", "GEMM utilisation per linear layer and micro-batch", "GPU kernel efficiency, what `make "
+     "gpu-check STAGES=gemm` measures (no GPU was lent this round)"),
 ]
