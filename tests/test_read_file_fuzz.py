@@ -378,3 +378,37 @@ def test_a_damaged_sweep_a_het_sparseloco_table_resumes_from_is_refused_by_name(
         done_runs(path)
     line = str(refused.value)
     assert "\n" not in line and line.startswith(f"--out {path}") and "--fresh" in line, line
+
+
+@pytest.mark.parametrize("what, content", [*_cases("json"), ("a NaN entry", b'{"rows": [{"cos": NaN}], "meta": {}}')],
+                         ids=[w for w, _ in _cases("json")] + ["a NaN entry"])
+def test_a_damaged_cached_mapl_analysis_is_analysed_again_with_one_line(tmp_path: Path, what: str, content: bytes,
+                                                                        monkeypatch,
+                                                                        capsys: pytest.CaptureFixture) -> None:
+    """reproduce/mapl's scripts read mapl_analysis.json back when it is newer than the run: damaged, it was a
+    traceback; now it is named in one line and analysed again."""
+    import os
+    import sys
+
+    sys.path.insert(0, str(REPO))
+    from reproduce.mapl import common
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "summary.json").write_text("{}")
+    out = run_dir / "mapl_analysis.json"
+    out.write_bytes(content)
+    os.utime(run_dir / "summary.json", (1, 1))  # the run older than its cached analysis: the cache is read
+    good = {"rows": [{"boundary": 1, "cos": 0.5}], "meta": {"batches": 8}}
+
+    def analysed(module: str, args: List[str], *rest, **kw) -> Tuple[int, str]:  # noqa: ANN002, ANN003
+        out.write_text(json.dumps(good))
+        return 0, ""
+
+    monkeypatch.setattr(common, "launch", analysed)
+    monkeypatch.setattr(common, "latest_checkpoint_of", lambda summary: run_dir / "ckpt")
+    assert common.analyse({"run_dir": str(run_dir)}) == {"boundaries": good["rows"], "meta": good["meta"]}
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(out) in err[0] and err[0].endswith("analysing again"), err
+    assert common.analyse({"run_dir": str(run_dir)})["boundaries"] == good["rows"]  # read back, now intact
+    assert capsys.readouterr().err == ""

@@ -8,9 +8,9 @@ script share their SPEL runs.
 """
 from __future__ import annotations
 
-import json
+import sys
 from pathlib import Path
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from nanotron_ext.bench import presets
 from nanotron_ext.bench.launch import last_error_line, launch
@@ -62,12 +62,35 @@ def train(key: str, config: str, overrides: Sequence[str], torchrun_args: Sequen
                         reuse=True, timeout_s=48 * 3600)
 
 
+def _cached_analysis(out: Path) -> Optional[Dict[str, Any]]:
+    """mapl.analyse's result at `out` (rows: a list of objects, meta: an object, every number finite), or None
+    when it is damaged: said in one line on stderr (the caller analyses again)."""
+    from nanotron_ext.cli_checks import ArgumentError, JsonFile
+    from nanotron_ext.plan.cached import first_non_finite
+
+    f = JsonFile(out, "MAPL analysis cache", advice="analysing again")
+    try:
+        saved = f.read_object()
+        if any(not isinstance(r, dict) for r in f.need(saved, "rows", list)):
+            f.fail("rows is not a list of objects")
+        f.need(saved, "meta", dict)
+        bad = first_non_finite(saved, "")
+        if bad:
+            f.fail(f"{bad}, not a finite number")
+        return saved
+    except ArgumentError as e:
+        print(e, file=sys.stderr)
+        return None
+
+
 def analyse(summary: Dict[str, Any], batches: int = 8) -> Dict[str, Any]:
     """mapl.analyse on the run's final checkpoint ({"boundaries": [...], "meta": {...}}); cached beside the
-    run and redone when the run is newer."""
+    run and redone when the run is newer or the cached one is damaged."""
     run_dir = Path(summary["run_dir"])
     out = run_dir / "mapl_analysis.json"
-    if not (out.exists() and out.stat().st_mtime >= (run_dir / "summary.json").stat().st_mtime):
+    fresh = out.exists() and out.stat().st_mtime >= (run_dir / "summary.json").stat().st_mtime
+    saved = _cached_analysis(out) if fresh else None
+    if saved is None:
         ckpt = latest_checkpoint_of(summary)
         args = ["--config-file", str(run_dir / "config.yaml"), "--checkpoint", str(ckpt), "--batches", str(batches),
                 "--out", str(out)]
@@ -75,7 +98,9 @@ def analyse(summary: Dict[str, Any], batches: int = 8) -> Dict[str, Any]:
                           run_dir / "mapl_analysis.log", timeout_s=1800)
         if rc != 0:
             raise RuntimeError(f"mapl.analyse of {run_dir} failed (rc {rc}): {last_error_line(tail)}")
-    saved = json.loads(out.read_text())
+        saved = _cached_analysis(out)
+        if saved is None:
+            raise RuntimeError(f"mapl.analyse of {run_dir} wrote no readable {out} (said above)")
     return {"boundaries": saved["rows"], "meta": saved["meta"]}
 
 
