@@ -412,3 +412,29 @@ def test_a_damaged_cached_mapl_analysis_is_analysed_again_with_one_line(tmp_path
     assert len(err) == 1 and str(out) in err[0] and err[0].endswith("analysing again"), err
     assert common.analyse({"run_dir": str(run_dir)})["boundaries"] == good["rows"]  # read back, now intact
     assert capsys.readouterr().err == ""
+
+
+def _sm_table_damages() -> List[Tuple[str, bytes]]:
+    row = {"name": "centralised", "overrides": [], "summary": {"final_val_loss": 3.1}, "curve": []}
+    nan = {"written_by": "nanotron_ext.bench.report", "meta": {}, "rows": [{**row, "summary": {"final_val_loss":
+                                                                                             float("nan")}}]}
+    nameless = {"written_by": "nanotron_ext.bench.report", "meta": {}, "rows": [{"summary": {}}]}
+    return [*_cases("json"), ("a NaN loss", json.dumps(nan).encode()),
+            ("a row without its name", json.dumps(nameless).encode())]
+
+
+@pytest.mark.parametrize("what, content", _sm_table_damages(), ids=[w for w, _ in _sm_table_damages()])
+def test_a_damaged_table_sm_cpu_compare_extends_is_refused_by_name(box: ff.Sandbox, what: str, content: bytes,
+                                                                   monkeypatch) -> None:
+    """reproduce/sm/cpu_compare.py reads its --out back to add rows to it: damaged, it was a traceback (or its NaN
+    a table of nan); now one line naming --out and the file, before any row is trained."""
+    import sys
+
+    sys.path.insert(0, str(REPO))
+    from reproduce.sm import cpu_compare
+
+    monkeypatch.setattr(cpu_compare, "run_row", lambda *a, **k: pytest.fail("a row was trained"))
+    path = box / f"sm_{what.replace(' ', '_')}.json"
+    path.write_bytes(content)
+    outcome = ff.run_case(cpu_compare.main, ["--out", str(path), "--rows", "centralised"], box)
+    _refused(outcome, "--out", str(path))

@@ -123,6 +123,23 @@ def as_table(saved: Dict[str, Any]) -> Dict[str, Any]:
     return saved
 
 
+def _table_to_extend(out: Path) -> Dict[str, Any]:
+    """The saved table the new rows join, checked (a result this script wrote, every number finite): a damaged one
+    is refused naming --out (was a traceback, or its NaN in the table)."""
+    from nanotron_ext.cli_checks import ArgumentError
+    from nanotron_ext.plan.cached import first_non_finite
+
+    advice = "move it away to run every row again"
+    try:
+        table = as_table(br.read_saved(out, "--out"))
+    except (KeyError, TypeError):  # a row without its name
+        raise ArgumentError(f"--out {out}: rows are not this script's (objects with their name); {advice}") from None
+    bad = first_non_finite(table, "")
+    if bad:
+        raise ArgumentError(f"--out {out}: {bad}, not a finite number; {advice}")
+    return table
+
+
 def val_losses(table: Dict[str, Any]) -> Dict[str, Dict[int, float]]:
     """Final validation loss per row and seed (the main rows ran with the config's seed, 42)."""
     out = {n: {42: r["summary"]["final_val_loss"]} for n, r in table["rows"].items()}
@@ -236,7 +253,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         table = gpu_table(args)
     else:
         out = Path(args.out)
-        table = as_table(json.loads(out.read_text())) if out.exists() else {"rows": {}}
+        table = _table_to_extend(out) if out.exists() else {"rows": {}}
         for name in args.rows.split(","):
             print(f"== {name}", flush=True)
             row = run_row(name, args.steps, args.nproc, args.mbps, args.seed)
