@@ -13,9 +13,9 @@ the breakdown: the slowest stage's compute, the schedule's bubble, then what the
 DP tier each add, in that order, to each bound. A non-AdamW optimiser's update (Muon's Newton-Schulz) is the plan less
 its AdamW twin's FLOPs (planned too), priced once per step at the preset's `update_tflops`. `--steady-state`: the
 pipeline kept full across steps (bench/clock replay.steady_bounds). `--gemm-efficiency`: the throughput from a
-measured per-GEMM-shape table (bench/clock/kernels.py). Presets: nanotron_ext/bench/clock/hardware.py (the papers' hardware) and
-the WAN meter's clock presets; a sibling of `python -m nanotron_ext.plan`, which cannot import the meter (the meter
-imports the planner).
+measured per-GEMM-shape table (bench/clock/kernels.py). Presets: nanotron_ext/bench/clock/hardware.py (the papers'
+hardware) and the WAN meter's clock presets; a sibling of `python -m nanotron_ext.plan`, which cannot import the
+meter (the meter imports the planner).
 """
 from __future__ import annotations
 
