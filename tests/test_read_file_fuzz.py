@@ -283,11 +283,11 @@ def test_a_damaged_loss_run_cache_entry_is_trained_again_with_one_line(tmp_path:
     key = "k" * 12
     damaged = tmp_path / f"a_system_seed1_{key}.json"
     damaged.write_bytes(content)
-    assert losses._finished(tmp_path, key, 1) is None
+    assert losses.finished(tmp_path, key, 1) is None
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and str(damaged) in err[0] and err[0].endswith("training it again"), err
     (tmp_path / f"b_system_seed1_{key}.json").write_text(json.dumps(_loss_record(key)))
-    assert losses._finished(tmp_path, key, 1) == _loss_record(key)
+    assert losses.finished(tmp_path, key, 1) == _loss_record(key)
 
 
 def test_a_loss_run_of_another_config_is_not_read_and_not_reported(tmp_path: Path,
@@ -295,7 +295,7 @@ def test_a_loss_run_of_another_config_is_not_read_and_not_reported(tmp_path: Pat
     from nanotron_ext.bench.wan import losses
 
     (tmp_path / "pipeline_seed1_kkkkkkkkkkkk.json").write_text(json.dumps(_loss_record("another_key")))
-    assert losses._finished(tmp_path, "kkkkkkkkkkkk", 1) is None and capsys.readouterr().err == ""
+    assert losses.finished(tmp_path, "kkkkkkkkkkkk", 1) is None and capsys.readouterr().err == ""
 
 
 def _plan_table_damages() -> List[Tuple[str, bytes]]:

@@ -131,7 +131,7 @@ def read_finished(path: Path, key: str) -> Optional[Dict[str, Any]]:
         return None
 
 
-def _finished(folder: Path, key: str, seed: int) -> Optional[Dict[str, Any]]:
+def finished(folder: Path, key: str, seed: int) -> Optional[Dict[str, Any]]:
     """A finished curve of the same resolved config and seed, whichever system trained it (read_finished)."""
     for path in sorted(folder.glob(f"*_seed{seed}_{key}.json")):
         record = read_finished(path, key)
@@ -150,7 +150,7 @@ def train_all(runs: Sequence[LossRun], folder: Path, jobs: int) -> List[Dict[str
     results: Dict[int, Dict[str, Any]] = {}
     todo: Dict[Tuple[str, int], List[int]] = {}
     for i, (run, key) in enumerate(zip(runs, keys)):
-        done = _finished(folder, key, run.seed)
+        done = finished(folder, key, run.seed)
         if done is not None:
             results[i] = {**done, "system": run.system}
         else:
