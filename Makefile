@@ -101,7 +101,7 @@ WHEELS ?= .whl
 STAGES ?=
 GPU_CHECK_ARGS ?=
 # the stages of benchmarks/gpu_check_plan.py (tests/test_shell_fuzz.py checks they agree)
-GPU_CHECK_STAGES := throughput profile throughput_1b memory techniques codecs boost
+GPU_CHECK_STAGES := throughput profile throughput_1b memory techniques codecs boost gemm
 ifneq ($(filter gpu-check,$(MAKECMDGOALS)),)
 $(call check,STAGES,case "$$v" in (*[!a-z0-9_$(comma)]*) echo bad;; esac,stage names$(comma) comma-separated \
 ($(subst $(space),$(comma),$(GPU_CHECK_STAGES))))

@@ -125,11 +125,13 @@ def test_every_script_and_make_variable_is_fuzzed() -> None:
 
 
 def test_the_makefile_knows_gpu_checks_stages() -> None:
+    """Every stage gpu_check runs: the default ones (gpu_check_plan) and those run only when named (the GEMM table)."""
     sys.path.insert(0, str(REPO / "benchmarks"))
+    from gpu_check_gemm import STAGE as GEMM
     from gpu_check_plan import STAGES
 
     line = next(x for x in (REPO / "Makefile").read_text().splitlines() if x.startswith("GPU_CHECK_STAGES :="))
-    assert tuple(line.split(":=")[1].split()) == STAGES
+    assert tuple(line.split(":=")[1].split()) == (*STAGES, GEMM)
 
 
 def test_make_venv_is_checked(tmp_path: Path) -> None:
