@@ -90,7 +90,7 @@ clean-venv:
 	rm -rf -- $(call sq,$(value VENV))
 
 # GPU check (benchmarks/gpu_check.py; README "GPU check"). Here, with network: fill .whl/ for a GPU machine that
-# has none. There: make gpu-check [STAGES=throughput,profile,throughput_1b,memory,techniques,codecs,boost]
+# has none. There: make gpu-check [STAGES=throughput,profile,throughput_1b,memory,techniques,codecs,boost; or gemm]
 # [GPU_CHECK_ARGS="--copy-to DIR"] (every stage by default, <= 540 s),
 # with the machine's own python3 + torch, the carried wheels (WHEELS, default .whl) installed into GPU_SITE and the
 # patches applied. GPU_SITE: default a fresh folder only you can write (mktemp -d under TMPDIR), removed at the end;
