@@ -5,6 +5,7 @@ one host's per-host checkpoint refused while the other host waited in silence.""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -69,9 +70,9 @@ def _data(corpus: Path) -> List[str]:
             f"tokenizer.vocab_size={SMALL_VOCAB}", f"model.vocab_size={SMALL_VOCAB}"]
 
 
-def _host_argv(node: int, port: int, root: Path, corpus: Path, *rdzv: str) -> List[str]:
+def _host_argv(node: int, port: int, root: Path, corpus: Path, *rdzv: str, master: str = "127.0.0.1") -> List[str]:
     argv = [sys.executable, "-m", "nanotron_ext.launch", "--nnodes=2", f"--node-rank={node}", "--nproc-per-node=1",
-            "--rdzv-backend=static", "--master-addr=127.0.0.1", f"--master-port={port}", *rdzv,
+            "--rdzv-backend=static", f"--master-addr={master}", f"--master-port={port}", *rdzv,
             "-m", "nanotron_ext.train", "--config-file", str(TWO_HOSTS)]
     for s in [*_data(corpus), f"checkpoints.dir={root / f'host{node}' / 'ckpt'}", "logging.progress_bar=false",
               f"general.output_dir={root / f'host{node}' / 'runs'}", "tokens.train_steps=4"]:
@@ -100,17 +101,21 @@ def _checkpoint(folder: Path, meta: str) -> None:
 
 
 @pytest.mark.slow
-def test_one_hosts_damaged_checkpoint_is_refused_on_every_host(tmp_path: Path, small_corpus: Path) -> None:
-    """Host 1's newest meta.json is damaged: host 1 refused at once, host 0 waited with no output. Now both
-    print the refusal, naming node 1, within seconds of each other."""
+@pytest.mark.parametrize("damage", ["meta.json", "shard"])
+def test_one_hosts_damaged_checkpoint_is_refused_on_every_host(tmp_path: Path, small_corpus: Path,
+                                                               damage: str) -> None:
+    """Host 1's newest meta.json is damaged, or its shard deleted: host 1 refused at once, host 0 waited with no
+    output. Now both print the refusal, naming node 1, within seconds of each other."""
     good = json.dumps({"step": 2, "layout": {"dp": 1, "tp": 1, "pp": 2},
                        "files": [{"name": "pp0_dp0_tp0.pt", "bytes": 3, "sha256": "0"}]})
     _checkpoint(tmp_path / "host0" / "ckpt" / "step_2", good)
-    _checkpoint(tmp_path / "host1" / "ckpt" / "step_2", "{ not json")
+    _checkpoint(tmp_path / "host1" / "ckpt" / "step_2", "{ not json" if damage == "meta.json" else good)
+    if damage == "shard":
+        (tmp_path / "host1" / "ckpt" / "step_2" / "pp0_dp0_tp0.pt").unlink()
     port = _free_port()
     procs = [subprocess.Popen(_host_argv(i, port, tmp_path, small_corpus), cwd=REPO, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env={**__import__("os").environ,
-                                                                      "OMP_NUM_THREADS": "1"}) for i in (0, 1)]
+                              stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+             for i in (0, 1)]
     ended = []
     try:
         for p in procs:
@@ -126,3 +131,26 @@ def test_one_hosts_damaged_checkpoint_is_refused_on_every_host(tmp_path: Path, s
     for err in outs:
         line = err.strip().splitlines()[-1]
         assert line.startswith("error: ") and "node 1" in line and "step_2" in line, err[-2000:]
+
+
+@pytest.mark.slow
+def test_swapped_node_ranks_are_refused_on_both_hosts_naming_the_flags(tmp_path: Path, small_corpus: Path) -> None:
+    """Two hosts (network namespaces, each its own address), node ranks swapped and --master-addr left at the old
+    host 0: both were silent past 130 s. The new node 0 is refused at once, the new node 1 (whose own address is
+    --master-addr) after the rendezvous timeout, each naming --node-rank and --master-addr."""
+    from nanotron_ext.bench.netns_hosts import Hosts, available
+
+    if available() is not None:
+        pytest.skip(str(available()))
+    with Hosts(2, disk_root=tmp_path / "disks") as hosts:
+        t0 = time.monotonic()
+        procs = [hosts.popen(i, _host_argv(1 - i, 29500, tmp_path, small_corpus, "--rdzv-conf=timeout=5",
+                                           master=hosts.addr(0)),
+                             env={"OMP_NUM_THREADS": "1"}, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True) for i in (0, 1)]
+        outs = [p.communicate(timeout=120)[1] for p in procs]
+        took = time.monotonic() - t0
+    assert [p.returncode for p in procs] == [2, 2] and took < 90, (took, outs)
+    for node, err in zip((1, 0), outs):
+        line = err.strip().splitlines()[-1]
+        assert f"--node-rank {node}" in line and "--master-addr 10.77.0.1" in line, err[-2000:]
