@@ -23,8 +23,9 @@ Semantics (tests/test_sparseloco_fault.py):
   own replica's model (SparseLoCoTechnique.replica_config reads fault_tolerance.replica). The healing state also
   carries T_fixed (identical on every replica after every sync, sec. 2.4), so a replica of either kind heals from
   a peer of either kind; U comes from its seed; a compressed pipeline's later stages then take T_fixed from stage 0
-  (`_share_fixed_over_pipeline`). torchft's step-0 heal (init_sync) gives every replica the lowest one's weights,
-  as the DP and simulated drivers give replica 0's;
+  (`_share_fixed_over_pipeline`). torchft's step-0 heal (init_sync) gives every replica the same start, as the DP
+  and simulated drivers give replica 0's: rank by rank, so at pp = tp = 1 replica 0's, with several stages
+  possibly one replica's for one stage and another's for the next (each stage's weights agree across replicas);
 - the ledger counts, under group "ft": the payload all_gather (bytes, flag byte included), "quorum" and
   "commit" calls (torchft's gRPC messages: calls only, their bytes are not visible from Python), "send:recovery"
   on the live peer (the state it staged, once per heal) and "recv:recovery" on the healed replica (bytes of
@@ -135,8 +136,7 @@ class FaultTolerantSparseLoCoSync(SparseLoCoSync):
             if self.manager.should_commit():
                 self.error = error
                 self.attempts.append(attempt + 1)
-                if self._fixed_from_peer:
-                    self._share_fixed_over_pipeline()
+                self._share_fixed_over_pipeline()
                 senders = [p[1:] for p in payloads if p[0] == SENDS] if payloads is not None else []
                 if senders:
                     self._apply(senders)
@@ -199,14 +199,20 @@ class FaultTolerantSparseLoCoSync(SparseLoCoSync):
     def _share_fixed_over_pipeline(self) -> None:
         """After a committed heal: T_fixed, taken from the peer's rank of the same stage, is right on the
         embedding's stage (every replica folds it there), but a plain peer's later stages never fold it; a
-        compressed pipeline's later stages decode with it, so they take stage 0's (as at start, hetero.HeteroHook)."""
-        self._fixed_from_peer = False
+        compressed pipeline's later stages decode with it, so they take stage 0's (as at start, hetero.HeteroHook).
+        torchft heals rank by rank (at step 0 a pipeline's stages may take different replicas' states), so the
+        stages first agree whether any of them healed: one 8-byte pp all_reduce per committed sync."""
+        healed, self._fixed_from_peer = self._fixed_from_peer, False
         h = self.hetero
-        pp = h.pp_pg
+        pp = h.pp_pg if h is not None else None
         if pp is None or pp.size() == 1 or self.replica not in self.scfg.compressed_replicas:
             return
+        fixed = h.hubs[self.replica].fixed
+        any_healed = torch.tensor([int(healed)], dtype=torch.int64, device=fixed.device)
         with self.ledger.tag(FOLD_TAG):
-            dist.broadcast(h.hubs[self.replica].fixed, src=dist.get_global_rank(pp, 0), group=pp)
+            dist.all_reduce(any_healed, op=dist.ReduceOp.MAX, group=pp)
+            if int(any_healed.item()):
+                dist.broadcast(fixed, src=dist.get_global_rank(pp, 0), group=pp)
 
     def _apply(self, senders: List[torch.Tensor]) -> None:
         self.outer.apply(senders)
