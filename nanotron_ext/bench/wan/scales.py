@@ -28,7 +28,7 @@ from nanotron_ext.bench.wan.systems import BASE, REPO, SYSTEMS
 
 SIZES = {"d128": BASE, "d256": "reproduce/wan/cpu_base_d256.yaml"}
 REFERENCE, TARGET_REL = "dense_3d", 0.02
-REFERENCE_STEPS, LONG_STEPS, VAL_EVERY, INNER_STEPS = 150, 600, 10, 10  # what 2 shared cores allowed (README)
+REFERENCE_STEPS, LONG_STEPS, VAL_EVERY, INNER_STEPS = 150, 450, 10, 10  # what 2 shared cores allowed (README)
 BUDGETS = (REFERENCE_STEPS, LONG_STEPS)
 SEEDS = (1, 2, 3)
 # the systems the regime map needs (dense, both dense outer loops, the composition) and the single techniques that
@@ -116,8 +116,8 @@ def size_result(size: str, folder: Path) -> Optional[Dict[str, Any]]:
     for system in STUDY:
         by_budget = {}
         for budget in BUDGETS if system != REFERENCE else (REFERENCE_STEPS,):
-            recs = [(s, _cached(folder, r)) for s, r in zip(SEEDS, planned(size, [system], budget, SEEDS))]
-            recs = [(s, r) for s, r in recs if r is not None]
+            recs = [(r, _cached(folder, r)) for r in planned(size, [system], budget, SEEDS)]
+            recs = [(run, rec) for run, rec in recs if rec is not None]
             if recs:
                 by_budget[budget] = recs
         if not by_budget:
@@ -128,10 +128,11 @@ def size_result(size: str, folder: Path) -> Optional[Dict[str, Any]]:
         longest = max(longest, budget)
         recs = by_budget[budget]
         hits = [steps_to_target(r["val_curve"], target) for _, r in recs]
-        systems[system] = {"budget": budget, "seeds": [s for s, _ in recs], "steps_to_target": hits,
+        systems[system] = {"budget": budget, "seeds": [run.seed for run, _ in recs], "steps_to_target": hits,
                            "reached": f"{sum(h is not None for h in hits)}/{len(hits)}",
                            "final_val": [r["final_val_loss"] for _, r in recs],
-                           "train_s": [r.get("train_s") for _, r in recs]}
+                           "train_s": [r.get("train_s") for _, r in recs],
+                           "cpu_s": [cpu_seconds(folder, run) for run, _ in recs]}
     ref_steps = [h for h in systems[REFERENCE]["steps_to_target"] if h is not None]
     for row in systems.values():
         reached = [h for h in row["steps_to_target"] if h is not None]
@@ -167,12 +168,37 @@ def best_single(systems: Dict[str, Any]) -> Optional[str]:
     return min(cands, key=lambda kv: (-int(kv[1]["reached"].split("/")[0]), kv[1]["penalty"]))[0]
 
 
+def _cpu_file(folder: Path, run: LossRun) -> Path:
+    return folder / "cpu" / f"{run.key()}_seed{run.seed}.txt"
+
+
+def cpu_seconds(folder: Path, run: LossRun) -> Optional[float]:
+    """The CPU seconds `train` recorded for a run (None: trained by the meter, or before they were recorded)."""
+    try:
+        return float(_cpu_file(folder, run).read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def _main_train(args: argparse.Namespace) -> int:
+    import time
+
+    from nanotron_ext.bench.wan.losses import train
+
+    folder = Path(args.runs) / "losses"
     runs = planned(args.size, args.systems, args.budget, args.seeds)
-    records = train_all(runs, Path(args.runs) / "losses", args.jobs)
-    for r in records:
-        print(f"{args.size} {r['system']} seed {r['seed']} {r['steps']} steps: final val {r['final_val_loss']:.4f} "
-              f"({r['train_s']:.0f} s)")
+    if args.jobs > 1:  # side by side: the meter's pool (no CPU seconds recorded)
+        train_all(runs, folder, args.jobs)
+    for run in runs:
+        record = _cached(folder, run)
+        if record is None:  # in this process, one at a time: its CPU seconds are this process's
+            folder.mkdir(parents=True, exist_ok=True)
+            t0 = time.process_time()
+            record = train(run, folder / f"{run.system}_seed{run.seed}_{run.key()}.json")
+            _cpu_file(folder, run).parent.mkdir(exist_ok=True)
+            _cpu_file(folder, run).write_text(f"{time.process_time() - t0:.1f}\n")
+        print(f"{args.size} {run.system} seed {run.seed} {record['steps']} steps: final val "
+              f"{record['final_val_loss']:.4f} ({record['train_s']:.0f} s, CPU {cpu_seconds(folder, run)} s)")
     return 0
 
 

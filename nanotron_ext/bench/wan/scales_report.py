@@ -93,8 +93,9 @@ def markdown(data: Mapping[str, Any], detail: Mapping[str, Mapping[str, Any]],
              f"Written {data['date']} by `python -m nanotron_ext.bench.wan.scales report` from the cached loss runs; "
              f"{data['device']}. Penalty = mean steps to target / dense 3D's mean steps to target (first validation at "
              "or below dense 3D's final validation loss x 1.02, mean over its seeds, at that size). A system trains "
-             "dense 3D's budget, or 4x it (its own cosine schedule) where it does not reach the target within dense's "
-             "budget; its row is from the shortest budget at which every seed reached. Loss-only: no step time.", ""]
+             "dense 3D's budget, or 3x it (its own cosine schedule; the budget column) where it does not reach the "
+             "target within dense's budget; its row is from the shortest budget at which every seed reached. "
+             "Loss-only: no step time.", ""]
     for size in data["sizes"]:
         rows = detail[size["name"]]
         best = best_single(rows)
@@ -106,12 +107,13 @@ def markdown(data: Mapping[str, Any], detail: Mapping[str, Mapping[str, Any]],
                   f"{size['epochs_at_longest']:.2f} epochs (no run repeats data). Best single technique by steps to "
                   f"target: {best or 'none reached'}.", "",
                   "| system | budget (steps) | seeds | final val | steps to target (per seed) | reached | penalty | "
-                  "CPU s per run |", "|---|---|---|---|---|---|---|---|"]
+                  "wall s per run | CPU s per run |", "|---|---|---|---|---|---|---|---|---|"]
         for name, r in rows.items():
-            cpu = [s for s in r["train_s"] if s is not None]
+            wall = [s for s in r["train_s"] if s is not None]
+            cpu = " / ".join("-" if c is None else f"{c:.0f}" for c in r["cpu_s"])
             lines.append(f"| `{name}` | {r['budget']} | {', '.join(map(str, r['seeds']))} | {_pm(r['final_val'])} | "
                          f"{_steps(r['steps_to_target'])} | {r['reached']} | {_penalty(r)} | "
-                         f"{_pm(cpu, '{:.0f}')} |")
+                         f"{_pm(wall, '{:.0f}')} | {cpu} |")
         lines.append("")
     names = [n for n in dict.fromkeys(n for s in data["sizes"] for n in detail[s["name"]])]
     lines += ["## The penalty by size", "", "| system | " + " | ".join(s["name"] for s in data["sizes"]) + " |",
