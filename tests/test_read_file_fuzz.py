@@ -438,3 +438,20 @@ def test_a_damaged_table_sm_cpu_compare_extends_is_refused_by_name(box: ff.Sandb
     path.write_bytes(content)
     outcome = ff.run_case(cpu_compare.main, ["--out", str(path), "--rows", "centralised"], box)
     _refused(outcome, "--out", str(path))
+
+
+@pytest.mark.parametrize("where", ["step", "loss"])
+def test_a_saved_model_clock_result_with_a_nan_in_a_row_is_refused_by_name(box: ff.Sandbox, where: str) -> None:
+    """`bench.wan --from-json` of a --clock model result: a NaN in a row printed a table of `nan` and wrote .json /
+    .md with exit 0 (bench.report.read_saved now checks every row's numbers)."""
+    from nanotron_ext.bench.wan.cli import main
+
+    saved = json.loads((REPO / "reproduce" / "wan" / "results" / "model_clock.json").read_text())
+    if where == "step":
+        saved["rows"][0]["step_s"]["lower"] = float("nan")
+    else:
+        saved["rows"][-1]["final_val_loss"][0] = float("inf")
+    path = box / f"model_clock_{where}.json"
+    path.write_text(json.dumps(saved))
+    outcome = ff.run_case(main, ["--from-json", str(path), "--out", str(box / f"rerendered_{where}")], box)
+    _refused(outcome, "--from-json", str(path))

@@ -141,7 +141,7 @@ def read_saved(path: str | Path, flag: str = "--from-json") -> Dict[str, Any]:
     """A result a script wrote (--from-json, or `flag`, e.g. --merge): a JSON object with its rows (a list) or its
     meta (an object); when it is not one, an ArgumentError naming the flag and the file, which every script's main
     turns into its one line and exit code 2 (cli_flags.one_line_refusals)."""
-    from nanotron_ext.cli_checks import JsonFile
+    from nanotron_ext.cli_checks import JsonFile, first_non_finite
 
     saved = JsonFile(Path(path), flag)
     data = saved.read_object()
@@ -149,6 +149,9 @@ def read_saved(path: str | Path, flag: str = "--from-json") -> Dict[str, Any]:
         saved.fail("holds an object without rows or meta: not a result a reproduction script wrote")
     saved.need(data, "rows", list, optional=True)  # {"rows": NaN} was a traceback while re-rendering
     saved.need(data, "meta", dict, optional=True)
+    bad = first_non_finite(data.get("rows"), "rows")  # (a NaN in a row was a table of nan, exit 0)
+    if bad:
+        saved.fail(f"{bad}, not a finite number")
     return data
 
 
