@@ -107,19 +107,6 @@ def json_kind(value: Any) -> str:
     return f"a JSON {next((k for t, k in kinds.items() if isinstance(value, t)), type(value).__name__)}"
 
 
-def first_non_finite(value: Any, where: str = "") -> Optional[str]:
-    """The first NaN or infinity in a parsed JSON value (json.loads takes NaN and Infinity), as "where = value"
-    ("runs.r.ranks.0.flops is nan"), or None: no script here writes one on purpose, so one read back is damage."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return f"{where or 'the value'} is {value}"
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    for key, item in items:
-        found = first_non_finite(item, f"{where}.{key}" if where else str(key))
-        if found:
-            return found
-    return None
-
-
 @dataclass(frozen=True)
 class JsonFile:
     """A JSON file a command reads (a data manifest, a checkpoint's meta.json, a saved result), whose every problem

@@ -141,7 +141,8 @@ def read_saved(path: str | Path, flag: str = "--from-json") -> Dict[str, Any]:
     """A result a script wrote (--from-json, or `flag`, e.g. --merge): a JSON object with its rows (a list) or its
     meta (an object); when it is not one, an ArgumentError naming the flag and the file, which every script's main
     turns into its one line and exit code 2 (cli_flags.one_line_refusals)."""
-    from nanotron_ext.cli_checks import JsonFile, first_non_finite
+    from nanotron_ext.cli_checks import JsonFile
+    from nanotron_ext.plan.cached import first_non_finite
 
     saved = JsonFile(Path(path), flag)
     data = saved.read_object()

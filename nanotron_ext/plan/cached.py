@@ -3,11 +3,12 @@ config it stands for before the clock prices it, so a damaged, hand-edited or Na
 with one line on stderr instead of a traceback or a table of `nan`."""
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
 
-from nanotron_ext.cli_checks import JsonFile, first_non_finite
+from nanotron_ext.cli_checks import JsonFile
 from nanotron_ext.errors import UserFacingError
 
 MAX_PLAN_BYTES = 64 * 2**20  # the largest committed plan is ~100 KB; a plan lists a few ranks' ledgers
@@ -15,6 +16,19 @@ MAX_PLAN_BYTES = 64 * 2**20  # the largest committed plan is ~100 KB; a plan lis
 
 class DamagedPlan(UserFacingError):
     """A cached plan that is not what the planner writes."""
+
+
+def first_non_finite(value: Any, where: str = "") -> Optional[str]:
+    """The first NaN or infinity in a parsed JSON value (json.loads takes NaN and Infinity), as "where = value"
+    ("runs.r.ranks.0.flops is nan"), or None: no script here writes one on purpose, so one read back is damage."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{where or 'the value'} is {value}"
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = first_non_finite(item, f"{where}.{key}" if where else str(key))
+        if found:
+            return found
+    return None
 
 
 def check_rank(f: JsonFile, rank: Mapping[str, Any], where: str) -> None:

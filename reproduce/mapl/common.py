@@ -65,7 +65,8 @@ def train(key: str, config: str, overrides: Sequence[str], torchrun_args: Sequen
 def _cached_analysis(out: Path) -> Optional[Dict[str, Any]]:
     """mapl.analyse's result at `out` (rows: a list of objects, meta: an object, every number finite), or None
     when it is damaged: said in one line on stderr (the caller analyses again)."""
-    from nanotron_ext.cli_checks import ArgumentError, JsonFile, first_non_finite
+    from nanotron_ext.cli_checks import ArgumentError, JsonFile
+    from nanotron_ext.plan.cached import first_non_finite
 
     f = JsonFile(out, "MAPL analysis cache", advice="analysing again")
     try:

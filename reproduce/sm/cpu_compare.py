@@ -126,7 +126,8 @@ def as_table(saved: Dict[str, Any]) -> Dict[str, Any]:
 def _table_to_extend(out: Path) -> Dict[str, Any]:
     """The saved table the new rows join, checked (a result this script wrote, every number finite): a damaged one
     is refused naming --out (was a traceback, or its NaN in the table)."""
-    from nanotron_ext.cli_checks import ArgumentError, first_non_finite
+    from nanotron_ext.cli_checks import ArgumentError
+    from nanotron_ext.plan.cached import first_non_finite
 
     advice = "move it away to run every row again"
     try:

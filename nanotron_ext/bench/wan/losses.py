@@ -29,7 +29,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from nanotron_ext.cli_checks import JsonFile, first_non_finite
+from nanotron_ext.cli_checks import JsonFile
 from nanotron_ext.config.digest import digest
 from nanotron_ext.errors import UserFacingError
 
@@ -108,6 +108,8 @@ def read_finished(path: Path, key: str) -> Optional[Dict[str, Any]]:
     """The curve `train` wrote at `path` for `key`, checked (every number finite, the keys the meter reads of their
     kinds), or None when it is another config's or damaged: a damaged one is said in one line on stderr and
     trained again (written over)."""
+    from nanotron_ext.plan.cached import first_non_finite
+
     f = JsonFile(path, "loss-run cache", DamagedLossRun, "training it again")
     try:
         record = f.read_object()
