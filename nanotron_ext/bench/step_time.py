@@ -4,18 +4,18 @@
                                            [--tflops T] [--steady-state] [--gemm-efficiency TABLE.json]
                                            [--plans DIR] [--json OUT]
 
-The config's real layout is planned rank by rank (nanotron_ext.plan, on the meta device: FLOPs per rank, every
-message's bytes; cached in --plans by the hash of the resolved config), priced on the preset's device throughput and
-links and replayed by the model clock (bench/clock/replay.py): its pipeline schedule with the bubbles, FIFO stage links,
-one uplink per node, the DP tier per step or the outer sync every H steps. Printed: the device and its throughput's
-source, each tier's link, the step between its two bounds (full overlap / no overlap) and tokens per second, and
-the breakdown: the slowest stage's compute, the schedule's bubble, then what the TP tier, the stage links and the
-DP tier each add, in that order, to each bound. A non-AdamW optimiser's update (Muon's Newton-Schulz) is the plan less
-its AdamW twin's FLOPs (planned too), priced once per step at the preset's `update_tflops`. `--steady-state`: the
-pipeline kept full across steps (bench/clock replay.steady_bounds). `--gemm-efficiency`: the throughput from a
+The config's real layout is planned rank by rank (nanotron_ext.plan, on the meta device: FLOPs per rank, every message's
+bytes; cached in --plans by the hash of what changes a plan: nanotron_ext.plan.cache_key), priced on the preset's device
+throughput and links and replayed by the model clock (bench/clock/replay.py): its pipeline schedule with the bubbles,
+FIFO stage links, one uplink per node, the DP tier per step or the outer sync every H steps. Printed: the device and its
+throughput's source, each tier's link, the step between its two bounds (full overlap / no overlap) and tokens per
+second, and the breakdown: the slowest stage's compute, the schedule's bubble, then what the TP tier, the stage links
+and the DP tier each add, in that order, to each bound. A non-AdamW optimiser's update (Muon's Newton-Schulz) is the
+plan less its AdamW twin's FLOPs (planned too), priced once per step at the preset's `update_tflops`. `--steady-state`:
+the pipeline kept full across steps (bench/clock replay.steady_bounds). `--gemm-efficiency`: the throughput from a
 measured per-GEMM-shape table (bench/clock/kernels.py). Presets: nanotron_ext/bench/clock/hardware.py (the papers'
-hardware) and the WAN meter's clock presets; a sibling of `python -m nanotron_ext.plan`, which cannot import the
-meter (the meter imports the planner).
+hardware) and the WAN meter's clock presets; a sibling of `python -m nanotron_ext.plan`, which cannot import the meter
+(the meter imports the planner).
 """
 from __future__ import annotations
 
