@@ -171,3 +171,17 @@ def test_a_regime_cell_needs_a_measured_penalty_to_win(monkeypatch) -> None:
     assert cell.winner.name == "three_tiers" and cell.runner_up.name == "dense_3d"
     assert cell.margin == pytest.approx(300.0 / 200.0)
     assert cell.unresolved == ("3d_sparseloco",) and cell.as_dict()["composed_wins"]
+
+
+def test_a_published_loss_gap_becomes_a_token_multiple_on_chinchillas_data_term() -> None:
+    """B / (k D)^0.28 = B / D^0.28 - dL, solved for k by hand at heterogeneous SparseLoCo's 512M row (2.82 vs 2.73
+    at 10B tokens); no gap is no penalty; a gap the data term cannot close is never reached."""
+    from nanotron_ext.advise.penalties import from_papers, tokens_factor
+
+    d, gap = 10e9, 0.09
+    k = tokens_factor(gap, d)
+    assert 410.7 / (k * d) ** 0.28 == pytest.approx(410.7 / d ** 0.28 - gap, rel=1e-9)
+    assert k == pytest.approx(1.70, abs=0.01)
+    assert tokens_factor(-0.01, d) == 1.0 and tokens_factor(1.0, d) == float("inf")
+    papers = from_papers()
+    assert papers["3d_sm_sparseloco"].penalty == pytest.approx(k) and "three_tiers" not in papers

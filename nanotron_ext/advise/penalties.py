@@ -6,7 +6,8 @@ A system's time to target is its steps to the target times its step. Steps come 
   the system; else
 - `reproduce/wan/results/model_clock.json` (d = 128: the equal-token rows, and the equal-time rows for the systems
   that needed longer to reach the target);
-- `papers=True`: the papers' published penalties listed in loss_scales.json's "papers" (the second map), dense = 1.
+- `papers=True`: the papers' published loss gaps at their scale (`PAPER_LOSSES`; loss_scales.json lists them all)
+  turned into step multiples by Chinchilla's data term (the second map), dense = 1.
 A system no run brought to the target has only a lower bound (the run's length / dense's steps): it is ranked at
 that bound, which favours it, and marked so.
 """
@@ -81,20 +82,47 @@ def from_scales(path: Path = SCALES, size: Optional[str] = None) -> Dict[str, St
     return out
 
 
-def from_papers(path: Path = SCALES) -> Dict[str, Steps]:
-    """The papers' published penalties (loss_scales.json "papers"), the one per system with the largest scale."""
+# The papers' losses the second map converts (loss_scales.json lists every published number; these are the ones at
+# the map's scale for its systems): (paper and table, dense-side loss, system loss, tokens). No paper composes all
+# three tiers, trains BTP's loss against full rank, or is DiLoCo's own among the given papers: those stay unranked.
+PAPER_LOSSES = {
+    "3d_sm_sparseloco": ("Heterogeneous SparseLoCo (arXiv:2601.02360) Table 1, 512M, Het-PP-Compress (1/2) 87.5% vs "
+                         "its SparseLoCo baseline", 2.73, 2.82, 10e9),
+    "3d_sparseloco": ("Heterogeneous SparseLoCo Tables 1 and 3, 512M: SparseLoCo vs per-step AdamW", 2.75, 2.73, 10e9),
+    "3d_sm": ("Protocol Models (arXiv:2506.01260) Table 2, 640M on C4: compressed vs centralised perplexity 12.53 / "
+              "12.61 (MAPL's table, arXiv:2606.05484, reads SM 6x at 500M 0.28 nats behind instead)",
+              math.log(12.61), math.log(12.53), 12e9),
+}
+# Chinchilla's data term (Hoffmann et al. 2022, arXiv:2203.15556, approach 3: L = E + A / N^0.34 + B / D^0.28,
+# B = 410.7): a run that ends dL above dense at D tokens needs k D tokens with B / (k D)^b = B / D^b - dL
+CHINCHILLA_B, CHINCHILLA_BETA = 410.7, 0.28
+
+
+def tokens_factor(d_loss: float, tokens: float) -> float:
+    """The token (= step) multiple a loss gap `d_loss` at `tokens` costs on Chinchilla's data term (inf: never)."""
+    if d_loss <= 0:
+        return 1.0
+    left = 1.0 - d_loss * tokens ** CHINCHILLA_BETA / CHINCHILLA_B
+    return math.inf if left <= 0 else left ** (-1.0 / CHINCHILLA_BETA)
+
+
+def from_papers() -> Dict[str, Steps]:
+    """The second map's steps: each system's published loss gap at its paper's scale turned into a step multiple
+    by Chinchilla's data term (a published loss at equal tokens is how far behind a run ends, not how many more steps
+    it needs: the conversion is this project's, stated); dense = 1."""
     out: Dict[str, Steps] = {DENSE: Steps(1.0, 1.0, "dense: the reference")}
-    for p in json.loads(path.read_text()).get("papers", []):
-        pen = p.get("penalty")
-        if isinstance(pen, (int, float)) and math.isfinite(pen) and pen > 0 and p.get("system"):
-            out[p["system"]] = Steps(float(pen), 1.0, f"{p['paper']} {p['table']} ({p['scale']}): {p['how']}")
+    for system, (where, dense, loss, tokens) in PAPER_LOSSES.items():
+        k = tokens_factor(loss - dense, tokens)
+        if math.isfinite(k):
+            out[system] = Steps(k, 1.0, f"{where}: {loss:g} vs {dense:g} at {tokens:.3g} tokens, x{k:.2f} the "
+                                        "tokens on Chinchilla's data term")
     return out
 
 
 def penalties(papers: bool = False) -> Dict[str, Steps]:
     """The steps to target `advise` uses (module docstring)."""
     if papers:
-        return from_papers() if SCALES.exists() else {DENSE: Steps(1.0, 1.0, "dense: the reference")}
+        return from_papers()
     out = from_model_clock() if MODEL_CLOCK.exists() else {}
     if SCALES.exists():
         out.update(from_scales())
