@@ -38,7 +38,8 @@ def test_a_key_the_planner_never_reads_leaves_the_plan_key(inert: str) -> None:
 @pytest.mark.parametrize("config, changed", [
     (TINY, "model.hidden_size=192"), (TINY, "model.num_layers=3"), (TINY, "tokens.micro_batch_size=3"),
     (TINY, "tokens.sequence_length=96"), (TINY, "parallelism.dp=1"), (TINY, "optimizer.name=muon"),
-    (TINY, "general.step_guard=host"), (TINY, "model.codec.kind=int8 model.codec.boundaries=every_layer"), (SPARSELOCO, "sparseloco.topk=7"),
+    (TINY, "general.step_guard=host"), (TINY, "model.codec.kind=int8 model.codec.boundaries=every_layer"),
+    (SPARSELOCO, "sparseloco.topk=7"),
     (SPARSELOCO, "sparseloco.inner_steps=3")])
 def test_a_key_that_changes_the_step_changes_the_plan_key(config: str, changed: str) -> None:
     assert _name(config, changed.split(" ")) != _name(config, [])
