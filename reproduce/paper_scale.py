@@ -342,8 +342,8 @@ def render(result: Dict[str, Any]) -> str:
               "## Rerun", "",
               "`.venv/bin/python reproduce/paper_scale.py` (after `reproduce/results/PLAN.json` is regenerated too: "
               "the runs plan_table.py plans are read from it; the others are planned once and cached in "
-              "`reproduce/results/plans/` by the hash of their resolved config and the planner's version; plans "
-              "no run reads any more are removed). `--from-json "
+              "`reproduce/results/plans/` by the hash of what changes a plan (nanotron_ext.plan.cache_key) and "
+              "the planner's version; plans no run reads any more are removed). `--from-json "
               "reproduce/results/PAPER_SCALE.json` re-renders without the plans."]
     return "\n".join(lines) + "\n"
 
