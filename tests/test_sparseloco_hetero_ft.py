@@ -33,7 +33,7 @@ SETS = [f"model.vocab_size={V}", f"tokenizer.vocab_size={V}", "model.hidden_size
         "tokens.micro_batch_size=2", "tokens.batch_accumulation_per_replica=1", f"tokens.train_steps={STEPS}",
         "optimizer.warmup_steps=0", "optimizer.decay=constant", "optimizer.betas=[0.0,0.0]", "parallelism.pp=1",
         "parallelism.dp_sync=sparseloco", f"sparseloco.inner_steps={H}", "sparseloco.chunk=256", "sparseloco.topk=16",
-        "sparseloco.index_bits=8", "sparseloco.compressed_replicas=[1,2]", "sparseloco.weight_projection=true",
+        "sparseloco.index_bits=8", "sparseloco.weight_projection=true",
         "general.backend=gloo"]
 
 
@@ -50,7 +50,7 @@ def _hash(tensors: List[torch.Tensor]) -> str:
     return h.hexdigest()[:16]
 
 
-def _ft_replica(index: int, lighthouse: str, log: str, kill_at: Optional[int]) -> None:
+def _ft_replica(index: int, lighthouse: str, log: str, kill_at: Optional[int], compressed: str) -> None:
     """One replica job (dp = 1): joins, trains from the step after the global weights' last sync up to STEPS (one
     JSON line per step and per committed sync), SIGKILLs itself after step `kill_at`."""
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
@@ -61,7 +61,7 @@ def _ft_replica(index: int, lighthouse: str, log: str, kill_at: Optional[int]) -
     from nanotron_ext.parallel.context import build_parallel_context
     from nanotron_ext.train.replica import Replica
 
-    cfg = load_config(TINY, SETS + ["parallelism.dp=1", "sparseloco.fault_tolerance.enabled=true",
+    cfg = load_config(TINY, SETS + [compressed, "parallelism.dp=1", "sparseloco.fault_tolerance.enabled=true",
                                     f"sparseloco.fault_tolerance.lighthouse={lighthouse}",
                                     f"sparseloco.fault_tolerance.replica={index}",
                                     "sparseloco.fault_tolerance.replicas=3",
@@ -72,6 +72,14 @@ def _ft_replica(index: int, lighthouse: str, log: str, kill_at: Optional[int]) -
     ctx = build_parallel_context(dp=1, tp=1, pp=1, backend="gloo", timeout_s=60)
     rep = Replica(cfg, ctx, 0)
     sync = rep.dp_sync
+    transport, sources = sync.manager._checkpoint_transport, []
+    vet = transport._check
+
+    def vet_noting_the_peer(state: object, step: int, source: str) -> None:
+        sources.append(source)
+        vet(state, step, source)
+
+    transport._check = vet_noting_the_peer
     out = open(log, "a")
 
     def write(record: Dict[str, object]) -> None:
@@ -79,7 +87,8 @@ def _ft_replica(index: int, lighthouse: str, log: str, kill_at: Optional[int]) -
         out.flush()
 
     def synced(kind: str) -> None:
-        write({"event": kind, "syncs": sync.outer.syncs, "healed": sync.healed,
+        write({"event": kind, "syncs": sync.outer.syncs, "healed": sync.healed, "server": transport.address(),
+               "healed_from": sources[-1] if sync.healed else None,
                "global": _hash(sync.outer.global_params), "fixed": _hash([sync.hetero.hubs[index].fixed]),
                "local": _hash(sync.params)})
 
@@ -99,7 +108,7 @@ def _ft_replica(index: int, lighthouse: str, log: str, kill_at: Optional[int]) -
     os._exit(0)  # torchft's server threads: do not wait for interpreter teardown
 
 
-def _reference() -> Dict[str, object]:
+def _reference(compressed: str) -> Dict[str, object]:
     """The simulated driver, replica 1's payload dropped at the sync at step 6 (and its error feedback zeroed, as
     sparseloco.churn does): per replica the loss of every step, and the global weights and T_fixed after each sync."""
     from nanotron_ext.config.loader import load_config
@@ -107,7 +116,7 @@ def _reference() -> Dict[str, object]:
     from nanotron_ext.sparseloco.simulate import outer_loop
     from nanotron_ext.train.replica import Replica
 
-    cfg = load_config(TINY, SETS + ["parallelism.dp=3"])
+    cfg = load_config(TINY, SETS + [compressed, "parallelism.dp=3"])
     ctx = standalone_context(backend="gloo")
     reps = [Replica(cfg, ctx, r, local=True) for r in range(3)]
     sim = outer_loop(cfg, reps)
@@ -133,7 +142,11 @@ def _records(log: Path) -> List[Dict[str, object]]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_heterogeneous_replicas_leave_rejoin_and_heal_equal_the_simulated_reference(tmp_path: Path) -> None:
+@pytest.mark.parametrize("compressed", ["sparseloco.compressed_replicas=[1,2]", "sparseloco.compressed_replicas=[0,1]"])
+def test_heterogeneous_replicas_leave_rejoin_and_heal_equal_the_simulated_reference(tmp_path: Path,
+                                                                                    compressed: str) -> None:
+    """Replica 1 (compressed) heals from the peer torchft picks, replica 0: plain in the first case, compressed in
+    the second (in the second, replica 0's weights, output projections in span(U), are also everyone's start)."""
     from torchft.coordination import LighthouseServer
 
     lighthouse = LighthouseServer(bind="[::]:0", min_replicas=3, join_timeout_ms=60000, quorum_tick_ms=50,
@@ -143,7 +156,7 @@ def test_heterogeneous_replicas_leave_rejoin_and_heal_equal_the_simulated_refere
     procs: List[mp.Process] = []
     try:
         def start(i: int, kill_at: Optional[int] = None) -> mp.Process:
-            p = spawn.Process(target=_ft_replica, args=(i, lighthouse.address(), str(log), kill_at))
+            p = spawn.Process(target=_ft_replica, args=(i, lighthouse.address(), str(log), kill_at, compressed))
             p.start()
             procs.append(p)
             return p
@@ -162,7 +175,7 @@ def test_heterogeneous_replicas_leave_rejoin_and_heal_equal_the_simulated_refere
                 p.kill()
         lighthouse.shutdown()
     records = _records(log)
-    ref = _reference()
+    ref = _reference(compressed)
     # every loss a replica reported equals the reference's at that replica and step; the victim reported steps
     # 1..5 (then died) and 7..8 (healed at the sync at step 6, whose payload it missed)
     for r in range(3):
@@ -178,6 +191,8 @@ def test_heterogeneous_replicas_leave_rejoin_and_heal_equal_the_simulated_refere
     assert {x["syncs"] for x in syncs if x["replica"] == VICTIM} >= set(range(1, STEPS // H + 1))
     rejoined = [x for x in records if x["replica"] == VICTIM and x["event"] == "join"][-1]
     assert rejoined["healed"] and rejoined["syncs"] == KILL_AT // H + 1, rejoined
+    servers = {x["server"]: x["replica"] for x in records if x["event"] == "join"}
+    assert servers[rejoined["healed_from"]] == 0, (rejoined, servers)  # torchft's pick; its kind differs by case
     # recovery traffic: the healed replica received the fp32 global weights and T_fixed (V x d), no momentum
     done = {x["replica"]: x["ledger"] for x in records if x["event"] == "done"}
     assert done[VICTIM]["recv:recovery"]["bytes"] == (ref["params"] + V * 32) * 4, done[VICTIM]
@@ -188,8 +203,10 @@ def test_emulated_churn_and_fault_tolerance_load_with_compressed_replicas() -> N
     from nanotron_ext.config.loader import load_config
     from nanotron_ext.config.schema import ConfigError
 
-    load_config(TINY, SETS + ["parallelism.dp=3", "sparseloco.churn.down_syncs=1"]).validate(world_size=3)
-    ft = SETS + ["parallelism.dp=1", "sparseloco.fault_tolerance.enabled=true", "sparseloco.fault_tolerance.replicas=3"]
+    hetero = SETS + ["sparseloco.compressed_replicas=[1,2]"]
+    load_config(TINY, hetero + ["parallelism.dp=3", "sparseloco.churn.down_syncs=1"]).validate(world_size=3)
+    ft = hetero + ["parallelism.dp=1", "sparseloco.fault_tolerance.enabled=true",
+                   "sparseloco.fault_tolerance.replicas=3"]
     load_config(TINY, ft).validate(world_size=1)
     with pytest.raises(ConfigError, match=r"sparseloco\.grassmann_every"):
         load_config(TINY, ft + ["sparseloco.grassmann_every=4"]).validate(world_size=1)
