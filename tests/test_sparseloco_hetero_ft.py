@@ -262,3 +262,27 @@ def test_a_compressed_pipeline_healed_from_a_plain_one_decodes_with_its_own_t_fi
     fixed = {stage: t for stage, shard in final.items() for k, t in shard.items() if k.endswith("hub.fixed")}
     assert sorted(fixed) == ["pp0_dp0_tp0.pt", "pp1_dp0_tp0.pt"], sorted(fixed)
     assert torch.equal(fixed["pp0_dp0_tp0.pt"], fixed["pp1_dp0_tp0.pt"]), latest
+
+
+@pytest.mark.slow
+def test_emulated_churn_with_heterogeneous_replicas_simulated_equals_distributed(small_corpus: Path,
+                                                                                  tmp_path: Path) -> None:
+    """Emulated churn, no longer refused with compressed replicas: one replica misses every outer sync in turn
+    (period 1), replica 0 compressed; the trainer at dp = 2 and the simulated driver end with the same parameters
+    and buffers (T_fixed included) on both replicas, bit for bit, and the churn changed them."""
+    from tests.helpers.dist import run_distributed
+    from tests.test_sparseloco_hetero import HET, _het_train_worker, _sim_weights_worker
+    from tests.test_trainer import _small_overrides
+
+    runs = {}
+    for churn in (0, 1):
+        ovr = HET + ["model.codec.boundaries=[1]", f"sparseloco.churn.down_syncs={churn}", "sparseloco.churn.period=1"]
+        out = tmp_path / str(churn)
+        runs[churn] = run_distributed(_het_train_worker, 2, _small_overrides(small_corpus, out / "t", 2, 1, 1, 4) + ovr,
+                                      None, 0)
+    sim = run_distributed(_sim_weights_worker, 1, _small_overrides(small_corpus, tmp_path / "s", 2, 1, 1, 4) + ovr)[0]
+    for r in runs[1]:
+        assert sorted(r["state"]) == sorted(sim[r["dp"]])
+        assert all(torch.equal(sim[r["dp"]][k], v) for k, v in r["state"].items()), r["dp"]
+    plain = {r["dp"]: r["state"] for r in runs[0]}
+    assert any(not torch.equal(plain[r["dp"]][k], v) for r in runs[1] for k, v in r["state"].items())
