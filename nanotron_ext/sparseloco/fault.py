@@ -248,6 +248,7 @@ class FaultTolerantSparseLoCoSync(SparseLoCoSync):
                                      self.max_syncs, [(f.shape, f.dtype) for f in fixed] if fixed else None)
         if problem:
             raise PeerRefused(f"refused to heal from the peer at {source} (quorum step {step}): {problem}")
+        self._heal_source = source  # said by every rank once applied (each heals from its peer rank's server)
 
     @torch.no_grad()
     def _load_peer_state(self, state: Dict[str, Any]) -> None:
@@ -264,8 +265,10 @@ class FaultTolerantSparseLoCoSync(SparseLoCoSync):
         self.healed = True
         self._say(f"sparseloco.fault_tolerance: replica {self.replica} took the global weights and outer state of "
                   f"outer sync {o.syncs} from a live peer")
-        self.ledger.record("recv:recovery", _nbytes(state["global"] + state["momentum"] + state.get("fixed", [])),
-                           self.pg)
+        nbytes = _nbytes(state["global"] + state["momentum"] + state.get("fixed", []))
+        self.ledger.record("recv:recovery", nbytes, self.pg)
+        print(f"sparseloco.fault_tolerance: replica {self.replica} rank {self.manager._group_rank} healed from "
+              f"{getattr(self, '_heal_source', '?')}: {nbytes} bytes", file=sys.stderr, flush=True)
         self._global_loaded()
 
     # -- checkpoints: the outer state, plus torchft's committed step -----------------------------------
