@@ -5,8 +5,8 @@
         --config-file reproduce/het_sparseloco/sparseloco_512m.yaml --json ranking.json --write-config best.yaml
 
 Every system of the WAN meter at its best layout (nanotron_ext/advise/: search.py, layouts.py), its step from the
-model clock and its steps to target from loss runs (penalties.py). `--papers` takes the penalties the papers
-published instead of ours.
+model clock and its steps to target from loss runs (penalties.py). `--losses` picks the loss runs (ours
+at d = 128 or a size of loss_scales.json, or the papers' published losses).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import List, Optional
 
 from nanotron_ext.advise.hardware import Hardware, load, presets
 from nanotron_ext.advise.layouts import RULES
-from nanotron_ext.advise.penalties import REPO, penalties
+from nanotron_ext.advise.penalties import REPO, penalties, sources
 from nanotron_ext.advise.ranking import meter_config, rank, render
 from nanotron_ext.advise.search import Planner
 from nanotron_ext.cli_checks import Writer
@@ -48,7 +48,8 @@ def parser() -> Parser:
     p.add_argument("--config-file", type=InputFile(), default=None,
                    help="the model and batch to time (default: the preset's scale config; needed with --hardware)")
     p.add_argument("--systems", nargs="+", choices=list(RULES), default=list(RULES), help="the systems to rank")
-    p.add_argument("--papers", action="store_true", help="steps to target from the papers' published penalties")
+    p.add_argument("--losses", choices=sources(), default="model_clock",
+                   help="the loss runs steps to target come from (one set: each has its own target), or the papers'")
     p.add_argument("--cache", default=str(CACHE), help="where plans are kept (one per system, tp and pp)")
     p.add_argument("--json", type=OutputFile(ADVISE), default=None, help="write the ranking here")
     p.add_argument("--write-config", type=YamlOutput(ADVISE), default=None, help="write the winner's YAML here")
@@ -93,15 +94,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     scale = _scale(args)
     hw = _hardware(args)
     planner = Planner(scale, Path(args.cache), meter_config)
-    rows = rank(hw, scale, Path(args.cache), penalties(papers=args.papers), args.systems, planner)
+    rows = rank(hw, scale, Path(args.cache), penalties(args.losses), args.systems, planner)
     print(render(hw, rows))
     if args.json:
-        ADVISE.write_json(args.json, {"hardware": hw.__dict__, "scale": scale, "papers": args.papers,
+        ADVISE.write_json(args.json, {"hardware": hw.__dict__, "scale": scale, "losses": args.losses,
                                       "ranking": [r.as_dict(hw) for r in rows], "plans": sorted(planner.used)},
                           indent=1)
-    winner = next((r for r in rows if r.time_s is not None and "(committed" not in r.name), None)
+    winner = next((r for r in rows if r.time_s is not None and "(committed" not in r.name
+                   and not r.steps.lower_bound), None)
     if winner is not None:
         print(f"\nadvice: {winner.label}, {winner.priced.layout.describe(hw)}")
+        open_ = [r.name for r in rows if r.time_s is not None and r.steps.lower_bound and r.time_s < winner.time_s]
+        if open_:
+            print(f"not resolved: {', '.join(open_)} never reached the target in its loss runs; at the lower bound "
+                  "of its steps it would be sooner (train it longer to know)")
         if args.write_config:
             write_config(Path(args.write_config), winner.name, winner.as_dict(hw)["layout_keys"], scale)
             print(f"wrote {args.write_config}")

@@ -1,11 +1,11 @@
 """Steps to target per system: where the losses come from.
 
-A system's time to target is its steps to the target times its step. Steps come from loss runs, never from the clock:
-- `reproduce/wan/results/loss_scales.json` (the WAN meter's loss runs at more than one model size: per size, each
-  system's steps to dense's final loss x 1.02, and its penalty = those steps / dense's), the largest size that has
-  the system; else
-- `reproduce/wan/results/model_clock.json` (d = 128: the equal-token rows, and the equal-time rows for the systems
-  that needed longer to reach the target);
+A system's time to target is its steps to the target times its step. Steps come from loss runs, never from the clock,
+one set at a time (each has its own target, so sets are never mixed):
+- `model_clock` (the default): `reproduce/wan/results/model_clock.json`, d = 128, 1,000 steps, 3 seeds (the
+  equal-token rows, and the equal-time rows for the systems that needed longer to reach the target);
+- a size of `reproduce/wan/results/loss_scales.json` (the WAN meter's loss runs at more than one model size: each
+  system's steps to dense's final loss x 1.02 at that size, its penalty = those steps / dense's);
 - `papers=True`: the papers' published loss gaps at their scale (`PAPER_LOSSES`; loss_scales.json lists them all)
   turned into step multiples by Chinchilla's data term (the second map), dense = 1.
 A system no run brought to the target has only a lower bound (the run's length / dense's steps): it is ranked at
@@ -17,7 +17,7 @@ import dataclasses
 import json
 import math
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 REPO = Path(__file__).resolve().parents[2]
 SCALES = REPO / "reproduce" / "wan" / "results" / "loss_scales.json"
@@ -119,11 +119,17 @@ def from_papers() -> Dict[str, Steps]:
     return out
 
 
-def penalties(papers: bool = False) -> Dict[str, Steps]:
-    """The steps to target `advise` uses (module docstring)."""
-    if papers:
+def sources() -> List[str]:
+    """The loss-run sets steps can come from: `model_clock` (d = 128, the committed model clock's runs), each size of
+    loss_scales.json, and `papers`."""
+    sizes = [s["name"] for s in json.loads(SCALES.read_text())["sizes"]] if SCALES.exists() else []
+    return ["model_clock", *sizes, "papers"]
+
+
+def penalties(source: str = "model_clock") -> Dict[str, Steps]:
+    """The steps to target of one loss-run set (`sources()`): never mixed, since each set has its own target."""
+    if source == "papers":
         return from_papers()
-    out = from_model_clock() if MODEL_CLOCK.exists() else {}
-    if SCALES.exists():
-        out.update(from_scales())
-    return out
+    if source == "model_clock":
+        return from_model_clock()
+    return from_scales(size=source)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from nanotron_ext.advise.layouts import COMPOSED, RULES
+from nanotron_ext.advise.penalties import sources
 from nanotron_ext.advise.regime import LINKS_MBPS, SHARES, SIZES, Cell, regime
 from nanotron_ext.cli_flags import OutputStem, Parser, one_line_refusals
 
@@ -79,6 +80,8 @@ def parser() -> Parser:
     p.add_argument("--out", type=OutputStem(ADVISE), required=True, help="<out>.json, .md and .png")
     p.add_argument("--sizes", nargs="+", choices=list(SIZES), default=list(SIZES))
     p.add_argument("--cache", default=None, help="where plans are kept (default: advise's)")
+    p.add_argument("--losses", nargs="+", choices=sources(), default=["model_clock", "papers"],
+                   help="one map per loss-run set")
     return p
 
 
@@ -93,8 +96,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser().parse_args(argv)
     cache = Path(args.cache) if args.cache else CACHE
     used: set = set()
-    maps = {"our loss runs": regime(False, cache, sizes=args.sizes, used=used),
-            "papers' penalties": regime(True, cache, sizes=args.sizes, used=used)}
+    names = {"model_clock": "our loss runs, d = 128", "papers": "the papers' losses"}
+    maps = {names.get(src, f"our loss runs, {src}"): regime(src, cache, sizes=args.sizes, used=used)
+            for src in args.losses}
     out = Path(args.out)
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     device = f"clock replayed on {platform.machine()} CPU ({date})"

@@ -149,7 +149,7 @@ class Planner:
             from nanotron_ext.config.loader import load_config
             from nanotron_ext.models.param_count import count_params
 
-            config, twin = self._twin(system, rule, tp, 1, reference)
+            config, twin = self._twin(system, rule, tp, rule.pp or 1, reference)
             self.made[key] = {"n": count_params(load_config(config, twin))}
         return 16.0 * self.made[key]["n"] / (tp * pp)
 
