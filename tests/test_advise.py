@@ -28,17 +28,24 @@ def _hw(**kw) -> Hardware:  # type: ignore[no-untyped-def]
 def test_layouts_keep_the_loss_runs_math() -> None:
     hw = _hw()
     dense = L.layouts(hw, L.RULES["dense_3d"], 64, 8, 12)
-    assert {(x.dp, x.pp) for x in dense} == {(1, 1), (2, 1), (3, 1), (4, 1), (1, 2), (2, 2), (1, 4)} - {(3, 1)}
+    whole = {(x.dp, x.pp) for x in dense if x.tp == 2}  # a node per stage
+    assert whole == {(1, 1), (2, 1), (4, 1), (1, 2), (2, 2), (1, 4)}
+    assert {(x.dp, x.pp) for x in dense if x.tp == 1} >= {(8, 1), (2, 4), (4, 2)}  # two stages per node
     assert {x.pp for x in L.layouts(hw, L.RULES["3d_sm"], 64, 8, 12)} == {2}  # one compressed boundary
     assert {x.dp for x in L.layouts(hw, L.RULES["3d_diloco"], 64, 8, 12)} == {2}  # M = 2 replicas
-    het = L.layouts(hw, L.RULES["three_tiers"], 64, 8, 12)[0]
+    het = next(x for x in L.layouts(hw, L.RULES["three_tiers"], 64, 8, 12) if x.tp == 2)
     assert het.nodes == ((2, 3), (0, 1))  # the compressed replica 0 over the internet, replica 1 in the datacenter
     assert L.stage_links(hw, het) == [hw.internet_link, hw.datacenter_link]
     assert L.dp_link(hw, het) == hw.internet_link
-    alone = next(x for x in dense if (x.dp, x.pp) == (2, 1))
+    alone = next(x for x in dense if (x.dp, x.tp, x.pp) == (2, 2, 1))
     assert alone.nodes == ((0,), (1,)) and L.dp_link(hw, alone) == hw.datacenter_link  # the datacenter alone
-    assert {(x.micro_batch_size, x.micro_batches) for x in dense if (x.dp, x.pp) == (2, 1)} == {(8, 4), (4, 8),
-                                                                                                 (2, 16)}
+    assert {(x.micro_batch_size, x.micro_batches) for x in dense if (x.dp, x.tp, x.pp) == (2, 2, 1)} == {
+        (8, 4), (4, 8), (2, 16)}
+    one_node = next(x for x in L.layouts(hw, L.RULES["3d_diloco"], 64, 8, 12) if (x.tp, x.pp) == (1, 1))
+    assert one_node.nodes == ((0,), (0,)) and L.dp_link(hw, one_node) == hw.node_link  # DiLoCo on one node
+    assert one_node.used_nodes == 1 and one_node.busiest_node_slots == 2
+    piped = next(x for x in dense if (x.dp, x.tp, x.pp) == (2, 1, 2))
+    assert piped.nodes == ((0, 0), (1, 1)) and L.stage_links(hw, piped) == [hw.node_link] * 2
 
 
 def test_the_ddp_bound_is_its_closed_form() -> None:
@@ -72,7 +79,7 @@ def test_a_reshaped_plan_is_the_plan_made_at_that_layout(tmp_path: Path, small_c
     made = plan(2, 4, 4)
     for dp, mbs, m in ((4, 8, 2), (1, 4, 4)):
         want = plan(dp, mbs, m)
-        got = reshape(made, L.Layout(dp, 2, 2, mbs, m, ()))
+        got = reshape(made, L.Layout(dp, 2, 2, mbs, m, tuple((2 * r, 2 * r + 1) for r in range(dp))))
         for s, (g, w) in enumerate(zip(got["inner"][0], want["inner"][0])):
             assert g["flops"] == pytest.approx(w["flops"], rel=1e-9), s
             for group in ("tp", "pp", "dp"):

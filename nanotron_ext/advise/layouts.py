@@ -7,9 +7,10 @@ A layout counts only where a loss run has its math:
   pp = 2 only;
 - an outer-loop system's math is its replica count M and inner steps H: the loss runs have M = 2, so dp = 2 only;
   the heterogeneous ones also fix which replica is compressed (replica 0, placed over the internet).
-TP is always a whole node (`gpus_per_node` GPUs: a node is one TP group, as the model clock prices it), and a
-layout uses dp x pp nodes: any subset of the hardware's nodes, the datacenter's first; pp a power of two dividing
-the layers (`PIPELINE_DEPTHS`: one plan per depth). Micro-batches: the loss runs'
+TP divides a node (a TP group never leaves its node); a node holds gpus_per_node / tp slots, each one stage of one
+replica, filled replica by replica (a pipeline stays inside a node where it fits), the datacenter's nodes first:
+any subset of the hardware's nodes, one node included (DiLoCo's two replicas on one 2-GPU node); pp a power of two
+dividing the layers (`PIPELINE_DEPTHS`: one plan per tp and depth). Micro-batches: the loss runs'
 global batch split into micro-batches of the scale config's size, or 1/2 or 1/4 of it.
 """
 from __future__ import annotations
@@ -71,42 +72,54 @@ class Layout:
 
     @property
     def used_nodes(self) -> int:
-        return self.dp * self.pp
+        return len({n for r in self.nodes for n in r})
+
+    @property
+    def busiest_node_slots(self) -> int:
+        """Stages on the most crowded node: their DP rings share its uplink (the clock counts one TP group's)."""
+        counts: Dict[int, int] = {}
+        for r in self.nodes:
+            for n in r:
+                counts[n] = counts.get(n, 0) + 1
+        return max(counts.values())
 
     def describe(self, hw: Hardware) -> str:
-        dc = sum(1 for r in self.nodes for n in r if n < hw.datacenter_nodes)
+        dc = len({n for r in self.nodes for n in r if n < hw.datacenter_nodes})
         where = ("datacenter only" if dc == self.used_nodes else "internet only" if dc == 0
                  else f"{dc} of {self.used_nodes} nodes in the datacenter")
         return (f"dp {self.dp} x tp {self.tp} x pp {self.pp}, {self.micro_batches} x {self.micro_batch_size} "
                 f"sequences per replica, {self.used_nodes} of {hw.nodes} nodes ({where})")
 
 
-def place(hw: Hardware, dp: int, pp: int, compressed: Optional[int]) -> Tuple[Tuple[int, ...], ...]:
-    """Each replica's nodes: the datacenter's nodes first, to the uncompressed replicas first (a compressed replica
-    is the one built to cross the internet), each replica's stages on consecutive nodes."""
+def place(hw: Hardware, dp: int, pp: int, compressed: Optional[int], tp: Optional[int] = None
+          ) -> Tuple[Tuple[int, ...], ...]:
+    """Each replica's node per stage: slots (gpus_per_node / tp per node) filled replica by replica, the datacenter's
+    nodes first, the uncompressed replicas first (a compressed replica is the one built to cross the internet)."""
+    per_node = hw.gpus_per_node // (tp or hw.gpus_per_node)
     order = sorted(range(dp), key=lambda r: r == compressed)
     out: Dict[int, Tuple[int, ...]] = {}
     for i, r in enumerate(order):
-        out[r] = tuple(range(i * pp, (i + 1) * pp))
+        out[r] = tuple((i * pp + s) // per_node for s in range(pp))
     return tuple(out[r] for r in range(dp))
 
 
 def layouts(hw: Hardware, rule: Rule, global_sequences: int, micro_batch_size: int, num_layers: int) -> List[Layout]:
     """Every layout of `rule` on `hw` for a step of `global_sequences` sequences."""
     out = []
-    tp = hw.gpus_per_node
-    dps = [rule.dp] if rule.dp else range(1, hw.nodes + 1)
+    dps = [rule.dp] if rule.dp else range(1, hw.nodes * hw.gpus_per_node + 1)
     pps = [rule.pp] if rule.pp else [p for p in PIPELINE_DEPTHS if num_layers % p == 0]
     sizes = sorted({max(1, micro_batch_size // f) for f in (1, 2, 4)}, reverse=True)
-    for dp in dps:
-        for pp in pps:
-            if dp * pp > hw.nodes or global_sequences % dp:
-                continue
-            for mbs in sizes:
-                per_replica = global_sequences // dp
-                if per_replica % mbs:
+    for tp in [t for t in range(hw.gpus_per_node, 0, -1) if hw.gpus_per_node % t == 0]:
+        slots = hw.nodes * (hw.gpus_per_node // tp)
+        for dp in dps:
+            for pp in pps:
+                if dp * pp > slots or global_sequences % dp:
                     continue
-                out.append(Layout(dp, tp, pp, mbs, per_replica // mbs, place(hw, dp, pp, rule.compressed_replica)))
+                per_replica = global_sequences // dp
+                for mbs in sizes:
+                    if per_replica % mbs == 0:
+                        out.append(Layout(dp, tp, pp, mbs, per_replica // mbs,
+                                          place(hw, dp, pp, rule.compressed_replica, tp)))
     return out
 
 

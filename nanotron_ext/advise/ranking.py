@@ -89,7 +89,7 @@ def committed_layout(hw: Hardware, reference: Dict[str, int]) -> Optional[Layout
     if hw.nodes < 4:
         return None
     return Layout(2, hw.gpus_per_node, 2, reference["micro_batch_size"], reference["micro_batches"],
-                  place(hw, 2, 2, None))
+                  place(hw, 2, 2, None, hw.gpus_per_node))
 
 
 def rank(hw: Hardware, scale: str, cache: Path, steps: Dict[str, Steps], systems: Sequence[str] = tuple(RULES),

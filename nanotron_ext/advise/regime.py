@@ -6,8 +6,8 @@ The cluster is the `internet-1g` preset's hardware grown to 16 nodes: 2 A100-80G
 internet link (10 ms one way). Three sizes from the papers' configs: 512M (heterogeneous SparseLoCo's: fits one GPU),
 2B (ResBM's: one node) and 7B (BOOST's Llama 7B: its AdamW state alone, 16 bytes per parameter, needs two or more
 nodes). Per cell the winner at its best layout, its margin over the runner-up at the runner-up's best layout, and
-both times to target (steps: dense's steps x each system's penalty, from our loss runs, or with `--losses papers` from the
-papers' published penalties: the second map).
+both times to target (steps: dense's steps x each system's penalty, from our loss runs, or with `--losses papers`
+from the papers' published losses: the second map).
 """
 from __future__ import annotations
 

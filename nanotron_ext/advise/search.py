@@ -69,10 +69,13 @@ def reshape(plan: Dict[str, Any], layout: Layout, bf16_gradients: bool = False) 
             dp_ops = rank["ledger"].get("dp", {})
             if layout.dp == 1:
                 rank["ledger"]["dp"] = {}
-            elif bf16_gradients:
-                for op, v in dp_ops.items():
-                    if op == "all_reduce":  # the gradients (fp32 in the plan); control ops are tagged apart
-                        v["bytes"] = v["bytes"] / 2
+            for op, v in dp_ops.items():
+                if "control" in op:
+                    continue
+                if bf16_gradients and op == "all_reduce":  # the gradients (fp32 in the plan)
+                    v["bytes"] = v["bytes"] / 2
+                # several stages on one node: their DP rings share its uplink (the clock shares it by tp only)
+                v["bytes"] = v["bytes"] * layout.busiest_node_slots
     out["layout"] = {"dp": layout.dp, "tp": layout.tp, "pp": layout.pp}
     out["micro_batches"] = layout.micro_batches
     out["micro_batch_size"] = layout.micro_batch_size
