@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Tuple, Union
 
 import pytest
 
@@ -72,11 +72,11 @@ def start_lighthouse(hosts: Hosts, log: Path) -> subprocess.Popen:
                        stderr=subprocess.STDOUT, cwd=REPO)
 
 
-def pace(pid: int, until: Callable[[], bool], stop_s: float = 2.5, run_s: float = 0.25) -> None:
-    """Run the job under `pid` in short spells (SIGSTOP / SIGCONT) until `until()`: a slower machine, still a member
-    of every quorum (each pause shorter than the lighthouse's heartbeat timeout). The tiny model's inner loop takes
-    a fraction of a second, the other replica's start tens: paced, the datacenter replica is still training when it
-    is up. Pausing a process changes nothing it computes."""
+def pace(pid: Union[int, List[int]], until: Callable[[], bool], stop_s: float = 2.5, run_s: float = 0.25) -> None:
+    """Run the job(s) under `pid` in short spells (SIGSTOP / SIGCONT) until `until()`: a slower machine, still a
+    member of every quorum (each pause shorter than the lighthouse's heartbeat timeout). The tiny model's inner loop
+    takes a fraction of a second, the other replica's start tens: paced, the live replica is still training when
+    the other is up. Pausing a process changes nothing it computes."""
     try:
         while not until():
             signal_tree(pid, signal.SIGSTOP)
@@ -125,8 +125,8 @@ def tree(pid: int) -> List[int]:
     return found
 
 
-def signal_tree(pid: int, sig: int) -> None:
-    for p in tree(pid):
+def signal_tree(pids: Union[int, List[int]], sig: int) -> None:
+    for p in [q for pid in ([pids] if isinstance(pids, int) else pids) for q in tree(pid)]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(p, sig)
 
@@ -150,24 +150,25 @@ def quorums(lighthouse_log: Path) -> List[str]:
     return [line for line in lighthouse_log.read_text().splitlines() if "Quorum!" in line]
 
 
-def heals(log: str) -> List[Tuple[int, str, int]]:
-    """(rank, the peer's recovery server, bytes) of every heal of the WAN replica's ranks said in a log."""
+def heals(log: str, replica: int = WAN) -> List[Tuple[int, str, int]]:
+    """(rank, the peer's recovery server, bytes) of every heal of `replica`'s ranks said in a log."""
     return [(int(m[1]), m[2], int(m[3])) for m in
-            re.finditer(rf"replica {WAN} rank (\d+) healed from (\S+): (\d+) bytes", log)]
+            re.finditer(rf"replica {replica} rank (\d+) healed from (\S+): (\d+) bytes", log)]
 
 
-def joined_at(log: str) -> int:
-    """The outer sync at which the WAN replica joined (the one after the state it took)."""
-    m = re.search(rf"replica {WAN} took the global weights and outer state of outer sync (\d+)", log)
+def joined_at(log: str, replica: int = WAN) -> int:
+    """The outer sync at which `replica` joined (the one after the state it took)."""
+    m = re.search(rf"replica {replica} took the global weights and outer state of outer sync (\d+)", log)
     assert m, log[-3000:]
     return int(m[1]) + 1
 
 
-def reference(corpus: Path, segments: List[Tuple[int, int, int]]) -> Dict[str, object]:
-    """The simulated driver's pieces in one process (whole models, no torchft): replica 0 trains and sends in every
-    outer round while it has steps left; replica 1 lives in `segments` (join round, its step then, last round it
-    sends in): it joins a sync without a payload (the global weights, T_fixed, zero error feedback: what a heal
-    brings), then trains and sends from the next round. Per replica {step: loss}; each stage's parameter count."""
+def reference(corpus: Path, segments: Dict[int, List[Tuple[int, int, int]]]) -> Dict[str, object]:
+    """The simulated driver's pieces in one process (whole models, no torchft). Replica r lives in `segments[r]`
+    (join round, its step then, last round it sends in): it joins that round's sync without a payload (taking the
+    global weights, the live replica's T_fixed and zero error feedback: what a heal brings; join round 0: the start),
+    then trains on from that step and sends from the next round. Per replica {step: loss}; each stage's parameter
+    count."""
     from nanotron_ext.config.loader import load_config
     from nanotron_ext.data.loader import build_train_loader
     from nanotron_ext.parallel.context import standalone_context
@@ -192,15 +193,13 @@ def reference(corpus: Path, segments: List[Tuple[int, int, int]]) -> Dict[str, o
             out[r][step[r]] = float(loss)
 
     for n in range(1, 10_000):
-        wan = [seg for seg in segments if seg[0] < n <= seg[2]]
-        training = ([0] if step[0] < STEPS else []) + ([WAN] if wan and step[WAN] < STEPS else [])
-        joiners = [WAN for seg in segments if seg[0] == n]
+        training = [r for r in (0, 1) if step[r] < STEPS and any(a < n <= b for a, _, b in segments[r])]
+        joiners = [r for r in (0, 1) if any(a == n for a, _, _ in segments[r])]
         if not training and not joiners:
             break
-        for seg in segments:  # a (re)joining replica trains on from its own step (its checkpoint's)
-            if seg[0] == n:
-                step[WAN] = seg[1]
-                hubs[WAN].fixed.copy_(hubs[0].fixed)  # the heal brings T_fixed as the live peer holds it
+        for r in joiners:  # a (re)joining replica trains on from its own step (its checkpoint's)
+            step[r] = next(at for a, at, _ in segments[r] if a == n)
+            hubs[r].fixed.copy_(hubs[1 - r].fixed)  # the heal brings T_fixed as the live peer holds it
         for r in training:
             train(r)
         payloads = []
@@ -223,23 +222,31 @@ def reference(corpus: Path, segments: List[Tuple[int, int, int]]) -> Dict[str, o
     return {"losses": out, "stages": stages}
 
 
+def start_both(hosts: Hosts, sets: List[str], disk_at: Path, tmp_path: Path, latency0: bool = False
+               ) -> Tuple[subprocess.Popen, List[subprocess.Popen], int]:
+    """The lighthouse and replica 0 on host 0; once replica 0 joined alone (the run's first state is its own),
+    replica 1 on hosts 1 and 2, replica 0 paced (still a member) until replica 1 asks for its first quorum.
+    Returns replica 0's launcher, replica 1's two and the process id over replica 0's job."""
+    start_lighthouse(hosts, tmp_path / "lighthouse.log")
+    lat = ["parallelism.link.enabled=true", "parallelism.link.latency_ms=50"] if latency0 else []
+    dc = start_datacenter(hosts, sets + lat, tmp_path / "host0.log")
+    wait_for("replica 0's first quorum", lambda: "Quorum!" in (tmp_path / "lighthouse.log").read_text(), [dc],
+             tmp_path / "host0.log", poll_s=0.02)
+    job0 = int(re.search(r"replica 0: pid (\d+)", (tmp_path / "host0.log").read_text())[1])
+    wan = start_wan_replica(hosts, sets, disk_at, tmp_path, "a")
+    pace(job0, lambda: f"[Replica sparseloco_{WAN}] Start quorum" in (tmp_path / "host1_a.log").read_text())
+    return dc, wan, job0
+
+
 def test_a_two_host_replica_loses_a_host_mid_step_rejoins_and_heals_rank_by_rank(tmp_path: Path,
                                                                                 small_corpus: Path) -> None:
     disk_at = tmp_path / "disk"
     logs = {h: tmp_path / f"host{h}_a.log" for h in (1, 2)}
     with Hosts(3, rate="200mbit", disk_root=tmp_path / "hosts", disk_at=disk_at) as hosts:
         sets = job_sets(hosts, small_corpus, disk_at)
-        lighthouse = start_lighthouse(hosts, tmp_path / "lighthouse.log")
-        dc = start_datacenter(hosts, sets, tmp_path / "host0.log")
+        dc, wan, job0 = start_both(hosts, sets, disk_at, tmp_path)
         run0 = hosts.disk(0) / "runs" / f"{RUN}_r0"
         run1 = hosts.disk(1) / "runs" / f"{RUN}_r{WAN}"
-        # replica 0 joined alone (the run's first state is its own), then waits, still a member, while replica 1
-        # starts
-        wait_for("replica 0's first quorum", lambda: "Quorum!" in (tmp_path / "lighthouse.log").read_text(),
-                 [dc, lighthouse], tmp_path / "host0.log", poll_s=0.02)
-        job0 = int(re.search(r"replica 0: pid (\d+)", (tmp_path / "host0.log").read_text())[1])
-        wan = start_wan_replica(hosts, sets, disk_at, tmp_path, "a")
-        pace(job0, lambda: "Manager listening" in logs[1].read_text())
         # replica 1's checkpoint at its step H on both of its hosts, and its step H + 1 logged
         wait_for("replica 1's step H + 1", lambda: all(list_checkpoints(hosts.disk(h) / f"ckpt_r{WAN}", [])
                                                        for h in (1, 2)) and max(losses(run1), default=0) > H,
@@ -255,7 +262,7 @@ def test_a_two_host_replica_loses_a_host_mid_step_rejoins_and_heals_rank_by_rank
         wait_for("replica 0's sync alone", lambda: any(f"sparseloco_{WAN}" not in q for q in
                                                        quorums(tmp_path / "lighthouse.log")[before:]),
                  [dc], tmp_path / "host0.log")
-        pace(job0, lambda: "Manager listening" in (tmp_path / "host1_b.log").read_text())
+        pace(job0, lambda: f"[Replica sparseloco_{WAN}] Start quorum" in (tmp_path / "host1_b.log").read_text())
         codes = [p.wait(600) for p in [dc, *wan]]
         again = {h: (tmp_path / f"host{h}_b.log").read_text() for h in (1, 2)}
         assert codes == [0, 0, 0], (codes, last_line(tmp_path / "host0.log"), last_line(tmp_path / "host1_b.log"))
@@ -264,7 +271,7 @@ def test_a_two_host_replica_loses_a_host_mid_step_rejoins_and_heals_rank_by_rank
         r0, r1 = losses(run0), losses(run1)
         host0 = hosts.addr(0)
     assert joins[1] >= joins[0] + 3, joins  # replica 0 synced alone (at least the sync replica 1 died before)
-    ref = reference(small_corpus, [(joins[0], 0, joins[0] + 1), (joins[1], H, 10_000)])
+    ref = reference(small_corpus, {0: [(0, 0, 10_000)], WAN: [(joins[0], 0, joins[0] + 1), (joins[1], H, 10_000)]})
     # both joins: every rank healed once, from a recovery server of the datacenter host (one per stage), and
     # received that stage's fp32 weights plus T_fixed (V x d)
     for run in (first, again):
@@ -275,5 +282,55 @@ def test_a_two_host_replica_loses_a_host_mid_step_rejoins_and_heals_rank_by_rank
     # nothing lost: every step of each replica, equal to the reference's for this membership schedule
     assert sorted(r0) == list(range(1, STEPS + 1)) == sorted(r1), (sorted(r0), sorted(r1))
     for r, run in ((0, r0), (WAN, r1)):  # bit for bit: the same ops in the same order, pipeline or not
+        assert run == ref["losses"][r], (r, {s: (x, ref["losses"][r][s]) for s, x in run.items()
+                                             if x != ref["losses"][r][s]})
+
+
+def test_the_datacenter_host_dies_with_the_lighthouse_and_rejoins_healed_rank_by_rank_across_hosts(
+        tmp_path: Path, small_corpus: Path) -> None:
+    """Host 0, the datacenter replica and the lighthouse, is killed in the middle of replica 0's inner step: replica
+    1 waits for the lighthouse, saying so, and trains on alone once host 0 is relaunched (a new lighthouse, replica
+    0 resuming its checkpoint); replica 0 rejoins, each of its ranks healed from its peer rank of the pipeline
+    across hosts (stage 0 from host 1, stage 1 from host 2). Both replicas' losses equal the reference's."""
+    disk_at = tmp_path / "disk"
+    with Hosts(3, rate="200mbit", disk_root=tmp_path / "hosts", disk_at=disk_at) as hosts:
+        sets = job_sets(hosts, small_corpus, disk_at)
+        dc, wan, _ = start_both(hosts, sets, disk_at, tmp_path, latency0=True)
+        run0 = hosts.disk(0) / "runs" / f"{RUN}_r0"
+        run1 = hosts.disk(1) / "runs" / f"{RUN}_r{WAN}"
+        # replica 1 took part in a sync; then replica 0 one step into an inner loop
+        wait_for("replica 1's step H + 1", lambda: max(losses(run1), default=0) > H, [dc, *wan],
+                 tmp_path / "host1_a.log")
+        wait_for("replica 0's first inner step", lambda: max(losses(run0)) % H == 1, [dc, *wan],
+                 tmp_path / "host0.log", poll_s=0.02)
+        hosts.kill_host(0)  # the datacenter replica and the lighthouse
+        killed_in = max(losses(run0))
+        assert dc.wait(60) != 0 and 1 <= killed_in % H <= H - 2, killed_in  # it died inside its inner loop
+        saved = killed_in - killed_in % H
+        wait_for("replica 1 waiting for the lighthouse", lambda: "waiting for the torchft lighthouse" in
+                 (tmp_path / "host1_a.log").read_text(), wan, tmp_path / "host1_a.log")
+        start_lighthouse(hosts, tmp_path / "lighthouse_b.log")
+        dc = start_datacenter(hosts, sets, tmp_path / "host0_b.log")
+        wait_for("replica 1's sync alone", lambda: quorums(tmp_path / "lighthouse_b.log"), wan,
+                 tmp_path / "host1_a.log")
+        back = tmp_path / "host0_b.log"
+        pace([p.pid for p in wan], lambda: "[Replica sparseloco_0] Start quorum" in back.read_text())
+        codes = [p.wait(600) for p in [dc, *wan]]
+        back, log1 = back.read_text(), (tmp_path / "host1_a.log").read_text()
+        assert codes == [0, 0, 0], (codes, last_line(tmp_path / "host0_b.log"), last_line(tmp_path / "host1_a.log"))
+        assert f"resumed from {disk_at}/ckpt_r0/step_{saved}" in back, back[-2000:]
+        assert "answers again" in log1, log1[-2000:]
+        joins = {0: joined_at(back, 0), WAN: joined_at(log1)}
+        r0, r1 = losses(run0), losses(run1)
+        addr = [hosts.addr(h) for h in range(3)]
+    assert joins[0] > saved // H + 1, (joins, saved)  # replica 1 synced alone at least once
+    ref = reference(small_corpus, {0: [(0, 0, saved // H), (joins[0], saved, 10_000)],
+                                   WAN: [(joins[WAN], 0, 10_000)]})
+    # replica 0's ranks healed from replica 1's, each from its own stage's host, that stage's weights and T_fixed
+    got = sorted(set(heals(back, 0)))
+    assert [(rank, f"//{addr[rank + 1]}:" in src) for rank, src, _ in got] == [(0, True), (1, True)], got
+    assert [n for _, _, n in got] == [(n + SMALL_VOCAB * 32) * 4 for n in ref["stages"]], (got, ref["stages"])
+    assert sorted(r0) == list(range(1, STEPS + 1)) == sorted(r1), (sorted(r0), sorted(r1))
+    for r, run in ((0, r0), (WAN, r1)):
         assert run == ref["losses"][r], (r, {s: (x, ref["losses"][r][s]) for s, x in run.items()
                                              if x != ref["losses"][r][s]})
