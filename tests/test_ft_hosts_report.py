@@ -35,6 +35,6 @@ def test_render_says_an_oversubscribed_timing_is_not_a_result(tmp_path: Path) ->
     result = {"replicas": {"0": row, "1": {**row, "clock": clock}}, "rate_mbps": 20.0, "steps": 6, "inner_steps": 2,
               "processes": 8, "cores": 2, "meta": {"date": "d", "command": "c", "loadavg_1m": 1.0}}
     text = render(result)
-    assert "| 1 | 8.0000 / 3.0000 | 2.5000 | 0.500 | 0.800 | 100 / 80 | 60 / 60 | 40 / 50 / 20 |" in text
+    assert "| 1 | 8.0000 / 3.0000 | 2.5000 | 0.500 | 0.800 | 100 / 80 | 60 / 60 | 40 / 50 / 20 | 0 |" in text
     assert "0.250 / 0.300 s" in text and "needs at least as many cores as processes" in text
     assert "oversubscription" not in render({**result, "cores": 8})

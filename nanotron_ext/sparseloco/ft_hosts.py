@@ -90,10 +90,15 @@ def replica_row(run_dir: Path, inner: int, closed: Dict[str, Optional[float]]) -
 
 
 def closed_forms(sets: Sequence[str]) -> Dict[str, Optional[float]]:
+    """Bytes per step per tier (config/tiers.py), and one outer sync's payload (SparseLoCo's closed form: the
+    unsharded model's tensors; each TP rank compresses its own shards, so the ledger reads more)."""
     from nanotron_ext.config.loader import load_config
     from nanotron_ext.config.tiers import job_bytes_per_step
+    from nanotron_ext.sparseloco import technique
 
-    return job_bytes_per_step(load_config(str(EXAMPLE), list(sets)))
+    cfg = load_config(str(EXAMPLE), list(sets))
+    sync = technique.closed_form_bytes("parallelism.dp_sync", "sparseloco", cfg)
+    return {**job_bytes_per_step(cfg), "outer_sync": sync.forward * cfg.sparseloco.inner_steps}
 
 
 def measure(rate: str, mbps: float, steps: int, inner: int, work: Path, timeout_s: float) -> Dict[str, Any]:
@@ -116,9 +121,8 @@ def measure(rate: str, mbps: float, steps: int, inner: int, work: Path, timeout_
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from nanotron_ext.bench.netns_hosts import available, rate_bits_per_s
     from nanotron_ext.bench.netns_hosts.links import MAX_RATE_BITS, MIN_RATE_BITS
-    from nanotron_ext.bench.report import checked_out, run_meta
+    from nanotron_ext.bench.report import REPORT, checked_out, run_meta
     from nanotron_ext.cli_flags import Float, Int, OutputFolder, Parser
-    from nanotron_ext.fileio import write_text_atomic
 
     parser = Parser(prog="python -m nanotron_ext.sparseloco.ft_hosts", description=__doc__,
                     formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -142,13 +146,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except JobFailed as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 1
-    import json
-
     result["meta"] = run_meta({"processes": PROCESSES, "command": "python -m nanotron_ext.sparseloco.ft_hosts "
                                + " ".join(argv if argv is not None else sys.argv[1:])})
-    out = Path(args.out)
-    write_text_atomic(out, json.dumps(result, indent=2) + "\n")
-    write_text_atomic(out.with_suffix(".md"), render(result))
+    out = Path(args.out)  # marked as the reproduction scripts' results are (a rerun may replace them)
+    REPORT.write_json(out, result)
+    REPORT.write_markdown(out.with_suffix(".md"), render(result))
     print(render(result))
     return 0
 
@@ -162,14 +164,15 @@ def render(result: Dict[str, Any]) -> str:
              f"H = {result['inner_steps']}.", "",
              "| replica | train loss: first / last | validation loss | inner step (s) | sync step (s) | "
              "TP bytes per inner step: ledger / closed form | stage wire: ledger / closed form | "
-             "a sync adds: ft / tp / pp |", "|---|---|---|---|---|---|---|---|"]
+             "a sync adds: ft / tp / pp | outer sync payload closed form (unsharded) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r, row in result["replicas"].items():
         led, cf = row["ledger_inner_step_bytes"], row["closed_form_bytes_per_step"]
         add = row["ledger_sync_extra_bytes"]
         lines.append(f"| {r} | {row['losses'][0]:.4f} / {row['losses'][-1]:.4f} | {row['final_val_loss']:.4f} | "
                      f"{row['inner_step_s']:.3f} | {row['sync_step_s']:.3f} | "
                      f"{led['tp']:,} / {cf.get('tp') or 0:,.0f} | {led['pp_wire']:,} / {cf.get('pp') or 0:,.0f} | "
-                     f"{add['ft']:,} / {add['tp']:,} / {add['pp']:,} |")
+                     f"{add['ft']:,} / {add['tp']:,} / {add['pp']:,} | {cf.get('outer_sync') or 0:,.0f} |")
     c = next(row["clock"] for row in result["replicas"].values() if "clock" in row)
     pipe, tbf = c["clock_step_s"], c["clock_tbf_step_s"]
     lines += ["", f"Replica 1's model clock, its plan priced at its ranks' own CPU seconds ({c['compute_step_s']:.3f} "
