@@ -133,6 +133,10 @@ def size_result(size: str, folder: Path) -> Optional[Dict[str, Any]]:
                            "final_val": [r["final_val_loss"] for _, r in recs],
                            "train_s": [r.get("train_s") for _, r in recs],
                            "cpu_s": [cpu_seconds(folder, run) for run, _ in recs]}
+    # the schedule control (Markdown only): dense 3D over the long budget's cosine, where trained
+    control = [r for r in (_cached(folder, run) for run in planned(size, [REFERENCE], LONG_STEPS, SEEDS)) if r]
+    systems[REFERENCE]["long_control"] = {"budget": LONG_STEPS, "steps_to_target": [
+        steps_to_target(r["val_curve"], target) for r in control], "seeds": [r["seed"] for r in control]}
     ref_steps = [h for h in systems[REFERENCE]["steps_to_target"] if h is not None]
     for row in systems.values():
         reached = [h for h in row["steps_to_target"] if h is not None]

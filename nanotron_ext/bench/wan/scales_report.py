@@ -114,6 +114,12 @@ def markdown(data: Mapping[str, Any], detail: Mapping[str, Mapping[str, Any]],
             lines.append(f"| `{name}` | {r['budget']} | {', '.join(map(str, r['seeds']))} | {_pm(r['final_val'])} | "
                          f"{_steps(r['steps_to_target'])} | {r['reached']} | {_penalty(r)} | "
                          f"{_pm(wall, '{:.0f}')} | {cpu} |")
+        control = rows.get("dense_3d", {}).get("long_control", {})
+        if control.get("seeds"):
+            lines += ["", f"Schedule control: dense 3D over the {control['budget']}-step cosine (seeds "
+                      f"{', '.join(map(str, control['seeds']))}) reaches the target at step "
+                      f"{_steps(control['steps_to_target'])}: the long-budget rows' penalty against it is their steps "
+                      "over this (their schedule is the same)."]
         lines.append("")
     names = [n for n in dict.fromkeys(n for s in data["sizes"] for n in detail[s["name"]])]
     lines += ["## The penalty by size", "", "| system | " + " | ".join(s["name"] for s in data["sizes"]) + " |",
