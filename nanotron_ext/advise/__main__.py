@@ -97,7 +97,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     rows = rank(hw, scale, Path(args.cache), penalties(args.losses), args.systems, planner)
     print(render(hw, rows))
     if args.json:
-        ADVISE.write_json(args.json, {"hardware": hw.__dict__, "scale": scale, "losses": args.losses,
+        import datetime
+        import platform
+
+        date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        ADVISE.write_json(args.json, {"date": date, "device": f"clock replayed on {platform.machine()} CPU",
+                                      "hardware": hw.__dict__, "scale": scale, "losses": args.losses,
                                       "ranking": [r.as_dict(hw) for r in rows], "plans": sorted(planner.used)},
                           indent=1)
     winner = next((r for r in rows if r.time_s is not None and "(committed" not in r.name
