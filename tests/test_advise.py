@@ -129,11 +129,12 @@ def test_internet_1g_ranks_datacenter_dense_above_the_committed_dense_3d(tmp_pat
     names = [r["system"] for r in rows]
     assert names.index("dense_3d") < names.index("dense_3d (committed layout)")
     best = rows[names.index("dense_3d")]
-    assert best["layout_keys"]["dp"] == 2 and best["layout_keys"]["pp"] == 1
+    lay = best["layout_keys"]
+    assert lay["dp"] * lay["tp"] == 4 and lay["pp"] == 1  # the datacenter's 4 GPUs, no pipeline
     assert "datacenter only" in best["layout"]
     assert best["time_to_target_s"] < rows[names.index("dense_3d (committed layout)")]["time_to_target_s"] / 5
     loaded = load_config(cfg, [])
-    assert (loaded.parallelism.dp, loaded.parallelism.tp, loaded.parallelism.pp) == (2, 2, 1)
+    assert (loaded.parallelism.dp, loaded.parallelism.tp, loaded.parallelism.pp) == (lay["dp"], lay["tp"], 1)
     assert main(["--preset", "internet-1g", "--systems", "dense_3d", "--write-config", str(cfg)]) == 0  # ours: kept
     assert "advice: dense" in capsys.readouterr().out
     assert presets()["internet-1g"].datacenter_nodes == 2

@@ -19,7 +19,7 @@ from nanotron_ext.advise.penalties import REPO, penalties, sources
 from nanotron_ext.advise.ranking import meter_config, rank, render
 from nanotron_ext.advise.search import Planner
 from nanotron_ext.cli_checks import Writer
-from nanotron_ext.cli_flags import InputFile, OutputFile, Parser, one_line_refusals
+from nanotron_ext.cli_flags import InputFile, OutputFile, OutputFolder, Parser, one_line_refusals
 from nanotron_ext.errors import UserFacingError
 
 CACHE = REPO / "reproduce" / "wan" / "results" / "advise_plans"
@@ -50,7 +50,8 @@ def parser() -> Parser:
     p.add_argument("--systems", nargs="+", choices=list(RULES), default=list(RULES), help="the systems to rank")
     p.add_argument("--losses", choices=sources(), default="model_clock",
                    help="the loss runs steps to target come from (one set: each has its own target), or the papers'")
-    p.add_argument("--cache", default=str(CACHE), help="where plans are kept (one per system, tp and pp)")
+    p.add_argument("--cache", type=OutputFolder(), default=str(CACHE),
+                   help="where plans are kept (one per system, tp and pp)")
     p.add_argument("--json", type=OutputFile(ADVISE), default=None, help="write the ranking here")
     p.add_argument("--write-config", type=YamlOutput(ADVISE), default=None, help="write the winner's YAML here")
     return p

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from nanotron_ext.advise.layouts import COMPOSED, RULES
 from nanotron_ext.advise.penalties import sources
 from nanotron_ext.advise.regime import LINKS_MBPS, SHARES, SIZES, Cell, regime
-from nanotron_ext.cli_flags import OutputStem, Parser, one_line_refusals
+from nanotron_ext.cli_flags import OutputFolder, OutputStem, Parser, one_line_refusals
 
 SHORT = {"dense_3d": "dense", "dense_3d@bf16": "dense bf16", "3d_diloco": "DiLoCo avg",
          "3d_diloco_nesterov": "DiLoCo Nesterov", "3d_sparseloco": "SparseLoCo", "3d_btp": "BTP", "3d_sm": "SM",
@@ -79,7 +79,7 @@ def parser() -> Parser:
     p = Parser(prog="python -m nanotron_ext.advise.regime_map", description=__doc__.split("\n")[0])
     p.add_argument("--out", type=OutputStem(ADVISE), required=True, help="<out>.json, .md and .png")
     p.add_argument("--sizes", nargs="+", choices=list(SIZES), default=list(SIZES))
-    p.add_argument("--cache", default=None, help="where plans are kept (default: advise's)")
+    p.add_argument("--cache", type=OutputFolder(), default=None, help="where plans are kept (default: advise's)")
     p.add_argument("--losses", nargs="+", choices=sources(), default=["model_clock", "papers"],
                    help="one map per loss-run set")
     return p

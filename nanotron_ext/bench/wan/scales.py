@@ -249,10 +249,13 @@ def rerun(result: Path, system: str, seed: int, stop_after: int) -> Dict[str, An
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from nanotron_ext.cli_flags import SEED, Int
+    from nanotron_ext.cli_checks import Writer
+    from nanotron_ext.cli_flags import SEED, InputFile, Int, OutputFile, OutputFolder, Parser, one_line_refusals
 
-    p = argparse.ArgumentParser(prog="python -m nanotron_ext.bench.wan.scales", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    # the report is plain JSON (no marker); the one it wrote before is recognised by its keys
+    writer = Writer("python -m nanotron_ext.bench.wan.scales", legacy_keys=("sizes", "papers"))
+    p = Parser(prog="python -m nanotron_ext.bench.wan.scales", description=__doc__,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="train (or find cached) one size's loss runs")
     t.add_argument("--size", choices=list(SIZES), required=True)
@@ -260,20 +263,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     t.add_argument("--budget", type=Int(1), choices=BUDGETS, default=REFERENCE_STEPS, help="training steps")
     t.add_argument("--seeds", type=SEED, nargs="+", default=list(SEEDS))
     t.add_argument("--jobs", type=Int(1), default=1)
-    t.add_argument("--runs", default=RUNS)
+    t.add_argument("--runs", type=OutputFolder(), default=RUNS)
     r = sub.add_parser("report", help="write the JSON and Markdown from the cached runs")
-    r.add_argument("--runs", default=RUNS)
-    r.add_argument("--out", default="reproduce/wan/results/loss_scales.json")
+    r.add_argument("--runs", type=OutputFolder(), default=RUNS)
+    r.add_argument("--out", type=OutputFile(writer), default="reproduce/wan/results/loss_scales.json")
     c = sub.add_parser("rerun", help="train the first steps of a committed loss run and compare its validation loss")
-    c.add_argument("--result", default="reproduce/wan/results/model_clock.json")
+    c.add_argument("--result", type=InputFile(), default="reproduce/wan/results/model_clock.json")
     c.add_argument("--system", choices=list(SYSTEMS), default=REFERENCE)
     c.add_argument("--seed", type=SEED, default=1)
     c.add_argument("--steps", type=Int(1), default=20, help="stop after this step (a validation step)")
-    args = p.parse_args(argv)
-    if args.command == "rerun":
-        print(json.dumps(rerun(Path(args.result), args.system, args.seed, args.steps)))
-        return 0
-    return _main_train(args) if args.command == "train" else _main_report(args)
+
+    @one_line_refusals
+    def run(argv: Optional[Sequence[str]]) -> int:
+        args = p.parse_args(argv)
+        if args.command == "rerun":
+            print(json.dumps(rerun(Path(args.result), args.system, args.seed, args.steps)))
+            return 0
+        return _main_train(args) if args.command == "train" else _main_report(args)
+
+    return run(argv)
 
 
 if __name__ == "__main__":
