@@ -110,12 +110,14 @@ def from_papers() -> Dict[str, Steps]:
     """The second map's steps: each system's published loss gap at its paper's scale turned into a step multiple
     by Chinchilla's data term (a published loss at equal tokens is how far behind a run ends, not how many more steps
     it needs: the conversion is this project's, stated); dense = 1."""
-    out: Dict[str, Steps] = {DENSE: Steps(1.0, 1.0, "dense: the reference")}
+    # dense's own steps (hours need one): our d = 128 runs', the same as the first map's
+    steps = from_model_clock()[DENSE].dense_steps if MODEL_CLOCK.exists() else 1.0
+    out: Dict[str, Steps] = {DENSE: Steps(1.0, steps, "dense: the reference")}
     for system, (where, dense, loss, tokens) in PAPER_LOSSES.items():
         k = tokens_factor(loss - dense, tokens)
         if math.isfinite(k):
-            out[system] = Steps(k, 1.0, f"{where}: {loss:g} vs {dense:g} at {tokens:.3g} tokens, x{k:.2f} the "
-                                        "tokens on Chinchilla's data term")
+            out[system] = Steps(k, steps, f"{where}: {loss:g} vs {dense:g} at {tokens:.3g} tokens, x{k:.2f} the "
+                                          "tokens on Chinchilla's data term")
     return out
 
 
