@@ -37,7 +37,7 @@ def _lighthouse(port: int) -> subprocess.Popen:
 
 
 def _replica(index: int, lighthouse: str, log: str, stderr: str, stop_file: str, refuse_heals: int = 0,
-             quorum_timeout_s: float = QUORUM_TIMEOUT_S) -> None:
+             quorum_timeout_s: float = QUORUM_TIMEOUT_S, timeout_s: float = 10) -> None:
     """Trains until `stop_file` exists (checked after each outer sync); one JSON line per committed sync, and the
     error it ends with if any. Its stderr (what the sync says) goes to the file `stderr`. Its first `refuse_heals`
     heals fail as torchft's did after a lighthouse restart (issue 41): the peer's checkpoint server answers HTTP
@@ -55,7 +55,7 @@ def _replica(index: int, lighthouse: str, log: str, stderr: str, stop_file: str,
     torch.manual_seed(0)
     model = torch.nn.Linear(48, 32)
     ft = FaultToleranceConfig(enabled=True, lighthouse=lighthouse, replica=index, replicas=2, min_replicas=2,
-                              timeout_s=10, quorum_timeout_s=quorum_timeout_s, max_retries=2)
+                              timeout_s=timeout_s, quorum_timeout_s=quorum_timeout_s, max_retries=2)
     cfg = SimpleNamespace(sparseloco=SparseLoCoConfig(inner_steps=H, chunk=64, topk=8, index_bits=6,
                                                       fault_tolerance=ft))
     out = open(log, "a")
@@ -288,8 +288,10 @@ def test_a_replica_restarted_after_the_lighthouse_heals_after_a_refused_heal_eve
     spawn = mp.get_context("spawn")
 
     def replica(r: int, attempt: int, refuse: int = 0) -> mp.Process:
+        # torchft's per-call timeout 30 s, not 10: on a loaded machine the restarted replica's start-up and refused
+        # heal outlasted 10 s once, and replica 0 ended on a cancelled quorum (the heal path itself was taken)
         p = spawn.Process(target=_replica, args=(r, url, str(log), str(tmp_path / f"stderr{r}_{attempt}"), str(stop),
-                                                 refuse, 60))
+                                                 refuse, 60, 30))
         p.start()
         return p
 
