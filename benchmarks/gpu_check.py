@@ -26,9 +26,9 @@ profile     torch.profiler over two training iterations of ours and of the plain
             setting: each one's top kernels by device time and its device time per kind of work (GEMM, attention,
             fused elementwise, optimizer, copies and casts, loss, communication, other): where a step's time goes.
 throughput_1b  The same job on reproduce/boost/llama_1b_fullrank.yaml (BOOST Table 8's full-rank LLaMA-1B: d=2048,
-            24 layers, 32 heads, seq 4096, micro-batch 4, bf16; reproduce/results/PLAN.md: 56.56 GiB planned as CUDA allocates
-            it), flash and cuDNN attention with compile, 8 iterations each (2 dropped). Targets (issue 40): ratio
-            >= 1.0 and MFU >= 45%.
+            24 layers, 32 heads, seq 4096, micro-batch 4, bf16; reproduce/results/PLAN.md: 56.56 GiB planned as CUDA
+            allocates it), flash and cuDNN attention with compile, 8 iterations each (2 dropped). Targets (issue 40):
+            ratio >= 1.0 and MFU >= 45%.
 memory      The planner against the allocator (gpu_check_memory.py): `python -m nanotron_ext.plan --device cuda` of
             the 125M and the 1B configs as their compiled rows load them, run on this machine's CPU beside the
             device's measurement of the same configs built alone through the trainer's step: the peak of

@@ -30,8 +30,8 @@ THROUGHPUT = [{"name": "sdpa", "compile": False, "attention": None},
               {"name": "flash_compile", "compile": True, "attention": "flash"},
               {"name": "cudnn_compile", "compile": True, "attention": "cudnn"}]
 PROFILED = "flash_compile"
-# the 1B row: the full-rank LLaMA-1B of BOOST's Table 8 on one GPU (reproduce/results/PLAN.md plans it at 56.56 GiB as CUDA
-# allocates it: it fits an 80 GiB GPU eager, and the plain loop's weights and AdamW state (16 GiB) beside it)
+# the 1B row: the full-rank LLaMA-1B of BOOST's Table 8 on one GPU (reproduce/results/PLAN.md plans it at 56.56 GiB
+# as CUDA allocates it: it fits an 80 GiB GPU eager, and the plain loop's weights and AdamW state (16 GiB) beside it)
 CONFIG_1B = "reproduce/boost/llama_1b_fullrank.yaml"
 THROUGHPUT_1B = [s for s in THROUGHPUT if s["compile"]]
 TARGETS = {"throughput": {"ratio": 1.0, "mfu": 0.40}, "throughput_1b": {"ratio": 1.0, "mfu": 0.45}}
