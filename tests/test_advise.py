@@ -12,8 +12,8 @@ import pytest
 from nanotron_ext.advise import layouts as L
 from nanotron_ext.advise.hardware import Hardware, load, presets
 from nanotron_ext.advise.penalties import MODEL_CLOCK, from_model_clock
-from nanotron_ext.advise.search import ddp_step_s, reshape
-from nanotron_ext.bench.clock import Link, ReplicaWork, Stage, planned, step_bounds
+from nanotron_ext.advise.search import reshape
+from nanotron_ext.bench.clock import Link, ReplicaWork, Stage, ddp_step_s, planned, step_bounds
 from nanotron_ext.errors import UserFacingError
 
 REPO = Path(__file__).resolve().parents[1]

@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from nanotron_ext.advise.hardware import Hardware, clock_link
 from nanotron_ext.advise.layouts import RULES, Layout, Rule, dp_link, layouts, stage_links
-from nanotron_ext.bench.clock import ReplicaWork, planned, replay, replica_works, step_bounds, twin_overrides
+from nanotron_ext.bench.clock import ddp_step_s, planned, replica_works, step_bounds, twin_overrides
 
 GIB = 2 ** 30
 PER_MICRO_GROUPS = ("tp", "pp")  # ledger groups whose traffic is per micro-batch (DP's is per step)
@@ -82,23 +82,6 @@ def reshape(plan: Dict[str, Any], layout: Layout, bf16_gradients: bool = False) 
     if len(out["inner"]) == 1:
         out["replica_of"] = {str(r): 0 for r in range(layout.dp)}
     return out
-
-
-def ddp_step_s(works: Sequence[ReplicaWork], outer_every: int) -> float:
-    """Blocking sends (nanotron's point-to-point), each stage's per-step DP all-reduce bucketed behind its backward
-    from its last backward's start (torch DDP), then its once-per-step update; the outer sync, if any, blocking."""
-    step = 0.0
-    for w in works:
-        t = replay(w, True)
-        n = len(w.stages)
-        dp, update = list(w.dp_s) or [0.0] * n, list(getattr(w, "update_s", ())) or [0.0] * n
-        ends = list(getattr(t, "stage_end_s", ())) or [t.end_s] * n
-        step = max(step, max([t.end_s] + [max(e, b + d) + u for e, b, d, u in
-                                          zip(ends, t.last_backward_start_s, dp, update)])
-                   + max(list(w.control_s) or [0.0]))
-    if outer_every:
-        step += max((max(w.outer_s or [0.0]) for w in works), default=0.0) / outer_every
-    return step
 
 
 def bounds(plan: Dict[str, Any], hw: Hardware, layout: Layout) -> Dict[str, float]:

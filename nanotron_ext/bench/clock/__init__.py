@@ -56,6 +56,7 @@ from nanotron_ext.bench.clock.replay import (
                                                     Stage,
                                                     StepBounds,
                                                     Timeline,
+                                                    ddp_step_s,
                                                     replay,
                                                     ring_seconds,
                                                     schedule_order,
@@ -67,9 +68,9 @@ from nanotron_ext.bench.clock.replay import (
 __all__ = [
     "A100_EFFECTIVE_TFLOPS", "CLOCK_PRESETS", "CONTROL_BYTES", "HARDWARE", "INFINIBAND", "NONE", "NVLINK3",
     "PLANNER_VERSION", "RATIO_TOLERANCE", "SCALE_KEYS", "ClockPreset", "Link", "ReplicaWork", "Stage",
-    "StepBounds", "Timeline", "all_presets", "bytes_per_step", "check_compute", "config_links", "free_step_s",
-    "job_flops", "layer_gemms", "links_of", "load_table", "mean_step_s", "mix_efficiency", "newton_schulz_gemms",
-    "note", "plan_path", "planned", "preset", "priced_at_cpu_seconds",
+    "StepBounds", "Timeline", "all_presets", "bytes_per_step", "check_compute", "config_links", "ddp_step_s",
+    "free_step_s", "job_flops", "layer_gemms", "links_of", "load_table", "mean_step_s", "mix_efficiency",
+    "newton_schulz_gemms", "note", "plan_path", "planned", "preset", "priced_at_cpu_seconds",
     "replay", "replica_counts", "replica_works", "ring_seconds", "schedule_order", "stage_broadcast_s", "steady_bounds",
     "step_bounds", "step_bounds_of", "tier_link", "time_to_target", "twin_overrides", "with_update_flops", "width_keys",
 ]

@@ -241,6 +241,22 @@ def step_bounds(replicas: Sequence[ReplicaWork], outer_every: int = 0) -> StepBo
     return _with_outer(replicas, outer_every, max(lows), max(highs))
 
 
+def ddp_step_s(replicas: Sequence[ReplicaWork], outer_every: int = 0) -> float:
+    """A third bound, between the two: blocking sends (nanotron's point-to-point), each stage's per-step DP
+    all-reduce bucketed behind its backward from its last backward's start (torch DDP), then its update and the
+    step's agreements; an outer sync, if any, stops every replica (`python -m nanotron_ext.advise` times a per-step
+    all-reduce system's best user by it)."""
+    step = 0.0
+    for work in replicas:
+        n = len(work.stages)
+        update, dp = list(work.update_s) or [0.0] * n, list(work.dp_s) or [0.0] * n
+        t = replay(work, True)
+        step = max(step, max([t.end_s] + [max(e, b + d) + u for e, b, d, u in
+                                          zip(t.stage_end_s, t.last_backward_start_s, dp, update)])
+                   + max(list(work.control_s) or [0.0]))
+    return _with_outer(replicas, outer_every, step, step).upper_s
+
+
 def _with_outer(replicas: Sequence[ReplicaWork], outer_every: int, lower: float, upper: float) -> StepBounds:
     """Per-step bounds with the outer sync amortised over its cycle (hidden behind the H inner steps when it
     overlaps, added when it stops every replica)."""
