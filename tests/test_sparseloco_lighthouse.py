@@ -276,7 +276,7 @@ def test_a_replica_restarted_with_the_lighthouse_is_healed_or_told_why_never_an_
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.skip(reason="timing-bound under load (no two syncs within 150 s in a full-suite run, 2026-12-07; passed "
-                         "alone); the stub test in test_sparseloco_fault_heal.py forces the same path deterministically")
+                         "alone); test_sparseloco_fault_heal.py's stub forces the same path deterministically")
 def test_a_replica_restarted_after_the_lighthouse_heals_after_a_refused_heal_every_time(tmp_path: Path) -> None:
     """Issue 53: the heal after a lighthouse restart (the round-4 fix: a refused heal is said and retried) forced
     on every run. The lighthouse is killed and restarted, then replica 1 is started again as a fresh process (behind
