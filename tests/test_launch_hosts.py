@@ -43,11 +43,12 @@ def stub_run(monkeypatch: pytest.MonkeyPatch) -> List[object]:
     return started
 
 
-def test_an_elastic_node_range_that_never_fits_the_layout_is_refused_at_once(stub_run: List[object], capsys) -> None:
+def test_an_elastic_node_range_that_never_fits_the_layout_is_refused_at_once(stub_run: List[object], capsys,
+                                                                             small_corpus: Path) -> None:
     from nanotron_ext.launch import main
 
-    code = main(["--nnodes=1:2", "--nproc-per-node=2", "-m", "nanotron_ext.train", "--config-file", str(TINY),
-                 "--set", "parallelism.dp=1"])
+    sets = [x for s in ["parallelism.dp=1", *_data(small_corpus)] for x in ("--set", s)]  # a fresh clone has no data
+    code = main(["--nnodes=1:2", "--nproc-per-node=2", "-m", "nanotron_ext.train", "--config-file", str(TINY), *sets])
     err = capsys.readouterr().err
     assert code == 2 and not stub_run, (code, err)
     assert err.count("\n") == 1 and err.startswith("error: --nnodes 1:2: ") and "1 rank" in err, err
