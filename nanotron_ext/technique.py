@@ -166,6 +166,11 @@ class Technique:
                 return every
         return 1
 
+    def outer_overlap(self, cfg: "Config") -> int:
+        """Inner steps the outer sync of the DP sync this technique provides runs behind before its result is
+        applied (a streaming sync's delay tau; 0: it blocks), read by the model clock's full-overlap bound."""
+        return 0
+
     def gated_work(self, cfg: "Config") -> List[GatedWork]:
         """The work this technique runs every N > 1 optimiser steps only, tagged in the ledger (GatedWork); the
         planner takes the tagged calls out of its per-step figures and shows each at its cadence."""

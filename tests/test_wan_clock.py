@@ -92,6 +92,18 @@ def test_the_outer_sync_is_amortised_over_its_cycle_or_hidden_behind_it() -> Non
     assert slow.lower_s == pytest.approx(30.0 / h)
 
 
+def test_a_streaming_sync_hides_only_behind_its_delay() -> None:
+    """Streaming DiLoCo's tau: a cycle of H steps waits for what of the sync tau steps did not hide."""
+    step, outer, h = 3.0, 12.0, 5
+    work = [_pipe(1, 1, 1.0, 2.0, "afab", outer_s=[outer])]
+    for tau, cycle in ((1, h * step + (outer - step)), (2, h * step + (outer - 2 * step)), (4, h * step),
+                       (h, h * step)):
+        b = step_bounds(work, outer_every=h, outer_overlap=tau)
+        assert b.lower_s == pytest.approx(cycle / h), tau
+        assert b.upper_s == pytest.approx(step + outer / h)  # a blocking sync's bound is not the delay's
+    assert steady_bounds(work, outer_every=h, outer_overlap=1).lower_s == pytest.approx((h * step + outer - step) / h)
+
+
 def test_the_slowest_replica_paces_the_job() -> None:
     fast, slow = _pipe(2, 4, 1.0, 2.0, "afab"), _pipe(2, 4, 1.0, 2.0, "afab", Link(8.0, 50.0), 1e6)
     assert step_bounds([fast, slow]).lower_s == pytest.approx(step_bounds([slow]).lower_s)
@@ -208,3 +220,14 @@ def test_a_collective_pays_nccls_base_per_call_and_latency_per_step() -> None:
     assert ring_seconds({"all_reduce": (2 * n, 2)}, p, link) == pytest.approx(2 * expected)
     # a small message is latency-bound: 1 KiB costs 28.8 us, not its 6.4 ns of bytes
     assert ring_seconds({"all_reduce": (1024, 1)}, p, link) == pytest.approx(28.8e-6 + 1.5 * 1024 / 240e9)
+
+
+def test_the_streaming_delay_reaches_the_clock_through_the_dp_sync() -> None:
+    from nanotron_ext.config import load_config
+    from nanotron_ext.registry import DP_SYNCS
+
+    for sets, tau in (([], 0), (["sparseloco.streaming.delay=2"], 2)):
+        cfg = load_config("examples/config_tiny_sparseloco.yaml", sets)
+        assert DP_SYNCS.owner(cfg.parallelism.dp_sync).outer_overlap(cfg) == tau
+    cfg = load_config("examples/config_tiny_llama.yaml", [])
+    assert DP_SYNCS.owner(cfg.parallelism.dp_sync).outer_overlap(cfg) == 0  # a per-step all-reduce: nothing behind

@@ -85,7 +85,8 @@ def test_planned_bytes_of_the_real_layout_match_the_closed_forms(tmp_path: Path)
         sets = pricing.twin_overrides(config, run_overrides(system, None, 1, _args()), None)
         plan = pricing.planned(config, sets, tmp_path / system)
         [cached] = (tmp_path / system).glob("plan_*.json")
-        assert json.loads(cached.read_text()) == plan == pricing.planned(config, sets, tmp_path / system)
+        assert plan == pricing.planned(config, sets, tmp_path / system) and plan["outer_overlap"] == 0
+        assert json.loads(cached.read_text()) == {k: v for k, v in plan.items() if k != "outer_overlap"}  # config's
         cfg = load_config(config, sets)
         t, d = cfg.tokens, cfg.model.hidden_size
         per_step = pricing.bytes_per_step(plan)

@@ -9,7 +9,8 @@ Three bounds per layout, from the clock's replay: `upper` (no overlap: how this 
 sends, the DP all-reduce after the flush, a blocking outer sync), `ddp` (blocking sends, the per-step DP all-reduce
 bucketed behind the backward as torch DDP does it) and `lower` (full overlap). The headline is the bound the system's
 best trainer achieves: `ddp` for a per-step all-reduce (torch DDP is what its best user runs), `upper` for an outer
-loop (its sync blocks; a streaming sync would earn `lower`, with loss runs of its own).
+loop whose sync blocks, `lower` for a streaming outer sync (`sparseloco.streaming.delay` tau: the clock hides the sync
+behind tau inner steps only, and the system has loss runs of its own).
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ class Priced:
     lower_s: float
     ddp_s: float
     upper_s: float
-    headline: str  # "ddp" | "upper"
+    headline: str  # "ddp" | "upper" | "lower" (a streaming outer sync: behind its delay tau)
     peak_gib: float
     fits: bool
 
@@ -90,7 +91,7 @@ def bounds(plan: Dict[str, Any], hw: Hardware, layout: Layout) -> Dict[str, floa
     stage = [clock_link(link, hw.duplex, hw.latency_holds_wire and link == hw.internet_link)
              for link in stage_links(hw, layout)]
     works = replica_works(plan, tiers, stage, hw.tflops * 1e12)
-    b = step_bounds(works, plan["outer_every"])
+    b = step_bounds(works, plan["outer_every"], plan.get("outer_overlap", 0))
     return {"lower_s": b.lower_s, "ddp_s": max(ddp_step_s(works, plan["outer_every"]), b.lower_s),
             "upper_s": b.upper_s}
 
@@ -146,8 +147,9 @@ def price(planner: Planner, hw: Hardware, system: str, layout: Layout, reference
     shaped = reshape(plan, layout, bf16_gradients=rule.bf16_gradients)
     b = bounds(shaped, hw, layout)
     peak = max(rank["peak"]["Total"] for column in shaped["inner"] + (shaped["outer"] or []) for rank in column)
-    return Priced(system, layout, b["lower_s"], b["ddp_s"], b["upper_s"], "upper" if rule.outer_loop else "ddp",
-                  peak / GIB, peak <= hw.device_gib * GIB)
+    headline = ("lower" if plan.get("outer_overlap") else "upper") if rule.outer_loop else "ddp"
+    return Priced(system, layout, b["lower_s"], b["ddp_s"], b["upper_s"], headline, peak / GIB,
+                  peak <= hw.device_gib * GIB)
 
 
 def best(planner: Planner, hw: Hardware, system: str, reference: Dict[str, int], num_layers: int,

@@ -49,11 +49,13 @@ class SparseLoCoTechnique(Technique):
             require(not (s.compressed_replicas and s.grassmann_every), "sparseloco.grassmann_every",
                     f"{s.grassmann_every}: with sparseloco.fault_tolerance.enabled the shared U would need the "
                     "compressed replicas' gradient statistics averaged across replica jobs (not built); set it to 0")
-        if s.streaming.delay:  # the streaming sync merges on arrival; these assume replicas take the global weights
-            for key, on in (("fault_tolerance.enabled", s.fault_tolerance.enabled),
-                            ("churn.down_syncs", s.churn.down_syncs), ("compressed_replicas", s.compressed_replicas)):
-                require(not on, f"sparseloco.{key}", f"{on}: not supported with sparseloco.streaming.delay="
-                        f"{s.streaming.delay} yet; set sparseloco.streaming.delay=0 (the blocking outer sync)")
+        require(not (s.streaming.delay and s.fault_tolerance.enabled), "sparseloco.fault_tolerance.enabled",
+                f"True: not built with sparseloco.streaming.delay={s.streaming.delay}: a replica that heals while a "
+                "sync is in flight would need the in-flight payloads from a peer, which the torchft recovery does not "
+                "send; set sparseloco.streaming.delay=0 (the blocking outer sync)")
+        require(not (s.streaming.delay and s.churn.down_syncs), "sparseloco.churn.down_syncs",
+                f"{s.churn.down_syncs}: not supported with sparseloco.streaming.delay={s.streaming.delay} yet; set "
+                "sparseloco.streaming.delay=0 (the blocking outer sync)")
         if s.churn.down_syncs:
             require(not s.fault_tolerance.enabled, "sparseloco.churn.down_syncs",
                     f"{s.churn.down_syncs}: emulated churn is for one job; with sparseloco.fault_tolerance.enabled "
@@ -115,6 +117,10 @@ class SparseLoCoTechnique(Technique):
         heterogeneous_replica(out.model, compressed, reproject=s.weight_projection,
                               modified_adamw=s.modified_adamw, grassmann_every=s.grassmann_every)
         return out
+
+    def outer_overlap(self, cfg: "Config") -> int:
+        """The streaming sync's delay tau (sparseloco.streaming.delay): its all_gather runs behind tau inner steps."""
+        return cfg.sparseloco.streaming.delay if cfg.sparseloco is not None else 0
 
     def gated_work(self, cfg: "Config") -> List[GatedWork]:
         """Heterogeneous SparseLoCo's work at outer syncs: the embedding fold (every H steps: over a compressed

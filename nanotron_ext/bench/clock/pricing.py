@@ -86,7 +86,8 @@ def plan_path(cfg: Any, cache: Path, device: str = "cpu") -> Path:
 
 def planned(config_file: str, overrides: Sequence[str], cache: Path, device: str = "cpu") -> Dict[str, Any]:
     """The plan of one config (module docstring, 2.), read back from `cache` when a plan of the same resolved config,
-    device and planner version is there: {"layout", "micro_batches", "schedule", "outer_every", "replica_of" (dp rank
+    device and planner version is there: {"layout", "micro_batches", "schedule", "outer_every", "outer_overlap" (the
+    streaming sync's delay, read from the config, never from the cache), "replica_of" (dp rank
     -> planned replica), "inner": [per planned replica, per stage: rank plan], "outer": the same for the outer step
     or None}; a cached plan not of that form (damaged, NaN) is planned again, said in one line
     (nanotron_ext.plan.cached). `device` "cpu" (the default): FLOPs as the CPU kernels count them, the runs the meter
@@ -103,8 +104,9 @@ def planned(config_file: str, overrides: Sequence[str], cache: Path, device: str
     path = plan_path(cfg, cache, device)
     p = cfg.parallelism
     saved = read_cached_plan(path, {"dp": p.dp, "tp": p.tp, "pp": p.pp})  # a damaged one: one line, planned again
+    overlap = DP_SYNCS.owner(p.dp_sync).outer_overlap(cfg)  # not planned: read from the config every time
     if saved is not None:
-        return saved
+        return {**saved, "outer_overlap": overlap}
     groups = [replicas for replicas, _ in replica_codecs(cfg).values()]
     firsts = sorted(replicas[0] for replicas in groups)
     replica_of = {r: replicas[0] for replicas in groups for r in replicas}
@@ -125,7 +127,7 @@ def planned(config_file: str, overrides: Sequence[str], cache: Path, device: str
               if every > 1 else None}
     cache.mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, json.dumps(result) + "\n")
-    return result
+    return {**result, "outer_overlap": overlap}
 
 
 def _ops(ledger: Dict[str, Any], group: str, minus: Optional[Dict[str, Any]] = None,
@@ -263,4 +265,4 @@ def step_bounds_of(plan: Dict[str, Any], tiers: Dict[str, Link], stage: Sequence
     """The clock's StepBounds of a planned config over these links at this throughput: one flushed step, or with
     `steady` the pipeline's steady state (replay.steady_bounds)."""
     works = replica_works(plan, tiers, stage, flops_per_s, update_flops_per_s)
-    return (steady_bounds if steady else step_bounds)(works, plan["outer_every"])
+    return (steady_bounds if steady else step_bounds)(works, plan["outer_every"], plan.get("outer_overlap", 0))

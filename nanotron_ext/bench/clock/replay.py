@@ -30,8 +30,9 @@ Two bounds, since real systems overlap communication with compute to different d
 - `lower` (full overlap): a sender goes on computing while its message is on the wire (what the real-sleep
   emulator does); each stage's DP all-reduce starts when its last backward starts (DDP's buckets: earlier
   micro-batches' gradients are not final before that) and the step ends when both the pipeline and every
-  all-reduce have; the outer sync runs behind the next H inner steps (Streaming DiLoCo's overlap); agreements
-  that carry no tensor the next step needs are off the critical path.
+  all-reduce have; the outer sync runs behind the next H inner steps, or behind the tau inner steps a streaming
+  sync gives it before its result is applied (Streaming DiLoCo's delay: a cycle then takes H steps plus whatever of
+  the sync tau steps did not hide); agreements that carry no tensor the next step needs are off the critical path.
 
 Replicas run in lock step (the DP all-reduce) or H steps apart (the outer loop): either way the slowest replica
 paces the job. Everything here is plain arithmetic on numbers; tests/test_wan_clock.py holds it to closed forms.
@@ -223,10 +224,10 @@ class StepBounds:
     upper_s: float
 
 
-def step_bounds(replicas: Sequence[ReplicaWork], outer_every: int = 0) -> StepBounds:
+def step_bounds(replicas: Sequence[ReplicaWork], outer_every: int = 0, outer_overlap: int = 0) -> StepBounds:
     """The job's step time as a flushed step (the slowest replica paces it), with the per-step DP tier, each stage's
     once-per-step update after its last backward (and its DP all-reduce), and, every `outer_every` steps, the outer
-    sync amortised over its cycle."""
+    sync amortised over its cycle (hidden behind `outer_overlap` inner steps in the lower bound; 0: behind all H)."""
     lows, highs = [], []
     for work in replicas:
         n = len(work.stages)
@@ -238,7 +239,7 @@ def step_bounds(replicas: Sequence[ReplicaWork], outer_every: int = 0) -> StepBo
             else:  # each stage: its all-reduce from its last backward's start, then its update
                 out.append(max([t.end_s] + [max(e, b + d) + u for e, b, d, u in
                                             zip(t.stage_end_s, t.last_backward_start_s, dp, update)]))
-    return _with_outer(replicas, outer_every, max(lows), max(highs))
+    return _with_outer(replicas, outer_every, max(lows), max(highs), outer_overlap)
 
 
 def ddp_step_s(replicas: Sequence[ReplicaWork], outer_every: int = 0) -> float:
@@ -257,12 +258,16 @@ def ddp_step_s(replicas: Sequence[ReplicaWork], outer_every: int = 0) -> float:
     return _with_outer(replicas, outer_every, step, step).upper_s
 
 
-def _with_outer(replicas: Sequence[ReplicaWork], outer_every: int, lower: float, upper: float) -> StepBounds:
-    """Per-step bounds with the outer sync amortised over its cycle (hidden behind the H inner steps when it
-    overlaps, added when it stops every replica)."""
+def _with_outer(replicas: Sequence[ReplicaWork], outer_every: int, lower: float, upper: float,
+                overlap: int = 0) -> StepBounds:
+    """Per-step bounds with the outer sync amortised over its cycle: in the lower bound it runs behind `overlap`
+    inner steps (0: the whole cycle's H) and a cycle waits for what they did not hide; in the upper one it stops
+    every replica."""
     if outer_every:
         outer = max((max(w.outer_s or [0.0]) for w in replicas), default=0.0)
-        lower = max(outer_every * lower, outer) / outer_every
+        behind = min(overlap or outer_every, outer_every)
+        lower = (max(outer_every * lower, outer) if behind == outer_every  # the same sum, in the committed form
+                 else outer_every * lower + max(0.0, outer - behind * lower)) / outer_every
         upper = upper + outer / outer_every
     return StepBounds(lower, upper)
 
@@ -277,7 +282,7 @@ def link_busy_s(work: ReplicaWork, s: int, blocking: bool = False) -> float:
     return fwd + bwd if link.duplex == "half" else max(fwd, bwd)
 
 
-def steady_bounds(replicas: Sequence[ReplicaWork], outer_every: int = 0) -> StepBounds:
+def steady_bounds(replicas: Sequence[ReplicaWork], outer_every: int = 0, outer_overlap: int = 0) -> StepBounds:
     """The job's step time in steady state: a pipeline kept full across steps (no fill, no drain), so a step takes
     its micro-batches times the busiest resource's time per micro-batch, a stage's compute or a link's wire, plus
     the stage's once-per-step update (its Newton-Schulz: nothing else runs on that stage meanwhile). The
@@ -302,7 +307,7 @@ def steady_bounds(replicas: Sequence[ReplicaWork], outer_every: int = 0) -> Step
             high.append(m * (st.fwd_s + st.bwd_s + sends) + update[s] + dp[s] + control[s])
         lows.append(max(low))
         highs.append(max(high))
-    return _with_outer(replicas, outer_every, max(lows), max(highs))
+    return _with_outer(replicas, outer_every, max(lows), max(highs), outer_overlap)
 
 
 def ring_seconds(ops: Dict[str, Tuple[float, float]], group: int, link: Link, sharing: int = 1) -> float:
