@@ -37,6 +37,12 @@ all inside one SparseLoCo outer loop.
   6.25% of the table at M = 8, k = 32: 0.5 B per table element against 4 B for the whole T_fixed; sending
   changed rows instead would not help at the paper's M = 8, where 1 - (1 - 1/64)^(M k) ~ 98% of the rows of
   a 64 x 64 tile receive an entry.
+- With the streaming sync (sparseloco.streaming.delay = tau > 0) the fold runs at arrival (t + tau), on the global
+  copy as above; each replica then merges, T_S = alpha T_S + (1 - alpha) (global T_S - f), and takes alpha f more at
+  "after_sync" (`HeteroHook.keep` = alpha; 0 for the blocking sync, where a replica takes the global copy), so f
+  leaves every copy of T_S as T_fixed takes it and T_fixed + T_S is plain streaming SparseLoCo's merged table. A
+  replica's T_S stays off span(U) by what it trained during the delay (as within any inner loop): only its span
+  part reaches a compressed pipeline's later stages (tests/test_sparseloco_streaming_hetero.py, float64 reference).
 - Under TP (Megatron's, or BOOST's btp, for whose sharded residual stream the lookup is sliced:
   nanotron_ext.subspace.embedding.AdaptedSplitEmbedding) the table T_S is vocab-sharded (each TP rank holds
   rows [min_id, max_id), and SparseLoCo syncs each shard over its own DP group) while T_fixed is replicated. Adaptation
@@ -123,6 +129,8 @@ class HeteroHook:
         """`syncs()`: outer syncs done so far, the one just applied included (the driver's SparseLoCoOuter.syncs)."""
         self.cfg, self.hubs, self.embeddings, self.pp_pg, self.syncs = cfg, hubs, embeddings, pp_pg, syncs
         self.table_index = table_index
+        st = cfg.sparseloco.streaming  # the share of its own table a replica keeps at a sync (0: takes the global)
+        self.keep = st.alpha if st.delay else 0.0
         self._emb = next((e for e in embeddings.values() if e is not None), None)  # its TP group and rows
         self._previous: Optional[torch.Tensor] = None  # the global T_S after the last fold (in span(U))
         self._fold: Optional[Tuple[Optional[torch.Tensor], torch.Tensor, Optional[torch.Tensor]]] = None
@@ -162,6 +170,21 @@ class HeteroHook:
                     fixed.add_(f)
                 else:
                     fixed[rows] += f
+                if self.keep and self.table_index is not None:
+                    self._fold_local(params[self.table_index], self.embeddings[replica], rows, f)
+
+    @torch.no_grad()
+    def _fold_local(self, table: torch.Tensor, emb: AdaptedSplitEmbedding, rows: Optional[torch.Tensor],
+                    f: torch.Tensor) -> None:
+        """Streaming: the replica's T_S became alpha T_S + (1 - alpha) (global - f) at the merge; taking alpha f too
+        moves f out of every copy of the table, as T_fixed took it, so T_fixed + T_S is plain streaming's merge."""
+        mine = emb.local_rows()
+        lo = mine.start or 0
+        if rows is None:  # f over every row (after a Grassmann update)
+            table.sub_(f[lo:lo + table.shape[0]], alpha=self.keep)
+            return
+        here = (rows >= lo) & (rows < lo + table.shape[0])
+        table[rows[here] - lo] -= self.keep * f[here]
 
     @torch.no_grad()
     def _fold_global(self, table: torch.Tensor, grassmann: bool):

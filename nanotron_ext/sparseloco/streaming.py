@@ -13,6 +13,9 @@ own copy of the DP group (`side_dp_group`), so its collective never interleaves 
 the DP group (the logged loss's all-reduce). The payload is the blocking sync's, byte for byte, and the ledger counts
 it under "dp" as "all_gather" (recorded by the side thread, so in whichever step's window it was issued).
 
+Heterogeneous replicas (sparseloco.compressed_replicas): the embedding fold runs on arrival; each replica's T_S also
+gives up alpha of the fold after its merge (hetero.HeteroHook), so T_fixed + T_S is plain streaming's merged table.
+
 A checkpoint taken while a sync is in flight waits for its payloads and saves them (every replica's, as gathered):
 a resume applies them at the same step, bit for bit as the run that went straight on.
 """
