@@ -81,6 +81,7 @@ def test_per_step_agreements_cost_only_the_no_overlap_bound() -> None:
     plain = step_bounds([_pipe(1, 2, 1.0, 2.0, "afab")])
     agreed = step_bounds([_pipe(1, 2, 1.0, 2.0, "afab", control_s=[0.1])])
     assert agreed.upper_s == pytest.approx(plain.upper_s + 0.1) and agreed.lower_s == plain.lower_s
+    assert agreed.agreements_s == pytest.approx(0.1) and plain.agreements_s == 0.0  # kept beside, for a streaming job
 
 
 def test_the_outer_sync_is_amortised_over_its_cycle_or_hidden_behind_it() -> None:

@@ -222,6 +222,9 @@ class StepBounds:
 
     lower_s: float
     upper_s: float
+    # the step's agreements over the DP tier (the logged loss's mean over replicas): in `upper`, not in `lower`; a
+    # single job whose outer sync streams still pays them every step (lower_s + agreements_s: what it achieves)
+    agreements_s: float = 0.0
 
 
 def step_bounds(replicas: Sequence[ReplicaWork], outer_every: int = 0, outer_overlap: int = 0) -> StepBounds:
@@ -269,7 +272,8 @@ def _with_outer(replicas: Sequence[ReplicaWork], outer_every: int, lower: float,
         lower = (max(outer_every * lower, outer) if behind == outer_every  # the same sum, in the committed form
                  else outer_every * lower + max(0.0, outer - behind * lower)) / outer_every
         upper = upper + outer / outer_every
-    return StepBounds(lower, upper)
+    agreements = max((max(list(w.control_s) or [0.0]) for w in replicas), default=0.0)
+    return StepBounds(lower, upper, agreements)
 
 
 def link_busy_s(work: ReplicaWork, s: int, blocking: bool = False) -> float:

@@ -37,6 +37,7 @@ ALLREDUCE = ("parallelism.dp_sync=allreduce", "sparseloco=null")  # its DP tier 
 DENSE_3D = DENSE_TP + ALLREDUCE
 DENSE_OUTER = ("sparseloco.compressed_replicas=[]", "sparseloco.topk=4096")  # top-k of all 4,096: every entry sent
 DILOCO_OUTER = ("sparseloco.outer_lr=0.7", "sparseloco.outer_momentum=0.9", "sparseloco.outer_nesterov=true")
+STREAMING = "sparseloco.streaming.delay=1"  # tau = 1 inner step; alpha keeps its default 0.5
 SYSTEMS: Dict[str, System] = {
     "pipeline": System("uncompressed pipeline (pp=2)", 2, PIPE),
     "subspace_pipeline": System("SM subspace codec k=d/8 (pp=2)", 2, PIPE + tuple(SM)),
@@ -47,6 +48,9 @@ SYSTEMS: Dict[str, System] = {
     # the streaming outer sync (sparseloco.streaming: the all_gather behind tau = 1 inner step, merged with alpha 0.5)
     "sparseloco_streaming": System("SparseLoCo, streaming outer sync (tau = 1, alpha = 0.5; dp=2; --inner-steps)", 2,
                                    DATA + ("parallelism.dp_sync=sparseloco", "sparseloco.streaming.delay=1")),
+    # the same with tau = 4 (needs --inner-steps > 4): enough inner steps to hide a slow link's whole sync
+    "sparseloco_streaming4": System("SparseLoCo, streaming outer sync (tau = 4, alpha = 0.5; dp=2; --inner-steps)", 2,
+                                    DATA + ("parallelism.dp_sync=sparseloco", "sparseloco.streaming.delay=4")),
     "topk_pipeline": System("lossy top-k 8x (pp=2)", 2, PIPE + ("model.codec.kind=topk", "model.codec.ratio=8")),
     "int4_pipeline": System("lossy int4 (pp=2)", 2, PIPE + ("model.codec.kind=int4",)),
     "lowrank_pipeline": System("lossy low-rank 8x (pp=2)", 2,
@@ -91,6 +95,12 @@ SYSTEMS: Dict[str, System] = {
         # DiLoCo's own outer step (arXiv:2311.08105: Nesterov momentum 0.9, outer lr 0.7) on the same dense sync
         ("3d_diloco_nesterov", "3D, DP: dense DiLoCo (outer Nesterov, lr 0.7, momentum 0.9; every entry in bf16)",
          DENSE_TP + DENSE_OUTER + DILOCO_OUTER),
+        # the same two with the streaming outer sync (sparseloco.streaming, arXiv:2501.18512: the all_gather behind
+        # tau = 1 inner step, merged with alpha 0.5): the baseline gets the overlap its best user would use
+        ("3d_btp_sparseloco_streaming", "3D, TP + DP: BTP + SparseLoCo, streaming outer sync (tau = 1, alpha = 0.5)",
+         ("sparseloco.compressed_replicas=[]", STREAMING)),
+        ("3d_diloco_nesterov_streaming", "3D, DP: dense DiLoCo (outer Nesterov), streaming outer sync (tau = 1, "
+         "alpha = 0.5)", DENSE_TP + DENSE_OUTER + DILOCO_OUTER + (STREAMING,)),
     ]},
     # the churn scenario: 4 replicas, one of them absent from 1 outer sync in 5 (sparseloco.churn), beside no churn
     "sparseloco_dp4": System("SparseLoCo (dp=4)", 4, DATA4 + ("parallelism.dp_sync=sparseloco",)),
