@@ -193,3 +193,62 @@ def test_a_published_loss_gap_becomes_a_token_multiple_on_chinchillas_data_term(
     assert tokens_factor(-0.01, d) == 1.0 and tokens_factor(1.0, d) == float("inf")
     papers = from_papers()
     assert papers["3d_sm_sparseloco"].penalty == pytest.approx(k) and "three_tiers" not in papers
+
+
+def test_a_streaming_rule_is_headed_by_its_delay_bound_and_a_blocking_one_by_no_overlap() -> None:
+    """From the committed plans (no planning here), each replica on its own internet node of internet-1g: a streaming
+    rule (tau = 1, planned as its blocking twin) is headed by the bound that hides the outer sync O behind tau inner
+    steps only, in closed form L0 + max(0, O - tau L0) / H (L0 the step with no outer sync, O read off the blocking
+    twin's no-overlap bound: U0 + O / H); its blocking twin by that no-overlap bound. The rule's tau is the delay its
+    meter system trains with (the loss runs' config), and the twin's config has none."""
+    from nanotron_ext.advise.__main__ import CACHE
+    from nanotron_ext.advise.ranking import meter_config, reference_of
+    from nanotron_ext.advise.search import Planner, bounds, price
+    from nanotron_ext.bench.clock import CLOCK_PRESETS
+    from nanotron_ext.config.loader import load_config
+    from nanotron_ext.registry import DP_SYNCS
+
+    def delay(system: str) -> int:
+        cfg = load_config(*meter_config(system))
+        return DP_SYNCS.owner(cfg.parallelism.dp_sync).outer_overlap(cfg)
+
+    hw = presets()["internet-1g"]
+    scale = str(REPO / CLOCK_PRESETS["internet-1g"].scale_config)
+    reference, _ = reference_of(scale)
+    planner = Planner(scale, CACHE, meter_config)
+    lay = L.Layout(2, 2, 1, reference["micro_batch_size"], reference["micro_batches"], ((2,), (3,)))
+    assert L.dp_link(hw, lay) == hw.internet_link
+    # DiLoCo's dense sync outlasts one inner step over the internet (tau = 1 hides part of it); SparseLoCo's top-k
+    # payload does not (hidden whole, as by full overlap)
+    for stream, block, hidden in (("3d_diloco_nesterov_streaming", "3d_diloco", False),
+                                  ("3d_btp_sparseloco_streaming", "3d_btp_sparseloco", True)):
+        rule = L.RULES[stream]
+        assert rule.plan_as == block and rule.outer_overlap == delay(stream) == 1 and delay(block) == 0
+        s, b = price(planner, hw, stream, lay, reference), price(planner, hw, block, lay, reference)
+        assert (s.headline, s.step_s, b.headline, b.step_s) == ("lower", s.lower_s, "upper", b.upper_s)
+        plan = reshape(planner.plan(block, L.RULES[block], 2, 1, reference), lay)
+        h, inner = plan["outer_every"], bounds({**plan, "outer_every": 0}, hw, lay)
+        sync = (b.upper_s - inner["upper_s"]) * h
+        assert h == 20 and (sync <= inner["lower_s"]) == hidden and sync > 0
+        assert s.lower_s == pytest.approx(inner["lower_s"] + max(0.0, sync - inner["lower_s"]) / h, rel=1e-9)
+        assert s.upper_s == pytest.approx(b.upper_s, rel=1e-12) and s.lower_s < b.upper_s
+        assert (s.lower_s == pytest.approx(b.lower_s, rel=1e-12)) if hidden else b.lower_s < s.lower_s
+
+
+def test_later_runs_join_the_model_clock_set_at_its_own_target(tmp_path: Path) -> None:
+    """A later meter result's curves are read against model_clock.json's target (dense's final loss x 1.02), not
+    their own file's; one with another budget is refused naming the key."""
+    saved = json.loads(MODEL_CLOCK.read_text())
+    target = next(r for r in saved["rows"] if r["system"] == "dense_3d")["target_val_loss"]
+    runs = [{"system": "a", "seed": 1, "val_curve": [[20, 9.0], [400, target - 0.01], [1000, 4.0]]},
+            {"system": "a", "seed": 2, "val_curve": [[20, 9.0], [600, target], [1000, 4.0]]},
+            {"system": "b", "seed": 1, "val_curve": [[20, 9.0], [1000, target + 0.01]]}]
+    later = tmp_path / "later.json"
+    later.write_text(json.dumps({"meta": {**saved["meta"], "reference": "a"}, "runs": runs}))
+    steps = from_model_clock(MODEL_CLOCK, more=[later])
+    assert steps["a"].penalty == pytest.approx(500.0 / 780.0) and not steps["a"].lower_bound
+    assert steps["b"].penalty == pytest.approx(1000.0 / 780.0) and steps["b"].lower_bound
+    assert steps["three_tiers"] == from_model_clock(MODEL_CLOCK, more=[])["three_tiers"]  # the rest unchanged
+    later.write_text(json.dumps({"meta": {**saved["meta"], "inner_steps": 10}, "runs": runs}))
+    with pytest.raises(UserFacingError, match="meta.inner_steps is 10"):
+        from_model_clock(MODEL_CLOCK, more=[later])

@@ -83,10 +83,17 @@ def write_config(path: Path, system: str, layout_keys: dict, scale: str) -> None
     lay = [f"parallelism.dp={layout_keys['dp']}", f"parallelism.tp={layout_keys['tp']}",
            f"parallelism.pp={layout_keys['pp']}", f"tokens.micro_batch_size={layout_keys['micro_batch_size']}",
            f"tokens.batch_accumulation_per_replica={layout_keys['micro_batches']}"]
-    if system == "3d_diloco_nesterov":  # its own keys live in the meter's system of that name
+    if system in meter_systems():  # planned as another (DiLoCo's Nesterov, a streaming sync): its own keys
         config, overrides = meter_config(system)
     cfg = load_config(config, twin_overrides(config, overrides, scale) + lay)
     write_text_atomic(path, f"{YAML_MARKER}\n# {rule.label}\n" + dump_yaml(config_to_dict(cfg)))
+
+
+def meter_systems() -> List[str]:
+    """The WAN meter's systems (advise's rules not among them, dense_3d@bf16, have no config of their own)."""
+    from nanotron_ext.bench.wan.systems import SYSTEMS
+
+    return list(SYSTEMS)
 
 
 @one_line_refusals

@@ -33,6 +33,9 @@ class Rule:
     plan_as: Optional[str] = None  # a system whose step is another's (DiLoCo's Nesterov: elementwise outer math)
     bf16_gradients: bool = False  # the DP all-reduce in bf16 (the plan's fp32 payload halved)
     steps_as: Optional[str] = None  # a system whose loss runs are another's (bf16 gradient reduction: not loss-run)
+    # a streaming outer sync's delay tau (sparseloco.streaming.delay) set on plan_as's plan: its payload is the
+    # blocking sync's byte for byte (nanotron_ext/sparseloco/streaming.py), only when it is waited for differs
+    outer_overlap: int = 0
 
 
 # the WAN meter's systems (nanotron_ext/bench/wan/systems.py) advise compares; the dense baseline twice, once with
@@ -50,13 +53,19 @@ RULES: Dict[str, Rule] = {
                                plan_as="3d_diloco"),
     "3d_sparseloco": Rule("SparseLoCo (top-k outer sync)", dp=2, outer_loop=True),
     "3d_btp_sparseloco": Rule("BTP + SparseLoCo", dp=2, outer_loop=True),
+    # the streaming outer sync (arXiv:2501.18512, tau = 1 inner step, alpha 0.5): loss runs of their own
+    "3d_diloco_nesterov_streaming": Rule("dense DiLoCo, outer Nesterov, streaming outer sync (tau = 1)", dp=2,
+                                         outer_loop=True, plan_as="3d_diloco", outer_overlap=1),
+    "3d_btp_sparseloco_streaming": Rule("BTP + SparseLoCo, streaming outer sync (tau = 1)", dp=2, outer_loop=True,
+                                        plan_as="3d_btp_sparseloco", outer_overlap=1),
     "3d_sm_sparseloco": Rule("heterogeneous SparseLoCo (SM on replica 0)", dp=2, pp=2, compressed_replica=0,
                              outer_loop=True),
     "three_tiers": Rule("three tiers: BTP + SM on replica 0 + heterogeneous SparseLoCo", dp=2, pp=2,
                         compressed_replica=0, outer_loop=True),
 }
 PIPELINE_DEPTHS = (1, 2, 4, 8)  # pp searched: powers of two that divide the layers (a plan per depth)
-COMPOSED = ("three_tiers", "3d_sm_sparseloco", "3d_btp_sparseloco")  # the composed jobs the headline is about
+# the composed jobs the headline is about
+COMPOSED = ("three_tiers", "3d_sm_sparseloco", "3d_btp_sparseloco", "3d_btp_sparseloco_streaming")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,7 +3,9 @@
 A system's time to target is its steps to the target times its step. Steps come from loss runs, never from the clock,
 one set at a time (each has its own target, so sets are never mixed):
 - `model_clock` (the default): `reproduce/wan/results/model_clock.json`, d = 128, 1,000 steps, 3 seeds (the
-  equal-token rows, and the equal-time rows for the systems that needed longer to reach the target);
+  equal-token rows, and the equal-time rows for the systems that needed longer to reach the target), with the
+  streaming systems' runs of `model_clock_streaming.json` (the same model, data, budget and H, trained later): their
+  curves read against model_clock.json's own target (dense's final loss x 1.02), never their file's;
 - a size of `reproduce/wan/results/loss_scales.json` (the WAN meter's loss runs at more than one model size: each
   system's steps to dense's final loss x 1.02 at that size, its penalty = those steps / dense's);
 - `papers=True`: the papers' published loss gaps at their scale (`PAPER_LOSSES`; loss_scales.json lists them all)
@@ -17,11 +19,15 @@ import dataclasses
 import json
 import math
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
+
+from nanotron_ext.errors import UserFacingError
 
 REPO = Path(__file__).resolve().parents[2]
 SCALES = REPO / "reproduce" / "wan" / "results" / "loss_scales.json"
 MODEL_CLOCK = REPO / "reproduce" / "wan" / "results" / "model_clock.json"
+MORE_RUNS = (REPO / "reproduce" / "wan" / "results" / "model_clock_streaming.json",)  # the same set's later runs
+SAME_SET = ("steps", "val_every", "inner_steps", "config", "set")  # what a later file must share with model_clock's
 DENSE = "dense_3d"
 
 
@@ -40,9 +46,11 @@ def _mean(xs: Any) -> Optional[float]:
     return sum(vals) / len(vals) if vals else None
 
 
-def from_model_clock(path: Path = MODEL_CLOCK) -> Dict[str, Steps]:
-    """d = 128's penalties from the committed model clock (one preset's rows: losses do not depend on links)."""
-    rows = json.loads(path.read_text())["rows"]
+def from_model_clock(path: Path = MODEL_CLOCK, more: Sequence[Path] = MORE_RUNS) -> Dict[str, Steps]:
+    """d = 128's penalties from the committed model clock (one preset's rows: losses do not depend on links), and
+    those of the systems `more` adds (later runs of the same set, read against this file's target)."""
+    saved = json.loads(path.read_text())
+    rows = saved["rows"]
     preset = rows[0]["preset"]
     rows = [r for r in rows if r["preset"] == preset]
     dense = next(r for r in rows if r["system"] == DENSE and r.get("budget", "tokens") == "tokens")
@@ -58,6 +66,34 @@ def from_model_clock(path: Path = MODEL_CLOCK) -> Dict[str, Steps]:
             steps = r.get("budget_steps", budget)
             out[r["system"]] = Steps(steps / d_steps, d_steps, src + f": not reached by all in {steps} steps",
                                      lower_bound=True)
+    for extra in (p for p in more if p.exists()):
+        out.update(later_runs(extra, saved["meta"], dense["target_val_loss"], d_steps))
+    return out
+
+
+def later_runs(path: Path, meta: Dict[str, Any], target: float, d_steps: float) -> Dict[str, Steps]:
+    """Penalties of the systems a later meter result trained (its runs' curves against `target`, the model clock's),
+    refused naming the file where its budget, H or config is not the model clock's (a different set of runs)."""
+    from nanotron_ext.bench.wan.model_results import steps_to_target
+
+    saved = json.loads(path.read_text())
+    differs = next((k for k in SAME_SET if saved.get("meta", {}).get(k) != meta.get(k)), None)
+    if differs is not None:
+        raise UserFacingError(f"{path}: meta.{differs} is {saved['meta'].get(differs)!r}, model_clock.json's "
+                              f"{meta.get(differs)!r}: not the same set of loss runs, so not read with it")
+    by_system: Dict[str, List[Any]] = {}
+    for run in saved["runs"]:
+        by_system.setdefault(run["system"], []).append(steps_to_target(run["val_curve"], target))
+    out = {}
+    for system, hits in by_system.items():
+        reached = [h for h in hits if h is not None]
+        src = (f"our loss runs, d = 128 ({path.name}, tokens budget, {len(reached)}/{len(hits)} seeds reached "
+               f"model_clock.json's target {target:.3f})")
+        if len(reached) == len(hits):
+            out[system] = Steps(sum(reached) / len(reached) / d_steps, d_steps, src)
+        else:
+            steps = saved["meta"]["steps"]
+            out[system] = Steps(steps / d_steps, d_steps, src + f": not reached by all in {steps} steps", True)
     return out
 
 

@@ -145,9 +145,11 @@ def price(planner: Planner, hw: Hardware, system: str, layout: Layout, reference
     rule = RULES[system]
     plan = planner.plan(system, rule, layout.tp, layout.pp, reference)
     shaped = reshape(plan, layout, bf16_gradients=rule.bf16_gradients)
+    # a streaming rule planned as its blocking twin (whose config has delay 0) takes its delay from the rule
+    shaped["outer_overlap"] = rule.outer_overlap or plan.get("outer_overlap", 0)
     b = bounds(shaped, hw, layout)
     peak = max(rank["peak"]["Total"] for column in shaped["inner"] + (shaped["outer"] or []) for rank in column)
-    headline = ("lower" if plan.get("outer_overlap") else "upper") if rule.outer_loop else "ddp"
+    headline = ("lower" if shaped["outer_overlap"] else "upper") if rule.outer_loop else "ddp"
     return Priced(system, layout, b["lower_s"], b["ddp_s"], b["upper_s"], headline, peak / GIB,
                   peak <= hw.device_gib * GIB)
 
