@@ -1,6 +1,6 @@
-"""The streaming outer sync with heterogeneous replicas (sparseloco.streaming + sparseloco.compressed_replicas): every
-replica's table T_S and its T_fixed after every step, in the simulated driver and over a real dp = 2 gloo group,
-against a float64 simulation written here from the equations:
+"""The streaming outer sync with heterogeneous replicas (sparseloco.streaming + sparseloco.compressed_replicas) and with
+emulated churn (sparseloco.churn): every replica's table T_S and its T_fixed after every step, in the simulated driver
+and over a real dp = 2 gloo group, against a float64 simulation written here from the equations:
 
 - plain streaming SparseLoCo ("Streaming DiLoCo", arXiv:2501.18512; error feedback, top-k per 64 x 64 tile, outer
   momentum) on the whole table T = T_fixed + T_S: sent at every multiple t of H, applied tau steps later from the
@@ -8,7 +8,10 @@ against a float64 simulation written here from the equations:
 - heterogeneous SparseLoCo's embedding adaptation ("Heterogeneous Low-Bandwidth Pre-Training of LLMs", sec. 2.4):
   T_fixed starts as T - T U U^T and takes f = s U U^T - s at every applied outer step s, the same on every replica;
   each replica's T_S is its T minus T_fixed (T_fixed + T_S follows plain streaming SparseLoCo); a Grassmann update
-  (U moved) re-splits the global T_S on the new U over every row.
+  (U moved) re-splits the global T_S on the new U over every row;
+- emulated churn: in sync c the replica (c // period) mod M is absent when c mod period < down_syncs; its payload is
+  dropped (the mean is over the replicas present), its error feedback zeroed, and it rejoins at the send, healed with
+  the global weights it was sent against; it trains the tau steps from them and merges on arrival as the others do.
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ from tests.helpers.dist import run_distributed
 from tests.test_sparseloco_hetero import _Replica
 from tests.test_sparseloco_streaming import _topk_tiles
 
-H, STEPS, K, BETA, LR, MU = 3, 10, 32, 0.9, 0.8, 0.5  # sends at 3, 6, 9; with tau = 2 arrivals at 5, 8
+H, STEPS, K, BETA, LR, MU = 3, 12, 32, 0.9, 0.8, 0.5  # sends at 3, 6, 9, 12; with tau = 2 arrivals at 5, 8, 11
 
 
 def _config(delay: int, alpha: float, compressed: List[int], churn: Tuple[int, int] = (0, 5), grassmann: int = 0):
@@ -111,9 +114,10 @@ def _assert_matches(got: List[List[Tuple[torch.Tensor, torch.Tensor]]],
 
 
 def _simulated(delay: int, alpha: float, churn: Tuple[int, int] = (0, 5), fold_local: bool = True,
-               moved: Optional[torch.Tensor] = None):
-    """The in-process driver over two stand-in replicas (replica 0 compressed) with the hetero hook. `moved`: a
-    Grassmann update (grassmann_every = 2 H) that sets U to it (the stand-ins have no decoders to drive one)."""
+               moved: Optional[torch.Tensor] = None, hetero_on: bool = True):
+    """The in-process driver over two stand-in replicas (replica 0 compressed) with the hetero hook (`hetero_on`
+    False: plain SparseLoCo on the table, T_fixed reported as 0). `moved`: a Grassmann update (grassmann_every = 2 H)
+    that sets U to it (the stand-ins have no decoders to drive one)."""
     from nanotron_ext.sparseloco import hetero
     from nanotron_ext.sparseloco.hetero import hetero_hook
     from nanotron_ext.sparseloco.outer import SparseLoCoOuter
@@ -126,24 +130,27 @@ def _simulated(delay: int, alpha: float, churn: Tuple[int, int] = (0, 5), fold_l
             return True
 
         hetero.grassmann_update = grassmann_update  # restored by the caller's monkeypatch
-    cfg = _config(delay, alpha, [0], churn, grassmann=2 * H if moved is not None else 0)
+    cfg = _config(delay, alpha, [0] if hetero_on else [], churn, grassmann=2 * H if moved is not None else 0)
     models = {0: _Replica(True), 1: _Replica(False)}
     embs = [m.embedding for m in models.values()]
     sim = SimulatedReplicas(list(models.values()), cfg.sparseloco)
-    hook = hetero_hook(cfg, models, syncs=lambda: sim.outer.syncs)
-    start = (embs[0].table.weight + embs[0].hub.fixed).detach().clone()  # T, split in two
-    basis = embs[0].hub.basis.clone()  # U at start
-    if not fold_local:
-        hook.keep = 0.0  # the control: the fold left out of each replica's own table
-    sim.outer = SparseLoCoOuter(sim.params[0], cfg.sparseloco)  # the global copy after the split
-    sim.hooks.append(hook)
+    start, basis = embs[0].table.weight.detach().clone(), None
+    if hetero_on:
+        hook = hetero_hook(cfg, models, syncs=lambda: sim.outer.syncs)
+        start = (embs[0].table.weight + embs[0].hub.fixed).detach().clone()  # T, split in two
+        basis = embs[0].hub.basis.clone()  # U at start
+        if not fold_local:
+            hook.keep = 0.0  # the control: the fold left out of each replica's own table
+        sim.outer = SparseLoCoOuter(sim.params[0], cfg.sparseloco)  # the global copy after the split
+        sim.hooks.append(hook)
     got, globals_ = [], []
     for step, moves in enumerate(_moves(), 1):
         with torch.no_grad():
             for emb, move in zip(embs, moves):
                 emb.table.weight.add_(move)
         sim.after_step(step)
-        got.append([(e.table.weight.detach().clone(), e.hub.fixed.clone()) for e in embs])
+        got.append([(e.table.weight.detach().clone(), e.hub.fixed.clone() if hetero_on else torch.zeros(64, 128))
+                    for e in embs])
         globals_.append(sim.outer.global_params[0].detach().clone())
     return start, basis, got, globals_
 
@@ -174,6 +181,7 @@ def test_simulated_streaming_heterogeneous_equals_float64_reference(delay: int, 
 def _distributed_worker(delay: int, alpha: float, compressed: List[int], churn: Tuple[int, int]) -> dict:
     import torch.distributed as torch_dist
 
+    from nanotron_ext.parallel.comm import get_ledger
     from nanotron_ext.parallel.context import build_parallel_context
     from nanotron_ext.sparseloco.pieces import SparseLoCoPieces
 
@@ -187,6 +195,7 @@ def _distributed_worker(delay: int, alpha: float, compressed: List[int], churn: 
     if compressed:  # T, split in two
         start += emb.hub.fixed
     out = {"kind": type(sync).__name__, "start": start, "basis": emb.hub.basis.clone(), "after": []}
+    get_ledger().reset()
     for step, moves in enumerate(_moves(), 1):
         with torch.no_grad():
             emb.table.weight.add_(moves[rank])
@@ -194,16 +203,21 @@ def _distributed_worker(delay: int, alpha: float, compressed: List[int], churn: 
         fixed = emb.hub.fixed.clone() if compressed else torch.zeros(64, 128)
         out["after"].append((emb.table.weight.detach().clone(), fixed))
     sync.state_dict()  # waits for the sync still in flight
+    out["bytes"], out["payload"] = get_ledger().bytes("dp", "all_gather"), sync.outer.payload_nbytes()
     return out
 
 
 @pytest.mark.slow
-def test_distributed_streaming_heterogeneous_equals_float64_reference() -> None:
-    """dp = 2 over gloo, replica 0 compressed, tau = 2, alpha = 0.5: StreamingSparseLoCoSync with the hetero hook."""
-    runs = run_distributed(_distributed_worker, 2, 2, 0.5, [0], (0, 5))
+@pytest.mark.parametrize("churn", [(0, 5), (1, 2)])
+def test_distributed_streaming_heterogeneous_equals_float64_reference(churn: Tuple[int, int]) -> None:
+    """dp = 2 over gloo, replica 0 compressed, tau = 2, alpha = 0.5: StreamingSparseLoCoSync with the hetero hook;
+    with churn (1, 2) replica 0 misses the sync sent at step 3, replica 1 the one sent at 9. The absent replica's
+    slot still crosses: the ledger counts the bytes of the run without churn."""
+    runs = run_distributed(_distributed_worker, 2, 2, 0.5, [0], churn)
     assert runs[0]["kind"] == "StreamingSparseLoCoSync"
     got = [[run["after"][s] for run in runs] for s in range(STEPS)]
-    _assert_matches(got, _reference(runs[0]["start"], runs[0]["basis"], 2, 0.5))
+    _assert_matches(got, _reference(runs[0]["start"], runs[0]["basis"], 2, 0.5, churn))
+    assert all(run["bytes"] == STEPS // H * run["payload"] for run in runs)
 
 
 def test_config_accepts_streaming_with_heterogeneous_replicas() -> None:
@@ -215,3 +229,13 @@ def test_config_accepts_streaming_with_heterogeneous_replicas() -> None:
                              "sparseloco.inner_steps=3", "sparseloco.streaming.delay=2"])
     cfg.validate()
     assert cfg.sparseloco.streaming.delay == 2
+
+
+@pytest.mark.parametrize("delay,hetero_on", [(2, False), (2, True), (0, False)])
+def test_simulated_streaming_with_churn_equals_float64_reference(delay: int, hetero_on: bool) -> None:
+    """sparseloco.churn: replica 0 misses the sync sent at step 3, replica 1 the one sent at 9 (period 2)."""
+    churn = (1, 2)
+    start, basis, got, _ = _simulated(delay, 0.5, churn, hetero_on=hetero_on)
+    _assert_matches(got, _reference(start, basis, delay, 0.5, churn))
+    with pytest.raises(AssertionError):  # the control: the run without churn
+        _assert_matches(got, _reference(start, basis, delay, 0.5))

@@ -40,9 +40,10 @@ class ChurnConfig:
     every `period` outer syncs one replica, replica c mod dp in cycle c, is absent. An absent replica's inner loop
     before that sync does not count (its payload is dropped on arrival: the others average over the replicas
     present), its error feedback is lost (it rejoins with zero), and it takes the global weights after the sync
-    (the state a live peer heals it with). The DP collective keeps its shape, so its slot still crosses (the
-    bytes are those of the run without churn) and its compute is spent: churn costs progress, not step time.
-    Replicas that really die and rejoin: sparseloco.fault_tolerance (torchft)."""
+    (the state a live peer heals it with; with sparseloco.streaming.delay > 0 it takes them at the send, trains the
+    delay's steps from them and merges on arrival as the others do). The DP collective keeps its shape, so its slot
+    still crosses (the bytes are those of the run without churn) and its compute is spent: churn costs progress, not
+    step time. Replicas that really die and rejoin: sparseloco.fault_tolerance (torchft)."""
 
     down_syncs: int = 0
     """Outer syncs per cycle that one replica misses (0: no churn). 1 of period 5: down 20% of the time."""

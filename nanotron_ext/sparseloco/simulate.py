@@ -63,6 +63,9 @@ class SimulatedReplicas:
             for hook in self.hooks:
                 hook(r, ps, "before_encode")
             payloads.append(self.outer.encode(ps, e))
+        absent = self.outer.absent(len(self.params))
+        if self.cfg.streaming.delay and absent is not None:  # emulated churn: it rejoins now, healed (streaming.py)
+            self.outer.load_into(self.params[absent])
         self.sent_bytes.append(payloads[0].numel())
         return payloads
 

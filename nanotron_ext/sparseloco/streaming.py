@@ -13,6 +13,11 @@ own copy of the DP group (`side_dp_group`), so its collective never interleaves 
 the DP group (the logged loss's all-reduce). The payload is the blocking sync's, byte for byte, and the ledger counts
 it under "dp" as "all_gather" (recorded by the side thread, so in whichever step's window it was issued).
 
+Emulated churn (sparseloco.churn): the absent replica encodes and sends as usual (its slot crosses), takes the global
+weights at the send (it rejoins there, healed with what a live peer holds: the global weights; the in-flight payloads
+reach it as they reach everyone), trains the tau steps from them and merges on arrival as the others do; its payload
+is dropped and its error feedback zeroed on arrival (outer.SparseLoCoOuter.drop_absent).
+
 Heterogeneous replicas (sparseloco.compressed_replicas): the embedding fold runs on arrival; each replica's T_S also
 gives up alpha of the fold after its merge (hetero.HeteroHook), so T_fixed + T_S is plain streaming's merged table.
 
@@ -112,11 +117,14 @@ class StreamingSparseLoCoSync(SparseLoCoSync):
         for hook in self.hooks:
             hook(self.replica, self.params, "before_encode")
         self.flight = InFlightGather(self.outer.encode(self.params, self.error), self.side_pg)
+        if self.outer.absent(self.dp_pg.size()) == self.replica:  # emulated churn: it rejoins now, healed
+            self.outer.load_into(self.params)
 
     def arrive(self) -> None:
         """Wait for the payloads (usually long there), take the outer step on the global weights, merge."""
-        gathered = self.flight.result()
+        gathered = list(self.flight.result())
         self.flight = None
+        self.outer.drop_absent(gathered, {self.replica: self.error})
         self.outer.apply(gathered)
         for hook in self.hooks:
             hook(self.replica, self.outer.global_params, "after_apply")

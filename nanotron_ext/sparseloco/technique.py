@@ -53,9 +53,6 @@ class SparseLoCoTechnique(Technique):
                 f"True: not built with sparseloco.streaming.delay={s.streaming.delay}: a replica that heals while a "
                 "sync is in flight would need the in-flight payloads from a peer, which the torchft recovery does not "
                 "send; set sparseloco.streaming.delay=0 (the blocking outer sync)")
-        require(not (s.streaming.delay and s.churn.down_syncs), "sparseloco.churn.down_syncs",
-                f"{s.churn.down_syncs}: not supported with sparseloco.streaming.delay={s.streaming.delay} yet; set "
-                "sparseloco.streaming.delay=0 (the blocking outer sync)")
         if s.churn.down_syncs:
             require(not s.fault_tolerance.enabled, "sparseloco.churn.down_syncs",
                     f"{s.churn.down_syncs}: emulated churn is for one job; with sparseloco.fault_tolerance.enabled "
