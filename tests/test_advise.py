@@ -199,7 +199,8 @@ def test_a_streaming_rule_is_headed_by_its_delay_bound_and_a_blocking_one_by_no_
     """From the committed plans (no planning here), each replica on its own internet node of internet-1g: a streaming
     rule (tau = 1, planned as its blocking twin) is headed by the bound that hides the outer sync O behind tau inner
     steps only, in closed form L0 + max(0, O - tau L0) / H (L0 the step with no outer sync, O read off the blocking
-    twin's no-overlap bound: U0 + O / H); its blocking twin by that no-overlap bound. The rule's tau is the delay its
+    twin's no-overlap bound: U0 + O / H), plus the step's agreements over the DP tier; its blocking twin by that
+    no-overlap bound. The rule's tau is the delay its
     meter system trains with (the loss runs' config), and the twin's config has none."""
     from nanotron_ext.advise.__main__ import CACHE
     from nanotron_ext.advise.ranking import meter_config, reference_of
@@ -225,7 +226,8 @@ def test_a_streaming_rule_is_headed_by_its_delay_bound_and_a_blocking_one_by_no_
         rule = L.RULES[stream]
         assert rule.plan_as == block and rule.outer_overlap == delay(stream) == 1 and delay(block) == 0
         s, b = price(planner, hw, stream, lay, reference), price(planner, hw, block, lay, reference)
-        assert (s.headline, s.step_s, b.headline, b.step_s) == ("lower", s.lower_s, "upper", b.upper_s)
+        assert (s.headline, b.headline, b.step_s) == ("lower", "upper", b.upper_s) and s.agreements_s > 0
+        assert s.step_s == s.lower_s + s.agreements_s < b.upper_s
         plan = reshape(planner.plan(block, L.RULES[block], 2, 1, reference), lay)
         h, inner = plan["outer_every"], bounds({**plan, "outer_every": 0}, hw, lay)
         sync = (b.upper_s - inner["upper_s"]) * h

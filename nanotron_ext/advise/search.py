@@ -10,7 +10,9 @@ sends, the DP all-reduce after the flush, a blocking outer sync), `ddp` (blockin
 bucketed behind the backward as torch DDP does it) and `lower` (full overlap). The headline is the bound the system's
 best trainer achieves: `ddp` for a per-step all-reduce (torch DDP is what its best user runs), `upper` for an outer
 loop whose sync blocks, `lower` for a streaming outer sync (`sparseloco.streaming.delay` tau: the clock hides the sync
-behind tau inner steps only, and the system has loss runs of its own).
+behind tau inner steps only, and the system has loss runs of its own) plus the step's agreements over the DP tier
+(the logged loss's mean over replicas), which a streaming job still blocks on every step (the clock validation's
+rule, nanotron_ext/bench/wan/validate.py).
 """
 from __future__ import annotations
 
@@ -36,13 +38,14 @@ class Priced:
     lower_s: float
     ddp_s: float
     upper_s: float
-    headline: str  # "ddp" | "upper" | "lower" (a streaming outer sync: behind its delay tau)
+    headline: str  # "ddp" | "upper" | "lower" (a streaming outer sync: behind its delay tau, + agreements_s)
     peak_gib: float
     fits: bool
+    agreements_s: float = 0.0  # the step's agreements over the DP tier: in `upper` and `ddp`, not in `lower`
 
     @property
     def step_s(self) -> float:
-        return getattr(self, f"{self.headline}_s")
+        return self.lower_s + self.agreements_s if self.headline == "lower" else getattr(self, f"{self.headline}_s")
 
 
 def _scale_ops(ledger: Dict[str, Any], f_bytes: float, f_calls: float) -> None:
@@ -93,7 +96,7 @@ def bounds(plan: Dict[str, Any], hw: Hardware, layout: Layout) -> Dict[str, floa
     works = replica_works(plan, tiers, stage, hw.tflops * 1e12)
     b = step_bounds(works, plan["outer_every"], plan.get("outer_overlap", 0))
     return {"lower_s": b.lower_s, "ddp_s": max(ddp_step_s(works, plan["outer_every"]), b.lower_s),
-            "upper_s": b.upper_s}
+            "upper_s": b.upper_s, "agreements_s": b.agreements_s}
 
 
 @dataclasses.dataclass
@@ -151,7 +154,7 @@ def price(planner: Planner, hw: Hardware, system: str, layout: Layout, reference
     peak = max(rank["peak"]["Total"] for column in shaped["inner"] + (shaped["outer"] or []) for rank in column)
     headline = ("lower" if shaped["outer_overlap"] else "upper") if rule.outer_loop else "ddp"
     return Priced(system, layout, b["lower_s"], b["ddp_s"], b["upper_s"], headline, peak / GIB,
-                  peak <= hw.device_gib * GIB)
+                  peak <= hw.device_gib * GIB, b["agreements_s"])
 
 
 def best(planner: Planner, hw: Hardware, system: str, reference: Dict[str, int], num_layers: int,
