@@ -11,15 +11,11 @@ elastic's error files (`nanotron_ext.train.failures`); this launcher prints the 
 Before any worker starts, the launcher runs the job's own start-up checks once (`nanotron_ext.train`'s
 `preflight`: config, layout against the world size, output folders, prepared data, a resume with changed
 settings): such an error is the same one line and exit 2 a second after the launch, with no worker started. An
-elastic `--nnodes MIN:MAX` none of whose world sizes fits the layout is refused there too. Over several hosts, a
-host's own checkpoints (checkpoints.storage=per_host) are left to the workers, which agree on them: a refusal on
-one host then reaches every host, where the launcher's would have left the others waiting in the rendezvous.
-
-A static rendezvous over several hosts (--nnodes N, --master-addr, --master-port) that cannot form is named, not
-waited on in silence: node 0 on a host that --master-addr is not an address of is refused at once; another node
-waits for node 0's rendezvous to answer for the rendezvous timeout (--rdzv-conf timeout=S, torch's 600 s by
-default; 30 s when --master-addr is an address of its own host, where node 0 would be), then is refused naming the
-node rank and the address.
+elastic `--nnodes MIN:MAX` none of whose world sizes fits the layout is refused there too. Over several hosts
+(a static rendezvous), the hosts' launchers agree on their checks before any of them waits in torch's rendezvous
+(`nanotron_ext.launch_hosts`): one host's refusal is printed by every host, exit 2, and a rendezvous that cannot
+form (node ranks swapped, duplicated, a host missing) is named within the rendezvous timeout. A host's own
+checkpoints (checkpoints.storage=per_host) are left to the workers, which agree on them the same way.
 
 No banner is printed (torchrun's OMP_NUM_THREADS notice and its per-worker shutdown warnings are silenced), and
 `--shutdown-timeout` defaults to 10 s instead of 30 and also applies when a worker failed (torch waits a fixed
@@ -28,18 +24,14 @@ No banner is printed (torchrun's OMP_NUM_THREADS notice and its per-worker shutd
 from __future__ import annotations
 
 import argparse
-import errno
 import logging
 import os
-import socket
 import sys
-import time
 from typing import Any, List, Optional, Tuple
 
+from nanotron_ext.launch_hosts import agree, node_range, rendezvous, rendezvous_refusal
+
 SHUTDOWN_TIMEOUT_S = 10
-RDZV_TIMEOUT_S = 600  # torch's static rendezvous's default (--rdzv-conf timeout=S)
-OWN_ADDRESS_WAIT_S = 30  # a node > 0 whose --master-addr is its own host's: node 0 should be right there
-NOTE_AFTER_S = 30  # a node still waiting for node 0 says so once
 
 
 def _ours(failure: object) -> Optional[dict]:
@@ -111,17 +103,12 @@ def _fixed_world(args: object) -> Optional[int]:
     return int(nproc) * int(lo)
 
 
-def _node_range(args: object) -> Tuple[int, int]:
-    lo, _, hi = str(getattr(args, "nnodes", "1")).partition(":")
-    return int(lo), int(hi or lo)
-
-
 def elastic_refusal(args: object, cfg: Any) -> Optional[str]:
     """Why an elastic --nnodes MIN:MAX can never start `cfg`'s layout (no world size in the range fits it), else
     None (a fixed --nnodes is checked by the preflight itself; --nproc-per-node a word: not known here)."""
     from nanotron_ext.config.checks import ConfigError
 
-    nproc, (lo, hi) = str(getattr(args, "nproc_per_node", "")), _node_range(args)
+    nproc, (lo, hi) = str(getattr(args, "nproc_per_node", "")), node_range(args)
     if not nproc.isdigit() or lo == hi:
         return None
     worlds = [int(nproc) * n for n in range(lo, hi + 1)]
@@ -138,99 +125,6 @@ def elastic_refusal(args: object, cfg: Any) -> Optional[str]:
     return (f"--nnodes {args.nnodes}: with --nproc-per-node {nproc} the world is {worlds[0]} to {worlds[-1]} ranks, "
             f"and the layout needs {need} rank{'s' if need != 1 else ''} (parallelism.dp * tp * pp = {p.dp} * {p.tp} "
             f"* {p.pp}); {fix}")
-
-
-def _rendezvous(args: object) -> Optional[Tuple[str, int, str]]:
-    """(host, port, the flags that name them) of a static rendezvous over several nodes, else None."""
-    if getattr(args, "standalone", False) or getattr(args, "rdzv_backend", "static") != "static" \
-            or _node_range(args)[1] < 2:
-        return None
-    endpoint = getattr(args, "rdzv_endpoint", "") or ""
-    if endpoint:
-        host, _, port = endpoint.rpartition(":")
-        return (host, int(port), f"--rdzv-endpoint {endpoint}") if port.isdigit() and host else None
-    if getattr(args, "master_addr", None) is None or getattr(args, "master_port", None) is None:
-        return None  # (torch picks them itself)
-    host, port = str(args.master_addr), int(args.master_port)
-    return host, port, f"--master-addr {host} --master-port {port}"
-
-
-def _rdzv_timeout_s(args: object) -> float:
-    for item in str(getattr(args, "rdzv_conf", "") or "").split(","):
-        key, _, value = item.partition("=")
-        if key.strip() == "timeout":
-            try:
-                return max(0.0, float(value))
-            except ValueError:
-                break
-    return float(RDZV_TIMEOUT_S)
-
-
-def _is_own_address(host: str) -> bool:
-    """Whether `host` is an address of this machine (a socket can be bound to it)."""
-    for family, kind, proto, _, addr in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM):
-        with socket.socket(family, kind, proto) as s:
-            try:
-                s.bind((addr[0], 0))
-                return True
-            except OSError as e:
-                if e.errno != errno.EADDRNOTAVAIL:
-                    raise
-    return False
-
-
-def rendezvous_refusal(args: object) -> Optional[str]:
-    """Node 0 hosts a static rendezvous at --master-addr: refused at once on a host that address is not of."""
-    rdzv = _rendezvous(args)
-    if rdzv is None or int(getattr(args, "node_rank", 0)) != 0:
-        return None
-    host, _, named = rdzv
-    try:
-        own = _is_own_address(host)
-    except OSError as e:
-        return f"{named.split(' --')[0]}: cannot be resolved or bound here ({e}): give node 0's address"
-    if not own:
-        return (f"--node-rank 0 hosts the rendezvous, but {named.split(' --')[0]} is not an address of this host: "
-                f"launch --node-rank 0 on the host at {host}, or give this host's address (were the node ranks "
-                "swapped?)")
-    return None
-
-
-def wait_for_rendezvous(args: object, note: Any = print) -> Optional[str]:
-    """A node > 0 of a static rendezvous: wait until node 0's store answers at --master-addr; the refusal when it
-    did not within the bound (module doc), else None."""
-    rdzv = _rendezvous(args)
-    node = int(getattr(args, "node_rank", 0))
-    if rdzv is None or node == 0:
-        return None
-    host, port, named = rdzv
-    try:
-        own = _is_own_address(host)
-    except OSError:
-        own = False  # not resolvable: torch says so itself when it tries
-    bound = min(OWN_ADDRESS_WAIT_S, _rdzv_timeout_s(args)) if own else _rdzv_timeout_s(args)
-    start = time.monotonic()
-    noted = False
-    while True:
-        left = bound - (time.monotonic() - start)
-        try:
-            with socket.create_connection((host, port), timeout=max(0.1, min(2.0, left))):
-                return None
-        except OSError:
-            pass
-        if time.monotonic() - start >= bound:
-            break
-        if not noted and time.monotonic() - start >= NOTE_AFTER_S:
-            note(f"note: --node-rank {node} is waiting for node 0's rendezvous at {named}; nothing answers there "
-                 "yet", file=sys.stderr, flush=True)
-            noted = True
-        time.sleep(0.5)
-    if own:
-        return (f"--node-rank {node}: nothing answered at {named} for {bound:g} s, and that is an address of this "
-                "host: node 0 hosts the rendezvous, so --master-addr must be the address of the host launched with "
-                "--node-rank 0 (were the node ranks swapped?)")
-    return (f"--node-rank {node}: no rendezvous answered at {named} within {bound:g} s (the rendezvous timeout, "
-            "--rdzv-conf timeout=S): launch --node-rank 0 on that host, or give that host's address")
 
 
 NPROC_WORDS = ("auto", "cpu", "gpu", "xpu")  # what torchrun's --nproc_per_node takes besides a count
@@ -281,7 +175,7 @@ def preflight_line(args: object) -> Optional[str]:
     from nanotron_ext.train.__main__ import preflight
 
     try:
-        cfg = preflight(list(args.training_script_args), _fixed_world(args), several_hosts=_node_range(args)[1] > 1)
+        cfg = preflight(list(args.training_script_args), _fixed_world(args), several_hosts=node_range(args)[1] > 1)
         refusal = elastic_refusal(args, cfg)
     except UserFacingError as e:
         return one_line(f"error: {e}")
@@ -304,15 +198,25 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     try:
         check_world_args(args)
+        line = None
     except ArgumentError as e:
-        print(f"error: {one_line(str(e))}", file=sys.stderr, flush=True)
+        line = f"error: {one_line(str(e))}"
+    cannot_host = rendezvous_refusal(args)
+    if cannot_host:  # node 0 that cannot host the rendezvous: there is nobody to tell
+        print(f"error: {one_line(cannot_host)}", file=sys.stderr, flush=True)
         return 2
-    line = rendezvous_refusal(args)
-    line = f"error: {one_line(line)}" if line else preflight_line(args)
-    if not line:
-        waited = wait_for_rendezvous(args)
-        line = f"error: {one_line(waited)}" if waited else None
-    if line:
+    line = line or preflight_line(args)
+    agreed = None  # over several hosts: holds node 0's store, which torchrun's rendezvous reuses until run ends
+    if rendezvous(args) is not None:
+        try:
+            agreed = agree(args, line, note=print)
+        except KeyboardInterrupt:
+            return 130
+        if agreed.line and not agreed.printed:
+            print(one_line(agreed.line), file=sys.stderr, flush=True)
+        if agreed.line:
+            return agreed.code
+    elif line:
         print(line, file=sys.stderr, flush=True)
         return 2
     if args.shutdown_timeout is None and "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" not in os.environ:

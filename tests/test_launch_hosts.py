@@ -155,3 +155,32 @@ def test_swapped_node_ranks_are_refused_on_both_hosts_naming_the_flags(tmp_path:
     for node, err in zip((1, 0), outs):
         line = err.strip().splitlines()[-1]
         assert f"--node-rank {node}" in line and "--master-addr 10.77.0.1" in line, err[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("refusing", [0, 1])
+def test_one_hosts_preflight_refusal_is_printed_by_both_hosts(tmp_path: Path, small_corpus: Path,
+                                                              refusing: int) -> None:
+    """Two hosts (network namespaces), one whose launcher's own start-up check refuses (its data folder is
+    missing): that host refused at once while the other waited in the rendezvous, silent, for its whole timeout
+    (600 s). Now both print the refusal, naming the node and the key, well within 60 s."""
+    from nanotron_ext.bench.netns_hosts import Hosts, available
+
+    if available() is not None:
+        pytest.skip(str(available()))
+    with Hosts(2, disk_root=tmp_path / "disks") as hosts:
+        t0 = time.monotonic()
+        argvs = [_host_argv(i, 29500, tmp_path, small_corpus, master=hosts.addr(0)) for i in (0, 1)]
+        argvs[refusing] += ["--set", f"data.prepared_dir={tmp_path / 'missing'}"]
+        procs = [hosts.popen(i, argvs[i], env={"OMP_NUM_THREADS": "1"}, cwd=REPO, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True) for i in (0, 1)]
+        try:
+            outs = [p.communicate(timeout=60)[1] for p in procs]
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"a host was still waiting after {time.monotonic() - t0:.0f} s")
+        took = time.monotonic() - t0
+    assert [p.returncode for p in procs] == [2, 2], outs
+    for err in outs:
+        line = err.strip().splitlines()[-1]
+        assert line.startswith(f"error: node {refusing} (10.77.0.{refusing + 1}): data.prepared_dir "), err[-2000:]
+    assert took < 60, took
