@@ -15,8 +15,10 @@ class SparseLoCoPieces(Pieces):
     def dp_sync(self, name: str, model: nn.Module, ctx: ParallelContext, cfg: Any) -> DataParallelSync:
         if cfg.sparseloco.fault_tolerance.enabled:  # torchft is imported only here (the `ft` extra)
             from nanotron_ext.sparseloco.fault import FaultTolerantSparseLoCoSync
+            from nanotron_ext.sparseloco.fault_streaming import StreamingFaultTolerantSparseLoCoSync
 
-            return FaultTolerantSparseLoCoSync(model, ctx, cfg)
+            streaming = cfg.sparseloco.streaming.delay
+            return (StreamingFaultTolerantSparseLoCoSync if streaming else FaultTolerantSparseLoCoSync)(model, ctx, cfg)
         if cfg.sparseloco.streaming.delay:  # delay 0: the blocking sync, unchanged
             from nanotron_ext.sparseloco.streaming import StreamingSparseLoCoSync
 

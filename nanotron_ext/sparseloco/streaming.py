@@ -18,6 +18,8 @@ weights at the send (it rejoins there, healed with what a live peer holds: the g
 reach it as they reach everyone), trains the tau steps from them and merges on arrival as the others do; its payload
 is dropped and its error feedback zeroed on arrival (outer.SparseLoCoOuter.drop_absent).
 
+Fault tolerance (sparseloco.fault_tolerance, torchft): fault_streaming.StreamingFaultTolerantSparseLoCoSync.
+
 Heterogeneous replicas (sparseloco.compressed_replicas): the embedding fold runs on arrival; each replica's T_S also
 gives up alpha of the fold after its merge (hetero.HeteroHook), so T_fixed + T_S is plain streaming's merged table.
 

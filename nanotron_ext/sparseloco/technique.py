@@ -49,10 +49,6 @@ class SparseLoCoTechnique(Technique):
             require(not (s.compressed_replicas and s.grassmann_every), "sparseloco.grassmann_every",
                     f"{s.grassmann_every}: with sparseloco.fault_tolerance.enabled the shared U would need the "
                     "compressed replicas' gradient statistics averaged across replica jobs (not built); set it to 0")
-        require(not (s.streaming.delay and s.fault_tolerance.enabled), "sparseloco.fault_tolerance.enabled",
-                f"True: not built with sparseloco.streaming.delay={s.streaming.delay}: a replica that heals while a "
-                "sync is in flight would need the in-flight payloads from a peer, which the torchft recovery does not "
-                "send; set sparseloco.streaming.delay=0 (the blocking outer sync)")
         if s.churn.down_syncs:
             require(not s.fault_tolerance.enabled, "sparseloco.churn.down_syncs",
                     f"{s.churn.down_syncs}: emulated churn is for one job; with sparseloco.fault_tolerance.enabled "
