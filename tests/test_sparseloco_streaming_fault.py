@@ -7,7 +7,9 @@ Manager and process group, in one process, so the orderings a real run reaches o
   payload sent at the start (not one re-encoded from the weights trained since), and the result equals the clean
   run's bit for bit; max_retries failures stop the run with one error;
 - a replica healed in that retry takes the peer's global weights and outer state, sends nothing, and after the
-  commit holds global_new (that sync's outer step from the peer's payload) with zero error feedback.
+  commit holds global_new (that sync's outer step from the peer's payload) with zero error feedback;
+- a checkpoint taken with the sync in flight and resumed gathers the saved payload again at the arrival and ends
+  bit for bit as the run that went on; healed at its join instead, the replica drops it.
 """
 from __future__ import annotations
 
@@ -45,6 +47,12 @@ class _Manager:
 
     def should_commit(self) -> bool:
         return self.err is None
+
+    def state_dict(self) -> Dict[str, int]:
+        return {"step": 0}
+
+    def load_state_dict(self, state: Dict[str, int]) -> None:
+        pass
 
 
 class _Board:
@@ -88,6 +96,7 @@ def _stub_sync(replica: int, model: torch.nn.Module, board: _Board, manager: _Ma
     sync = object.__new__(StreamingFaultTolerantSparseLoCoSync)  # the sync's own state, torchft replaced by stubs
     sync.scfg, sync.ft, sync.hooks, sync.ledger, sync.attempts = cfg, cfg.fault_tolerance, [], CommLedger(), []
     sync.params = list(model.parameters())
+    sync.names = [n for n, _ in model.named_parameters()]
     sync.outer = SparseLoCoOuter(sync.params, cfg)
     sync.error = sync.outer.new_error()
     sync.pg, sync.manager = board.group(replica), manager
@@ -191,3 +200,44 @@ def test_a_replica_healed_in_the_retry_takes_global_new_with_zero_error() -> Non
     for p, want, got in zip(sync.params, oracle.global_params, sync.outer.global_params):
         assert torch.equal(got, want) and torch.equal(p.detach(), want)
     assert not any(e.any() for e in sync.error)
+
+
+def test_a_checkpoint_with_the_sync_in_flight_resumes_bit_exactly() -> None:
+    """Replica 0 against a fixed peer payload: checkpointed at step 4 (sent at 3, due at 5), rebuilt from the
+    checkpoint and the step-4 weights, step 5 gives the straight run's weights, global weights and error feedback
+    bit for bit; the resumed arrival gathered the payload sent at step 3 again. Healed at its join instead (the
+    others went on), the resumed replica drops the sync it held in flight."""
+    import copy
+
+    straight, _, _, _, _ = _alone(0)
+    model = _models()[0]
+    _, _, peer = _peer_payload(model)
+    sync = _stub_sync(0, model, _Board(0, peer), _Manager())
+    gen = _noise(0)
+    for step in range(1, 5):
+        _inner_step(model.parameters(), gen)
+        sync.after_step(step)
+    state = copy.deepcopy(sync.state_dict())
+    assert state["in_flight"] is not None
+    weights = copy.deepcopy(model.state_dict())
+
+    resumed_model = _models()[0]
+    resumed_model.load_state_dict(weights)
+    board = _Board(0, peer)
+    resumed = _stub_sync(0, resumed_model, board, _Manager())
+    resumed.load_state_dict(state)
+    _inner_step(resumed_model.parameters(), gen)
+    resumed.after_step(5)
+    assert resumed.attempts == [1] and resumed.outer.syncs == 1
+    assert torch.equal(board.inputs[0][0], state["in_flight"]["payload"])
+    for a, b in zip(straight.error + straight.params + straight.outer.global_params,
+                    resumed.error + resumed.params + resumed.outer.global_params):
+        assert torch.equal(a, b)
+
+    g = [p.detach().clone() + 0.5 for p in model.parameters()]
+    healed = _stub_sync(0, _models()[0], _Board(0, peer),
+                        _Manager(heal_in={1: {"global": g, "momentum": [torch.zeros_like(t) for t in g], "syncs": 1}}))
+    healed.load_state_dict(copy.deepcopy(state))
+    assert healed.flight is not None
+    healed.start()
+    assert healed.healed and healed.flight is None

@@ -20,13 +20,16 @@ streaming.StreamingSparseLoCoSync splits the DP sync.
 - A (re)starting replica joins with fault.py's blocking sync without a payload (`start`): healed at the others'
   next quorum, it takes the outer step of that sync at once (the vote is per replica group in torchft, so it does
   not wait for the others' arrival) and trains from global_new.
-- A checkpoint does not hold a sync in flight: the outer state saved is the committed one. A replica that resumes
-  alone is healed by the others; replicas that all stop with a sync in flight lose it as a failed sync (its error
-  feedback copy was never committed, so what it carried is sent again at the next sync).
+- A checkpoint taken with a sync in flight holds this replica's payload and error copy (not the gathered ones: that
+  sync was never voted on). Resumed, the sync is taken like a retry at its arrival: a quorum, every replica gathers
+  again the payload it sent (the same bytes), vote, outer step, merge: bit for bit as the run that went on, when
+  every replica resumes. A replica healed at its join (`start`: the others went on) drops it, as its peer's state
+  has it applied. (A replica meeting, in that quorum, one at the same committed step without it would gather with
+  that one's next send: the same outer sync, encoded against the same global weights; reasoned, not tested.)
 """
 from __future__ import annotations
 
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 from nanotron.parallel import ParallelContext
@@ -42,8 +45,9 @@ class _Flight:
     it leaves if committed, whether it takes global_new rather than merging (healed in a retry), and the gather in
     progress (None where it could not be issued: the vote then fails)."""
 
-    def __init__(self, payload: torch.Tensor, error: List[torch.Tensor], take: bool = False) -> None:
-        self.payload, self.error, self.take = payload, error, take
+    def __init__(self, payload: torch.Tensor, error: List[torch.Tensor], take: bool = False,
+                 resumed: bool = False) -> None:
+        self.payload, self.error, self.take, self.resumed = payload, error, take, resumed
         self.work: Any = None
         self.gathered: Optional[List[torch.Tensor]] = None
 
@@ -112,7 +116,7 @@ class StreamingFaultTolerantSparseLoCoSync(FaultTolerantSparseLoCoSync):
         """Wait for the gather, vote, apply and merge; on a failed vote retry at once with the next quorum."""
         flight, self.flight = self.flight, None
         for attempt in range(self.ft.max_retries + 1):
-            if attempt:
+            if attempt or flight.resumed:  # a retry, or a sync read back from a checkpoint: gathered again
                 self.healed = False
                 self._quorum()  # a heal here: the global weights the in-flight sync applies to, error zero
                 if self.healed:  # ABSENT is 0: an all-zero payload
@@ -157,6 +161,32 @@ class StreamingFaultTolerantSparseLoCoSync(FaultTolerantSparseLoCoSync):
         finally:
             if self.hetero is not None:
                 self.hetero.keep = keep
+
+    def start(self) -> None:
+        """fault.py's join; a replica healed there drops the sync its checkpoint held in flight (the peer's state has
+        it applied, or it was never committed by anyone)."""
+        super().start()
+        if self.healed:
+            self.flight = None
+
+    def state_dict(self) -> Dict[str, Any]:
+        state = super().state_dict()
+        if self.flight is not None:  # this replica's payload and error copy: the sync is gathered again on resume
+            state["in_flight"] = {"payload": self.flight.payload, "error": dict(zip(self.names, self.flight.error))}
+        return state
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        pending = state.get("in_flight") if state else None
+        super().load_state_dict({k: v for k, v in state.items() if k != "in_flight"} if state else state)
+        self.flight = None
+        if pending is not None:
+            size = self.outer.payload_nbytes() + 1
+            if not isinstance(pending, dict) or pending["payload"].numel() != size:
+                raise ValueError(f"sparseloco checkpoint: the in-flight outer sync is not a fault-tolerant replica's "
+                                 f"payload of {size} B (saved with another sparseloco.fault_tolerance setting?)")
+            device = self.global_device
+            error = [pending["error"][n].to(device) for n in self.names]
+            self.flight = _Flight(pending["payload"].to(device), error, resumed=True)
 
     def close(self) -> None:
         if self.flight is not None:  # let the last gather finish before torchft's group goes away under a peer
