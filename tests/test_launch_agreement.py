@@ -78,3 +78,30 @@ def test_a_host_that_never_arrives_is_named_after_the_bound() -> None:
 def test_judge_names_a_node_rank_not_below_nnodes() -> None:
     line, missing = judge([{**_verdict(0), "claim": 1}, {**_verdict(2), "claim": 1}], 2, 0)
     assert line is not None and "--node-rank 2 is not below --nnodes 2" in line and missing == [1], line
+
+
+def test_node_zero_stays_up_with_its_refusal_until_a_late_host_has_read_it() -> None:
+    """agree() end to end on 127.0.0.1: node 0 refuses at once and must not take the store down with it before
+    node 1, launched 2 s later, has read why."""
+    import argparse
+    import time
+
+    from nanotron_ext.launch_hosts import agree
+
+    port, notes, out, ended = _free_port(), [], {}, {}
+
+    def host(node: int, refusal: Optional[str]) -> None:
+        args = argparse.Namespace(nnodes="2", node_rank=node, rdzv_backend="static", master_addr="127.0.0.1",
+                                  master_port=port, rdzv_conf="timeout=20")
+        out[node] = agree(args, refusal, note=lambda *a, **k: notes.append(a[0]))
+        ended[node] = time.monotonic()
+
+    first = threading.Thread(target=host, args=(0, "error: data.prepared_dir /x does not exist"))
+    first.start()
+    time.sleep(2.0)
+    host(1, None)
+    first.join(timeout=30)
+    assert not first.is_alive()
+    assert out[0].line == out[1].line == "error: node 0 (127.0.0.1): data.prepared_dir /x does not exist", out
+    assert out[0].code == out[1].code == 2 and out[0].printed and not out[1].printed
+    assert ended[0] >= ended[1] - 1.0, ended  # node 0 returned only once node 1 had read it
