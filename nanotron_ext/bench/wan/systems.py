@@ -101,6 +101,8 @@ SYSTEMS: Dict[str, System] = {
          ("sparseloco.compressed_replicas=[]", STREAMING)),
         ("3d_diloco_nesterov_streaming", "3D, DP: dense DiLoCo (outer Nesterov), streaming outer sync (tau = 1, "
          "alpha = 0.5)", DENSE_TP + DENSE_OUTER + DILOCO_OUTER + (STREAMING,)),
+        # the composed job itself with it (streaming with heterogeneous replicas: the fold on arrival); no runs yet
+        ("three_tiers_streaming", "three tiers, streaming outer sync (tau = 1, alpha = 0.5)", (STREAMING,)),
     ]},
     # the churn scenario: 4 replicas, one of them absent from 1 outer sync in 5 (sparseloco.churn), beside no churn
     "sparseloco_dp4": System("SparseLoCo (dp=4)", 4, DATA4 + ("parallelism.dp_sync=sparseloco",)),
