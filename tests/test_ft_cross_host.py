@@ -15,21 +15,19 @@ restart. Needs root and namespaces: skipped otherwise."""
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Tuple, Union
+from typing import Dict, List, Tuple
 
 import pytest
 
 from nanotron_ext.bench.multi_host import REPO, last_line, launcher_argv
 from nanotron_ext.bench.netns_hosts import Hosts, available
 from nanotron_ext.metrics.logger import read_metrics
+from nanotron_ext.sparseloco.ft_hosts_fault import heals, pace
 from nanotron_ext.train.checkpoint import list_checkpoints
 from tests.conftest import SMALL_VOCAB
 
@@ -72,23 +70,6 @@ def start_lighthouse(hosts: Hosts, log: Path) -> subprocess.Popen:
                        stderr=subprocess.STDOUT, cwd=REPO)
 
 
-def pace(pid: Union[int, List[int]], until: Callable[[], bool], stop_s: float = 2.5, run_s: float = 0.25) -> None:
-    """Run the job(s) under `pid` in short spells (SIGSTOP / SIGCONT) until `until()`: a slower machine, still a
-    member of every quorum (each pause shorter than the lighthouse's heartbeat timeout). The tiny model's inner loop
-    takes a fraction of a second, the other replica's start tens: paced, the live replica is still training when
-    the other is up. Pausing a process changes nothing it computes."""
-    try:
-        while not until():
-            signal_tree(pid, signal.SIGSTOP)
-            deadline = time.monotonic() + stop_s
-            while time.monotonic() < deadline and not until():
-                time.sleep(0.05)
-            signal_tree(pid, signal.SIGCONT)
-            time.sleep(run_s)
-    finally:
-        signal_tree(pid, signal.SIGCONT)
-
-
 def start_datacenter(hosts: Hosts, sets: List[str], log: Path) -> subprocess.Popen:
     """Host 0: replica 0, both stages on this host (2 processes), its job in its own process group."""
     argv = [sys.executable, "-m", "nanotron_ext.sparseloco.ft_launch", "--config-file", str(EXAMPLE), "--replicas",
@@ -109,28 +90,6 @@ def start_wan_replica(hosts: Hosts, sets: List[str], disk_at: Path, logs: Path, 
             for h in (1, 2)]
 
 
-def tree(pid: int) -> List[int]:
-    """`pid` and every process below it (torchrun starts its workers in sessions of their own)."""
-    parents: Dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parents[int(stat.parent.name)] = int(fields[1])
-    found, frontier = [pid], [pid]
-    while frontier:
-        frontier = [c for c, p in parents.items() if p in frontier]
-        found += frontier
-    return found
-
-
-def signal_tree(pids: Union[int, List[int]], sig: int) -> None:
-    for p in [q for pid in ([pids] if isinstance(pids, int) else pids) for q in tree(pid)]:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(p, sig)
-
-
 def losses(run_dir: Path) -> Dict[int, float]:
     metrics = run_dir / "metrics.jsonl"
     return {r["step"]: r["loss"] for r in read_metrics(metrics) if "loss" in r} if metrics.is_file() else {}
@@ -148,12 +107,6 @@ def wait_for(what: str, done, procs: List[subprocess.Popen], log: Path, timeout_
 def quorums(lighthouse_log: Path) -> List[str]:
     """The quorums the lighthouse formed so far (one line each, naming the members)."""
     return [line for line in lighthouse_log.read_text().splitlines() if "Quorum!" in line]
-
-
-def heals(log: str, replica: int = WAN) -> List[Tuple[int, str, int]]:
-    """(rank, the peer's recovery server, bytes) of every heal of `replica`'s ranks said in a log."""
-    return [(int(m[1]), m[2], int(m[3])) for m in
-            re.finditer(rf"replica {replica} rank (\d+) healed from (\S+): (\d+) bytes", log)]
 
 
 def joined_at(log: str, replica: int = WAN) -> int:
@@ -275,7 +228,7 @@ def test_a_two_host_replica_loses_a_host_mid_step_rejoins_and_heals_rank_by_rank
     # both joins: every rank healed once, from a recovery server of the datacenter host (one per stage), and
     # received that stage's fp32 weights plus T_fixed (V x d)
     for run in (first, again):
-        got = sorted(heals(run[1]) + heals(run[2]))
+        got = sorted(heals(run[1], WAN) + heals(run[2], WAN))
         assert [g[0] for g in got] == [0, 1] and len({g[1] for g in got}) == 2, got
         assert all(f"//{host0}:" in g[1] for g in got), got
         assert [g[2] for g in got] == [(n + SMALL_VOCAB * 32) * 4 for n in ref["stages"]], (got, ref["stages"])
