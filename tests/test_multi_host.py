@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Tuple
 
 import pytest
 
@@ -20,6 +21,7 @@ from nanotron_ext.bench.netns_hosts import Hosts, available
 from nanotron_ext.metrics.logger import read_metrics
 from nanotron_ext.train.checkpoint import list_checkpoints
 from tests.conftest import SMALL_VOCAB
+from tests.helpers.dist import run_distributed
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(available() is not None, reason=str(available()))]
 
@@ -44,24 +46,32 @@ def _losses(run_dir: Path) -> dict:
     return {r["step"]: r["loss"] for r in read_metrics(metrics) if "loss" in r} if metrics.is_file() else {}
 
 
+def _single_host_worker(overrides: list) -> None:
+    from nanotron_ext.config.loader import load_config
+    from nanotron_ext.train.trainer import Trainer
+
+    Trainer(load_config(EXAMPLE, overrides)).train()
+
+
 def _single_host(tmp: Path, sets: list) -> dict:
-    """The same config on one host, two processes, one shared folder: the reference losses."""
-    argv = [sys.executable, "-m", "nanotron_ext.launch", "--standalone", "--nproc-per-node", "2", "-m",
-            "nanotron_ext.train", "--config-file", str(EXAMPLE)]
-    for s in [*sets, f"general.output_dir={tmp}/runs", f"checkpoints.dir={tmp}/ckpt", "logging.progress_bar=false",
-              "checkpoints.storage=shared"]:
-        argv += ["--set", s]
-    subprocess.run(argv, cwd=REPO, check=True, timeout=600, stdout=subprocess.DEVNULL)
+    """The same config on one host, two processes (forked ranks, torch preloaded), one shared folder: the
+    reference losses."""
+    run_distributed(_single_host_worker, 2, [*sets, f"general.output_dir={tmp}/runs", f"checkpoints.dir={tmp}/ckpt",
+                                             "logging.progress_bar=false", "checkpoints.storage=shared"])
     return _losses(tmp / "runs" / "tiny_two_hosts")
 
 
-def _export(run: Path, folders: list, out: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "nanotron_ext.export", "--run", str(run), "--checkpoints",
-                           *map(str, folders), "--out", str(out)], cwd=REPO, capture_output=True, text=True,
-                          timeout=600)
+def _export(run: Path, folders: list, out: Path, capsys: pytest.CaptureFixture) -> Tuple[int, str]:
+    """python -m nanotron_ext.export, in this process (torch and transformers imported once, not per export):
+    its exit code and what it wrote to stderr."""
+    from nanotron_ext.export import main
+
+    capsys.readouterr()
+    code = main(["--run", str(run), "--checkpoints", *map(str, folders), "--out", str(out)])
+    return code, capsys.readouterr().err
 
 
-def test_two_hosts_pipeline_survives_a_dead_host_and_matches_one_host(tmp_path, sets):
+def test_two_hosts_pipeline_survives_a_dead_host_and_matches_one_host(tmp_path, sets, capsys):
     reference = _single_host(tmp_path / "one_host", sets)
     disk_at = tmp_path / "disk"
     sets = [*sets, *disk_sets(disk_at)]
@@ -94,18 +104,18 @@ def test_two_hosts_pipeline_survives_a_dead_host_and_matches_one_host(tmp_path, 
             assert losses[s] == pytest.approx(reference[s], rel=1e-6, abs=1e-6), s
         # export: one host's folder is not the model; every host's is
         run = hosts.disk(0) / "runs" / "tiny_two_hosts"
-        refused = _export(run, ckpt[:1], tmp_path / "hf_refused")
-        assert refused.returncode == 2 and "node 1's shard pp1_dp0_tp0.pt" in refused.stderr, refused.stderr
+        code, err = _export(run, ckpt[:1], tmp_path / "hf_refused", capsys)
+        assert code == 2 and err.count("\n") == 1 and "node 1's shard pp1_dp0_tp0.pt" in err, err
         assert not (tmp_path / "hf_refused").exists()
-        done = _export(run, ckpt, tmp_path / "hf")
-        assert done.returncode == 0, done.stderr
+        code, err = _export(run, ckpt, tmp_path / "hf", capsys)
+        assert code == 0, err
         assert (tmp_path / "hf" / "config.json").is_file()
         # or one folder the hosts' files were copied into (each checked against the sha256 its host recorded)
         gathered = tmp_path / "gathered"
         shutil.copytree(ckpt[0], gathered)
         shutil.copy(ckpt[1] / f"step_{STEPS}" / "pp1_dp0_tp0.pt", gathered / f"step_{STEPS}")
-        done = _export(run, [gathered], tmp_path / "hf_gathered")
-        assert done.returncode == 0, done.stderr
+        code, err = _export(run, [gathered], tmp_path / "hf_gathered", capsys)
+        assert code == 0, err
 
 
 def test_a_cut_link_ends_the_job_within_the_collective_timeout(tmp_path, sets):
