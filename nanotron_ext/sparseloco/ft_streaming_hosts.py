@@ -105,8 +105,9 @@ def replica_row(run: Path, inner: int) -> Dict[str, Any]:
 
 def clock_bounds(sets: Sequence[str], cpu_s: Sequence[float], mbps: float, cache: Path) -> Dict[str, Any]:
     """The model clock's bounds of the two replicas as one dp = 2 job (its twin: the planner builds no torchft
-    sync) at the replicas' own CPU seconds per step, the outer sync's all_gather over a plain pipe of `mbps`
-    (a payload well above tbf's bucket: the bucket's share is said beside it)."""
+    sync) at `cpu_s`, its ranks' CPU seconds per step (one throughput for the job: their mean), the outer sync's
+    all_gather over a plain pipe of `mbps` (a payload well above tbf's bucket: the bucket's share is said beside
+    it)."""
     from nanotron_ext.bench.clock import Link, planned, priced_at_cpu_seconds, replica_works
     from nanotron_ext.bench.netns_hosts.links import tbf_burst_bytes
 
@@ -133,8 +134,9 @@ def timed_run(name: str, rate: str, mbps: float, args: argparse.Namespace, delay
         procs = [launch_replica(hosts, i, sets, logs / f"host{i}.log") for i in range(2)]
         check_codes(name, procs, wait_job(procs, args.timeout_s), logs)
         rows = {i: replica_row(run_dir(hosts, i), args.inner_steps) for i in range(2)}
-    clock = clock_bounds(sets, [rows[i]["cpu_step_s"] for i in range(2)], mbps, work / "plans")
-    measured = max(r["mean_step_s"] for r in rows.values())  # the replicas meet at every quorum: the slower paces
+    slower = max(r["cpu_step_s"] for r in rows.values())  # the replicas meet at every quorum: the slower paces
+    clock = clock_bounds(sets, [slower, slower], mbps, work / "plans")
+    measured = max(r["mean_step_s"] for r in rows.values())
     bound = clock["no_overlap_s"] if delay == 0 else clock["full_overlap_s"]
     return {"run": name, "delay": delay, "replicas": rows, "clock": clock, "measured_step_s": measured,
             "bound": "no overlap" if delay == 0 else f"full overlap behind tau = {delay}", "bound_s": bound,
