@@ -393,7 +393,7 @@ def test_resume_overwrite_deletes_nothing_until_the_new_run_has_a_checkpoint(sma
 
     overrides = _small_overrides(small_corpus, tmp_path, 1, 1, 1, 3) + ["checkpoints.interval=1",
                                                                         "checkpoints.keep_last=3"]
-    assert run_job(1, overrides).returncode == 0
+    run_distributed(_straight_worker, 1, overrides)  # the run to relaunch over (forked: torch preloaded)
     ckpt = tmp_path / "ckpt"
     before = _step_folders(ckpt)
     assert sorted(before) == ["step_1", "step_2", "step_3"]
@@ -416,8 +416,7 @@ def test_a_lost_summary_is_rebuilt_from_the_metrics_and_the_final_checkpoint(sma
 
     from tests.helpers.jobs import run_job
 
-    straight = run_job(1, _small_overrides(small_corpus, tmp_path / "a", 1, 1, 1, 4))
-    assert straight.returncode == 0, straight.stderr[-3000:]
+    run_distributed(_straight_worker, 1, _small_overrides(small_corpus, tmp_path / "a", 1, 1, 1, 4))  # forked
     overrides = _small_overrides(small_corpus, tmp_path / "b", 1, 1, 1, 4)
     run_dir = tmp_path / "b" / "tiny_llama"
     (run_dir / "summary.json").mkdir(parents=True)  # the final write fails, as on a full disk
@@ -450,7 +449,7 @@ def test_resume_refuses_changed_outer_loop_and_codec_settings_naming_the_keys(sm
 
     sparseloco = ["parallelism.dp_sync=sparseloco", "sparseloco.inner_steps=2", "sparseloco.topk=8"]
     base = _small_overrides(small_corpus, tmp_path / "s", 2, 1, 1, 2) + ["checkpoints.interval=1"]
-    assert run_job(2, base + sparseloco).returncode == 0
+    run_distributed(_straight_worker, 2, base + sparseloco)  # the run to resume (forked: torch preloaded)
     ckpt = tmp_path / "s" / "ckpt" / "step_2"
     config_yaml = (tmp_path / "s" / "tiny_llama" / "config.yaml").read_bytes()
     for change, expected in [
@@ -469,7 +468,7 @@ def test_resume_refuses_changed_outer_loop_and_codec_settings_naming_the_keys(sm
     assert (tmp_path / "s" / "tiny_llama" / "config.yaml").read_bytes() == config_yaml
     # a codec change on one process (codec boundaries after every layer)
     codec = _small_overrides(small_corpus, tmp_path / "c", 1, 1, 1, 2) + ["model.codec.boundaries=every_layer"]
-    assert run_job(1, codec + ["model.codec.kind=int8"]).returncode == 0
+    run_distributed(_straight_worker, 1, codec + ["model.codec.kind=int8"])
     config_yaml = (tmp_path / "c" / "tiny_llama" / "config.yaml").read_bytes()
     proc = run_job(1, codec + ["model.codec.kind=topk", "tokens.train_steps=4"])
     assert proc.returncode == 2 and "model.codec.kind 'int8' -> 'topk'" in proc.stderr, proc.stderr[-3000:]
