@@ -115,11 +115,12 @@ def replica_row(run_dir: Path, inner: int, closed: Dict[str, Optional[float]], d
     sync_s = [r["step_time_s"] for r in timed if r["step"] % inner in syncs]
     one = next(r["comm_bytes"] for r in timed if r["step"] % inner not in syncs)
     # a sync's extra bytes: its send step and its arrival step less two inner steps' (the blocking sync: one step);
-    # of the syncs both replicas sent in, the smallest (a heal's recovery bytes fall in its step too)
+    # of the syncs both replicas sent in and that arrived (a relaunched replica drops the one it held in flight), the
+    # smallest (a heal's recovery bytes fall in its step too)
     at = {r["step"]: r["comm_bytes"] for r in records}
     cycles = [{g: sum(at[t + d].get(g, 0) - one.get(g, 0) for d in {0, delay}) for g in GROUPS}
               for t in sorted(at) if not t % inner and t + delay in at]
-    sync = min(cycles, key=lambda c: (c["ft"] <= 0, c["ft"])) if cycles else {g: 0 for g in GROUPS}
+    sync = min(cycles, key=lambda c: (c["ft"] <= 0, c["tp"] <= 0, c["ft"])) if cycles else {g: 0 for g in GROUPS}
     wire = one.get("pp:send:fwd", 0) + one.get("pp:send:bwd", 0)
     summary = json.loads((run_dir / "summary.json").read_text())
     by_step = {r["step"]: r["loss"] for r in records}

@@ -134,7 +134,8 @@ def kill_and_relaunch(hosts: Any, start: Starter, host: int, at_step: int, run_d
             "resumed_at_step": int(resumed[2]) if resumed else 0,
             "steps_logged_before_relaunch": before,
             "joins": {r: joins("\n".join(text.values()), r) for r in (0, 1)},
-            "heals": {r: sorted({h for t in text.values() for h in heals(t, r)}) for r in (0, 1)},
+            # every heal said, per rank: one per join when all of a replica's ranks healed
+            "heals": {r: sorted(h for t in text.values() for h in heals(t, r)) for r in (0, 1)},
             "retries": {r: len(re.findall(rf"replica {r}: outer sync \d+ attempt \d+ failed",
                                           "\n".join(text.values()))) for r in (0, 1)},
             "lighthouse_waits": sum(t.count("waiting for the torchft lighthouse") for t in text.values()),
@@ -224,7 +225,8 @@ def render_fault(result: Dict[str, Any]) -> List[str]:
                   + ". Heals (rank, peer's recovery server, bytes): "
                   + "; ".join(f"replica {r}: {h or 'none'}" for r, h in sch["heals"].items())
                   + f". Failed sync attempts retried: {sch['retries']}; waits for the lighthouse said: "
-                  f"{sch['lighthouse_waits']}."]
+                  f"{sch['lighthouse_waits']}. The live replica was paced (SIGSTOP / SIGCONT) while the other "
+                  "started and while it was relaunched: its step times include those pauses."]
         if sch["recovery_failures"]:
             lines += ["", "**A heal failed on some ranks** (their replica's ranks may hold different states after "
                       "it): " + "; ".join(sch["recovery_failures"])]
