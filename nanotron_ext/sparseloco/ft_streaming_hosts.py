@@ -243,7 +243,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--work", type=OutputFolder(), default="runs/ft_streaming_hosts", help="scratch folder")
     parser.add_argument("--timeout-s", type=Int(10), default=900, help="per run, default 900")
     parser.add_argument("--out", type=checked_out, default="runs/ft_streaming_hosts/ft_streaming_hosts.json",
-                        help="JSON result (a .md beside it); a committed result is replaced only when named here")
+                        help="JSON result (a .md and .png beside it); a committed result is replaced only when named "
+                        "here")
     args = parser.parse_args(argv)
     if args.delay >= args.inner_steps:
         print(f"error: --delay {args.delay}: must be below --inner-steps {args.inner_steps}", file=sys.stderr)
@@ -278,8 +279,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     out = Path(args.out)
     REPORT.write_json(out, result)
     REPORT.write_markdown(out.with_suffix(".md"), render(result))
+    figure(result, out.with_suffix(".png"))
     print(render(result))
     return 0
+
+
+def figure(result: Dict[str, Any], png: Path) -> None:
+    """Per timed run: the measured step beside the clock's full- and no-overlap bounds (none without one)."""
+    from nanotron_ext.bench.report import grouped_bars, new_figure, save_figure
+
+    timed = [r for r in result["runs"].values() if "clock" in r]
+    if not timed:
+        return
+    fig, ax = new_figure(1, width=6.0, height=4.0)
+    grouped_bars(ax, [f"{r['run']} (tau {r['delay']})" for r in timed],
+                 {"measured": [r["measured_step_s"] for r in timed],
+                  "clock, full overlap": [r["clock"]["full_overlap_s"] for r in timed],
+                  "clock, no overlap": [r["clock"]["no_overlap_s"] for r in timed]}, ylabel="step (s)")
+    ax.legend(fontsize=8)
+    save_figure(fig, png, f"Streaming vs blocking outer sync, two hosts at {result['rate_mbps']:g} Mbit/s",
+                result["meta"])
 
 
 def overlap(runs: Dict[str, Any]) -> Optional[Dict[str, float]]:
