@@ -80,6 +80,29 @@ def manager_server_bound_to(host: str) -> Iterator[None]:
         tm.ManagerServer = original
 
 
+class _EndWatch:
+    """A response body that remembers whether a read came back short, i.e. it ended before the reader's need (torchft
+    sends the healing state with no length, so a peer that dies mid-transfer just closes the body)."""
+
+    def __init__(self, f: Any) -> None:
+        self._f, self.ended_early = f, False
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._f.read(n)
+        self.ended_early |= n is not None and n > 0 and len(data) < n
+        return data
+
+    def readline(self, *limit: int) -> bytes:
+        line = self._f.readline(*limit)
+        self.ended_early |= not line.endswith(b"\n") and not (limit and len(line) == limit[0])
+        return line
+
+    def readinto(self, buffer: Any) -> int:
+        n = self._f.readinto(buffer)
+        self.ended_early |= n < len(buffer)
+        return n
+
+
 class TensorsOnlyTransport(HTTPTransport):
     """torchft's HTTP recovery transport listening on `host` only, reading a peer's state with weights_only=True;
     `check(state, step, source)` vets it (raises PeerRefused) before torchft applies it."""
@@ -104,10 +127,14 @@ class TensorsOnlyTransport(HTTPTransport):
     @classmethod
     def _load_from_address(cls, address: str, timeout: timedelta) -> object:
         with urllib.request.urlopen(address, timeout=timeout.total_seconds()) as f:
+            body = _EndWatch(f)
             try:
-                return _streaming_load(f, weights_only=True)
+                return _streaming_load(body, weights_only=True)
             except (pickle.UnpicklingError, RuntimeError, ValueError, EOFError) as e:
                 first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                if body.ended_early:  # the body stopped short (torchft sends no length: a dead peer closes it)
+                    raise PeerRefused(f"the healing state from the peer at {address} broke off before it was "
+                                      f"complete (the peer stopped, or the link dropped) [{first}]") from None
                 raise PeerRefused(f"refused to heal from the peer at {address}: its state is not only tensors, numbers "
                                   f"and containers (read with weights_only: nothing in it was run) [{first}]") from None
 
