@@ -17,6 +17,10 @@ Semantics (tests/test_sparseloco_fault.py):
   others' succeeded) is healed by torchft from a live peer: the global weights, outer momentum and sync count
   (`_peer_state`), error feedback zero (the dead replica's is lost with it), its local weights set to the
   global ones; it takes part in that same sync without a payload, so after it all replicas hold the same bits;
+- torchft heals rank by rank, each rank from its peer rank's server: a heal can reach only some of a replica's
+  ranks (a peer exiting mid-transfer). After every quorum the replica's ranks compare their outer sync counts
+  (`_heal_split`); ranks that disagree fail the attempt on every rank of the replica, so no part of it commits and
+  the retry heals the rest; still split after max_retries, every rank ends with one line naming both sides;
 - a (re)starting replica joins once before its first inner step (`start`, after its own checkpoint is loaded),
   so it trains from the current global weights;
 - heterogeneous replicas (sparseloco.compressed_replicas; tests/test_sparseloco_hetero_ft.py): each job builds its
@@ -64,6 +68,8 @@ SENDS, ABSENT = 1, 0  # the payload's first byte
 class FaultTolerantSparseLoCoSync(SparseLoCoSync):
     """SparseLoCoSync whose replicas are torchft replica groups (see the module docstring)."""
 
+    replica_pg: Any = None  # this replica's own ranks (set in __init__; None: one rank, nothing to agree on)
+
     def __init__(self, model: nn.Module, ctx: ParallelContext, cfg: Any) -> None:
         super().__init__(model, ctx, cfg)
         from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
@@ -102,6 +108,7 @@ class FaultTolerantSparseLoCoSync(SparseLoCoSync):
                 quorum_retries=max(1, int(ft.quorum_timeout_s)),
             )
         self.healed = False  # set by torchft's recovery during a quorum
+        self.replica_pg = ctx.world_pg  # this replica's own ranks (its job: parallelism.dp = 1)
         self.hetero = next((h for h in self.hooks if isinstance(h, HeteroHook)), None)
         self._fixed_from_peer = False  # T_fixed taken in a heal: a compressed pipeline's later stages take stage 0's
         self.attempts: List[int] = []  # attempts each committed sync took (tests, logs)
@@ -121,9 +128,13 @@ class FaultTolerantSparseLoCoSync(SparseLoCoSync):
     def sync(self, send: bool = True) -> None:
         """One outer step on torchft: quorum, gather the payloads of the replicas present, commit vote, apply;
         retried with the next quorum when the vote fails (a peer died mid-collective)."""
+        # kept over the attempts: a rank healed in a failed attempt is at the quorum's step in the retry (torchft does
+        # not heal it again), holds the global weights and joins without a payload (its delta would be zero)
+        self.healed = False
+        split = None
         for attempt in range(self.ft.max_retries + 1):
-            self.healed = False
             self._quorum()  # synchronous: a replica behind the quorum is healed here (_load_peer_state)
+            split = self._heal_split()  # collective over this replica's ranks
             error = [e.clone() for e in self.error]  # error feedback changes only with a committed sync
             payloads = None
             # torchft reports a failed reconfigure or heal (e.g. the peer's checkpoint server answering HTTP 500
@@ -133,6 +144,8 @@ class FaultTolerantSparseLoCoSync(SparseLoCoSync):
                 self.ledger.record("quorum", 0, self.pg)
                 payloads = self._gather(send and not self.healed, error)
                 self.ledger.record("commit", 0, self.pg)
+            if split is not None:  # after the gather (the other replicas are not left waiting in it): the vote fails
+                self.manager.report_error(RuntimeError(split))
             if self.manager.should_commit():
                 self.error = error
                 self.attempts.append(attempt + 1)
@@ -148,10 +161,45 @@ class FaultTolerantSparseLoCoSync(SparseLoCoSync):
                 self._say(f"sparseloco.fault_tolerance: replica {self.replica}: outer sync {self.outer.syncs + 1} "
                           f"attempt {attempt + 1} failed ({_first_line(getattr(error, 'original_exception', error))}); "
                           f"retrying with the next quorum")
+        raise self._failed(split)
+
+    def _failed(self, split: Optional[str]) -> TrainingError:
+        """The run's end after max_retries failed attempts; a split heal is named alike on every rank of the replica
+        (the vote's own error, and the sync count, may differ rank by rank)."""
+        if split is not None:
+            return TrainingError(f"sparseloco.fault_tolerance: {split}; still so after {self.ft.max_retries + 1} "
+                                 f"attempts (sparseloco.fault_tolerance.max_retries={self.ft.max_retries})")
         error = self.manager.errored()
-        raise TrainingError(f"sparseloco.fault_tolerance: outer sync {self.outer.syncs + 1} failed "
-                            f"{self.ft.max_retries + 1} times (sparseloco.fault_tolerance.max_retries="
-                            f"{self.ft.max_retries}); last error: {getattr(error, 'original_exception', error)}")
+        return TrainingError(f"sparseloco.fault_tolerance: outer sync {self.outer.syncs + 1} failed "
+                             f"{self.ft.max_retries + 1} times (sparseloco.fault_tolerance.max_retries="
+                             f"{self.ft.max_retries}); last error: {getattr(error, 'original_exception', error)}")
+
+    def _heal_split(self) -> Optional[str]:
+        """Collective over this replica's own ranks, after a quorum: None when they hold the same outer sync (all
+        healed to it, or none behind), else a line naming the ranks on each side. torchft heals and votes per rank,
+        each rank from its peer rank's server; a peer exiting mid-transfer can heal some ranks only. Those cannot go
+        back (their state was overwritten), so the attempt fails on every rank and is retried: the ranks not healed
+        are behind that quorum's step and heal from a peer then; with no peer left to heal from, the run ends (and
+        restarts from its checkpoint) rather than train a model whose shards come from different outer syncs.
+        Compared: the sync count, not whether a rank healed (torchft's step-0 heal takes each rank's state from any
+        replica, the serving one not healing). One int64 all_gather per quorum."""
+        group = self.replica_pg
+        if group is None or group.size() == 1:
+            return None
+        mine = torch.tensor([self.outer.syncs, int(self.healed)], dtype=torch.int64, device=self.global_device)
+        seen = [torch.empty_like(mine) for _ in range(group.size())]
+        with self.ledger.tag("heal"):
+            dist.all_gather(seen, mine, group=group)
+        ranks: Dict[Tuple[int, int], List[int]] = {}
+        for rank, t in enumerate(seen):
+            syncs, healed = t.tolist()
+            ranks.setdefault((syncs, healed), []).append(rank)
+        if len({syncs for syncs, _ in ranks}) == 1:
+            return None
+        sides = "; ".join(f"ranks {', '.join(map(str, r))} {'healed to' if healed else 'at'} outer sync {syncs}"
+                          for (syncs, healed), r in sorted(ranks.items(), reverse=True))
+        return (f"replica {self.replica}: a heal reached only some of its ranks ({sides}), so none of them commits "
+                f"(a retry heals the others from a live peer; with none left, restart from the checkpoint)")
 
     def _quorum(self) -> None:
         """torchft's quorum, the lighthouse watched: a lighthouse that does not answer is waited for (bounded,

@@ -35,7 +35,6 @@ import torch
 from nanotron.parallel import ParallelContext
 from torch import nn
 
-from nanotron_ext.errors import TrainingError
 from nanotron_ext.sparseloco.fault import ABSENT, SENDS, FaultTolerantSparseLoCoSync, _first_line
 from nanotron_ext.sparseloco.streaming import merge_
 
@@ -50,6 +49,7 @@ class _Flight:
         self.payload, self.error, self.take, self.resumed = payload, error, take, resumed
         self.work: Any = None
         self.gathered: Optional[List[torch.Tensor]] = None
+        self.split: Optional[str] = None  # its quorum healed only some of this replica's ranks (fault._heal_split)
 
 
 class StreamingFaultTolerantSparseLoCoSync(FaultTolerantSparseLoCoSync):
@@ -73,6 +73,7 @@ class StreamingFaultTolerantSparseLoCoSync(FaultTolerantSparseLoCoSync):
         assert self.flight is None, "an outer sync is still in flight (sparseloco.streaming.delay >= inner_steps?)"
         self.healed = False
         self._quorum()
+        split = self._heal_split()  # collective over this replica's ranks
         for hook in self.hooks:
             hook(self.replica, self.params, "before_encode")
         error = [e.clone() for e in self.error]  # error feedback changes only with a committed sync
@@ -82,6 +83,9 @@ class StreamingFaultTolerantSparseLoCoSync(FaultTolerantSparseLoCoSync):
         flag = torch.tensor([SENDS if sends else ABSENT], dtype=torch.uint8, device=body.device)
         self.flight = _Flight(torch.cat([flag, body]), error)
         self._issue(self.flight)
+        if split is not None:  # the vote at the arrival fails; after the retry every rank takes global_new, dropping
+            self.manager.report_error(RuntimeError(split))  # the tau steps trained on shards of different syncs
+            self.flight.split, self.flight.take = split, True
 
     def _issue(self, flight: _Flight) -> None:
         """Start the gather of `flight`'s payload over the quorum's group (nothing where torchft reported an error)."""
@@ -115,13 +119,17 @@ class StreamingFaultTolerantSparseLoCoSync(FaultTolerantSparseLoCoSync):
     def arrive(self) -> None:
         """Wait for the gather, vote, apply and merge; on a failed vote retry at once with the next quorum."""
         flight, self.flight = self.flight, None
+        split = flight.split
         for attempt in range(self.ft.max_retries + 1):
             if attempt or flight.resumed:  # a retry, or a sync read back from a checkpoint: gathered again
                 self.healed = False
                 self._quorum()  # a heal here: the global weights the in-flight sync applies to, error zero
+                split = self._heal_split()
                 if self.healed:  # ABSENT is 0: an all-zero payload
                     flight = _Flight(torch.zeros_like(flight.payload), [e.clone() for e in self.error], take=True)
                 self._issue(flight)
+                if split is not None:  # fault.py's sync: no part of the replica commits
+                    self.manager.report_error(RuntimeError(split))
             payloads = self._wait(flight)
             self.ledger.record("commit", 0, self.pg)
             if self.manager.should_commit():
@@ -136,10 +144,7 @@ class StreamingFaultTolerantSparseLoCoSync(FaultTolerantSparseLoCoSync):
                 self._say(f"sparseloco.fault_tolerance: replica {self.replica}: outer sync {self.outer.syncs + 1} "
                           f"attempt {attempt + 1} failed ({_first_line(getattr(error, 'original_exception', error))}); "
                           f"retrying with the next quorum (streaming: the payloads sent at the sync's start)")
-        error = self.manager.errored()
-        raise TrainingError(f"sparseloco.fault_tolerance: outer sync {self.outer.syncs + 1} failed "
-                            f"{self.ft.max_retries + 1} times (sparseloco.fault_tolerance.max_retries="
-                            f"{self.ft.max_retries}); last error: {getattr(error, 'original_exception', error)}")
+        raise self._failed(split)
 
     def _arrived(self, senders: List[torch.Tensor], take: bool) -> None:
         """The outer step from `senders`; this replica merges it (`take`: healed in a retry, it takes global_new)."""
