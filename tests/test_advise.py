@@ -213,6 +213,9 @@ def test_a_streaming_rule_is_headed_by_its_delay_bound_and_a_blocking_one_by_no_
         cfg = load_config(*meter_config(system))
         return DP_SYNCS.owner(cfg.parallelism.dp_sync).outer_overlap(cfg)
 
+    for name, rule in L.RULES.items():  # every streaming rule's tau is its loss runs' delay; its twin has none
+        if rule.outer_overlap:
+            assert rule.outer_overlap == delay(name) and delay(rule.plan_as) == 0, name
     hw = presets()["internet-1g"]
     scale = str(REPO / CLOCK_PRESETS["internet-1g"].scale_config)
     reference, _ = reference_of(scale)

@@ -62,10 +62,13 @@ RULES: Dict[str, Rule] = {
                              outer_loop=True),
     "three_tiers": Rule("three tiers: BTP + SM on replica 0 + heterogeneous SparseLoCo", dp=2, pp=2,
                         compressed_replica=0, outer_loop=True),
+    "three_tiers_streaming": Rule("three tiers, streaming outer sync (tau = 1)", dp=2, pp=2, compressed_replica=0,
+                                  outer_loop=True, plan_as="three_tiers", outer_overlap=1),
 }
 PIPELINE_DEPTHS = (1, 2, 4, 8)  # pp searched: powers of two that divide the layers (a plan per depth)
 # the composed jobs the headline is about
-COMPOSED = ("three_tiers", "3d_sm_sparseloco", "3d_btp_sparseloco", "3d_btp_sparseloco_streaming")
+COMPOSED = ("three_tiers", "3d_sm_sparseloco", "3d_btp_sparseloco", "3d_btp_sparseloco_streaming",
+            "three_tiers_streaming")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,7 +26,8 @@ from nanotron_ext.errors import UserFacingError
 REPO = Path(__file__).resolve().parents[2]
 SCALES = REPO / "reproduce" / "wan" / "results" / "loss_scales.json"
 MODEL_CLOCK = REPO / "reproduce" / "wan" / "results" / "model_clock.json"
-MORE_RUNS = (REPO / "reproduce" / "wan" / "results" / "model_clock_streaming.json",)  # the same set's later runs
+MORE_RUNS = tuple(REPO / "reproduce" / "wan" / "results" / f"model_clock_streaming{part}.json"  # the same set's
+                  for part in ("", "_three_tiers"))  # later runs
 SAME_SET = ("steps", "val_every", "inner_steps", "config", "set")  # what a later file must share with model_clock's
 DENSE = "dense_3d"
 

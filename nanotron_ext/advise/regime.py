@@ -28,10 +28,10 @@ SHARES = (0.0, 0.25, 0.5)
 NODES, GPUS, DEVICE_GIB, INTERNET_MS = 16, 2, 80.0, 10.0
 # the systems that decide the map (issue 51): dense (fp32 / bf16 gradients), DiLoCo (plain / Nesterov), the composed
 # jobs (three tiers, heterogeneous SparseLoCo) and the single techniques of the composition on the TP and PP tiers,
-# and DiLoCo's Nesterov with the streaming outer sync (tau = 1). BTP + SparseLoCo (blocking or streaming) is not on
-# the map: its plans at the map's sizes and depths were never made (advise_plans/ holds them for internet-1g only)
+# and DiLoCo's Nesterov and three tiers with the streaming outer sync (tau = 1). BTP + SparseLoCo (blocking or
+# streaming) is not on the map: its plans at the map's sizes were never made (advise_plans/ has them for internet-1g)
 MAP_SYSTEMS = ("dense_3d", "dense_3d@bf16", "3d_diloco", "3d_diloco_nesterov", "3d_btp", "3d_sm", "3d_sm_sparseloco",
-               "three_tiers", "3d_diloco_nesterov_streaming")
+               "three_tiers", "3d_diloco_nesterov_streaming", "three_tiers_streaming")
 
 
 def cluster(mbps: float, share: float) -> Hardware:

@@ -14,7 +14,8 @@ from nanotron_ext.cli_flags import OutputFolder, OutputStem, Parser, one_line_re
 SHORT = {"dense_3d": "dense", "dense_3d@bf16": "dense bf16", "3d_diloco": "DiLoCo avg",
          "3d_diloco_nesterov": "DiLoCo Nesterov", "3d_sparseloco": "SparseLoCo", "3d_btp": "BTP", "3d_sm": "SM",
          "3d_sm_sparseloco": "het. SparseLoCo", "3d_btp_sparseloco": "BTP+SparseLoCo", "three_tiers": "three tiers",
-         "3d_diloco_nesterov_streaming": "DiLoCo Nest. stream", "3d_btp_sparseloco_streaming": "BTP+SpLoCo stream"}
+         "3d_diloco_nesterov_streaming": "DiLoCo Nest. stream", "3d_btp_sparseloco_streaming": "BTP+SpLoCo stream",
+         "three_tiers_streaming": "three tiers stream"}
 
 
 def table(cells: Sequence[Cell], source: str) -> List[str]:
