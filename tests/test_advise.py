@@ -195,13 +195,15 @@ def test_a_published_loss_gap_becomes_a_token_multiple_on_chinchillas_data_term(
     assert papers["3d_sm_sparseloco"].penalty == pytest.approx(k) and "three_tiers" not in papers
 
 
-def test_a_streaming_rule_is_headed_by_its_delay_bound_and_a_blocking_one_by_no_overlap() -> None:
+def test_a_streaming_rule_is_headed_by_its_delay_bound_and_a_blocking_one_by_no_overlap(monkeypatch) -> None:
     """From the committed plans (no planning here), each replica on its own internet node of internet-1g: a streaming
-    rule (tau = 1, planned as its blocking twin) is headed by the bound that hides the outer sync O behind tau inner
+    rule (tau = 1, planned as its blocking twin) has the lower bound that hides the outer sync O behind tau inner
     steps only, in closed form L0 + max(0, O - tau L0) / H (L0 the step with no outer sync, O read off the blocking
-    twin's no-overlap bound: U0 + O / H), plus the step's agreements over the DP tier; its blocking twin by that
-    no-overlap bound. The rule's tau is the delay its
-    meter system trains with (the loss runs' config), and the twin's config has none."""
+    twin's no-overlap bound: U0 + O / H). It is headed by that bound only where the DP tier carries no per-step
+    agreement; here one job's logged-loss agreement queues behind the sync on the internet link, so it is headed by
+    the no-overlap bound like its blocking twin (the clock validation measured as much). The rule's tau is the delay
+    its meter system trains with (the loss runs' config), and the twin's config has none."""
+    from nanotron_ext.advise import search
     from nanotron_ext.advise.__main__ import CACHE
     from nanotron_ext.advise.ranking import meter_config, reference_of
     from nanotron_ext.advise.search import Planner, bounds, price
@@ -229,13 +231,19 @@ def test_a_streaming_rule_is_headed_by_its_delay_bound_and_a_blocking_one_by_no_
         rule = L.RULES[stream]
         assert rule.plan_as == block and rule.outer_overlap == delay(stream) == 1 and delay(block) == 0
         s, b = price(planner, hw, stream, lay, reference), price(planner, hw, block, lay, reference)
-        assert (s.headline, b.headline, b.step_s) == ("lower", "upper", b.upper_s) and s.agreements_s > 0
-        assert s.step_s == s.lower_s + s.agreements_s < b.upper_s
+        assert (s.headline, b.headline, b.step_s) == ("upper", "upper", b.upper_s) and s.agreements_s > 0
+        assert s.step_s == s.upper_s == pytest.approx(b.upper_s, rel=1e-12)
         plan = reshape(planner.plan(block, L.RULES[block], 2, 1, reference), lay)
         h, inner = plan["outer_every"], bounds({**plan, "outer_every": 0}, hw, lay)
         sync = (b.upper_s - inner["upper_s"]) * h
         assert h == 20 and (sync <= inner["lower_s"]) == hidden and sync > 0
         assert s.lower_s == pytest.approx(inner["lower_s"] + max(0.0, sync - inner["lower_s"]) / h, rel=1e-9)
+        real = search.bounds  # with nothing else on the DP tier the streaming rule earns its lower bound
+        monkeypatch.setattr(search, "bounds", lambda *a, _real=real: {**_real(*a), "agreements_s": 0.0})
+        s0 = price(planner, hw, stream, lay, reference)
+        assert s0.headline == "lower" and s0.step_s == s0.lower_s == s.lower_s < b.upper_s
+        assert price(planner, hw, block, lay, reference).headline == "upper"
+        monkeypatch.setattr(search, "bounds", real)
         assert s.upper_s == pytest.approx(b.upper_s, rel=1e-12) and s.lower_s < b.upper_s
         assert (s.lower_s == pytest.approx(b.lower_s, rel=1e-12)) if hidden else b.lower_s < s.lower_s
 

@@ -9,10 +9,11 @@ Three bounds per layout, from the clock's replay: `upper` (no overlap: how this 
 sends, the DP all-reduce after the flush, a blocking outer sync), `ddp` (blocking sends, the per-step DP all-reduce
 bucketed behind the backward as torch DDP does it) and `lower` (full overlap). The headline is the bound the system's
 best trainer achieves: `ddp` for a per-step all-reduce (torch DDP is what its best user runs), `upper` for an outer
-loop whose sync blocks, `lower` for a streaming outer sync (`sparseloco.streaming.delay` tau: the clock hides the sync
-behind tau inner steps only, and the system has loss runs of its own) plus the step's agreements over the DP tier
-(the logged loss's mean over replicas), which a streaming job still blocks on every step (the clock validation's
-rule, nanotron_ext/bench/wan/validate.py).
+loop whose sync blocks, and for a streaming outer sync (`sparseloco.streaming.delay` tau) in one job too: its
+trainer's step's agreements over the DP tier (the logged loss's mean over the replicas) queue on that link behind
+the sync in flight, so no step gains (measured: reproduce/wan/results/cpu_clock_validation.md, tau 4 at blocking's
+step). `lower` (the sync behind tau inner steps only) heads a streaming system only where the DP tier carries no
+per-step agreement (the clock validation's rule, nanotron_ext/bench/wan/validate.py `trainer_bound`).
 """
 from __future__ import annotations
 
@@ -38,14 +39,14 @@ class Priced:
     lower_s: float
     ddp_s: float
     upper_s: float
-    headline: str  # "ddp" | "upper" | "lower" (a streaming outer sync: behind its delay tau, + agreements_s)
+    headline: str  # "ddp" | "upper" | "lower" (a streaming outer sync with nothing else on the DP tier)
     peak_gib: float
     fits: bool
     agreements_s: float = 0.0  # the step's agreements over the DP tier: in `upper` and `ddp`, not in `lower`
 
     @property
     def step_s(self) -> float:
-        return self.lower_s + self.agreements_s if self.headline == "lower" else getattr(self, f"{self.headline}_s")
+        return getattr(self, f"{self.headline}_s")
 
 
 def _scale_ops(ledger: Dict[str, Any], f_bytes: float, f_calls: float) -> None:
@@ -152,7 +153,8 @@ def price(planner: Planner, hw: Hardware, system: str, layout: Layout, reference
     shaped["outer_overlap"] = rule.outer_overlap or plan.get("outer_overlap", 0)
     b = bounds(shaped, hw, layout)
     peak = max(rank["peak"]["Total"] for column in shaped["inner"] + (shaped["outer"] or []) for rank in column)
-    headline = ("lower" if shaped["outer_overlap"] else "upper") if rule.outer_loop else "ddp"
+    streams = shaped["outer_overlap"] and not b["agreements_s"]  # nothing queues behind the sync on the DP tier
+    headline = ("lower" if streams else "upper") if rule.outer_loop else "ddp"
     return Priced(system, layout, b["lower_s"], b["ddp_s"], b["upper_s"], headline, peak / GIB,
                   peak <= hw.device_gib * GIB, b["agreements_s"])
 

@@ -13,9 +13,10 @@ For each system (at most as many processes as cores, one run at a time, on an ot
 It holds when 0.85 L <= T1 <= 1.15 U (issue 45: between the bounds or within 15% of them). Since that window can be
 wide, each row also names the bound its trainer achieves and is held to it alone, within 15%: `upper` for a blocking
 DP tier (the per-step all-reduce after the flush, the blocking outer sync), `lower` for the streaming outer sync
-(the sync behind tau inner steps: sparseloco.streaming.delay; plus the step's agreements over the DP tier, which
-one job's trainer still blocks on: the logged loss's mean over replicas), none for a pipeline (the emulator's sends
-overlap in part: between the bounds). The overlap achieved, (U - T1) / (U - L), is printed beside: 0 a blocking
+(the sync behind tau inner steps: sparseloco.streaming.delay) only where nothing else uses the DP tier between syncs:
+one job's trainer averages the logged loss over the replicas every step, and that agreement queues on the DP link
+behind the sync in flight, so such a job is held to `upper` like a blocking one; none for a pipeline (the emulator's
+sends overlap in part: between the bounds). The overlap achieved, (U - T1) / (U - L), is printed beside: 0 a blocking
 step, 1 the whole overlap the clock allows. Each run's effective
 link / compute ratio (T1 - T0) / T0 is printed beside the clock's, and flagged when it is more than 25% outside
 the clock's range: a loaded machine stretches compute, not the sleeps, and reads as a smaller ratio.
@@ -81,12 +82,10 @@ def validate_system(system: str, preset: str, args: argparse.Namespace) -> Dict[
 
 def judge(measured_s: float, lower_s: float, upper_s: float, plan: Dict[str, Any],
           agreements_s: float = 0.0) -> Dict[str, Any]:
-    """The measured step against the one bound its trainer achieves (`trainer_bound`), and the overlap achieved.
-    A streaming job is held to the full-overlap bound plus its per-step agreements over the DP tier (one job's
-    trainer averages the logged loss over the replicas every step, blocking); its distance from the full-overlap
-    bound itself is kept beside (`off_lower`)."""
-    achieved = trainer_bound(plan)
-    at = {"lower": lower_s + agreements_s, "upper": upper_s}.get(achieved)
+    """The measured step against the one bound its trainer achieves (`trainer_bound`), and the overlap achieved;
+    its distance from the full-overlap bound is kept beside (`off_lower`)."""
+    achieved = trainer_bound(plan, agreements_s)
+    at = {"lower": lower_s, "upper": upper_s}.get(achieved)
     return {"trainer_bound": achieved, "off_trainer_bound": None if at is None else measured_s / at - 1,
             "off_lower": measured_s / lower_s - 1, "agreements_s": agreements_s,
             "held_trainer_bound": None if at is None else abs(measured_s / at - 1) <= TOLERANCE,
@@ -94,10 +93,11 @@ def judge(measured_s: float, lower_s: float, upper_s: float, plan: Dict[str, Any
             "outer_overlap": plan.get("outer_overlap", 0)}
 
 
-def trainer_bound(plan: Dict[str, Any]) -> str:
+def trainer_bound(plan: Dict[str, Any], agreements_s: float = 0.0) -> str:
     """The bound this project's trainer achieves for a planned system (module docstring): "lower" for a streaming
-    outer sync, "upper" for a DP tier that blocks, "" for a pipeline (partly overlapped sends: no single bound)."""
-    if plan.get("outer_overlap"):
+    outer sync with nothing else on the DP tier, "upper" for a DP tier that blocks (a streaming sync with per-step
+    agreements queued behind it included), "" for a pipeline (partly overlapped sends: no single bound)."""
+    if plan.get("outer_overlap") and not agreements_s:
         return "lower"
     return "" if plan["layout"]["pp"] > 1 else "upper"
 
@@ -116,8 +116,9 @@ def table(rows: List[Dict[str, Any]]) -> Tuple[List[str], List[List[Any]]]:
         body.append([r["system"], r["preset"], r["processes"], f"{r['compute_step_s']:.3f}",
                      f"{r['measured_step_s']:.3f}", f"[{r['clock_lower_s']:.3f}, {r['clock_upper_s']:.3f}]",
                      "yes" if r["held"] else "NO",
-                     (f"lower + agreements (tau {r['outer_overlap']})" if r.get("outer_overlap") else bound)
-                     or "none (between)",
+                     (f"{bound} (tau {r['outer_overlap']}" + (", agreements queue behind the sync)"
+                                                              if r.get("agreements_s") else ")")
+                      if r.get("outer_overlap") else bound) or "none (between)",
                      "-" if off is None else f"{1 + off:.2f}" + ("" if r["held_trainer_bound"] else " NO"),
                      f"{r['measured_step_s'] / r['clock_lower_s']:.2f}",
                      "-" if overlap is None else f"{overlap:.2f}", f"{r['link_over_compute']:.2f}",
@@ -133,7 +134,7 @@ def notes(rows: List[Dict[str, Any]]) -> List[str]:
     return [f"{held} of {len(rows)} measured steps within 15% of the clock's bounds "
             "[0.85 x full overlap, 1.15 x no overlap]; compute fitted per system on its run without links.",
             f"{sum(r['held_trainer_bound'] for r in judged)} of {len(judged)} within 15% of the one bound their "
-            "trainer achieves (upper: a blocking DP tier; lower + agreements: the streaming sync behind tau inner "
-            "steps, the logged loss's mean over the replicas still blocking every step); "
+            "trainer achieves (upper: a blocking DP tier, or a streaming sync whose job's per-step agreements queue "
+            "behind it on the DP link; lower: a streaming sync with nothing else on that link); "
             "the pipelines have no single bound (their sends overlap in part).",
             "link/compute ratio more than 25% outside the clock's: " + (", ".join(flagged) if flagged else "none")]
