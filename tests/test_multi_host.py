@@ -61,17 +61,17 @@ def _single_host(tmp: Path, sets: list) -> dict:
     return _losses(tmp / "runs" / "tiny_two_hosts")
 
 
-def _export(run: Path, folders: list, out: Path, capsys: pytest.CaptureFixture) -> Tuple[int, str]:
-    """python -m nanotron_ext.export, in this process (torch and transformers imported once, not per export):
-    its exit code and what it wrote to stderr."""
-    from nanotron_ext.export import main
+def _export(run: Path, folders: list, out: Path) -> Tuple[int, str]:
+    """python -m nanotron_ext.export in its own process (in this one, transformers would bind its logging handler
+    to this test's captured stderr, closed when the test ends, and a later test's logging would fail on it): its
+    exit code and what it wrote to stderr."""
+    done = subprocess.run([sys.executable, "-m", "nanotron_ext.export", "--run", str(run), "--checkpoints",
+                           *map(str, folders), "--out", str(out)], cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
+    return done.returncode, done.stderr
 
-    capsys.readouterr()
-    code = main(["--run", str(run), "--checkpoints", *map(str, folders), "--out", str(out)])
-    return code, capsys.readouterr().err
 
-
-def test_two_hosts_pipeline_survives_a_dead_host_and_matches_one_host(tmp_path, sets, capsys):
+def test_two_hosts_pipeline_survives_a_dead_host_and_matches_one_host(tmp_path, sets):
     reference = _single_host(tmp_path / "one_host", sets)
     disk_at = tmp_path / "disk"
     sets = [*sets, *disk_sets(disk_at)]
@@ -104,17 +104,17 @@ def test_two_hosts_pipeline_survives_a_dead_host_and_matches_one_host(tmp_path, 
             assert losses[s] == pytest.approx(reference[s], rel=1e-6, abs=1e-6), s
         # export: one host's folder is not the model; every host's is
         run = hosts.disk(0) / "runs" / "tiny_two_hosts"
-        code, err = _export(run, ckpt[:1], tmp_path / "hf_refused", capsys)
+        code, err = _export(run, ckpt[:1], tmp_path / "hf_refused")
         assert code == 2 and err.count("\n") == 1 and "node 1's shard pp1_dp0_tp0.pt" in err, err
         assert not (tmp_path / "hf_refused").exists()
-        code, err = _export(run, ckpt, tmp_path / "hf", capsys)
+        code, err = _export(run, ckpt, tmp_path / "hf")
         assert code == 0, err
         assert (tmp_path / "hf" / "config.json").is_file()
         # or one folder the hosts' files were copied into (each checked against the sha256 its host recorded)
         gathered = tmp_path / "gathered"
         shutil.copytree(ckpt[0], gathered)
         shutil.copy(ckpt[1] / f"step_{STEPS}" / "pp1_dp0_tp0.pt", gathered / f"step_{STEPS}")
-        code, err = _export(run, [gathered], tmp_path / "hf_gathered", capsys)
+        code, err = _export(run, [gathered], tmp_path / "hf_gathered")
         assert code == 0, err
 
 

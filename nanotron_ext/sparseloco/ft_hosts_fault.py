@@ -186,16 +186,16 @@ def streaming_clock(row: Dict[str, Any], mbps: float, inner: int, delay: int) ->
     (bench/clock/replay.py's rule, the bound a streaming system is held to)."""
     from types import SimpleNamespace
 
-    from nanotron_ext.bench.clock.replay import _with_outer  # the clock's amortisation, not a copy of it
+    from nanotron_ext.bench.clock import with_outer_sync  # the clock's amortisation, not a copy of it
 
     pipe = row["clock"]["clock_step_s"]
     outer_s = row["ledger_sync_extra_bytes"]["ft"] * 8 / (mbps * 1e6)
     work = [SimpleNamespace(outer_s=[outer_s], control_s=[])]
-    blocking = _with_outer(work, inner, pipe["full_overlap"], pipe["no_overlap"])
+    blocking = with_outer_sync(work, inner, pipe["full_overlap"], pipe["no_overlap"])
     out = {"outer_sync_wire_s": outer_s, "blocking": {"full_overlap": blocking.lower_s,
                                                       "no_overlap": blocking.upper_s}}
     if delay:
-        tau = _with_outer(work, inner, pipe["full_overlap"], pipe["no_overlap"], delay)
+        tau = with_outer_sync(work, inner, pipe["full_overlap"], pipe["no_overlap"], delay)
         out["streaming_tau"] = {"delay": delay, "full_overlap_behind_tau": tau.lower_s + tau.agreements_s}
     return out
 

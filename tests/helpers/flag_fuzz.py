@@ -326,7 +326,7 @@ def _logs_to(stream: io.TextIOWrapper) -> Iterator[None]:
     swapped = []
     for handler in {h for lg in loggers for h in lg.handlers}:
         if type(handler) is logging.StreamHandler:  # (not a FileHandler: a log file is no terminal)
-            swapped.append((handler, handler.setStream(stream)))
+            swapped.append((handler, _set_stream(handler, stream)))
     root, saved = logging.getLogger(), logging.getLogger().handlers[:]
     if all(type(h).__module__.startswith("_pytest") for h in saved):  # as a command runs: logging's last resort
         last_resort = logging.StreamHandler(stream)
@@ -337,7 +337,18 @@ def _logs_to(stream: io.TextIOWrapper) -> Iterator[None]:
     finally:
         root.handlers = saved
         for handler, old in swapped:
-            handler.setStream(old)
+            _set_stream(handler, old)
+
+
+def _set_stream(handler: Any, stream: Any) -> Any:
+    """handler.setStream(stream), for a handler whose stream may be closed: a library that made its handler on first
+    use (transformers, huggingface_hub) bound it to the sys.stderr of that moment, an earlier test's capture, closed
+    since; setStream would flush that closed file and raise."""
+    try:
+        return handler.setStream(stream)
+    except ValueError:  # "I/O operation on closed file": nothing to flush, swap it as setStream would
+        old, handler.stream = handler.stream, stream
+        return old
 
 
 def run_case(main: Callable[..., Any], argv: List[str], box: Sandbox, limit_s: float = CASE_LIMIT_S) -> Outcome:

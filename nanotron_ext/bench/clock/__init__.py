@@ -63,6 +63,7 @@ from nanotron_ext.bench.clock.replay import (
                                                     steady_bounds,
                                                     step_bounds,
                                                     time_to_target,
+                                                    with_outer_sync,
 )
 
 __all__ = [
@@ -72,5 +73,6 @@ __all__ = [
     "free_step_s", "job_flops", "layer_gemms", "links_of", "load_table", "mean_step_s", "mix_efficiency",
     "newton_schulz_gemms", "note", "plan_path", "planned", "preset", "priced_at_cpu_seconds",
     "replay", "replica_counts", "replica_works", "ring_seconds", "schedule_order", "stage_broadcast_s", "steady_bounds",
-    "step_bounds", "step_bounds_of", "tier_link", "time_to_target", "twin_overrides", "with_update_flops", "width_keys",
+    "step_bounds", "step_bounds_of", "tier_link", "time_to_target", "twin_overrides", "with_outer_sync",
+    "with_update_flops", "width_keys",
 ]

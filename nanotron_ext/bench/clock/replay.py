@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 
 @dataclasses.dataclass(frozen=True)
@@ -274,6 +274,13 @@ def _with_outer(replicas: Sequence[ReplicaWork], outer_every: int, lower: float,
         upper = upper + outer / outer_every
     agreements = max((max(list(w.control_s) or [0.0]) for w in replicas), default=0.0)
     return StepBounds(lower, upper, agreements)
+
+
+def with_outer_sync(replicas: Sequence[Any], outer_every: int, lower: float, upper: float,
+                    overlap: int = 0) -> StepBounds:
+    """Per-step bounds `lower`, `upper` of a job without its outer sync, with the sync (each replica's `outer_s`) of
+    every `outer_every` steps added as step_bounds adds it (hidden behind `overlap` inner steps in the lower bound)."""
+    return _with_outer(replicas, outer_every, lower, upper, overlap)
 
 
 def link_busy_s(work: ReplicaWork, s: int, blocking: bool = False) -> float:
