@@ -36,7 +36,7 @@ from nanotron.parallel import ParallelContext
 from torch import nn
 
 from nanotron_ext.sparseloco.fault import ABSENT, SENDS, FaultTolerantSparseLoCoSync, _first_line
-from nanotron_ext.sparseloco.streaming import merge_
+from nanotron_ext.sparseloco.streaming import StreamingSchedule, merge_
 
 
 class _Flight:
@@ -52,7 +52,7 @@ class _Flight:
         self.split: Optional[str] = None  # its quorum healed only some of this replica's ranks (fault._heal_split)
 
 
-class StreamingFaultTolerantSparseLoCoSync(FaultTolerantSparseLoCoSync):
+class StreamingFaultTolerantSparseLoCoSync(StreamingSchedule, FaultTolerantSparseLoCoSync):
     """FaultTolerantSparseLoCoSync with its outer sync in flight for sparseloco.streaming.delay inner steps."""
 
     def __init__(self, model: nn.Module, ctx: ParallelContext, cfg: Any) -> None:
@@ -60,13 +60,6 @@ class StreamingFaultTolerantSparseLoCoSync(FaultTolerantSparseLoCoSync):
         self.delay, self.alpha = self.scfg.streaming.delay, self.scfg.streaming.alpha
         assert 0 < self.delay < self.scfg.inner_steps  # the config's rule; delay 0 builds FaultTolerantSparseLoCoSync
         self.flight: Optional[_Flight] = None
-
-    def after_step(self, step: int) -> None:
-        h = self.scfg.inner_steps
-        if step % h == self.delay and self.flight is not None:
-            self.arrive()
-        if step % h == 0:
-            self.send()
 
     def send(self) -> None:
         """Quorum (a heal here: global weights taken, no payload sent), encode, issue the gather, return."""

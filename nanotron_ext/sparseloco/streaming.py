@@ -96,7 +96,29 @@ def merge_(params: Sequence[torch.Tensor], global_params: Sequence[torch.Tensor]
         p.copy_(torch.lerp(g, p.detach().float(), alpha))
 
 
-class StreamingSparseLoCoSync(SparseLoCoSync):
+class StreamingSchedule:
+    """The streaming sync's cadence, shared by the one-job and the torchft sync: at step t + tau (t a multiple of H)
+    the sync in flight arrives, at every multiple of H the next one is sent (the subclass's `arrive` and `send`)."""
+
+    scfg: Any
+    delay: int
+    flight: Any
+
+    def after_step(self, step: int) -> None:
+        h = self.scfg.inner_steps
+        if step % h == self.delay and self.flight is not None:
+            self.arrive()
+        if step % h == 0:
+            self.send()
+
+    def arrive(self) -> None:
+        raise NotImplementedError
+
+    def send(self) -> None:
+        raise NotImplementedError
+
+
+class StreamingSparseLoCoSync(StreamingSchedule, SparseLoCoSync):
     """SparseLoCoSync with the outer sync in flight for sparseloco.streaming.delay inner steps."""
 
     def __init__(self, model: nn.Module, ctx: ParallelContext, cfg: Any) -> None:
@@ -105,13 +127,6 @@ class StreamingSparseLoCoSync(SparseLoCoSync):
         assert 0 < self.delay < self.scfg.inner_steps  # the config's rule; delay 0 builds SparseLoCoSync
         self.side_pg = side_dp_group(ctx)
         self.flight: Optional[InFlightGather | Arrived] = None
-
-    def after_step(self, step: int) -> None:
-        h = self.scfg.inner_steps
-        if step % h == self.delay and self.flight is not None:
-            self.arrive()
-        if step % h == 0:
-            self.send()
 
     def send(self) -> None:
         """Encode this replica's payload (error feedback updated now) and start its all_gather on the side thread."""
